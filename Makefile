@@ -1,0 +1,134 @@
+# ftk — build, test, demo, bench, install.
+#
+#   make                 build every tool into bin/ (and the HDF5 zstd plugin)
+#   make test            install missing packages, build, run the whole test suite
+#                        (unit, CLI golden, reference, fault tests, then the ASan+UBSan build)
+#   make demo            install, build, run the demo pipeline on the embedded example
+#   make bench           tokenizer speed against SentencePiece, same run
+#   make asan            the sanitizer build only (build/asan/bin)
+#   make install PREFIX=/usr/local
+#
+# CUDA parts (kernels/cuda) are built when nvcc is found; nothing else needs them.
+
+PREFIX   ?= /usr/local
+CC       ?= gcc
+PYTHON   ?= /usr/bin/python3
+
+ifeq ($(SAN),1)
+O        := build/asan
+BINDIR   := build/asan/bin
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT      := -O1
+else
+O        := build
+BINDIR   := bin
+SANFLAGS :=
+OPT      := -O2
+endif
+
+HDF5_CFLAGS := $(shell pkg-config --cflags hdf5 2>/dev/null)
+HDF5_LIBS   := $(shell pkg-config --libs hdf5 2>/dev/null)
+
+CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC $(SANFLAGS) \
+           $(HDF5_CFLAGS) -MMD -MP $(EXTRA_CFLAGS)
+LDFLAGS := -fopenmp $(SANFLAGS)
+LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lm
+
+LIB_SRC   := $(wildcard libcommon/*.c formats/*.c)
+LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
+LIBFTK    := $(O)/libftk.a
+TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify
+TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
+TEST_SRC  := $(wildcard tests/unit/*.c)
+TEST_BINS := $(patsubst tests/unit/%.c,$(O)/tests/%,$(TEST_SRC))
+PLUGIN    := $(O)/plugin/libh5zstd.so
+
+# --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),)
+NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+CUDA_BINS :=
+ifneq ($(SAN),1)
+ifneq ($(NVCC),)
+NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -Xcompiler -Wall,-Wextra,-Werror
+CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_BINS := $(O)/tests/gpu_smoke
+endif
+endif
+
+.PHONY: all deps deps-build test check demo bench asan install clean config
+all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS)
+
+config:
+	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
+	@echo "ftk: CUDA: $(if $(NVCC),nvcc at $(NVCC) -> building kernels/cuda,nvcc not found -> CPU only)$(if $(filter 1,$(SAN)), (not in the sanitizer build),)"
+	@echo "ftk: NCCL: $(if $(NCCL_H),$(NCCL_H),not found)"
+
+deps:
+	@sh scripts/install-deps.sh test
+deps-build:
+	@sh scripts/install-deps.sh build
+
+$(O)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIBFTK): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BINDIR)/%: $(O)/tools/%.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
+
+$(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
+
+# The zstd filter as an HDF5 plugin: HDF5_PLUGIN_PATH=$(O)/plugin lets h5py/h5dump read
+# compressed ftk files. Built from the same source as the in-process filter.
+$(O)/plugin/h5zstd.o: formats/h5zstd.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DH5ZSTD_PLUGIN -c $< -o $@
+$(PLUGIN): $(O)/plugin/h5zstd.o
+	$(CC) -shared $(LDFLAGS) $< -lzstd -o $@
+
+ifneq ($(CUDA_BINS),)
+$(O)/kernels/cuda/%.o: kernels/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@
+endif
+
+asan:
+	@$(MAKE) --no-print-directory SAN=1 all
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory SAN=1 all
+	@sh tests/run.sh
+
+check: test
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@sh pipelines/demo.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@sh tests/bench/run.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/hdf5/plugin
+	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/hdf5/plugin
+
+clean:
+	rm -rf build bin
+
+-include $(shell find $(O) -name '*.d' 2>/dev/null)

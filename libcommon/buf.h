@@ -1,0 +1,25 @@
+/* buf.h — a growable byte buffer and whole-file reading.
+ *
+ * Functions return 0, or -1 with ftk_err_msg() set (out of memory, I/O error). The buffer
+ * owns data; buf_free() releases it and leaves an empty buffer. data is always
+ * NUL-terminated past len once anything was appended, so text can be used as a C string.
+ */
+#ifndef FTK_BUF_H
+#define FTK_BUF_H
+
+#include <stddef.h>
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buf_t;
+
+int buf_reserve(buf_t *b, size_t extra);
+int buf_append(buf_t *b, const void *p, size_t n);
+int buf_putc(buf_t *b, char c);
+void buf_free(buf_t *b);
+
+/* Reads a whole file, or stdin when path is "-", into b (appending). */
+int buf_read_file(buf_t *b, const char *path);
+
+#endif
