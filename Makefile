@@ -59,6 +59,7 @@ CUDA_BINS := $(O)/tests/gpu_smoke
 endif
 endif
 
+.SECONDARY:
 .PHONY: all deps deps-build test check demo bench asan install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS)
 

@@ -1,0 +1,131 @@
+#include "alpaca.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../libcommon/log.h"
+
+const char alpaca_template_name[] = "alpaca";
+
+static const char prompt_input_a[] =
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n### Instruction:\n";
+static const char prompt_input_b[] = "\n\n### Input:\n";
+static const char prompt_noinput_a[] =
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n### Instruction:\n";
+static const char prompt_tail[] = "\n\n### Response:\n";
+
+int alpaca_prompt(const alpaca_rec_t *r, buf_t *out)
+{
+    if (r->input_len) {
+        return buf_append(out, prompt_input_a, sizeof prompt_input_a - 1) ||
+                       buf_append(out, r->instruction, r->instruction_len) ||
+                       buf_append(out, prompt_input_b, sizeof prompt_input_b - 1) ||
+                       buf_append(out, r->input, r->input_len) ||
+                       buf_append(out, prompt_tail, sizeof prompt_tail - 1)
+                   ? -1
+                   : 0;
+    }
+    return buf_append(out, prompt_noinput_a, sizeof prompt_noinput_a - 1) ||
+                   buf_append(out, r->instruction, r->instruction_len) ||
+                   buf_append(out, prompt_tail, sizeof prompt_tail - 1)
+               ? -1
+               : 0;
+}
+
+static int record_error(const json_doc_t *doc, size_t off, size_t idx, const char *fmt, const char *field)
+{
+    unsigned line, col;
+    json_position(doc, off, &line, &col);
+    char what[256];
+    snprintf(what, sizeof what, fmt, field);
+    ftk_err_set("line %u, column %u: record %zu: %s", line, col, idx + 1, what);
+    return -1;
+}
+
+static int get_field(const json_doc_t *doc, const json_value_t *rec, size_t idx, const char *key, int required,
+                     const char **s, size_t *len)
+{
+    const json_value_t *v = json_get(rec, key);
+    *s = "";
+    *len = 0;
+    if (!v || (!required && v->type == JSON_NULL)) {
+        if (required)
+            return record_error(doc, rec->off, idx, "required field \"%s\" is missing", key);
+        return 0;
+    }
+    if (v->type != JSON_STRING) {
+        char m[128];
+        snprintf(m, sizeof m, "field \"%%s\" must be a string, not %s", json_type_name(v->type));
+        return record_error(doc, v->off, idx, m, key);
+    }
+    *s = v->u.str.s;
+    *len = v->u.str.len;
+    return 0;
+}
+
+int alpaca_parse(const char *text, size_t len, alpaca_t *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t i = 0;
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
+        i = 3;
+    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
+        i++;
+    if (i == len) {
+        ftk_err_set("empty input: no records");
+        return -1;
+    }
+    json_opts_t o = {.max_depth = 64, .multi = text[i] == '{'};
+    json_value_t *root;
+    out->doc = json_parse(text, len, &o, &root);
+    if (!out->doc)
+        return -1;
+    if (root->type != JSON_ARRAY) {
+        unsigned line, col;
+        json_position(out->doc, root->off, &line, &col);
+        ftk_err_set("line %u, column %u: expected an array of records or JSON Lines, found %s", line, col,
+                    json_type_name(root->type));
+        alpaca_free(out);
+        return -1;
+    }
+    if (root->u.arr.n == 0) {
+        ftk_err_set("no records");
+        alpaca_free(out);
+        return -1;
+    }
+    out->recs = calloc(root->u.arr.n, sizeof *out->recs);
+    if (!out->recs) {
+        ftk_err_set("out of memory");
+        alpaca_free(out);
+        return -1;
+    }
+    for (size_t k = 0; k < root->u.arr.n; k++) {
+        const json_value_t *r = &root->u.arr.items[k];
+        alpaca_rec_t *a = &out->recs[k];
+        if (r->type != JSON_OBJECT) {
+            char m[96];
+            snprintf(m, sizeof m, "expected an object, found %s%%s", json_type_name(r->type));
+            record_error(out->doc, r->off, k, m, "");
+            alpaca_free(out);
+            return -1;
+        }
+        if (get_field(out->doc, r, k, "instruction", 1, &a->instruction, &a->instruction_len) < 0 ||
+            get_field(out->doc, r, k, "input", 0, &a->input, &a->input_len) < 0 ||
+            get_field(out->doc, r, k, "output", 1, &a->output, &a->output_len) < 0) {
+            alpaca_free(out);
+            return -1;
+        }
+        out->n++;
+    }
+    return 0;
+}
+
+void alpaca_free(alpaca_t *a)
+{
+    json_free(a->doc);
+    free(a->recs);
+    memset(a, 0, sizeof *a);
+}

@@ -1,0 +1,111 @@
+/* tokens.h — ftk's token data file: what ftk-pack writes and ftk-train reads.
+ *
+ * ## Layout (ftk_format "tokens", ftk_format_version 1)
+ *
+ * Root attributes (besides ftk_format / ftk_format_version):
+ *   ftk_version        string  ftk release that wrote the file
+ *   tokenizer_format   string  "sentencepiece" | "tokenizer.json"
+ *   tokenizer_xxh3     string  XXH3-64 (16 hex digits) of the tokenizer file's bytes
+ *   vocab_size, bos_id, eos_id, pad_id   int64   (pad_id fills packed rows; never a target)
+ *   template           string  "alpaca" (formats/alpaca.h gives it word for word)
+ *   mask_prompt        int64   1: only response tokens (and EOS) are targets
+ *   max_len            int64   longest row, in tokens
+ *   packed             int64   1: rows are exactly max_len, several samples each
+ *   seed               int64   shuffle / split / packing seed
+ *   source_name        string  input file name as given ("-" for stdin)
+ *   source_xxh3        string  XXH3-64 of the input file's bytes
+ *   n_records          int64   records read from the input (whole set, all shards)
+ *   n_samples          int64   samples written (n_records - n_dropped)
+ *   n_tokens           int64   real tokens written, no padding (whole set)
+ *   n_truncated        int64   samples cut to max_len
+ *   n_dropped          int64   samples skipped by --drop-long
+ *   shard_index        int64   1-based index of this file in its set
+ *   shard_count        int64   number of files in the set
+ *   set_xxh3           string  XXH3-64 identifying the whole set: of every shard's index and
+ *                              dataset checksums (tokens_set_hash()); equal in all shards
+ *
+ * Groups /train and /val (the validation split; present, possibly empty), each with:
+ *   tokens          int32  [T]    the rows back to back, padding included
+ *   loss_mask       uint8  [T]    1 where the token is a target: the loss of predicting it
+ *                                 from the tokens before it in its sample counts
+ *   row_offsets     int64  [R+1]  row r is tokens[row_offsets[r] : row_offsets[r+1]]
+ *   row_samples     int64  [R+1]  row r holds samples row_samples[r] .. row_samples[r+1]-1
+ *   sample_starts   int64  [S]    sample s is tokens[sample_starts[s] : + sample_lengths[s]]
+ *   sample_lengths  int64  [S]
+ *   sample_record   int64  [S]    the sample's record index in the input (0-based)
+ * and group attributes n_rows, n_samples, n_tokens (T) and n_pad (padding tokens).
+ *
+ * Invariants (tokens_check_split(), run by ftk-verify): offsets start at 0, never
+ * decrease and end at T (R for row_samples); the samples of a row follow each other from
+ * the row's first token, in order, each at least 1 token long; the rest of the row is
+ * padding: pad_id with mask 0;
+ * the first token of every sample has mask 0 (nothing precedes it); ids are in
+ * [0, vocab_size); masks are 0 or 1; packed rows are exactly max_len long, unpacked rows
+ * hold one sample of at most max_len tokens.
+ *
+ * A sample is BOS + tokens(prompt) + tokens(output) + EOS, prompt and output tokenized
+ * separately (as LitGPT does, so the mask boundary is exact), cut to max_len.
+ * Training keeps attention inside a sample and restarts positions at each sample start.
+ *
+ * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k holds a
+ * contiguous range of the rows of each split.
+ */
+#ifndef FTK_TOKENS_H
+#define FTK_TOKENS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "h5.h"
+
+#define TOKENS_FORMAT "tokens"
+#define TOKENS_VERSION 1
+
+typedef struct {
+    int32_t *tokens;
+    uint8_t *loss_mask;
+    int64_t n_tokens;
+    int64_t *row_offsets, *row_samples; /* n_rows + 1 each */
+    int64_t n_rows;
+    int64_t *sample_starts, *sample_lengths, *sample_record; /* n_samples each */
+    int64_t n_samples;
+} tokens_split_t;
+
+/* One tokenized sample, as the builder receives it (already cut to max_len). */
+typedef struct {
+    const int32_t *ids;
+    const uint8_t *mask;
+    int64_t len;
+    int64_t record;
+} tokens_sample_t;
+
+/* Builds a split from samples. packed: best-fit-decreasing bin packing into rows of
+ * exactly max_len (padded with pad_id), rows then shuffled with seed; otherwise one row
+ * per sample, in the given order. Returns 0, or -1 (out of memory). */
+int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t max_len, int32_t pad_id,
+                 uint64_t seed, tokens_split_t *out);
+
+/* Rows [r0, r1) of s as a split of its own (offsets rebased). */
+int tokens_slice(const tokens_split_t *s, int64_t r0, int64_t r1, tokens_split_t *out);
+
+#define TOKENS_N_DATASETS 7
+
+/* Writes group `group` with its datasets and attributes. Checksums of the datasets, in
+ * the order of the layout above, go to sums (for the set hash). */
+int tokens_write_split(hid_t file, const char *group, const tokens_split_t *s, const h5w_opts_t *o,
+                       uint64_t sums[TOKENS_N_DATASETS]);
+int tokens_read_split(hid_t file, const char *group, tokens_split_t *s);
+void tokens_split_free(tokens_split_t *s);
+
+/* Checks the invariants above. Returns 0 when they hold, 1 when not (ftk_err_msg()
+ * names the dataset and the first offending element). */
+int tokens_check_split(const tokens_split_t *s, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id);
+
+/* The set hash from each shard's dataset checksums: sums[shard][split * TOKENS_N_DATASETS + k]
+ * (split 0 = train, 1 = val). */
+uint64_t tokens_set_hash(const uint64_t (*sums)[2 * TOKENS_N_DATASETS], int n_shards);
+
+/* Dataset names of a split, in layout order. */
+extern const char *const tokens_dataset_names[TOKENS_N_DATASETS];
+
+#endif

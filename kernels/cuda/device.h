@@ -1,0 +1,28 @@
+/* device.h — the CUDA runtime probe and a smoke kernel, callable from C.
+ *
+ * The CUDA backend proper (kernels/backend.h, kernels/cuda/…) arrives with the training
+ * issues; this keeps the CUDA build path compiled in CI from day one and lets the test
+ * suite say "skipped (no GPU)" or run a real kernel where a GPU exists.
+ */
+#ifndef FTK_CUDA_DEVICE_H
+#define FTK_CUDA_DEVICE_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices; 0 when there is no driver or no device. */
+int ftk_cuda_device_count(void);
+
+/* Name of device `dev` into buf (n bytes). Returns 0 or -1. */
+int ftk_cuda_device_name(int dev, char *buf, int n);
+
+/* Runs y = a*x + y on n floats on device 0 and compares with the host result.
+ * Returns the largest absolute difference, or a negative value on a CUDA error. */
+double ftk_cuda_axpy_check(int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
