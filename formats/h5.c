@@ -102,6 +102,17 @@ fail:
     return H5I_INVALID_HID;
 }
 
+hid_t h5_group_create(hid_t loc, const char *name)
+{
+    hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+    H5Pset_obj_track_times(gcpl, 0);
+    hid_t g = H5Gcreate2(loc, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    H5Pclose(gcpl);
+    if (g < 0)
+        ftk_err_set("cannot create group %s", name);
+    return g;
+}
+
 int h5_close(hid_t file)
 {
     if (H5Fclose(file) < 0) {
@@ -269,6 +280,7 @@ h5w_stream_t *h5w_open(hid_t loc, const char *name, hid_t memtype, int rank, con
             s->row_elems *= dims[i];
     }
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(dcpl, 0); /* same inputs, same bytes */
     if (opts && opts->zstd_level > 0 && total > 0) {
         /* Chunks of about 1 MiB, whole rows. */
         hsize_t chunk[8];

@@ -37,6 +37,8 @@ hid_t h5_create(const char *path, const char *format, int64_t version);
  * version above max_version. *format_out (may be NULL) gets a malloc'd copy of the format. */
 hid_t h5_open(const char *path, const char *format, int64_t max_version, char **format_out, int64_t *version_out);
 int h5_close(hid_t file);
+/* A group without modification times, so that the same inputs give the same bytes. */
+hid_t h5_group_create(hid_t loc, const char *name);
 
 int h5_attr_set_str(hid_t loc, const char *name, const char *value);
 int h5_attr_set_i64(hid_t loc, const char *name, int64_t v);

@@ -223,11 +223,9 @@ static int write_1d(hid_t g, const char *name, hid_t type, const void *data, int
 int tokens_write_split(hid_t file, const char *group, const tokens_split_t *s, const h5w_opts_t *o,
                        uint64_t sums[TOKENS_N_DATASETS])
 {
-    hid_t g = H5Gcreate2(file, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0) {
-        ftk_err_set("cannot create group %s", group);
+    hid_t g = h5_group_create(file, group);
+    if (g < 0)
         return -1;
-    }
     int64_t n_pad = s->n_tokens;
     for (int64_t k = 0; k < s->n_samples; k++)
         n_pad -= s->sample_lengths[k];

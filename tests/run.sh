@@ -1,0 +1,81 @@
+#!/bin/sh
+# The whole test suite: unit tests, CLI golden tests, reference tests against independent
+# implementations (SentencePiece, h5py), fault tests, then the unit and CLI tests again
+# with the ASan+UBSan build. Each test exits 0 (pass), 77 (skipped: it prints why) or
+# anything else (fail). Ends with the line "N passed, N failed, N skipped".
+#
+# Usage: sh tests/run.sh        (after `make all` and `make SAN=1 all`; `make test` does both)
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-/usr/bin/python3}
+DATA=${FTK_DATA:-$ROOT/../shared/data}
+WORK=$ROOT/build/test-work
+rm -rf "$WORK" && mkdir -p "$WORK"
+export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
+pass=0 fail=0 skip=0
+failed_names=""
+
+# run NAME COMMAND...: runs one test, output to $WORK/NAME.log, shown on failure.
+run() {
+    name=$1
+    shift
+    log="$WORK/$(echo "$name" | tr / _).log"
+    "$@" >"$log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        pass=$((pass + 1))
+        echo "PASS $name"
+    elif [ $rc -eq 77 ]; then
+        skip=$((skip + 1))
+        echo "SKIP $name: $(grep -i 'skipped' "$log" | tail -n 1)"
+    else
+        fail=$((fail + 1))
+        failed_names="$failed_names $name"
+        echo "FAIL $name (exit $rc)"
+        tail -n 40 "$log" | sed 's/^/    /'
+    fi
+}
+
+# Unit tests (C).
+for t in build/tests/test_*; do
+    [ -x "$t" ] && run "unit/$(basename "$t")" "$t" "$ROOT"
+done
+if [ -x build/tests/gpu_smoke ]; then
+    run gpu/smoke build/tests/gpu_smoke
+else
+    run gpu/smoke sh -c 'echo "skipped (CUDA toolkit not found at build time)"; exit 77'
+fi
+
+# CLI tests: --help of every tool, golden outputs, the corpus of bad inputs, verify faults.
+run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
+run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
+
+# Reference tests against independent implementations.
+if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; then
+    run ref/tokenizer-vs-sentencepiece "$PY" tests/ref/tokenizer_vs_sentencepiece.py bin "$DATA" "$WORK/tok"
+    run ref/tokenizer-edge-bytes "$PY" tests/ref/tokenizer_bytes.py bin "$ROOT/examples/demo/tokenizer.model" "$DATA"
+    run ref/pack-vs-python "$PY" tests/ref/pack_vs_python.py bin "$ROOT" "$DATA" "$WORK/pack"
+    run ref/h5py-reads-ftk-files "$PY" tests/ref/h5py_reads.py bin "$ROOT" "$WORK/h5py"
+else
+    for n in tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+        run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
+    done
+fi
+
+# The same unit and CLI tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+if [ -d build/asan/bin ]; then
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
+    for t in build/asan/tests/test_*; do
+        [ -x "$t" ] && run "asan/unit/$(basename "$t")" "$t" "$ROOT"
+    done
+    run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
+else
+    run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
+fi
+
+echo
+[ -n "$failed_names" ] && echo "failed:$failed_names"
+echo "$pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]
