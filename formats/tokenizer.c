@@ -148,7 +148,13 @@ static void map_insert(tok_t *t, int id)
 
 static size_t pair_slot(const tok_t *t, uint64_t key)
 {
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (t->pair_cap - 1);
+    /* splitmix64's finalizer: both ids reach every bit of the slot index */
+    key ^= key >> 30;
+    key *= 0xBF58476D1CE4E5B9ull;
+    key ^= key >> 27;
+    key *= 0x94D049BB133111EBull;
+    key ^= key >> 31;
+    return (size_t)key & (t->pair_cap - 1);
 }
 
 static const pair_t *pair_find(const tok_t *t, int32_t l, int32_t r)

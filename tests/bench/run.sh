@@ -1,0 +1,5 @@
+#!/bin/sh
+# make bench: every benchmark prints a ratio against a peer measured in the same run.
+set -eu
+cd "$(dirname "$0")/../.."
+/usr/bin/python3 tests/bench/tokenize_bench.py "$(pwd)" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench
