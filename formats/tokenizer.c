@@ -43,6 +43,10 @@ struct tok {
     int32_t space_sym;
     int32_t byte_id[256]; /* -1: none */
     int byte_fallback, fuse_unk, ignore_merges;
+    /* No piece has "▁" right after another character: a merge never crosses the point
+     * before a "▁" that follows a non-"▁" symbol, so such word segments can be merged
+     * independently, and cached. */
+    int split_words;
     int bos, eos, unk;
     int add_dummy_prefix, remove_extra_ws, escape_ws;
     char unk_surface[64];
@@ -61,7 +65,22 @@ typedef struct {
     int32_t merged;
 } cand_t;
 
+/* Per-workspace cache of word segments -> ids (cleared when full). */
+typedef struct {
+    uint64_t h;
+    uint32_t key_off, key_len, ids_off, ids_n;
+} cache_ent_t;
+#define CACHE_SLOTS (1u << 15)
+#define CACHE_MAX_WORD 64
+
 struct tok_ws {
+    cache_ent_t *cache;
+    uint32_t cache_used;
+    char *ckeys;
+    size_t ckeys_len, ckeys_cap;
+    int32_t *cids;
+    size_t cids_len, cids_cap;
+    const tok_t *cache_owner;
     char *norm;
     size_t norm_cap;
     sym_t *sym;
@@ -324,6 +343,18 @@ static int build_tables(tok_t *t, int derive_pairs)
         t->ascii_sym[c] = map_find(t, &ch, 1);
     }
     t->space_sym = map_find(t, SPACE_SYM, 3);
+    t->split_words = t->escape_ws && !t->ignore_merges;
+    for (int i = 0; i < n_real && t->split_words; i++) {
+        const char *s = piece_str(t, i);
+        uint32_t len = t->pieces[i].len;
+        if (t->pieces[i].type != PT_NORMAL)
+            continue;
+        for (uint32_t k = 1; k + 3 <= len; k++)
+            if (memcmp(s + k, SPACE_SYM, 3) == 0 && !(k >= 3 && memcmp(s + k - 3, SPACE_SYM, 3) == 0)) {
+                t->split_words = 0;
+                break;
+            }
+    }
     return 0;
 }
 
@@ -908,6 +939,9 @@ void tok_ws_free(tok_ws_t *ws)
     free(ws->norm);
     free(ws->sym);
     free(ws->heap);
+    free(ws->cache);
+    free(ws->ckeys);
+    free(ws->cids);
     free(ws);
 }
 
@@ -982,6 +1016,83 @@ static int emit_symbol(const tok_t *t, const tok_ws_t *ws, const sym_t *s, tok_i
         return 0;
     *prev_unk = 1;
     return tok_ids_push(ids, t->unk >= 0 ? t->unk : 0);
+}
+
+/* Merges symbols [a, b) (their prev/next links closed at the ends) and appends the ids. */
+static int merge_range(const tok_t *t, tok_ws_t *ws, int32_t a, int32_t b, tok_ids_t *ids)
+{
+    sym_t *sym = ws->sym;
+    sym[a].prev = -1;
+    sym[b - 1].next = -1;
+    ws->heap_n = 0;
+    for (int32_t k = a; k + 1 < b; k++)
+        try_pair(t, ws, k, k + 1);
+    while (ws->heap_n) {
+        cand_t c = heap_pop(ws);
+        sym_t *l = &sym[c.left], *r = &sym[c.right];
+        if (l->len == 0 || r->len == 0 || l->len + r->len != c.len)
+            continue; /* stale: one side was merged since */
+        l->len += r->len;
+        l->id = c.merged;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = c.left;
+        r->len = 0;
+        try_pair(t, ws, l->prev, c.left);
+        try_pair(t, ws, c.left, l->next);
+    }
+    int prev_unk = 0;
+    for (int32_t k = a; k >= 0; k = sym[k].next)
+        if (emit_symbol(t, ws, &sym[k], ids, &prev_unk) < 0)
+            return -1;
+    return 0;
+}
+
+/* One word segment [a, b): from the cache, or merged and remembered. */
+static int encode_word(const tok_t *t, tok_ws_t *ws, int32_t a, int32_t b, tok_ids_t *ids)
+{
+    const char *key = ws->norm + ws->sym[a].start;
+    uint32_t klen = ws->sym[b - 1].start + ws->sym[b - 1].len - ws->sym[a].start;
+    if (klen > CACHE_MAX_WORD || (!t->byte_fallback && t->fuse_unk))
+        return merge_range(t, ws, a, b, ids);
+    if (!ws->cache || ws->cache_owner != t || ws->cache_used * 2 >= CACHE_SLOTS) {
+        if (!ws->cache && !(ws->cache = malloc(CACHE_SLOTS * sizeof *ws->cache))) {
+            ftk_err_set("out of memory");
+            return -1;
+        }
+        memset(ws->cache, 0, CACHE_SLOTS * sizeof *ws->cache);
+        ws->cache_used = 0;
+        ws->ckeys_len = ws->cids_len = 0;
+        ws->cache_owner = t;
+    }
+    uint64_t h = hash_bytes(key, klen) | 1; /* 0 marks an empty slot */
+    size_t slot = (size_t)h & (CACHE_SLOTS - 1);
+    for (;; slot = (slot + 1) & (CACHE_SLOTS - 1)) {
+        cache_ent_t *e = &ws->cache[slot];
+        if (e->h == 0)
+            break;
+        if (e->h == h && e->key_len == klen && memcmp(ws->ckeys + e->key_off, key, klen) == 0) {
+            for (uint32_t i = 0; i < e->ids_n; i++)
+                if (tok_ids_push(ids, ws->cids[e->ids_off + i]) < 0)
+                    return -1;
+            return 0;
+        }
+    }
+    size_t before = ids->n;
+    if (merge_range(t, ws, a, b, ids) < 0)
+        return -1;
+    size_t n = ids->n - before;
+    if (grow((void **)&ws->ckeys, &ws->ckeys_cap, ws->ckeys_len + klen, 1) < 0 ||
+        grow((void **)&ws->cids, &ws->cids_cap, ws->cids_len + n, sizeof *ws->cids) < 0)
+        return -1;
+    /* key bytes are copied after merging: the normalized text does not change meanwhile */
+    memcpy(ws->ckeys + ws->ckeys_len, key, klen);
+    memcpy(ws->cids + ws->cids_len, ids->v + before, n * sizeof *ws->cids);
+    ws->cache[slot] = (cache_ent_t){h, (uint32_t)ws->ckeys_len, klen, (uint32_t)ws->cids_len, (uint32_t)n};
+    ws->ckeys_len += klen;
+    ws->cids_len += n;
+    ws->cache_used++;
+    return 0;
 }
 
 int tok_encode(const tok_t *t, tok_ws_t *ws, const char *text, size_t len, tok_ids_t *ids)
@@ -1077,27 +1188,16 @@ int tok_encode(const tok_t *t, tok_ws_t *ws, const char *text, size_t len, tok_i
             return tok_ids_push(ids, whole);
     }
 
-    ws->heap_n = 0;
-    for (int32_t k = 0; k + 1 < ns; k++)
-        try_pair(t, ws, k, k + 1);
-    while (ws->heap_n) {
-        cand_t c = heap_pop(ws);
-        sym_t *a = &sym[c.left], *b = &sym[c.right];
-        if (a->len == 0 || b->len == 0 || a->len + b->len != c.len)
-            continue; /* stale: one side was merged since */
-        a->len += b->len;
-        a->id = c.merged;
-        a->next = b->next;
-        if (b->next >= 0)
-            sym[b->next].prev = c.left;
-        b->len = 0;
-        try_pair(t, ws, a->prev, c.left);
-        try_pair(t, ws, c.left, a->next);
-    }
-    int prev_unk = 0;
-    for (int32_t k = 0; k >= 0; k = sym[k].next)
-        if (emit_symbol(t, ws, &sym[k], ids, &prev_unk) < 0)
+    if (!t->split_words)
+        return merge_range(t, ws, 0, ns, ids);
+    for (int32_t a = 0; a < ns;) {
+        int32_t b = a + 1;
+        while (b < ns && !(sym[b].id == t->space_sym && t->space_sym >= 0 && sym[b - 1].id != t->space_sym))
+            b++;
+        if (encode_word(t, ws, a, b, ids) < 0)
             return -1;
+        a = b;
+    }
     return 0;
 }
 
