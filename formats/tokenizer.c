@@ -1183,7 +1183,7 @@ int tok_encode(const tok_t *t, tok_ws_t *ws, const char *text, size_t len, tok_i
     sym[ns - 1].next = -1;
 
     if (t->ignore_merges) {
-        int whole = map_find(t, norm, o);
+        int whole = map_find(t, norm, sym[ns - 1].start + sym[ns - 1].len);
         if (whole >= 0 && whole < t->n_vocab)
             return tok_ids_push(ids, whole);
     }
