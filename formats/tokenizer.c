@@ -653,6 +653,21 @@ static int check_pre_tokenizer(tok_t *t, const json_value_t *n)
     return -1;
 }
 
+/* Ids of a merge's left and right tokens and of their concatenation (-1 where a string
+ * is no token); *joined is scratch space for the concatenation. Returns -1 on OOM. */
+static int merge_ids(const tok_t *t, const char *a, size_t al, const char *b, size_t bl, char **joined,
+                     size_t *jcap, int *l, int *r, int *mm)
+{
+    if (grow((void **)joined, jcap, al + bl + 1, 1) < 0)
+        return -1;
+    memcpy(*joined, a, al);
+    memcpy(*joined + al, b, bl);
+    *l = map_find(t, a, al);
+    *r = map_find(t, b, bl);
+    *mm = map_find(t, *joined, al + bl);
+    return 0;
+}
+
 static tok_t *load_tokenizer_json(const char *data, size_t len, const char *name)
 {
     json_value_t *root;
@@ -819,15 +834,10 @@ static tok_t *load_tokenizer_json(const char *data, size_t len, const char *name
                 al = (size_t)(sp - a);
                 b = sp + 1;
                 bl = m->u.str.len - al - 1;
-                if (grow((void **)&joined, &jcap, al + bl + 1, 1) < 0) {
+                if (merge_ids(t, a, al, b, bl, &joined, &jcap, &l, &r, &mm) < 0) {
                     free(joined);
                     goto fail;
                 }
-                memcpy(joined, a, al);
-                memcpy(joined + al, b, bl);
-                l = map_find(t, a, al);
-                r = map_find(t, b, bl);
-                mm = map_find(t, joined, al + bl);
                 if (l >= 0 && r >= 0 && mm >= 0)
                     break;
                 if (sp + 1 >= a + m->u.str.len)
@@ -839,15 +849,10 @@ static tok_t *load_tokenizer_json(const char *data, size_t len, const char *name
             al = m->u.arr.items[0].u.str.len;
             b = m->u.arr.items[1].u.str.s;
             bl = m->u.arr.items[1].u.str.len;
-            if (grow((void **)&joined, &jcap, al + bl + 1, 1) < 0) {
+            if (merge_ids(t, a, al, b, bl, &joined, &jcap, &l, &r, &mm) < 0) {
                 free(joined);
                 goto fail;
             }
-            memcpy(joined, a, al);
-            memcpy(joined + al, b, bl);
-            l = map_find(t, a, al);
-            r = map_find(t, b, bl);
-            mm = map_find(t, joined, al + bl);
         } else {
             ftk_err_set("%s: model.merges[%zu]: expected a string or a pair of strings", name, i);
             free(joined);
