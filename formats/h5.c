@@ -45,7 +45,10 @@ hid_t h5_create(const char *path, const char *format, int64_t version)
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     /* 1.8 format or later: compact attribute storage, and h5py 2.x+ can read it. */
     H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
-    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_obj_track_times(fcpl, 0); /* the root group too: same inputs, same bytes */
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
+    H5Pclose(fcpl);
     H5Pclose(fapl);
     if (f < 0) {
         ftk_err_set("%s: cannot create HDF5 file", path);
