@@ -19,13 +19,30 @@ int h5_init(void)
     return 0;
 }
 
+hid_t h5_f16_type(void)
+{
+    /* HDF5 1.10 has no predefined half type; this is the IEEE binary16 layout h5py
+     * recognises as numpy float16. Created once, never closed. */
+    static hid_t t = H5I_INVALID_HID;
+    if (t < 0) {
+        hid_t x = H5Tcopy(H5T_IEEE_F32LE);
+        if (x < 0 || H5Tset_fields(x, 15, 10, 5, 0, 10) < 0 || H5Tset_size(x, 2) < 0 || H5Tset_precision(x, 16) < 0 ||
+            H5Tset_ebias(x, 15) < 0) {
+            ftk_err_set("cannot make the HDF5 float16 type");
+            return H5I_INVALID_HID;
+        }
+        t = x;
+    }
+    return t;
+}
+
 /* The little-endian file type for a native memory type. */
 static hid_t file_type_of(hid_t memtype)
 {
     H5T_class_t c = H5Tget_class(memtype);
     size_t size = H5Tget_size(memtype);
     if (c == H5T_FLOAT)
-        return size == 8 ? H5T_IEEE_F64LE : size == 4 ? H5T_IEEE_F32LE : H5I_INVALID_HID;
+        return size == 8 ? H5T_IEEE_F64LE : size == 4 ? H5T_IEEE_F32LE : size == 2 ? h5_f16_type() : H5I_INVALID_HID;
     if (c == H5T_INTEGER) {
         int sgn = H5Tget_sign(memtype) == H5T_SGN_2;
         switch (size) {
@@ -346,6 +363,8 @@ int h5w_append(h5w_stream_t *s, const void *data, hsize_t n_rows)
     return 0;
 }
 
+hid_t h5w_dataset(h5w_stream_t *s) { return s->dset; }
+
 int h5w_close(h5w_stream_t *s, uint64_t *sum)
 {
     int rc = s->failed ? -1 : 0;
@@ -428,6 +447,39 @@ int h5r_read(hid_t loc, const char *name, hid_t memtype, void *out, size_t n)
     return 0;
 }
 
+int h5r_read_rows(hid_t loc, const char *name, hid_t memtype, hsize_t row0, hsize_t n, void *out)
+{
+    hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+    if (d < 0) {
+        ftk_err_set("cannot open dataset %s", name);
+        return -1;
+    }
+    hid_t fs = H5Dget_space(d);
+    int rank = H5Sget_simple_extent_ndims(fs);
+    hsize_t dims[8] = {0}, start[8] = {0}, count[8];
+    herr_t e = -1;
+    if (rank >= 1 && rank <= 8) {
+        H5Sget_simple_extent_dims(fs, dims, NULL);
+        if (row0 + n <= dims[0]) {
+            start[0] = row0;
+            count[0] = n;
+            for (int i = 1; i < rank; i++)
+                count[i] = dims[i];
+            hid_t ms = H5Screate_simple(rank, count, NULL);
+            e = n == 0 ? 0 : H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+            if (e >= 0 && n > 0)
+                e = H5Dread(d, memtype, ms, fs, H5P_DEFAULT, out);
+            H5Sclose(ms);
+        }
+    }
+    H5Sclose(fs);
+    H5Dclose(d);
+    if (e < 0)
+        ftk_err_set("dataset %s: cannot read rows %llu..%llu (corrupt file, or compressed without the zstd filter)",
+                    name, (unsigned long long)row0, (unsigned long long)(row0 + n));
+    return e < 0 ? -1 : 0;
+}
+
 int h5_verify_dataset(hid_t loc, const char *name, uint64_t *stored, uint64_t *computed, int *has_attr)
 {
     hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
@@ -436,7 +488,10 @@ int h5_verify_dataset(hid_t loc, const char *name, uint64_t *stored, uint64_t *c
         return -1;
     }
     int rc = -1;
-    hid_t ft = H5Dget_type(d), mt = H5Tget_native_type(ft, H5T_DIR_ASCEND);
+    hid_t ft = H5Dget_type(d);
+    /* A half float has no native twin (HDF5 would widen it to float and change the
+     * checksum); being little-endian like the host, it is read as stored. */
+    hid_t mt = H5Tget_class(ft) == H5T_FLOAT && H5Tget_size(ft) == 2 ? H5Tcopy(ft) : H5Tget_native_type(ft, H5T_DIR_ASCEND);
     hid_t sp = H5Dget_space(d);
     int rank = H5Sget_simple_extent_ndims(sp);
     hsize_t dims[8] = {0};
@@ -569,4 +624,25 @@ void h5_type_name(hid_t dset, char *out, size_t n)
         snprintf(out, n, "other");
     }
     H5Tclose(t);
+}
+
+int h5_parse_compress(const char *s, int *level)
+{
+    if (strcmp(s, "none") == 0) {
+        *level = 0;
+        return 0;
+    }
+    if (strcmp(s, "zstd") == 0) {
+        *level = 3;
+        return 0;
+    }
+    char *end;
+    if (strncmp(s, "zstd:", 5) == 0) {
+        long l = strtol(s + 5, &end, 10);
+        if (*end == 0 && end != s + 5 && l >= 1 && l <= 22) {
+            *level = (int)l;
+            return 0;
+        }
+    }
+    return -1;
 }

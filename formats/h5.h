@@ -67,15 +67,26 @@ int h5w_append(h5w_stream_t *s, const void *data, hsize_t n_rows);
 /* Always releases s. Returns -1 if anything failed, including earlier appends. The
  * checksum stored goes to *sum when sum is not NULL. */
 int h5w_close(h5w_stream_t *s, uint64_t *sum);
+/* The dataset being written (for extra attributes); owned by the stream. */
+hid_t h5w_dataset(h5w_stream_t *s);
 /* Whole dataset in one call; sum as for h5w_close(). */
 int h5w_write_tensor(hid_t loc, const char *name, hid_t memtype, int rank, const hsize_t *dims, const void *data,
                      const h5w_opts_t *opts, uint64_t *sum);
+
+/* The tools' --compress value: "none" (level 0), "zstd" (level 3) or "zstd:L" (1..22).
+ * Returns 0, or -1 for anything else. */
+int h5_parse_compress(const char *s, int *level);
 
 /* ---- Reading ---------------------------------------------------------------------- */
 /* Shape of a dataset: rank returned (or -1), dims filled up to 8. */
 int h5r_shape(hid_t loc, const char *name, hsize_t dims[8]);
 /* Reads a whole dataset of n elements (must match) into out, converting to memtype. */
 int h5r_read(hid_t loc, const char *name, hid_t memtype, void *out, size_t n);
+/* Reads rows [row0, row0+n) (along the first dimension, whole rows) into out. */
+int h5r_read_rows(hid_t loc, const char *name, hid_t memtype, hsize_t row0, hsize_t n, void *out);
+
+/* IEEE binary16, little-endian (HDF5 1.10 has no predefined one); shared, do not close. */
+hid_t h5_f16_type(void);
 
 /* Recomputes the checksum of dataset `name` (reading it in blocks) and compares it with
  * its xxh3_64 attribute. Returns 0 when equal, 1 on mismatch (or no attribute: *stored

@@ -11,7 +11,7 @@
 
 #include "log.h"
 
-#define MAX_PENDING 64
+#define MAX_PENDING 1024
 /* Paths the signal handler unlinks: plain arrays, so the handler touches no allocator. */
 static char *volatile pending[MAX_PENDING];
 
@@ -31,11 +31,18 @@ static void pending_remove(const char *p)
             pending[i] = NULL;
 }
 
+/* Temporary directories, removed after the files in them (rmdir is async-signal-safe). */
+#define MAX_PENDING_DIRS 16
+static char *volatile pending_dirs[MAX_PENDING_DIRS];
+
 static void on_signal(int sig)
 {
     for (int i = 0; i < MAX_PENDING; i++)
         if (pending[i])
             unlink(pending[i]);
+    for (int i = 0; i < MAX_PENDING_DIRS; i++)
+        if (pending_dirs[i])
+            rmdir(pending_dirs[i]);
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -130,4 +137,137 @@ void atomic_abort(atomic_file_t *a)
     if (a->tmp_path)
         unlink(a->tmp_path);
     atomic_free(a);
+}
+
+/* ---------------------------------------------------------------- directories */
+
+#include <ftw.h>
+#include <sys/stat.h>
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+int rm_tree(const char *path)
+{
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) < 0 && errno != ENOENT) {
+        ftk_err_set("%s: cannot remove: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int atomic_dir_begin(atomic_dir_t *a, const char *final_path)
+{
+    memset(a, 0, sizeof *a);
+    atomic_file_t f;
+    if (atomic_begin(&f, final_path) < 0)
+        return -1;
+    pending_remove(f.tmp_path); /* a directory: listed below instead */
+    a->final_path = f.final_path;
+    a->tmp_path = f.tmp_path;
+    rm_tree(a->tmp_path); /* a leftover of an earlier process with the same pid */
+    if (mkdir(a->tmp_path, 0777) < 0) {
+        ftk_err_set("%s: mkdir: %s", a->tmp_path, strerror(errno));
+        free(a->tmp_path);
+        free(a->final_path);
+        return -1;
+    }
+    for (int i = 0; i < MAX_PENDING_DIRS; i++)
+        if (!pending_dirs[i]) {
+            pending_dirs[i] = a->tmp_path;
+            break;
+        }
+    return 0;
+}
+
+char *atomic_dir_file(atomic_dir_t *a, const char *name)
+{
+    size_t n = strlen(a->tmp_path) + strlen(name) + 2;
+    char *p = malloc(n);
+    char **files = realloc(a->files, (a->n_files + 1) * sizeof *files);
+    if (!p || !files) {
+        free(p);
+        if (files)
+            a->files = files;
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    snprintf(p, n, "%s/%s", a->tmp_path, name);
+    a->files = files;
+    a->files[a->n_files++] = p;
+    pending_add(p);
+    return p;
+}
+
+static void atomic_dir_free(atomic_dir_t *a)
+{
+    for (size_t i = 0; i < a->n_files; i++) {
+        pending_remove(a->files[i]);
+        free(a->files[i]);
+    }
+    for (int i = 0; i < MAX_PENDING_DIRS; i++)
+        if (pending_dirs[i] == a->tmp_path)
+            pending_dirs[i] = NULL;
+    free(a->files);
+    free(a->tmp_path);
+    free(a->final_path);
+    memset(a, 0, sizeof *a);
+}
+
+int atomic_dir_commit(atomic_dir_t *a, int replace)
+{
+    for (size_t i = 0; i < a->n_files; i++)
+        if (fsync_path(a->files[i]) < 0)
+            goto fail;
+    if (fsync_path(a->tmp_path) < 0)
+        goto fail;
+    struct stat st;
+    char *old = NULL;
+    if (lstat(a->final_path, &st) == 0) {
+        if (!replace) {
+            ftk_err_set("%s: exists (use --force to replace it)", a->final_path);
+            goto fail;
+        }
+        size_t n = strlen(a->tmp_path) + 8;
+        old = malloc(n);
+        if (!old) {
+            ftk_err_set("out of memory");
+            goto fail;
+        }
+        snprintf(old, n, "%s.old", a->tmp_path);
+        rm_tree(old);
+        if (rename(a->final_path, old) < 0) {
+            ftk_err_set("%s: rename: %s", a->final_path, strerror(errno));
+            free(old);
+            goto fail;
+        }
+    }
+    if (rename(a->tmp_path, a->final_path) < 0) {
+        ftk_err_set("%s: rename: %s", a->final_path, strerror(errno));
+        if (old)
+            rename(old, a->final_path);
+        free(old);
+        goto fail;
+    }
+    int rc = old ? rm_tree(old) : 0;
+    free(old);
+    char *d = strdup(a->final_path);
+    if (d && fsync_path(dirname(d)) < 0)
+        rc = -1;
+    free(d);
+    atomic_dir_free(a);
+    return rc;
+fail:
+    atomic_dir_abort(a);
+    return -1;
+}
+
+void atomic_dir_abort(atomic_dir_t *a)
+{
+    if (a->tmp_path)
+        rm_tree(a->tmp_path);
+    atomic_dir_free(a);
 }

@@ -14,6 +14,8 @@
 #ifndef FTK_ATOMIC_H
 #define FTK_ATOMIC_H
 
+#include <stddef.h>
+
 typedef struct {
     char *final_path;
     char *tmp_path;
@@ -23,6 +25,26 @@ int atomic_begin(atomic_file_t *a, const char *final_path);
 int atomic_commit(atomic_file_t *a);
 void atomic_abort(atomic_file_t *a);
 void atomic_install_signal_cleanup(void);
+
+/* The same for a directory of files (an HF model folder): atomic_dir_begin() makes the
+ * hidden directory ".NAME.tmp.PID" beside the final one; atomic_dir_file() names a file
+ * inside it (malloc'd, owned by the struct) and registers it for signal cleanup;
+ * atomic_dir_commit() fsyncs every file and the directory, then renames it into place.
+ * An existing final directory is an error unless replace is set, in which case it is
+ * removed only after the new one is in place. */
+typedef struct {
+    char *final_path;
+    char *tmp_path;
+    char **files;
+    size_t n_files;
+} atomic_dir_t;
+
+int atomic_dir_begin(atomic_dir_t *a, const char *final_path);
+char *atomic_dir_file(atomic_dir_t *a, const char *name);
+int atomic_dir_commit(atomic_dir_t *a, int replace);
+void atomic_dir_abort(atomic_dir_t *a);
+/* rm -r path (no error when it does not exist). */
+int rm_tree(const char *path);
 
 /* fsync a file or directory by path. Returns 0 or -1 with ftk_err_msg() set. */
 int fsync_path(const char *path);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "log.h"
 #include "version.h"
@@ -222,4 +223,28 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
     *npos = np;
     *pos = positional;
     return 0;
+}
+
+int opts_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0))
+        return -1;
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {{"", 1},          {"B", 1},          {"KB", 1e3},          {"MB", 1e6},
+                 {"GB", 1e9},      {"TB", 1e12},      {"KiB", 1024.0},      {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b > 1.8e19)
+                return -1;
+            *out = (uint64_t)b;
+            return 0;
+        }
+    return -1;
 }

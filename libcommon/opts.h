@@ -57,6 +57,9 @@ extern int ftk_progress_force;
  * tool exits 0). Returns -1 after printing a usage error on stderr (the tool exits 2). */
 int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char ***pos);
 
+/* A byte size: "5GB" (10^9), "500MB", "2GiB" (2^30), "123" (bytes). 0 or -1. */
+int opts_parse_size(const char *s, uint64_t *out);
+
 /* Prints the generated help on stdout. */
 void opts_help(const opt_spec_t *spec);
 

@@ -64,27 +64,6 @@ typedef struct {
     int64_t n_prompt, len, full_len;
 } sample_t;
 
-static int parse_compress(const char *s, int *level)
-{
-    if (strcmp(s, "none") == 0) {
-        *level = 0;
-        return 0;
-    }
-    if (strcmp(s, "zstd") == 0) {
-        *level = 3;
-        return 0;
-    }
-    char *end;
-    if (strncmp(s, "zstd:", 5) == 0) {
-        long l = strtol(s + 5, &end, 10);
-        if (*end == 0 && end != s + 5 && l >= 1 && l <= 22) {
-            *level = (int)l;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* Tokenizes every record (in parallel). Returns 0, or -1 with ftk_err_msg() set. */
 static int tokenize_all(const tok_t *tok, const alpaca_t *data, sample_t *smp)
 {
@@ -268,7 +247,7 @@ int main(int argc, char **argv)
         return FTK_EXIT_USAGE;
     }
     if (max_len < 2 || shards < 1 || shards > 99999 || val_fraction < 0 || val_fraction >= 1 || threads < 0 ||
-        parse_compress(compress, &zstd) < 0) {
+        h5_parse_compress(compress, &zstd) < 0) {
         ftk_error("invalid value: need --max-len >= 2, 1 <= --shards <= 99999, 0 <= --val-fraction < 1, "
                   "--threads >= 0, --compress none|zstd|zstd:1..22");
         return FTK_EXIT_USAGE;

@@ -1,0 +1,63 @@
+/* hfconfig.h — a Llama model's shape, read from and written to Hugging Face config.json.
+ *
+ * ## config.json (transformers' LlamaConfig), the fields ftk reads
+ *   hidden_size, intermediate_size, num_hidden_layers, num_attention_heads (required);
+ *   num_key_value_heads (default: num_attention_heads; grouped-query attention when
+ *   fewer), rms_norm_eps (1e-6), rope_theta (10000), max_position_embeddings (2048),
+ *   vocab_size (32000), tie_word_embeddings (false), bos_token_id (1), eos_token_id (2),
+ *   initializer_range (0.02), torch_dtype ("float32"), head_dim (must equal
+ *   hidden_size / num_attention_heads when present).
+ *
+ * ## What is refused (exit 2 in the tools), naming the field
+ * Anything ftk cannot train faithfully: model_type other than "llama", architectures other
+ * than ["LlamaForCausalLM"], a non-null rope_scaling, attention_bias or mlp_bias true,
+ * hidden_act other than "silu", a head_dim that differs from hidden_size /
+ * num_attention_heads, shapes that do not divide (hidden_size by heads, heads by KV
+ * heads), an odd head dimension (rotary embeddings pair dimensions), non-positive sizes,
+ * eos_token_id given as a list of several ids.
+ *
+ * ## Writing
+ * hfconfig_write() emits a LlamaForCausalLM config.json that transformers loads
+ * unchanged: the fields above plus architectures, model_type, hidden_act,
+ * attention_bias/mlp_bias false, rope_scaling null, use_cache true.
+ *
+ * Functions return 0 or -1 with ftk_err_msg() set ("line L, column C: field: what" when
+ * the JSON position is known).
+ */
+#ifndef FTK_HFCONFIG_H
+#define FTK_HFCONFIG_H
+
+#include <stdint.h>
+
+#include "../libcommon/buf.h"
+#include "dtype.h"
+
+typedef struct {
+    int64_t hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads;
+    int64_t vocab_size, max_position_embeddings;
+    double rms_norm_eps, rope_theta, initializer_range;
+    int tie_word_embeddings;
+    int64_t bos_token_id, eos_token_id; /* -1: none */
+    dtype_t torch_dtype;
+} model_config_t;
+
+/* LlamaConfig's defaults for every optional field; the required ones are 0. */
+void model_config_defaults(model_config_t *c);
+/* Checks the shape constraints listed above. */
+int model_config_check(const model_config_t *c);
+static inline int64_t model_head_dim(const model_config_t *c) { return c->hidden_size / c->num_attention_heads; }
+/* Number of parameters (counting a tied embedding once). */
+int64_t model_n_params(const model_config_t *c);
+
+/* Parses config.json text. */
+int hfconfig_parse(const char *text, size_t len, model_config_t *c);
+/* Appends a config.json (with a final newline) for c, saying torch_dtype = dt. */
+int hfconfig_write(buf_t *out, const model_config_t *c, dtype_t dt);
+
+/* Named shapes for ftk-init: "tiny" (a few thousand parameters, for tests and the demo),
+ * "stories260k" (llama2.c's), "llama-1b" (TinyLlama-1.1B's shape), "llama2-7b" (exact
+ * Llama-2-7B), "llama2-13b". Returns -1 for an unknown name. */
+int model_preset(const char *name, model_config_t *c);
+const char *model_preset_names(void); /* "tiny, stories260k, …" for help and errors */
+
+#endif
