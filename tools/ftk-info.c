@@ -5,6 +5,7 @@
 
 #include "../formats/h5.h"
 #include "../formats/h5zstd.h"
+#include "../formats/weights.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 
@@ -65,6 +66,16 @@ static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, vo
     return 0;
 }
 
+static int name_width = 28;
+
+static herr_t measure(hid_t file, const char *name, const H5O_info_t *info, void *op)
+{
+    (void)file, (void)op;
+    if (info->type == H5O_TYPE_DATASET && (int)strlen(name) > name_width)
+        name_width = (int)strlen(name);
+    return 0;
+}
+
 static herr_t print_object(hid_t file, const char *name, const H5O_info_t *info, void *op)
 {
     (void)op;
@@ -111,7 +122,7 @@ static herr_t print_object(hid_t file, const char *name, const H5O_info_t *info,
     char sumtxt[40] = "no checksum";
     if (has_sum)
         snprintf(sumtxt, sizeof sumtxt, "xxh3 %016llx", (unsigned long long)sum);
-    printf("  /%-28s %-9s %-16s %-5s %s\n", name, type, shape, filter[0] ? filter : "-", sumtxt);
+    printf("  /%-*s %-9s %-16s %-5s %s\n", name_width, name, type, shape, filter[0] ? filter : "-", sumtxt);
     H5Pclose(dcpl);
     H5Sclose(sp);
     H5Dclose(d);
@@ -141,7 +152,17 @@ int main(int argc, char **argv)
         printf("%s: ftk %s file, format version %lld\n", pos[i], fmt, (long long)ver);
         int indent = 2;
         H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, NULL, print_attr, &indent);
+        model_config_t c;
+        if (strcmp(fmt, WEIGHTS_FORMAT) == 0 && weights_read_config(f, &c) == 0)
+            printf("model: LlamaForCausalLM, %lld layers, hidden %lld, MLP %lld, %lld heads (%lld key/value%s), "
+                   "vocab %lld, %s embeddings, %.2f M parameters\n",
+                   (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)c.intermediate_size,
+                   (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
+                   c.num_key_value_heads < c.num_attention_heads ? ": grouped-query" : "", (long long)c.vocab_size,
+                   c.tie_word_embeddings ? "tied" : "untied", (double)model_n_params(&c) / 1e6);
         printf("objects:\n");
+        name_width = 28;
+        H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, measure, NULL);
         H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, print_object, NULL);
         free(fmt);
         h5_close(f);

@@ -7,10 +7,16 @@
 
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
+#include "../formats/weights.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 
-static const opt_t options[] = {{0}};
+static int deep;
+
+static const opt_t options[] = {
+    {"deep", 0, OPT_FLAG, &deep, NULL, "also scan weights for NaN and Inf values"},
+    {0},
+};
 
 static const opt_spec_t spec = {
     .tool = "ftk-verify",
@@ -18,7 +24,9 @@ static const opt_spec_t spec = {
     .summary = "Recomputes the XXH3-64 checksum of every dataset of each ftk file and compares it with\n"
                "the one stored when it was written, then checks the invariants of the file's format\n"
                "(for token files: ids inside the vocabulary, row and sample boundaries consistent,\n"
-               "loss masks well formed, counts matching). Prints one OK line per whole file.",
+               "loss masks well formed, counts matching; for weights files: a valid config, every\n"
+               "parameter present with the shape it implies, nothing else; with --deep no NaN/Inf).\n"
+               "Prints one OK line per whole file.",
     .epilog = "Exit status: 0 every file whole, 2 a file is missing or unreadable as a path,\n"
               "3 a file is damaged (the message names the file, the dataset and what differs).\n",
     .opts = options,
@@ -78,6 +86,82 @@ static int check_tokens(const char *path, hid_t f)
     return 0;
 }
 
+static int check_weights(const char *path, hid_t f)
+{
+    model_config_t c;
+    if (weights_read_config(f, &c) < 0) {
+        ftk_error("%s: %s", path, ftk_err_msg());
+        return 1;
+    }
+    size_t n = weights_n_tensors(&c);
+    int bad = 0;
+    H5G_info_t gi;
+    hid_t g = H5Lexists(f, "tensors", H5P_DEFAULT) > 0 ? H5Gopen2(f, "tensors", H5P_DEFAULT) : -1;
+    if (g < 0 || H5Gget_info(g, &gi) < 0) {
+        ftk_error("%s: no /tensors group", path);
+        if (g >= 0)
+            H5Gclose(g);
+        return 1;
+    }
+    H5Gclose(g);
+    if (gi.nlinks != n) {
+        ftk_error("%s: /tensors holds %llu tensors, the config implies %zu", path, (unsigned long long)gi.nlinks, n);
+        bad++;
+    }
+    void *block = NULL;
+    const size_t block_bytes = 16u << 20;
+    for (size_t i = 0; i < n && bad < 10; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(&c, i, &s);
+        char p[WEIGHTS_NAME_MAX + 16];
+        snprintf(p, sizeof p, "tensors/%s", s.name);
+        hsize_t dims[8];
+        dtype_t dt = weights_tensor_dtype(f, s.name);
+        int rank = dt == DT_INVALID ? -1 : h5r_shape(f, p, dims);
+        if (rank < 0) {
+            ftk_error("%s: %s", path, ftk_err_msg());
+            bad++;
+            continue;
+        }
+        if (rank != s.rank || (int64_t)dims[0] != s.shape[0] || (rank == 2 && (int64_t)dims[1] != s.shape[1])) {
+            ftk_error("%s: tensor %s: shape does not match the config", path, s.name);
+            bad++;
+            continue;
+        }
+        if (!deep)
+            continue;
+        int64_t rows = s.rank == 2 ? s.shape[0] : 1, cols = s.rank == 2 ? s.shape[1] : s.shape[0];
+        size_t row_bytes = (size_t)cols * dtype_size(dt);
+        int64_t per = row_bytes > block_bytes ? 1 : (int64_t)(block_bytes / row_bytes);
+        if (!block && !(block = malloc(row_bytes > block_bytes ? row_bytes : block_bytes))) {
+            ftk_error("out of memory");
+            return bad + 1;
+        }
+        uint64_t nan = 0, inf = 0;
+        for (int64_t r = 0; r < rows; r += per) {
+            int64_t k = rows - r < per ? rows - r : per;
+            if (row_bytes > block_bytes) {
+                free(block);
+                if (!(block = malloc(row_bytes)))
+                    return bad + 1;
+            }
+            if (weights_read_rows(f, s.name, dt, r, k, block, NULL) < 0) {
+                ftk_error("%s: %s", path, ftk_err_msg());
+                bad++;
+                break;
+            }
+            dtype_count_nonfinite(block, dt, (size_t)(k * cols), &nan, &inf);
+        }
+        if (nan || inf) {
+            ftk_error("%s: tensor %s: %llu NaN and %llu infinite values", path, s.name, (unsigned long long)nan,
+                      (unsigned long long)inf);
+            bad++;
+        }
+    }
+    free(block);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-verify");
@@ -117,6 +201,15 @@ int main(int argc, char **argv)
             } else if (!c.bad) {
                 c.bad += check_tokens(path, f);
                 what = "checksums and token-file invariants";
+            }
+        } else if (strcmp(fmt, WEIGHTS_FORMAT) == 0) {
+            if (ver > WEIGHTS_VERSION) {
+                ftk_error("%s: weights format version %lld is newer than this ftk knows (%d)", path, (long long)ver,
+                          WEIGHTS_VERSION);
+                c.bad++;
+            } else if (!c.bad) {
+                c.bad += check_weights(path, f);
+                what = deep ? "checksums, shapes and values (no NaN/Inf)" : "checksums and shapes";
             }
         } else {
             ftk_warn("%s: format \"%s\" is not known to this ftk: checksums only", path, fmt);

@@ -13,6 +13,10 @@
 static const struct {
     const char *name, *what;
 } tools[] = {
+    {"import-hf", "Hugging Face Llama folder (safetensors) -> ftk weights file"},
+    {"export-hf", "ftk weights file -> Hugging Face Llama folder"},
+    {"import-llama2c", "llama2.c checkpoint -> ftk weights file (HF conventions)"},
+    {"init", "random initial weights for a preset or config.json"},
     {"pack", "Alpaca JSON -> tokenized, packed HDF5 training data"},
     {"tokenize", "encode/decode text with a Llama tokenizer, line by line"},
     {"info", "describe any ftk file"},

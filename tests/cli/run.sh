@@ -12,28 +12,7 @@ TOK=$ROOT/examples/demo/tokenizer.model
 DEMO=$ROOT/examples/demo/alpaca-demo.json
 G=$ROOT/tests/cli/golden
 rm -rf "$WORK" && mkdir -p "$WORK"
-n=0 bad=0
-
-ok() { n=$((n + 1)); echo "ok   $1"; }
-notok() { n=$((n + 1)); bad=$((bad + 1)); echo "FAIL $1"; }
-
-# expect NAME CODE CMD...: the command exits with CODE.
-expect() {
-    name=$1 code=$2
-    shift 2
-    "$@" >"$WORK/out" 2>"$WORK/err"
-    rc=$?
-    if [ $rc -eq "$code" ]; then ok "$name"; else
-        notok "$name: exit $rc, expected $code"
-        sed 's/^/     | /' "$WORK/err" | head -n 10
-    fi
-}
-same() { # same NAME FILE_GOT FILE_WANT
-    if cmp -s "$2" "$3"; then ok "$1"; else
-        notok "$1: output differs"
-        diff "$3" "$2" | head -n 20 | sed 's/^/     | /'
-    fi
-}
+. "$ROOT/tests/cli/lib.sh"
 
 # --help and --version on every tool
 for t in ftk ftk-tokenize ftk-pack ftk-info ftk-verify; do
@@ -124,5 +103,4 @@ expect "ftk-verify truncated file is exit 3" 3 "$BIN/ftk-verify" "$WORK/cut.h5"
 expect "ftk-verify non-HDF5 file is exit 3" 3 "$BIN/ftk-verify" "$DEMO"
 expect "ftk-verify missing file is exit 2" 2 "$BIN/ftk-verify" "$WORK/none.h5"
 
-echo "$((n - bad)) of $n checks passed"
-[ $bad -eq 0 ]
+finish
