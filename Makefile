@@ -60,7 +60,7 @@ endif
 endif
 
 .SECONDARY:
-.PHONY: all deps deps-build test check demo bench asan install clean config
+.PHONY: all deps deps-build test check demo bench asan fuzz install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS)
 
 config:
@@ -123,6 +123,11 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory all
 	@sh tests/bench/run.sh
+
+# The long fuzz run of the safetensors header parser (make test runs 20 s of it).
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) build/fuzz
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/hdf5/plugin

@@ -475,7 +475,7 @@ static int parse_object(parser_t *p, json_value_t *out, int depth)
         }
     }
     size_t n = p->ms_n - base;
-    long dup = find_duplicate(p->ms + base, n);
+    long dup = n ? find_duplicate(p->ms + base, n) : -1; /* p->ms is NULL before the first member */
     if (dup >= 0) {
         const json_member_t *d = &p->ms[base + (size_t)dup];
         fail_at(p, d->key_off, "duplicate key \"%.*s\"", (int)(d->key_len > 64 ? 64 : d->key_len), d->key);

@@ -10,7 +10,9 @@ pkgs="build-essential pkg-config libhdf5-dev hdf5-tools libzstd-dev libxxhash-de
 pkgs="$pkgs libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then
     # Independent references for the tests, from Debian (run with /usr/bin/python3).
-    pkgs="$pkgs python3 python3-numpy python3-h5py python3-sentencepiece"
+    pkgs="$pkgs python3 python3-numpy python3-h5py python3-sentencepiece python3-torch python3-pip"
+    # clang's libFuzzer for the safetensors header fuzz run (tests/fuzz/run.sh).
+    pkgs="$pkgs clang libclang-rt-dev"
 fi
 
 missing=""

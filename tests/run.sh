@@ -49,7 +49,9 @@ fi
 
 # CLI tests: --help of every tool, golden outputs, the corpus of bad inputs, verify faults.
 run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
+run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
+run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
 if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; then
@@ -57,8 +59,20 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     run ref/tokenizer-edge-bytes "$PY" tests/ref/tokenizer_bytes.py bin "$ROOT/examples/demo/tokenizer.model" "$DATA"
     run ref/pack-vs-python "$PY" tests/ref/pack_vs_python.py bin "$ROOT" "$DATA" "$WORK/pack"
     run ref/h5py-reads-ftk-files "$PY" tests/ref/h5py_reads.py bin "$ROOT" "$WORK/h5py"
+    # Test-only extras from PyPI (the product has no Python): the safetensors reference
+    # library, and transformers to load our exports. Pinned to versions that work with
+    # Debian 12's torch 1.13; installed once into build/pylib.
+    export PYTHONPATH="$ROOT/build/pylib"
+    if ! "$PY" -c 'import safetensors, transformers' 2>/dev/null; then
+        "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/build/pylib" \
+            transformers==4.38.2 tokenizers==0.15.2 huggingface_hub==0.21.4 safetensors==0.4.2 \
+            regex==2023.12.25 tqdm==4.66.2 filelock==3.13.1 packaging==23.2 fsspec==2024.2.0 \
+            >"$WORK/pip.log" 2>&1 || echo "note: pip install of the test extras failed (see $WORK/pip.log)"
+    fi
+    run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
+    run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
 else
-    for n in tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
@@ -71,6 +85,7 @@ if [ -d build/asan/bin ]; then
         [ -x "$t" ] && run "asan/unit/$(basename "$t")" "$t" "$ROOT"
     done
     run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
+    run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
 else
     run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
 fi

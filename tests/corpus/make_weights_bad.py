@@ -66,6 +66,7 @@ def main():
         f.write(from_hdr(good, n))
 
     st("short", b"\x05\x00\x00")
+    st("no-tensors", raw("{}", 0))  # valid safetensors (the fuzzer's first find: {} in the parser)
     st("header-huge", struct.pack("<Q", 1 << 40) + b"{}")
     st("header-past-eof", struct.pack("<Q", 1000) + b"{}" + bytes(90))
     st("header-not-object", raw("[1, 2]", 0))
