@@ -3,3 +3,4 @@
 set -eu
 cd "$(dirname "$0")/../.."
 /usr/bin/python3 tests/bench/tokenize_bench.py "$(pwd)" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench
+sh tests/bench/weights_bench.sh
