@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
@@ -54,7 +56,20 @@ typedef struct {
     size_t *src_file;
     dtype_t want; /* DT_INVALID: keep */
     const char *dir;
+    const uint8_t *done_p; /* the block handed out last: released at the next call */
+    size_t done_n;
 } import_t;
+
+/* Drops the mapped pages of a block already written, so that resident memory stays about
+ * one block whatever the model's size (the pages stay in the page cache; without this the
+ * whole input would count in the process's RSS). */
+static void release(const uint8_t *p, size_t n)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + n) & ~(pg - 1);
+    if (p && b > a)
+        madvise((void *)a, b - a, MADV_DONTNEED);
+}
 
 static char *join(const char *dir, const char *name)
 {
@@ -203,6 +218,9 @@ static const void *src_rows(void *ctx, size_t i, const weights_spec_t *s, dtype_
     const st_tensor_t *t = im->src[i];
     size_t cols = (size_t)(s->rank == 2 ? s->shape[1] : s->shape[0]);
     const uint8_t *p = (const uint8_t *)st_data(&im->files[im->src_file[i]], t) + (size_t)row0 * cols * t->elem_size;
+    release(im->done_p, im->done_n);
+    im->done_p = p;
+    im->done_n = (size_t)n * cols * t->elem_size;
     if (t->dt == dt)
         return p;
     dtype_convert(scratch, dt, p, t->dt, (size_t)n * cols);
