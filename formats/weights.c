@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
 #include "../libcommon/progress.h"
 
@@ -317,7 +318,7 @@ int weights_each_file(hid_t file, int (*fn)(const char *name, const void *data, 
     return rc;
 }
 
-int weights_write_file(const char *path, const weights_source_t *src, uint64_t *bytes)
+static int write_file(const char *path, const weights_source_t *src, uint64_t *bytes)
 {
     const model_config_t *c = src->cfg;
     size_t n = weights_n_tensors(c);
@@ -383,4 +384,17 @@ int weights_write_file(const char *path, const weights_source_t *src, uint64_t *
     if (bytes)
         *bytes = done;
     return rc;
+}
+
+int weights_write_file(const char *path, const weights_source_t *src, uint64_t *bytes)
+{
+    atomic_file_t out;
+    if (atomic_begin(&out, path) < 0)
+        return -1;
+    if (write_file(out.tmp_path, src, bytes) < 0) {
+        ftk_err_prefix("%s: ", path);
+        atomic_abort(&out);
+        return -1;
+    }
+    return atomic_commit(&out);
 }

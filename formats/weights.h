@@ -84,9 +84,10 @@ int weights_read_rows(hid_t file, const char *name, dtype_t dt, int64_t row0, in
 
 /* ---- Writing a whole weights file from a source ------------------------------------
  * The importers and ftk-init differ only in where a tensor's rows come from, so they
- * describe that and weights_write_file() does the rest: creates path (pass an atomic
- * temporary), then writes every tensor in canonical order in blocks of rows (about
- * 32 MiB), so memory stays bounded by one block whatever the model's size.
+ * describe that and weights_write_file() does the rest: writes path through a
+ * temporary beside it, renamed into place only when complete (atomic.h), every tensor
+ * in canonical order in blocks of rows (about 32 MiB), so memory stays bounded by one
+ * block whatever the model's size.
  *  - dtype(ctx, i): the type tensor i is stored in;
  *  - rows(ctx, i, spec, dt, row0, n, scratch): rows [row0, row0+n) of tensor i in type
  *    dt, either as a pointer into the source's own memory (no copy) or written into

@@ -328,11 +328,6 @@ int main(int argc, char **argv)
     im.cfg.torch_dtype = common != DT_INVALID ? common : im.cfg.torch_dtype;
 
     rc = FTK_EXIT_FAIL;
-    atomic_file_t out;
-    if (atomic_begin(&out, output) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        goto done;
-    }
     char source[512];
     snprintf(source, sizeof source, "hf:%s", im.dir);
     weights_source_t ws = {.cfg = &im.cfg,
@@ -344,12 +339,7 @@ int main(int argc, char **argv)
                            .rows = src_rows,
                            .extra = store_tokenizer};
     uint64_t bytes = 0;
-    if (weights_write_file(out.tmp_path, &ws, &bytes) < 0) {
-        ftk_error("%s: %s", output, ftk_err_msg());
-        atomic_abort(&out);
-        goto done;
-    }
-    if (atomic_commit(&out) < 0) {
+    if (weights_write_file(output, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

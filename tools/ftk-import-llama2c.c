@@ -264,11 +264,6 @@ int main(int argc, char **argv)
     atomic_install_signal_cleanup();
     double t0 = time_now();
     rc = FTK_EXIT_FAIL;
-    atomic_file_t out;
-    if (atomic_begin(&out, output) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        goto done;
-    }
     char source[512];
     snprintf(source, sizeof source, "llama2c:%s", in);
     weights_source_t ws = {.cfg = &x.cfg,
@@ -280,12 +275,7 @@ int main(int argc, char **argv)
                            .rows = l2c_rows,
                            .extra = store_tok};
     uint64_t bytes = 0;
-    if (weights_write_file(out.tmp_path, &ws, &bytes) < 0) {
-        ftk_error("%s: %s", output, ftk_err_msg());
-        atomic_abort(&out);
-        goto done;
-    }
-    if (atomic_commit(&out) < 0) {
+    if (weights_write_file(output, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

@@ -184,12 +184,7 @@ int main(int argc, char **argv)
     }
     atomic_install_signal_cleanup();
     double t0 = time_now();
-    atomic_file_t out;
     rc = FTK_EXIT_FAIL;
-    if (atomic_begin(&out, output) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        goto done;
-    }
     char source[256];
     snprintf(source, sizeof source, "init:%s seed=%lld", preset ? preset : config_path, (long long)seed);
     weights_source_t ws = {.cfg = &in.cfg,
@@ -201,12 +196,7 @@ int main(int argc, char **argv)
                            .rows = init_rows,
                            .extra = store_tok};
     uint64_t bytes = 0;
-    if (weights_write_file(out.tmp_path, &ws, &bytes) < 0) {
-        ftk_error("%s: %s", output, ftk_err_msg());
-        atomic_abort(&out);
-        goto done;
-    }
-    if (atomic_commit(&out) < 0) {
+    if (weights_write_file(output, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

@@ -23,17 +23,9 @@ except Exception as e:  # ImportError, or a transformers too new for this torch
     print(f"skipped (transformers not importable: {e})")
     sys.exit(77)
 
-fails = 0
-def check(cond, what):
-    global fails
-    print(("ok   " if cond else "FAIL ") + what)
-    fails += 0 if cond else 1
-
-def run(*args):
-    r = subprocess.run([os.path.join(BIN, args[0])] + list(args[1:]), capture_output=True, text=True)
-    if r.returncode != 0:
-        print(r.stderr)
-        raise SystemExit(f"{args[0]} failed with exit {r.returncode}")
+import ftkref
+from ftkref import check, run
+ftkref.BIN = BIN
 
 src = os.path.join(DATA, "tiny-random-llama")
 if not os.path.isdir(src):
@@ -96,5 +88,4 @@ if os.path.isdir(d):
 else:
     print("skipped part: stories260K missing")
 
-print(f"{'FAILED' if fails else 'all passed'} ({fails} failures)")
-sys.exit(1 if fails else 0)
+ftkref.done()

@@ -30,17 +30,9 @@ except ImportError as e:
     print(f"skipped ({e}: needs python3-torch and the safetensors package)")
     sys.exit(77)
 
-fails = 0
-def check(cond, what):
-    global fails
-    print(("ok   " if cond else "FAIL ") + what)
-    fails += 0 if cond else 1
-
-def run(*args):
-    r = subprocess.run([os.path.join(BIN, args[0])] + list(args[1:]), capture_output=True, text=True)
-    if r.returncode != 0:
-        print(r.stderr)
-        raise SystemExit(f"{args[0]} failed with exit {r.returncode}")
+import ftkref
+from ftkref import check, run
+ftkref.BIN = BIN
 
 def h5_tensors(path):
     out = {}
@@ -188,5 +180,4 @@ if os.path.exists(mbin):
 else:
     print("skipped part: stories260K missing")
 
-print(f"{'FAILED' if fails else 'all passed'} ({fails} failures)")
-sys.exit(1 if fails else 0)
+ftkref.done()
