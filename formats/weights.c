@@ -191,6 +191,9 @@ hid_t weights_open(const char *path, model_config_t *c)
     return f;
 }
 
+/* The dataset path of a parameter: "tensors/NAME". */
+static void tensor_path(char *out, size_t n, const char *name) { snprintf(out, n, "tensors/%s", name); }
+
 hid_t weights_h5type(dtype_t dt)
 {
     return dt == DT_F32 ? H5T_NATIVE_FLOAT : dt == DT_F16 ? h5_f16_type() : H5T_NATIVE_UINT16;
@@ -199,7 +202,7 @@ hid_t weights_h5type(dtype_t dt)
 h5w_stream_t *weights_tensor_begin(hid_t file, const weights_spec_t *s, dtype_t dt, int zstd_level)
 {
     char path[WEIGHTS_NAME_MAX + 16];
-    snprintf(path, sizeof path, "tensors/%s", s->name);
+    tensor_path(path, sizeof path, s->name);
     hsize_t dims[2] = {(hsize_t)s->shape[0], (hsize_t)s->shape[1]};
     h5w_opts_t o = {.zstd_level = zstd_level};
     h5w_stream_t *w = h5w_open(file, path, weights_h5type(dt), s->rank, dims, &o);
@@ -213,7 +216,7 @@ h5w_stream_t *weights_tensor_begin(hid_t file, const weights_spec_t *s, dtype_t 
 dtype_t weights_tensor_dtype(hid_t file, const char *name)
 {
     char path[WEIGHTS_NAME_MAX + 16];
-    snprintf(path, sizeof path, "tensors/%s", name);
+    tensor_path(path, sizeof path, name);
     if (H5Lexists(file, "tensors", H5P_DEFAULT) <= 0 || H5Lexists(file, path, H5P_DEFAULT) <= 0) {
         ftk_err_set("tensor %s is missing", name);
         return DT_INVALID;
@@ -235,7 +238,7 @@ dtype_t weights_tensor_dtype(hid_t file, const char *name)
 int weights_read_rows(hid_t file, const char *name, dtype_t dt, int64_t row0, int64_t n, void *out, void *scratch)
 {
     char path[WEIGHTS_NAME_MAX + 16];
-    snprintf(path, sizeof path, "tensors/%s", name);
+    tensor_path(path, sizeof path, name);
     dtype_t st = weights_tensor_dtype(file, name);
     if (st == DT_INVALID)
         return -1;

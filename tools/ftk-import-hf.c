@@ -92,7 +92,7 @@ static int plain_name(const char *s)
 }
 
 /* Shard file names from model.safetensors.index.json, in first-seen order. */
-static int read_index(import_t *im, const char *path, char ***names, size_t *n)
+static int read_index(const char *path, char ***names, size_t *n)
 {
     buf_t b = {0};
     json_value_t *root = NULL;
@@ -111,8 +111,10 @@ static int read_index(import_t *im, const char *path, char ***names, size_t *n)
         goto out;
     }
     *names = calloc(map->u.obj.n + 1, sizeof **names);
-    if (!*names)
+    if (!*names) {
+        ftk_err_set("out of memory");
         goto out;
+    }
     for (size_t i = 0; i < map->u.obj.n; i++) {
         const json_member_t *m = &map->u.obj.members[i];
         if (m->value.type != JSON_STRING || !plain_name(m->value.u.str.s) || strlen(m->value.u.str.s) != m->value.u.str.len) {
@@ -130,7 +132,6 @@ static int read_index(import_t *im, const char *path, char ***names, size_t *n)
     }
     rc = 0;
 out:
-    (void)im;
     json_free(doc);
     buf_free(&b);
     return rc;
@@ -287,7 +288,7 @@ int main(int argc, char **argv)
         goto done;
     }
     if (exists(index_path)) {
-        if (read_index(&im, index_path, &names, &n_names) < 0) {
+        if (read_index(index_path, &names, &n_names) < 0) {
             ftk_error("%s: %s", index_path, ftk_err_msg());
             goto done;
         }

@@ -109,6 +109,7 @@ static int check_weights(const char *path, hid_t f)
         bad++;
     }
     void *block = NULL;
+    size_t block_cap = 0;
     const size_t block_bytes = 16u << 20;
     for (size_t i = 0; i < n && bad < 10; i++) {
         weights_spec_t s;
@@ -132,19 +133,18 @@ static int check_weights(const char *path, hid_t f)
             continue;
         int64_t rows = s.rank == 2 ? s.shape[0] : 1, cols = s.rank == 2 ? s.shape[1] : s.shape[0];
         size_t row_bytes = (size_t)cols * dtype_size(dt);
-        int64_t per = row_bytes > block_bytes ? 1 : (int64_t)(block_bytes / row_bytes);
-        if (!block && !(block = malloc(row_bytes > block_bytes ? row_bytes : block_bytes))) {
-            ftk_error("out of memory");
-            return bad + 1;
+        int64_t per = row_bytes >= block_bytes ? 1 : (int64_t)(block_bytes / row_bytes);
+        if ((size_t)per * row_bytes > block_cap) { /* one row may exceed the usual block */
+            free(block);
+            block_cap = (size_t)per * row_bytes;
+            if (!(block = malloc(block_cap))) {
+                ftk_error("out of memory");
+                return bad + 1;
+            }
         }
         uint64_t nan = 0, inf = 0;
         for (int64_t r = 0; r < rows; r += per) {
             int64_t k = rows - r < per ? rows - r : per;
-            if (row_bytes > block_bytes) {
-                free(block);
-                if (!(block = malloc(row_bytes)))
-                    return bad + 1;
-            }
             if (weights_read_rows(f, s.name, dt, r, k, block, NULL) < 0) {
                 ftk_error("%s: %s", path, ftk_err_msg());
                 bad++;
