@@ -32,12 +32,13 @@ HDF5_LIBS   := $(shell pkg-config --libs hdf5 2>/dev/null)
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC $(SANFLAGS) \
            $(HDF5_CFLAGS) -MMD -MP $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(SANFLAGS)
-LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lm
+LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lm
 
-LIB_SRC   := $(wildcard libcommon/*.c formats/*.c)
+LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/cpu/*.c engine/*.c)
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
-TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c
+TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c \
+             ftk-train ftk-generate
 TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
 TEST_SRC  := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(O)/tests/%,$(TEST_SRC))
@@ -76,6 +77,11 @@ deps-build:
 $(O)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# The CPU kernels are the hot loops: -O3 lets GCC vectorise them (still IEEE: no fast-math).
+ifneq ($(SAN),1)
+$(O)/kernels/cpu/%.o: CFLAGS += -O3
+endif
 
 $(LIBFTK): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

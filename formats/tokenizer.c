@@ -586,6 +586,85 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- llama2.c tokenizer.bin */
+
+/* llama2.c's export of a SentencePiece BPE model: int32 max_token_length, then per id
+ * float32 score, int32 length, that many bytes; "▁" written as ' ', BOS/EOS written as
+ * "\n<s>\n" / "\n</s>\n". Read back into the SentencePiece model it came from: identity
+ * normalization with the dummy prefix, no whitespace removal (run.c's encoder), byte
+ * fallback when all 256 <0xXX> pieces are there. */
+static tok_t *load_llama2c(const char *data, size_t len, const char *name)
+{
+    tok_t *t = tok_new("llama2.c");
+    char *tmp = NULL;
+    if (!t)
+        return NULL;
+    size_t p = 4;
+    if (len < 4)
+        goto bad;
+    while (p < len) {
+        float score;
+        int32_t n;
+        if (len - p < 8)
+            goto bad;
+        memcpy(&score, data + p, 4);
+        memcpy(&n, data + p + 4, 4);
+        p += 8;
+        if (n < 0 || (size_t)n > len - p)
+            goto bad;
+        const char *s = data + p;
+        p += (size_t)n;
+        int id = t->n_sym, type = PT_NORMAL, v;
+        if (id == 0)
+            type = PT_UNKNOWN;
+        else if ((id == 1 && n == 5 && !memcmp(s, "\n<s>\n", 5)) || (id == 2 && n == 6 && !memcmp(s, "\n</s>\n", 6))) {
+            type = PT_CONTROL;
+            s = id == 1 ? "<s>" : "</s>";
+            n = id == 1 ? 3 : 4;
+        } else if (is_byte_piece(s, (size_t)n, &v))
+            type = PT_BYTE;
+        char *q = realloc(tmp, (size_t)n * 3 + 1);
+        if (!q) {
+            ftk_err_set("out of memory");
+            goto fail;
+        }
+        tmp = q;
+        size_t k = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (s[i] == ' ' && type == PT_NORMAL) {
+                memcpy(tmp + k, "\xE2\x96\x81", 3);
+                k += 3;
+            } else {
+                tmp[k++] = s[i];
+            }
+        }
+        if (add_piece(t, tmp, k, score, type) < 0)
+            goto fail;
+    }
+    free(tmp);
+    tmp = NULL;
+    t->n_vocab = t->n_sym;
+    if (t->n_vocab < 3)
+        goto bad;
+    t->unk = 0;
+    t->bos = 1;
+    t->eos = 2;
+    t->remove_extra_ws = 0;
+    if (build_tables(t, 1) < 0)
+        goto fail;
+    t->byte_fallback = 1;
+    for (int i = 0; i < 256; i++)
+        if (t->byte_id[i] < 0)
+            t->byte_fallback = 0;
+    return t;
+bad:
+    ftk_err_set("%s: not a llama2.c tokenizer.bin (truncated or malformed entry near byte %zu)", name, p);
+fail:
+    free(tmp);
+    tok_free(t);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- tokenizer.json */
 
 static int json_is(const json_value_t *v, const char *s)
@@ -895,6 +974,9 @@ tok_t *tok_load_mem(const char *data, size_t len, const char *name)
         i++;
     if (i < len && data[i] == '{')
         return load_tokenizer_json(data, len, name);
+    size_t nl = strlen(name);
+    if (nl >= 4 && !strcmp(name + nl - 4, ".bin"))
+        return load_llama2c(data, len, name);
     return load_sentencepiece(data, len, name);
 }
 

@@ -19,6 +19,10 @@
  * null or Metaspace("▁", split false). Anything else (ByteLevel, NFKC, Split, …) is
  * refused naming the field. BOS/EOS are the added tokens "<s>" and "</s>".
  *
+ * llama2.c's tokenizer.bin (recognised by a name ending in ".bin"): the same pieces and
+ * scores with "▁" written as ' ' (see load_llama2c()); read back as the SentencePiece
+ * BPE model it was exported from.
+ *
  * ## Encoding (what SentencePiece's bpe_model.cc does, which we match id for id)
  *
  *  1. Normalize: empty text gives no ids. Invalid UTF-8 bytes become U+FFFD, one per byte
@@ -73,7 +77,7 @@ int tok_vocab_size(const tok_t *t);
 int tok_bos_id(const tok_t *t); /* -1 when the model has none */
 int tok_eos_id(const tok_t *t);
 int tok_unk_id(const tok_t *t);
-const char *tok_format(const tok_t *t); /* "sentencepiece" or "tokenizer.json" */
+const char *tok_format(const tok_t *t); /* "sentencepiece", "tokenizer.json" or "llama2.c" */
 /* The piece string of an id (not NUL-terminated; *len bytes), or NULL if out of range. */
 const char *tok_piece(const tok_t *t, int id, size_t *len);
 

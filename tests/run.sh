@@ -50,6 +50,7 @@ fi
 # CLI tests: --help of every tool, golden outputs, the corpus of bad inputs, verify faults.
 run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
 run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
+run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
@@ -72,8 +73,9 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     fi
     run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
     run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
+    run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
 else
-    for n in weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
@@ -87,6 +89,7 @@ if [ -d build/asan/bin ]; then
     done
     run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
     run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
+    run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
 else
     run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
 fi

@@ -19,6 +19,8 @@ static const struct {
     {"init", "random initial weights for a preset or config.json"},
     {"pack", "Alpaca JSON -> tokenized, packed HDF5 training data"},
     {"tokenize", "encode/decode text with a Llama tokenizer, line by line"},
+    {"train", "finetune a model on packed data; checkpoints, resume"},
+    {"generate", "sample text from weights or a checkpoint"},
     {"info", "describe any ftk file"},
     {"verify", "recompute checksums and check invariants of ftk files"},
 };

@@ -1,0 +1,564 @@
+/* model.c — the Llama forward and backward passes over the backend ops (model.h). */
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../libcommon/log.h"
+
+/* ---- batches --------------------------------------------------------------------------- */
+
+static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    int64_t c = *cap ? *cap : 256;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static int batch_reserve(batch_t *b, int64_t n, int64_t n_seg)
+{
+    int64_t c = b->cap, cs = b->cap_seg;
+    if (grow((void **)&b->ids, &c, n, sizeof *b->ids) < 0)
+        return -1;
+    c = b->cap;
+    if (grow((void **)&b->pos, &c, n, sizeof *b->pos) < 0)
+        return -1;
+    c = b->cap;
+    if (grow((void **)&b->tgt_at, &c, n, sizeof *b->tgt_at) < 0)
+        return -1;
+    c = b->cap;
+    if (grow((void **)&b->tgt, &c, n, sizeof *b->tgt) < 0)
+        return -1;
+    c = b->cap;
+    if (grow((void **)&b->tgt_w, &c, n, sizeof *b->tgt_w) < 0)
+        return -1;
+    b->cap = c;
+    if (grow((void **)&b->seg, &cs, n_seg + 1, sizeof *b->seg) < 0)
+        return -1;
+    b->cap_seg = cs;
+    return 0;
+}
+
+static int batch_segment(batch_t *b, const tokens_split_t *s, int64_t t0, int64_t len, int with_targets)
+{
+    if (batch_reserve(b, b->n + len, b->n_seg + 1) < 0)
+        return -1;
+    if (b->n_seg == 0)
+        b->seg[0] = 0;
+    for (int64_t i = 0; i < len; i++) {
+        b->ids[b->n + i] = s->tokens[t0 + i];
+        b->pos[b->n + i] = (int32_t)i;
+        if (with_targets && i + 1 < len && s->loss_mask[t0 + i + 1]) {
+            b->tgt_at[b->n_tgt] = (int32_t)(b->n + i);
+            b->tgt[b->n_tgt] = s->tokens[t0 + i + 1];
+            b->tgt_w[b->n_tgt] = 1.0f;
+            b->n_tgt++;
+        }
+    }
+    b->n += len;
+    b->seg[++b->n_seg] = b->n;
+    return 0;
+}
+
+int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t n_rows)
+{
+    for (int64_t k = 0; k < n_rows; k++) {
+        int64_t r = rows[k], end = s->row_offsets[r + 1], t = s->row_offsets[r];
+        for (int64_t j = s->row_samples[r]; j < s->row_samples[r + 1]; j++) {
+            if (batch_segment(b, s, s->sample_starts[j], s->sample_lengths[j], 1) < 0)
+                return -1;
+            t = s->sample_starts[j] + s->sample_lengths[j];
+        }
+        if (t < end && batch_segment(b, s, t, end - t, 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+void batch_clear(batch_t *b)
+{
+    b->n = b->n_seg = b->n_tgt = 0;
+}
+
+void batch_free(batch_t *b)
+{
+    free(b->ids);
+    free(b->pos);
+    free(b->seg);
+    free(b->tgt_at);
+    free(b->tgt);
+    free(b->tgt_w);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+typedef struct {
+    float *ln1, *wq, *wk, *wv, *wo, *ln2, *wg, *wu, *wd;
+} layer_w_t;
+
+/* What a block's forward pass keeps for its backward pass. */
+typedef struct {
+    float *xn1, *rstd1, *q, *k, *v, *att, *lse, *xmid, *xn2, *rstd2, *g, *u, *h;
+} acts_t;
+
+struct model {
+    const backend_t *be;
+    model_config_t c;
+    int64_t D, F, H, KV, hd, V, L, Hq, Hk;
+    int training, recompute;
+    int64_t cap;        /* tokens per call */
+    int64_t head_chunk; /* target rows per head chunk */
+    ckpt_unit_t *units;
+    int n_units;
+    float **w, **g;        /* per unit */
+    layer_w_t *lw, *lg;    /* views into w and g */
+    float *emb, *normf, *head, *demb, *dnormf, *dhead;
+    /* device inputs */
+    int32_t *d_ids, *d_pos, *d_tgt_at, *d_tgt;
+    float *d_tgt_w;
+    /* activations */
+    float **x;   /* L+1 block inputs (x[L]: the last block's output) */
+    acts_t *a;   /* L of them, or 1 shared when recomputing */
+    float *xnf, *rstdf, *xc, *logits, *dxc, *dxnf;
+    float *dx, *dmid, *dxn, *dh, *dg, *du, *datt, *dq, *dk, *dv, *trash;
+    void **allocs;
+    size_t n_allocs, cap_allocs;
+};
+
+static void *m_alloc(model_t *m, int64_t floats)
+{
+    if (m->n_allocs == m->cap_allocs) {
+        size_t c = m->cap_allocs ? 2 * m->cap_allocs : 64;
+        void **p = realloc(m->allocs, c * sizeof *p);
+        if (!p) {
+            ftk_err_set("out of memory");
+            return NULL;
+        }
+        m->allocs = p;
+        m->cap_allocs = c;
+    }
+    void *p = m->be->alloc((size_t)(floats > 0 ? floats : 1) * sizeof(float));
+    if (p)
+        m->allocs[m->n_allocs++] = p;
+    return p;
+}
+
+const backend_t *model_backend(const model_t *m) { return m->be; }
+
+const ckpt_unit_t *model_units(const model_t *m, int *n_units)
+{
+    *n_units = m->n_units;
+    return m->units;
+}
+float *model_unit_param(model_t *m, int u) { return m->w[u]; }
+float *model_unit_grad(model_t *m, int u) { return m->g ? m->g[u] : NULL; }
+
+static int find_tensor(const model_t *m, const char *name, int *unit, int *t)
+{
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_tensors; i++)
+            if (!strcmp(m->units[u].t[i].name, name)) {
+                *unit = u;
+                *t = i;
+                return 0;
+            }
+    return -1;
+}
+
+/* Points the named views at their place in the unit vectors. */
+static void bind_views(model_t *m, float **base, layer_w_t *lw, float **emb, float **normf, float **head)
+{
+    *emb = base[0] + m->units[0].t[0].offset;
+    for (int64_t l = 0; l < m->L; l++) {
+        float **f[9] = {&lw[l].ln1, &lw[l].wq, &lw[l].wk, &lw[l].wv, &lw[l].wo,
+                        &lw[l].ln2, &lw[l].wg, &lw[l].wu, &lw[l].wd};
+        for (int i = 0; i < 9; i++)
+            *f[i] = base[1 + l] + m->units[1 + l].t[i].offset;
+    }
+    const ckpt_unit_t *hu = &m->units[m->n_units - 1];
+    *normf = base[m->n_units - 1] + hu->t[0].offset;
+    *head = hu->n_tensors > 1 ? base[m->n_units - 1] + hu->t[1].offset : *emb;
+}
+
+static int alloc_acts(model_t *m, acts_t *a)
+{
+    int64_t n = m->cap;
+    float **f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->g, &a->u, &a->h, &a->rstd1,
+                   &a->rstd2, &a->lse};
+    int64_t sz[] = {n * m->D, n * m->Hq, n * m->Hk, n * m->Hk, n * m->Hq, n * m->D, n * m->D,
+                    n * m->F, n * m->F, n * m->F, n, n, n * m->H};
+    for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
+        if (!(*f[i] = m_alloc(m, sz[i])))
+            return -1;
+    return 0;
+}
+
+model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute)
+{
+    if (model_config_check(c) < 0)
+        return NULL;
+    model_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    m->be = be;
+    m->c = *c;
+    m->D = c->hidden_size;
+    m->F = c->intermediate_size;
+    m->H = c->num_attention_heads;
+    m->KV = c->num_key_value_heads;
+    m->hd = model_head_dim(c);
+    m->V = c->vocab_size;
+    m->L = c->num_hidden_layers;
+    m->Hq = m->H * m->hd;
+    m->Hk = m->KV * m->hd;
+    m->training = training;
+    m->recompute = recompute;
+    m->cap = max_tokens > 0 ? max_tokens : 1;
+    /* ~32 MiB of logits per chunk, at least 16 rows. */
+    m->head_chunk = (32 << 20) / (4 * m->V);
+    if (m->head_chunk < 16)
+        m->head_chunk = 16;
+    if (m->head_chunk > m->cap)
+        m->head_chunk = m->cap;
+    if (ckpt_units(c, 1, &m->units, &m->n_units) < 0)
+        goto fail;
+    m->w = calloc((size_t)m->n_units, sizeof *m->w);
+    m->g = training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
+    m->lw = calloc((size_t)m->L, sizeof *m->lw);
+    m->lg = calloc((size_t)m->L, sizeof *m->lg);
+    m->x = calloc((size_t)m->L + 1, sizeof *m->x);
+    m->a = calloc((size_t)m->L, sizeof *m->a);
+    if (!m->w || (training && !m->g) || !m->lw || !m->lg || !m->x || !m->a) {
+        ftk_err_set("out of memory");
+        goto fail;
+    }
+    for (int u = 0; u < m->n_units; u++)
+        if (!(m->w[u] = m_alloc(m, m->units[u].padded)) || (training && !(m->g[u] = m_alloc(m, m->units[u].padded))))
+            goto fail;
+    bind_views(m, m->w, m->lw, &m->emb, &m->normf, &m->head);
+    if (training)
+        bind_views(m, m->g, m->lg, &m->demb, &m->dnormf, &m->dhead);
+    if (!training)
+        return m;
+
+    int64_t n = m->cap;
+    if (!(m->d_ids = m_alloc(m, n)) || !(m->d_pos = m_alloc(m, n)) || !(m->d_tgt_at = m_alloc(m, n)) ||
+        !(m->d_tgt = m_alloc(m, n)) || !(m->d_tgt_w = m_alloc(m, n)))
+        goto fail;
+    for (int64_t l = 0; l <= m->L; l++)
+        if (!(m->x[l] = m_alloc(m, n * m->D)))
+            goto fail;
+    for (int64_t l = 0; l < m->L; l++) {
+        if (l == 0 || !recompute) {
+            if (alloc_acts(m, &m->a[l]) < 0)
+                goto fail;
+        } else {
+            m->a[l] = m->a[0];
+        }
+    }
+    float **f[] = {&m->xnf, &m->rstdf, &m->xc, &m->logits, &m->dxc, &m->dxnf, &m->dx, &m->dmid, &m->dxn,
+                   &m->dh, &m->dg, &m->du, &m->datt, &m->dq, &m->dk, &m->dv, &m->trash};
+    int64_t hc = m->head_chunk;
+    int64_t sz[] = {n * m->D, n, hc * m->D, hc * m->V, hc * m->D, n * m->D, n * m->D, n * m->D, n * m->D,
+                    n * m->F, n * m->F, n * m->F, n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk, n * m->D};
+    for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
+        if (!(*f[i] = m_alloc(m, sz[i])))
+            goto fail;
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(model_t *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_allocs; i++)
+        m->be->free(m->allocs[i]);
+    free(m->allocs);
+    free(m->units);
+    free(m->w);
+    free(m->g);
+    free(m->lw);
+    free(m->lg);
+    free(m->x);
+    free(m->a);
+    free(m);
+}
+
+int model_load_weights(model_t *m, hid_t file)
+{
+    size_t nt = weights_n_tensors(&m->c);
+    int64_t most = 0;
+    for (size_t i = 0; i < nt; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(&m->c, i, &s);
+        int64_t e = s.shape[0] * (s.rank == 2 ? s.shape[1] : 1);
+        most = e > most ? e : most;
+    }
+    float *host = malloc((size_t)most * sizeof *host);
+    uint16_t *scratch = malloc((size_t)most * sizeof *scratch);
+    int rc = host && scratch ? 0 : -1;
+    if (rc < 0)
+        ftk_err_set("out of memory");
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(&m->c, i, &s);
+        int u, t;
+        if (find_tensor(m, s.name, &u, &t) < 0) {
+            ftk_err_set("%s: not in the model's units", s.name);
+            rc = -1;
+            break;
+        }
+        dtype_t dt = weights_tensor_dtype(file, s.name);
+        if (dt == DT_INVALID || weights_read_rows(file, s.name, DT_F32, 0, s.shape[0], host,
+                                                  dt == DT_F32 ? NULL : scratch) < 0) {
+            rc = -1;
+            break;
+        }
+        m->be->upload(m->w[u] + m->units[u].t[t].offset, host, (size_t)m->units[u].t[t].numel * sizeof *host);
+    }
+    free(host);
+    free(scratch);
+    return rc;
+}
+
+void model_zero_grad(model_t *m)
+{
+    for (int u = 0; u < m->n_units; u++)
+        m->be->zero(m->g[u], (size_t)m->units[u].padded * sizeof(float));
+}
+
+/* ---- forward and backward of one block --------------------------------------------------- */
+
+static void block_fwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int64_t n_seg, const float *x,
+                      acts_t *a, float *y)
+{
+    const backend_t *be = m->be;
+    const layer_w_t *w = &m->lw[l];
+    float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
+    be->rmsnorm_fwd(a->xn1, a->rstd1, x, w->ln1, n, m->D, eps);
+    be->matmul(0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
+    be->matmul(0, 1, n, m->Hk, m->D, 1, a->xn1, w->wk, 0, a->k);
+    be->matmul(0, 1, n, m->Hk, m->D, 1, a->xn1, w->wv, 0, a->v);
+    be->rope(a->q, m->d_pos, n, (int)m->H, (int)m->hd, theta, 0);
+    be->rope(a->k, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 0);
+    be->attn_fwd(a->att, a->lse, a->q, a->k, a->v, seg, n_seg, (int)m->H, (int)m->KV, (int)m->hd);
+    be->copy(a->xmid, x, (size_t)(n * m->D) * sizeof(float));
+    be->matmul(0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 1, a->xmid);
+    be->rmsnorm_fwd(a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
+    be->matmul(0, 1, n, m->F, m->D, 1, a->xn2, w->wg, 0, a->g);
+    be->matmul(0, 1, n, m->F, m->D, 1, a->xn2, w->wu, 0, a->u);
+    be->swiglu_fwd(a->h, a->g, a->u, n * m->F);
+    be->copy(y, a->xmid, (size_t)(n * m->D) * sizeof(float));
+    be->matmul(0, 1, n, m->D, m->F, 1, a->h, w->wd, 1, y);
+}
+
+/* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). */
+static void block_bwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int64_t n_seg, float *dx)
+{
+    const backend_t *be = m->be;
+    const layer_w_t *w = &m->lw[l];
+    layer_w_t *dw = &m->lg[l];
+    acts_t *a = &m->a[l];
+    float theta = (float)m->c.rope_theta;
+    if (m->recompute)
+        block_fwd(m, l, n, seg, n_seg, m->x[l], a, m->trash);
+    size_t bytes = (size_t)(n * m->D) * sizeof(float);
+    /* MLP */
+    be->copy(m->dmid, dx, bytes);
+    be->matmul(0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
+    be->matmul(1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
+    be->swiglu_bwd(m->dg, m->du, m->dh, a->g, a->u, n * m->F);
+    be->matmul(0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
+    be->matmul(0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
+    be->matmul(1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
+    be->matmul(1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
+    be->rmsnorm_bwd(m->dmid, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
+    /* attention */
+    be->matmul(0, 0, n, m->Hq, m->D, 1, m->dmid, w->wo, 0, m->datt);
+    be->matmul(1, 0, m->D, m->Hq, n, 1, m->dmid, a->att, 1, dw->wo);
+    be->attn_bwd(m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
+                 (int)m->KV, (int)m->hd);
+    be->rope(m->dq, m->d_pos, n, (int)m->H, (int)m->hd, theta, 1);
+    be->rope(m->dk, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 1);
+    be->matmul(0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
+    be->matmul(0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
+    be->matmul(0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
+    be->matmul(1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
+    be->matmul(1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
+    be->matmul(1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
+    be->copy(dx, m->dmid, bytes);
+    be->rmsnorm_bwd(dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
+}
+
+double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
+{
+    const backend_t *be = m->be;
+    int64_t n = b->n;
+    int train = grad_scale != 0.0f && !logits;
+    be->upload(m->d_ids, b->ids, (size_t)n * sizeof(int32_t));
+    be->upload(m->d_pos, b->pos, (size_t)n * sizeof(int32_t));
+    be->upload(m->d_tgt_at, b->tgt_at, (size_t)b->n_tgt * sizeof(int32_t));
+    be->upload(m->d_tgt, b->tgt, (size_t)b->n_tgt * sizeof(int32_t));
+    be->upload(m->d_tgt_w, b->tgt_w, (size_t)b->n_tgt * sizeof(float));
+
+    be->embed_fwd(m->x[0], m->d_ids, m->emb, n, m->D);
+    for (int64_t l = 0; l < m->L; l++)
+        block_fwd(m, l, n, b->seg, b->n_seg, m->x[l], &m->a[l], m->x[l + 1]);
+    be->rmsnorm_fwd(m->xnf, m->rstdf, m->x[m->L], m->normf, n, m->D, (float)m->c.rms_norm_eps);
+
+    if (logits) {
+        for (int64_t r0 = 0; r0 < n; r0 += m->head_chunk) {
+            int64_t c = n - r0 < m->head_chunk ? n - r0 : m->head_chunk;
+            be->matmul(0, 1, c, m->V, m->D, 1, m->xnf + r0 * m->D, m->head, 0, m->logits);
+            be->download(logits + r0 * m->V, m->logits, (size_t)(c * m->V) * sizeof(float));
+        }
+    }
+    /* The head on target rows only, a chunk at a time: gather, logits, loss and its
+     * gradient in place, then back through the head. */
+    double loss = 0;
+    if (train)
+        be->zero(m->dxnf, (size_t)(n * m->D) * sizeof(float));
+    for (int64_t r0 = 0; r0 < b->n_tgt; r0 += m->head_chunk) {
+        int64_t c = b->n_tgt - r0 < m->head_chunk ? b->n_tgt - r0 : m->head_chunk;
+        be->embed_fwd(m->xc, m->d_tgt_at + r0, m->xnf, c, m->D);
+        be->matmul(0, 1, c, m->V, m->D, 1, m->xc, m->head, 0, m->logits);
+        loss += be->xent(m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f);
+        if (train) {
+            be->matmul(0, 0, c, m->D, m->V, 1, m->logits, m->head, 0, m->dxc);
+            be->rows_scatter(m->dxnf, m->d_tgt_at + r0, m->dxc, c, m->D);
+            be->matmul(1, 0, m->V, m->D, c, 1, m->logits, m->xc, 1, m->dhead);
+        }
+    }
+    if (!train)
+        return loss;
+
+    be->zero(m->dx, (size_t)(n * m->D) * sizeof(float));
+    be->rmsnorm_bwd(m->dx, m->dnormf, m->dxnf, m->x[m->L], m->normf, m->rstdf, n, m->D);
+    for (int64_t l = m->L - 1; l >= 0; l--)
+        block_bwd(m, l, n, b->seg, b->n_seg, m->dx);
+    be->embed_bwd(m->demb, m->d_ids, m->dx, n, m->D);
+    return loss;
+}
+
+/* ---- decoding with a cache ----------------------------------------------------------------- */
+
+struct model_kv {
+    int64_t ctx;
+    float **k, **v; /* per layer [ctx, Hk] */
+    float *x, *xn, *q, *kn, *vn, *att, *g, *u, *h, *rstd, *logits;
+    int32_t *ids, *pos;
+    void **allocs;
+    size_t n_allocs;
+};
+
+static void *kv_alloc(model_t *m, model_kv_t *kv, int64_t bytes)
+{
+    void *p = m->be->alloc((size_t)(bytes > 0 ? bytes : 4));
+    if (p)
+        kv->allocs[kv->n_allocs++] = p;
+    return p;
+}
+
+model_kv_t *model_kv_new(model_t *m, int64_t ctx)
+{
+    model_kv_t *kv = calloc(1, sizeof *kv);
+    if (!kv) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    kv->ctx = ctx;
+    kv->k = calloc((size_t)m->L, sizeof *kv->k);
+    kv->v = calloc((size_t)m->L, sizeof *kv->v);
+    kv->allocs = calloc((size_t)(2 * m->L + 16), sizeof *kv->allocs);
+    if (!kv->k || !kv->v || !kv->allocs) {
+        ftk_err_set("out of memory");
+        goto fail;
+    }
+    for (int64_t l = 0; l < m->L; l++)
+        if (!(kv->k[l] = kv_alloc(m, kv, ctx * m->Hk * 4)) || !(kv->v[l] = kv_alloc(m, kv, ctx * m->Hk * 4)))
+            goto fail;
+    float **f[] = {&kv->x, &kv->xn, &kv->q, &kv->kn, &kv->vn, &kv->att, &kv->g, &kv->u, &kv->h, &kv->rstd,
+                   &kv->logits};
+    int64_t sz[] = {ctx * m->D, ctx * m->D, ctx * m->Hq, ctx * m->Hk, ctx * m->Hk, ctx * m->Hq,
+                    ctx * m->F, ctx * m->F, ctx * m->F, ctx, m->V};
+    for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
+        if (!(*f[i] = kv_alloc(m, kv, sz[i] * 4)))
+            goto fail;
+    if (!(kv->ids = kv_alloc(m, kv, ctx * 4)) || !(kv->pos = kv_alloc(m, kv, ctx * 4)))
+        goto fail;
+    return kv;
+fail:
+    model_kv_free(m, kv);
+    return NULL;
+}
+
+void model_kv_free(model_t *m, model_kv_t *kv)
+{
+    if (!kv)
+        return;
+    for (size_t i = 0; i < kv->n_allocs; i++)
+        m->be->free(kv->allocs[i]);
+    free(kv->allocs);
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int64_t p0, float *logits)
+{
+    if (n < 1 || p0 + n > kv->ctx) {
+        ftk_err_set("context of %lld tokens exceeded", (long long)kv->ctx);
+        return -1;
+    }
+    const backend_t *be = m->be;
+    float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        pos[i] = (int32_t)(p0 + i);
+    be->upload(kv->ids, ids, (size_t)n * sizeof *ids);
+    be->upload(kv->pos, pos, (size_t)n * sizeof *pos);
+    free(pos);
+    be->embed_fwd(kv->x, kv->ids, m->emb, n, m->D);
+    for (int64_t l = 0; l < m->L; l++) {
+        const layer_w_t *w = &m->lw[l];
+        float *kc = kv->k[l] + p0 * m->Hk, *vc = kv->v[l] + p0 * m->Hk;
+        be->rmsnorm_fwd(kv->xn, kv->rstd, kv->x, w->ln1, n, m->D, eps);
+        be->matmul(0, 1, n, m->Hq, m->D, 1, kv->xn, w->wq, 0, kv->q);
+        be->matmul(0, 1, n, m->Hk, m->D, 1, kv->xn, w->wk, 0, kc);
+        be->matmul(0, 1, n, m->Hk, m->D, 1, kv->xn, w->wv, 0, vc);
+        be->rope(kv->q, kv->pos, n, (int)m->H, (int)m->hd, theta, 0);
+        be->rope(kc, kv->pos, n, (int)m->KV, (int)m->hd, theta, 0);
+        be->attn_cached(kv->att, kv->q, kv->k[l], kv->v[l], n, p0, (int)m->H, (int)m->KV, (int)m->hd);
+        be->matmul(0, 1, n, m->D, m->Hq, 1, kv->att, w->wo, 1, kv->x);
+        be->rmsnorm_fwd(kv->xn, kv->rstd, kv->x, w->ln2, n, m->D, eps);
+        be->matmul(0, 1, n, m->F, m->D, 1, kv->xn, w->wg, 0, kv->g);
+        be->matmul(0, 1, n, m->F, m->D, 1, kv->xn, w->wu, 0, kv->u);
+        be->swiglu_fwd(kv->h, kv->g, kv->u, n * m->F);
+        be->matmul(0, 1, n, m->D, m->F, 1, kv->h, w->wd, 1, kv->x);
+    }
+    float *last = kv->x + (n - 1) * m->D;
+    be->rmsnorm_fwd(kv->xn, kv->rstd, last, m->normf, 1, m->D, eps);
+    be->matmul(0, 1, 1, m->V, m->D, 1, kv->xn, m->head, 0, kv->logits);
+    be->download(logits, kv->logits, (size_t)m->V * sizeof(float));
+    return 0;
+}

@@ -1,0 +1,78 @@
+/* model.h — the Llama model, written once against the backend interface (kernels/backend.h).
+ *
+ * Forward: embedding; per block x += attn(rmsnorm(x)), x += mlp(rmsnorm(x)) with
+ * attention = q/k/v projections, HF rotary embedding (rope_theta), causal grouped-query
+ * attention inside each segment (sample), output projection; MLP = down(silu(gate)·up);
+ * final RMSNorm; head (lm_head, or the embedding when tied); cross-entropy on the targets
+ * only. The head and the loss run on chunks of target rows (model_t.head_chunk), so the
+ * full [tokens, vocab] logits never exist.
+ *
+ * Parameters live in the units of the shard map (formats/checkpoint.h): one flat vector
+ * per unit, so the optimizer and the checkpoint see flat arrays. Gradients mirror them.
+ *
+ * Ownership: model_new() allocates everything on the backend up front (parameters,
+ * gradients, activations for max_tokens tokens); nothing is allocated per step.
+ * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
+ */
+#ifndef FTK_MODEL_H
+#define FTK_MODEL_H
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "../formats/tokens.h"
+#include "../kernels/backend.h"
+
+/* A micro-batch: rows of a token file laid end to end (host arrays). */
+typedef struct {
+    int64_t n;       /* tokens */
+    int32_t *ids;    /* [n] */
+    int32_t *pos;    /* [n] position inside the token's segment */
+    int64_t n_seg;
+    int64_t *seg;    /* [n_seg + 1] segment starts (backend.h) */
+    int64_t n_tgt;   /* positions that have a target */
+    int32_t *tgt_at; /* [n_tgt] those positions */
+    int32_t *tgt;    /* [n_tgt] the token to predict there */
+    float *tgt_w;    /* [n_tgt] its weight (the loss mask: 1) */
+    int64_t cap, cap_seg;
+} batch_t;
+
+/* Appends rows[0..n_rows) of split s to b (which starts zeroed; batch_clear() empties it):
+ * each sample is a segment with positions from 0; a packed row's padding is one more
+ * segment without targets. Position i predicts token i+1 of the same sample when that
+ * token's loss_mask is 1. */
+int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t n_rows);
+void batch_clear(batch_t *b);
+void batch_free(batch_t *b);
+
+typedef struct model model_t;
+
+/* training: allocate gradients and activations for up to max_tokens tokens per call;
+ * recompute: keep only each block's input and recompute the block in the backward pass. */
+model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute);
+void model_free(model_t *m);
+const backend_t *model_backend(const model_t *m);
+const ckpt_unit_t *model_units(const model_t *m, int *n_units);
+float *model_unit_param(model_t *m, int u); /* backend memory, units[u].padded floats */
+float *model_unit_grad(model_t *m, int u);
+
+/* Loads every tensor of a weights file (any stored dtype) into the parameters. */
+int model_load_weights(model_t *m, hid_t file);
+
+void model_zero_grad(model_t *m);
+
+/* Forward over a batch; returns Σ weight·loss over its targets (a NaN on error is not
+ * possible: shapes were checked by model_new). With grad_scale != 0 also runs the
+ * backward pass and ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. With
+ * logits != NULL (host, [n, vocab]) the logits of every position are written there
+ * (forward only; for tests). */
+double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits);
+
+/* Incremental decoding with a key/value cache of ctx positions (ftk-generate). */
+typedef struct model_kv model_kv_t;
+model_kv_t *model_kv_new(model_t *m, int64_t ctx);
+void model_kv_free(model_t *m, model_kv_t *kv);
+/* Runs ids[0..n) at positions p0 … p0+n-1 of the cached sequence and writes the logits of
+ * the last one to logits (host, vocab floats). */
+int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int64_t p0, float *logits);
+
+#endif

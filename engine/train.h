@@ -1,0 +1,50 @@
+/* train.h — what ftk-train's loop is made of besides the model: the data order, the
+ * learning-rate schedule and AdamW with global-norm clipping over the model's units.
+ *
+ * Data order (DESIGN.md): the rows of an epoch are visited in the permutation
+ * train_order(seed, epoch); a global batch is the next global_batch rows of it (the last
+ * batch of an epoch may be shorter), whatever the number of processes. The data state
+ * is therefore (epoch, rows consumed) and nothing else.
+ *
+ * Loss normalisation: the loss of a step is Σ loss over the global batch's targets
+ * divided by their number, so it does not depend on how the batch is cut into
+ * micro-batches or spread over ranks; each micro-batch's backward pass is scaled by
+ * 1/(targets in the global batch) and the gradients simply add up.
+ */
+#ifndef FTK_TRAIN_H
+#define FTK_TRAIN_H
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "../formats/tokens.h"
+#include "model.h"
+
+/* perm[0..n) = the order of rows 0..n-1 in epoch `epoch`. */
+void train_order(uint64_t seed, int64_t epoch, int64_t n, int64_t *perm);
+
+/* Loss targets in row r (= Σ loss_mask over its tokens: a sample's first token is never
+ * a target and padding never is). */
+int64_t train_row_targets(const tokens_split_t *s, int64_t r);
+
+/* Learning rate of step `step` (1-based): linear warmup from lr/warmup to lr over
+ * `warmup` steps, then schedule "cosine" or "linear" from lr down to min_lr at
+ * total_steps, or "constant". */
+double train_lr(const ckpt_train_t *t, int64_t step);
+
+/* AdamW moments for every unit, on the model's backend. */
+typedef struct {
+    const backend_t *be;
+    int n_units;
+    float **m, **v;
+} optim_t;
+
+int optim_init(optim_t *o, model_t *model);
+void optim_free(optim_t *o);
+
+/* One optimizer step (step = 1-based count after this one): clips the gradients to a
+ * global L2 norm of t->clip (0: no clipping; torch's clip_grad_norm_ formula), then
+ * AdamW on every tensor, with weight decay on all but the RMSNorm gains unless
+ * t->decay_norms. Returns the norm before clipping. */
+double optim_step(optim_t *o, model_t *model, const ckpt_train_t *t, int64_t step, double lr);
+
+#endif

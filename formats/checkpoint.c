@@ -1,0 +1,676 @@
+/* checkpoint.c — the checkpoint directory (checkpoint.h). */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../libcommon/atomic.h"
+#include "../libcommon/buf.h"
+#include "../libcommon/hash.h"
+#include "../libcommon/log.h"
+#include "../libcommon/version.h"
+#include "h5.h"
+#include "json.h"
+
+int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units, int *n_units)
+{
+    int n = (int)c->num_hidden_layers + 2;
+    ckpt_unit_t *u = calloc((size_t)n, sizeof *u);
+    if (!u) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    size_t nt = weights_n_tensors(c);
+    for (size_t i = 0; i < nt; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(c, i, &s);
+        int k;
+        if (i == 0)
+            k = 0;
+        else if (!strncmp(s.name, "model.layers.", 13))
+            k = 1 + atoi(s.name + 13);
+        else
+            k = n - 1;
+        ckpt_unit_t *x = &u[k];
+        ckpt_tensor_t *t = &x->t[x->n_tensors++];
+        memcpy(t->name, s.name, sizeof t->name);
+        t->rank = s.rank;
+        t->shape[0] = s.shape[0];
+        t->shape[1] = s.rank == 2 ? s.shape[1] : 1;
+        t->numel = t->shape[0] * t->shape[1];
+        t->offset = x->length;
+        t->is_norm = s.is_norm;
+        x->length += t->numel;
+    }
+    for (int k = 0; k < n; k++) {
+        if (k == 0)
+            snprintf(u[k].name, sizeof u[k].name, "embed");
+        else if (k == n - 1)
+            snprintf(u[k].name, sizeof u[k].name, "head");
+        else
+            snprintf(u[k].name, sizeof u[k].name, "layer.%d", k - 1);
+        u[k].padded = (u[k].length + shard_count - 1) / shard_count * shard_count;
+    }
+    *units = u;
+    *n_units = n;
+    return 0;
+}
+
+/* ---- writing ----------------------------------------------------------------------------- */
+
+static int appendf(buf_t *b, const char *fmt, ...) FTK_PRINTF(2, 3);
+static int appendf(buf_t *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (k < 0 || k >= (int)sizeof tmp) {
+        ftk_err_set("internal: manifest line too long");
+        return -1;
+    }
+    return buf_append(b, tmp, (size_t)k);
+}
+
+static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
+{
+    int rc = appendf(b, "[\n");
+    for (int u = 0; u < n_units; u++) {
+        const ckpt_unit_t *x = &units[u];
+        rc |= appendf(b, "    {\"name\": \"%s\", \"length\": %lld, \"padded\": %lld, \"tensors\": [", x->name,
+                      (long long)x->length, (long long)x->padded);
+        for (int i = 0; i < x->n_tensors; i++) {
+            const ckpt_tensor_t *t = &x->t[i];
+            if (t->rank == 2)
+                rc |= appendf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld, %lld], \"offset\": %lld}", i ? "," : "",
+                              t->name, (long long)t->shape[0], (long long)t->shape[1], (long long)t->offset);
+            else
+                rc |= appendf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld], \"offset\": %lld}", i ? "," : "",
+                              t->name, (long long)t->shape[0], (long long)t->offset);
+        }
+        rc |= appendf(b, "]}%s\n", u + 1 < n_units ? "," : "");
+    }
+    rc |= appendf(b, "  ]");
+    return rc;
+}
+
+static int write_text(const char *path, const buf_t *b)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b->data, 1, b->len, f) != b->len || fclose(f) != 0) {
+        ftk_err_set("%s: %s", path, strerror(errno));
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    hid_t dst;
+} copy_tok_t;
+
+static int copy_tok(const char *name, const void *data, size_t len, void *ctx)
+{
+    return weights_put_file(((copy_tok_t *)ctx)->dst, name, data, len) < 0 ? -1 : 0;
+}
+
+static int write_shard(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
+                       const ckpt_state_t *st, uint64_t units_sum, hid_t tok_src)
+{
+    hid_t f = h5_create(path, CKPT_SHARD_FORMAT, CKPT_VERSION);
+    if (f < 0)
+        return -1;
+    char hex[17];
+    hash_hex(units_sum, hex);
+    int rc = h5_attr_set_i64(f, "shard_index", 1) | h5_attr_set_i64(f, "shard_count", meta->shard_count) |
+             h5_attr_set_i64(f, "step", meta->step) | h5_attr_set_str(f, "units_xxh3", hex) |
+             h5_attr_set_str(f, "ftk_version", FTK_VERSION);
+    const char *groups[3] = {"param", "adam_m", "adam_v"};
+    float **arrays[3] = {st->param, st->m, st->v};
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        hid_t g = h5_group_create(f, groups[k]);
+        if (g < 0) {
+            rc = -1;
+            break;
+        }
+        for (int u = 0; u < n_units && rc == 0; u++) {
+            hsize_t dims[1] = {(hsize_t)(units[u].padded / meta->shard_count)};
+            rc = h5w_write_tensor(g, units[u].name, H5T_NATIVE_FLOAT, 1, dims, arrays[k][u], NULL, NULL);
+        }
+        H5Gclose(g);
+    }
+    if (rc == 0 && tok_src >= 0) {
+        hid_t g = h5_group_create(f, "tokenizer");
+        if (g < 0)
+            rc = -1;
+        else
+            H5Gclose(g);
+        copy_tok_t c = {f};
+        if (rc == 0)
+            rc = weights_each_file(tok_src, copy_tok, &c);
+    }
+    if (h5_close(f) < 0)
+        rc = -1;
+    return rc ? -1 : 0;
+}
+
+static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
+                          uint64_t config_sum, const char *shard_name, uint64_t shard_bytes, uint64_t shard_sum)
+{
+    const ckpt_train_t *t = &meta->train;
+    buf_t b = {0};
+    char h1[17], h2[17];
+    hash_hex(config_sum, h1);
+    hash_hex(shard_sum, h2);
+    int rc = appendf(&b, "{\n  \"ftk_format\": \"%s\",\n  \"ftk_format_version\": %d,\n  \"ftk_version\": \"%s\",\n",
+                     CKPT_FORMAT, CKPT_VERSION, FTK_VERSION);
+    rc |= appendf(&b, "  \"step\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)meta->step,
+                  (long long)meta->tokens_seen);
+    rc |= appendf(&b, "  \"data\": {\"file\": ");
+    rc |= json_write_string(&b, meta->data_file, strlen(meta->data_file));
+    rc |= appendf(&b, ", \"set_xxh3\": \"%s\", \"n_rows\": %lld, \"epoch\": %lld, \"rows_consumed\": %lld},\n",
+                  meta->data_set_xxh3, (long long)meta->data_rows, (long long)meta->epoch,
+                  (long long)meta->rows_consumed);
+    rc |= appendf(&b, "  \"init\": {\"file\": ");
+    rc |= json_write_string(&b, meta->init_file, strlen(meta->init_file));
+    rc |= appendf(&b, ", \"xxh3\": \"%s\"},\n", meta->init_xxh3);
+    rc |= appendf(&b, "  \"rng\": {\"seed\": %lld},\n", (long long)t->seed);
+    rc |= appendf(&b,
+                  "  \"train\": {\"lr\": %.17g, \"min_lr\": %.17g, \"warmup\": %lld, \"schedule\": \"%s\", "
+                  "\"total_steps\": %lld, \"global_batch\": %lld, \"micro_batch\": %lld,\n",
+                  t->lr, t->min_lr, (long long)t->warmup, t->schedule, (long long)t->total_steps,
+                  (long long)t->global_batch, (long long)t->micro_batch);
+    rc |= appendf(&b,
+                  "            \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, "
+                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld},\n",
+                  t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
+                  (long long)t->seed);
+    rc |= appendf(&b, "  \"precision\": \"fp32\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
+                  meta->strategy, (long long)meta->world_size);
+    rc |= appendf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
+    rc |= appendf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
+    rc |= units_json(&b, units, n_units);
+    rc |= appendf(&b, ",\n  \"shards\": [{\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}]\n}\n", shard_name,
+                  (unsigned long long)shard_bytes, h2);
+    if (rc == 0)
+        rc = write_text(path, &b);
+    else
+        ftk_err_set("out of memory");
+    buf_free(&b);
+    return rc ? -1 : 0;
+}
+
+static int step_dir_name(char *out, size_t n, int64_t step)
+{
+    return snprintf(out, n, "step-%08lld", (long long)step) >= (int)n ? -1 : 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* step-* directories of run_dir, sorted (the 8-digit names sort by step). */
+static char **list_steps(const char *run_dir, size_t *n)
+{
+    *n = 0;
+    DIR *d = opendir(run_dir);
+    if (!d)
+        return NULL;
+    char **v = NULL;
+    size_t cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step-", 5) || strlen(e->d_name) != 13 || strspn(e->d_name + 5, "0123456789") != 8)
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **p = realloc(v, cap * sizeof *p);
+            if (!p)
+                break;
+            v = p;
+        }
+        if (!(v[*n] = strdup(e->d_name)))
+            break;
+        (*n)++;
+    }
+    closedir(d);
+    if (v)
+        qsort(v, *n, sizeof *v, cmp_str);
+    return v;
+}
+
+int ckpt_save(const char *run_dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+              int n_units, const ckpt_state_t *st, hid_t tok_src, int keep)
+{
+    char name[32], shard_name[64];
+    if (step_dir_name(name, sizeof name, meta->step) < 0 || meta->shard_count != 1) {
+        ftk_err_set("internal: step %lld / %lld shards", (long long)meta->step, (long long)meta->shard_count);
+        return -1;
+    }
+    snprintf(shard_name, sizeof shard_name, "shard-%05d-of-%05d.h5", 1, 1);
+    size_t pl = strlen(run_dir) + strlen(name) + 2;
+    char *final = malloc(pl);
+    if (!final) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    snprintf(final, pl, "%s/%s", run_dir, name);
+    atomic_dir_t ad;
+    if (atomic_dir_begin(&ad, final) < 0) {
+        free(final);
+        return -1;
+    }
+    buf_t cj = {0};
+    uint64_t shard_sum = 0, shard_bytes = 0;
+    char *cpath = atomic_dir_file(&ad, "config.json");
+    char *spath = atomic_dir_file(&ad, shard_name);
+    char *mpath = atomic_dir_file(&ad, "manifest.json");
+    int rc = cpath && spath && mpath ? 0 : -1;
+    if (rc == 0)
+        rc = hfconfig_write(&cj, cfg, DT_F32);
+    if (rc == 0)
+        rc = write_text(cpath, &cj);
+    buf_t ub = {0};
+    if (rc == 0 && (rc = units_json(&ub, units, n_units)) < 0)
+        ftk_err_set("out of memory");
+    if (rc == 0)
+        rc = write_shard(spath, meta, units, n_units, st, hash_bytes(ub.data, ub.len), tok_src);
+    buf_free(&ub);
+    struct stat sb;
+    if (rc == 0 && (hash_file(spath, &shard_sum) < 0 || stat(spath, &sb) < 0)) {
+        ftk_err_set("%s: %s", spath, strerror(errno));
+        rc = -1;
+    }
+    shard_bytes = rc == 0 ? (uint64_t)sb.st_size : 0;
+    if (rc == 0)
+        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), shard_name, shard_bytes,
+                            shard_sum);
+    buf_free(&cj);
+    if (rc == 0)
+        rc = atomic_dir_commit(&ad, 1);
+    else
+        atomic_dir_abort(&ad);
+    free(final);
+    if (rc < 0)
+        return -1;
+
+    /* latest: replaced by rename, after the checkpoint it names is durable. */
+    size_t ll = strlen(run_dir) + 8;
+    char *latest = malloc(ll);
+    atomic_file_t af;
+    if (!latest) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    snprintf(latest, ll, "%s/latest", run_dir);
+    rc = atomic_begin(&af, latest);
+    free(latest);
+    if (rc < 0)
+        return -1;
+    FILE *f = fopen(af.tmp_path, "w");
+    if (!f || fprintf(f, "%s\n", name) < 0 || fclose(f) != 0) {
+        ftk_err_set("%s: %s", af.tmp_path, strerror(errno));
+        atomic_abort(&af);
+        return -1;
+    }
+    if (atomic_commit(&af) < 0)
+        return -1;
+
+    if (keep > 0) {
+        size_t n;
+        char **v = list_steps(run_dir, &n);
+        for (size_t i = 0; i < n; i++) {
+            if (i + (size_t)keep < n && strcmp(v[i], name) < 0) {
+                size_t l = strlen(run_dir) + strlen(v[i]) + 2;
+                char *p = malloc(l);
+                if (p) {
+                    snprintf(p, l, "%s/%s", run_dir, v[i]);
+                    rm_tree(p);
+                    free(p);
+                }
+            }
+            free(v[i]);
+        }
+        free(v);
+    }
+    return 0;
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static char *join(const char *a, const char *b)
+{
+    size_t l = strlen(a) + strlen(b) + 2;
+    char *p = malloc(l);
+    if (!p) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    snprintf(p, l, "%s/%s", a, b);
+    return p;
+}
+
+static int is_file(const char *dir, const char *name)
+{
+    char *p = join(dir, name);
+    struct stat sb;
+    int r = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    free(p);
+    return r;
+}
+
+char *ckpt_resolve(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+        ftk_err_set("%s: %s", path, stat(path, &sb) < 0 ? strerror(errno) : "not a directory");
+        return NULL;
+    }
+    if (is_file(path, "manifest.json"))
+        return strdup(path);
+    char *lp = join(path, "latest");
+    buf_t b = {0};
+    if (!lp || buf_read_file(&b, lp) < 0) {
+        ftk_err_set("%s: neither a checkpoint (no manifest.json) nor a run directory with a checkpoint (no latest)",
+                    path);
+        free(lp);
+        buf_free(&b);
+        return NULL;
+    }
+    free(lp);
+    while (b.len && (b.data[b.len - 1] == '\n' || b.data[b.len - 1] == '\r'))
+        b.len--;
+    char name[32];
+    if (b.len != 13 || strncmp(b.data, "step-", 5) || strspn(b.data + 5, "0123456789") < 8) {
+        ftk_err_set("%s/latest: does not name a step-NNNNNNNN directory", path);
+        buf_free(&b);
+        return NULL;
+    }
+    memcpy(name, b.data, 13);
+    name[13] = 0;
+    buf_free(&b);
+    return join(path, name);
+}
+
+static int get_i64(const json_value_t *o, const char *key, int64_t *v)
+{
+    const json_value_t *x = json_get(o, key);
+    if (!x || json_get_i64(x, v) < 0) {
+        ftk_err_set("manifest.json: \"%s\" missing or not an integer", key);
+        return -1;
+    }
+    return 0;
+}
+
+static int get_f64(const json_value_t *o, const char *key, double *v)
+{
+    const json_value_t *x = json_get(o, key);
+    if (!x || x->type != JSON_NUMBER) {
+        ftk_err_set("manifest.json: \"%s\" missing or not a number", key);
+        return -1;
+    }
+    *v = x->u.num.v;
+    return 0;
+}
+
+static int get_str(const json_value_t *o, const char *key, char *out, size_t n)
+{
+    const json_value_t *x = json_get(o, key);
+    if (!x || x->type != JSON_STRING || x->u.str.len >= n || memchr(x->u.str.s, 0, x->u.str.len)) {
+        ftk_err_set("manifest.json: \"%s\" missing, not a string or too long", key);
+        return -1;
+    }
+    memcpy(out, x->u.str.s, x->u.str.len + 1);
+    return 0;
+}
+
+static int parse_hex(const char *s, uint64_t *v)
+{
+    if (strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16)
+        return -1;
+    *v = strtoull(s, NULL, 16);
+    return 0;
+}
+
+static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, char *shard_file, size_t nsf, uint64_t *shard_sum,
+                          int64_t *shard_bytes, uint64_t *config_sum)
+{
+    char fmt[32], hex[32];
+    int64_t ver;
+    if (!r || r->type != JSON_OBJECT || get_str(r, "ftk_format", fmt, sizeof fmt) < 0 || strcmp(fmt, CKPT_FORMAT)) {
+        ftk_err_set("manifest.json: not an ftk checkpoint manifest (ftk_format is not \"checkpoint\")");
+        return -1;
+    }
+    if (get_i64(r, "ftk_format_version", &ver) < 0)
+        return -1;
+    if (ver < 1 || ver > CKPT_VERSION) {
+        ftk_err_set("manifest.json: checkpoint format version %lld; this ftk reads version %d", (long long)ver,
+                    CKPT_VERSION);
+        return -1;
+    }
+    const json_value_t *d = json_get(r, "data"), *t = json_get(r, "train"), *c = json_get(r, "config"),
+                       *sh = json_get(r, "shards"), *in = json_get(r, "init");
+    if (!d || !t || !c || !sh || !in || d->type != JSON_OBJECT || t->type != JSON_OBJECT ||
+        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY || sh->u.arr.n != 1) {
+        ftk_err_set("manifest.json: \"data\", \"init\", \"train\", \"config\" or \"shards\" missing or malformed");
+        return -1;
+    }
+    ckpt_train_t *tr = &m->train;
+    const json_value_t *dn = json_get(t, "decay_norms");
+    if (get_i64(r, "step", &m->step) < 0 || get_i64(r, "tokens_seen", &m->tokens_seen) < 0 ||
+        get_str(d, "file", m->data_file, sizeof m->data_file) < 0 ||
+        get_str(d, "set_xxh3", m->data_set_xxh3, sizeof m->data_set_xxh3) < 0 ||
+        get_i64(d, "n_rows", &m->data_rows) < 0 || get_i64(d, "epoch", &m->epoch) < 0 ||
+        get_i64(d, "rows_consumed", &m->rows_consumed) < 0 ||
+        get_str(in, "file", m->init_file, sizeof m->init_file) < 0 ||
+        get_str(in, "xxh3", m->init_xxh3, sizeof m->init_xxh3) < 0 || get_f64(t, "lr", &tr->lr) < 0 ||
+        get_f64(t, "min_lr", &tr->min_lr) < 0 || get_i64(t, "warmup", &tr->warmup) < 0 ||
+        get_str(t, "schedule", tr->schedule, sizeof tr->schedule) < 0 ||
+        get_i64(t, "total_steps", &tr->total_steps) < 0 || get_i64(t, "global_batch", &tr->global_batch) < 0 ||
+        get_i64(t, "micro_batch", &tr->micro_batch) < 0 || get_f64(t, "beta1", &tr->beta1) < 0 ||
+        get_f64(t, "beta2", &tr->beta2) < 0 || get_f64(t, "eps", &tr->eps) < 0 ||
+        get_f64(t, "weight_decay", &tr->weight_decay) < 0 || get_f64(t, "clip", &tr->clip) < 0 ||
+        get_i64(t, "seed", &tr->seed) < 0 || get_str(r, "strategy", m->strategy, sizeof m->strategy) < 0 ||
+        get_i64(r, "world_size", &m->world_size) < 0 || get_i64(r, "shard_count", &m->shard_count) < 0 ||
+        get_str(c, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, config_sum) < 0)
+        return -1;
+    if (!dn || dn->type != JSON_BOOL) {
+        ftk_err_set("manifest.json: \"decay_norms\" missing or not true/false");
+        return -1;
+    }
+    tr->decay_norms = dn->u.boolean;
+    const json_value_t *s0 = &sh->u.arr.items[0];
+    if (get_str(s0, "file", shard_file, nsf) < 0 || get_i64(s0, "bytes", shard_bytes) < 0 ||
+        get_str(s0, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, shard_sum) < 0)
+        return -1;
+    if (strchr(shard_file, '/') || m->shard_count != 1) {
+        ftk_err_set("manifest.json: shard file \"%s\" / shard_count %lld: this ftk reads single-shard checkpoints",
+                    shard_file, (long long)m->shard_count);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_state_t *st)
+{
+    int rc = -1;
+    char shard_file[256];
+    uint64_t shard_sum = 0, config_sum = 0, sum;
+    int64_t shard_bytes = 0;
+    buf_t mb = {0}, cb = {0};
+    json_doc_t *doc = NULL;
+    json_value_t *root;
+    ckpt_unit_t *units = NULL;
+    int n_units = 0;
+    hid_t f = -1;
+    char *mpath = join(dir, "manifest.json"), *cpath = join(dir, "config.json"), *spath = NULL;
+    memset(meta, 0, sizeof *meta);
+    if (st)
+        memset(st, 0, sizeof *st);
+    if (!mpath || !cpath)
+        goto out;
+    if (buf_read_file(&mb, mpath) < 0)
+        goto out;
+    if (!(doc = json_parse(mb.data, mb.len, NULL, &root))) {
+        ftk_err_prefix("%s: ", mpath);
+        goto out;
+    }
+    if (parse_manifest(root, meta, shard_file, sizeof shard_file, &shard_sum, &shard_bytes, &config_sum) < 0) {
+        ftk_err_prefix("%s: ", dir);
+        goto out;
+    }
+    if (buf_read_file(&cb, cpath) < 0)
+        goto out;
+    if (hash_bytes(cb.data, cb.len) != config_sum) {
+        ftk_err_set("%s: checksum differs from the manifest's", cpath);
+        goto out;
+    }
+    if (hfconfig_parse(cb.data, cb.len, cfg) < 0) {
+        ftk_err_prefix("%s: ", cpath);
+        goto out;
+    }
+    if (!(spath = join(dir, shard_file)))
+        goto out;
+    struct stat sb;
+    if (stat(spath, &sb) < 0) {
+        ftk_err_set("%s: %s", spath, strerror(errno));
+        goto out;
+    }
+    if ((int64_t)sb.st_size != shard_bytes) {
+        ftk_err_set("%s: %lld bytes, the manifest says %lld", spath, (long long)sb.st_size, (long long)shard_bytes);
+        goto out;
+    }
+    if (hash_file(spath, &sum) < 0)
+        goto out;
+    if (sum != shard_sum) {
+        ftk_err_set("%s: file checksum differs from the manifest's (the shard is damaged)", spath);
+        goto out;
+    }
+    if (ckpt_units(cfg, meta->shard_count, &units, &n_units) < 0)
+        goto out;
+    /* The shard map written must be the one this config gives. */
+    const json_value_t *ju = json_get(root, "units");
+    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)n_units) {
+        ftk_err_set("%s: \"units\" does not match config.json's model", mpath);
+        goto out;
+    }
+    for (int u = 0; u < n_units; u++) {
+        const json_value_t *x = &ju->u.arr.items[u];
+        char nm[32];
+        int64_t len, pad;
+        if (get_str(x, "name", nm, sizeof nm) < 0 || get_i64(x, "length", &len) < 0 ||
+            get_i64(x, "padded", &pad) < 0)
+            goto out;
+        if (strcmp(nm, units[u].name) || len != units[u].length || pad != units[u].padded) {
+            ftk_err_set("%s: unit %d (%s, %lld elements) does not match config.json's model (%s, %lld)", mpath, u, nm,
+                        (long long)len, units[u].name, (long long)units[u].length);
+            goto out;
+        }
+    }
+    if (!st) {
+        rc = 0;
+        goto out;
+    }
+    if ((f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL)) < 0)
+        goto out;
+    const char *groups[3] = {"param", "adam_m", "adam_v"};
+    float ***arrays[3] = {&st->param, &st->m, &st->v};
+    for (int k = 0; k < 3; k++)
+        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
+            ftk_err_set("out of memory");
+            goto out;
+        }
+    for (int k = 0; k < 3; k++) {
+        for (int u = 0; u < n_units; u++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s/%s", groups[k], units[u].name);
+            uint64_t stored, computed;
+            int has;
+            int v = h5_verify_dataset(f, name, &stored, &computed, &has);
+            if (v != 0) {
+                if (v > 0)
+                    ftk_err_set("%s: dataset /%s: %s", spath, name, has ? "checksum mismatch" : "no xxh3_64 attribute");
+                else
+                    ftk_err_prefix("%s: ", spath);
+                goto out;
+            }
+            size_t n = (size_t)units[u].padded;
+            if (!((*arrays[k])[u] = malloc(n * sizeof(float)))) {
+                ftk_err_set("out of memory");
+                goto out;
+            }
+            if (h5r_read(f, name, H5T_NATIVE_FLOAT, (*arrays[k])[u], n) < 0) {
+                ftk_err_prefix("%s: ", spath);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (f >= 0)
+        h5_close(f);
+    if (rc < 0 && st)
+        ckpt_state_free(st, n_units);
+    free(units);
+    json_free(doc);
+    buf_free(&mb);
+    buf_free(&cb);
+    free(mpath);
+    free(cpath);
+    free(spath);
+    return rc;
+}
+
+void ckpt_state_free(ckpt_state_t *st, int n_units)
+{
+    float **a[3] = {st->param, st->m, st->v};
+    for (int k = 0; k < 3; k++) {
+        for (int u = 0; a[k] && u < n_units; u++)
+            free(a[k][u]);
+        free(a[k]);
+    }
+    memset(st, 0, sizeof *st);
+}
+
+int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17])
+{
+    size_t nt = weights_n_tensors(c);
+    uint64_t *sums = malloc((nt ? nt : 1) * sizeof *sums);
+    if (!sums) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(c, i, &s);
+        char path[WEIGHTS_NAME_MAX + 16];
+        snprintf(path, sizeof path, "tensors/%s", s.name);
+        hid_t d = H5Dopen2(weights, path, H5P_DEFAULT);
+        int rc = d < 0 ? -1 : h5_attr_get_u64(d, "xxh3_64", &sums[i]);
+        if (d >= 0)
+            H5Dclose(d);
+        if (rc < 0) {
+            ftk_err_set("%s: no xxh3_64 checksum", path);
+            free(sums);
+            return -1;
+        }
+    }
+    hash_hex(hash_bytes(sums, nt * sizeof *sums), out);
+    free(sums);
+    return 0;
+}
+
+hid_t ckpt_open_tokenizer(const char *dir)
+{
+    char *p = join(dir, "shard-00001-of-00001.h5");
+    if (!p)
+        return -1;
+    hid_t f = h5_open(p, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL);
+    free(p);
+    return f;
+}

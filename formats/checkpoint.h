@@ -1,0 +1,128 @@
+/* checkpoint.h — ftk's training checkpoint: a directory, a JSON manifest, shard files.
+ *
+ * ## On disk (ftk_format "checkpoint", version 1)
+ *
+ *   RUN/step-00000200/            one checkpoint (8-digit step)
+ *     manifest.json               what is below, self-describing
+ *     config.json                 the model, as Hugging Face's config.json (hfconfig.h)
+ *     shard-00001-of-0000S.h5     one file per shard (S = shard count)
+ *   RUN/latest                    a one-line text file naming the newest committed
+ *                                 checkpoint ("step-00000200\n"), replaced by rename
+ *   RUN/metrics.jsonl             the trainer's metrics (not part of a checkpoint)
+ *
+ * A checkpoint is written under a hidden temporary name (".step-00000200.tmp.PID"), every
+ * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
+ * (atomic.h), so a crash at any instant leaves the previous checkpoint whole and named.
+ *
+ * **Shard map.** Parameters are grouped into units in the weights' canonical order:
+ * "embed" (model.embed_tokens.weight), "layer.L" for each block (its nine tensors in the
+ * order of weights.h) and "head" (model.norm.weight, then lm_head.weight when the head is
+ * not tied to the embedding). A unit is one flat float32 vector: its tensors row-major,
+ * back to back, zero-padded to `padded`, a multiple of the shard count S. Shard r
+ * (0-based) holds elements [r·padded/S, (r+1)·padded/S) of every unit.
+ *
+ * manifest.json (keys in this order; integers exact, floats with 17 significant digits):
+ *   ftk_format "checkpoint", ftk_format_version 1, ftk_version
+ *   step            optimizer steps done
+ *   tokens_seen     training tokens (real, not padding) consumed
+ *   data            {"file", "set_xxh3", "n_rows", "epoch", "rows_consumed"}: the data
+ *                   order state — rows_consumed rows of epoch `epoch`'s permutation
+ *                   are done (DESIGN.md "Data order")
+ *   init            {"file", "xxh3"}: the weights the run started from; xxh3 combines
+ *                   their tensors' xxh3_64 checksums in canonical order (ckpt_init_hash())
+ *   rng             {"seed"}: every random choice of the run derives from it
+ *   train           the training options that define the run (ftk-train --help):
+ *                   lr, min_lr, warmup, schedule, total_steps, global_batch, micro_batch,
+ *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed
+ *   precision       "fp32" (master weights and moments)
+ *   strategy, world_size, shard_count
+ *   config          {"file": "config.json", "xxh3"}
+ *   units           [{"name", "length", "padded", "tensors": [{"name", "shape", "offset"}]}]
+ *   shards          [{"file", "bytes", "xxh3"}]: XXH3-64 of each shard file's bytes
+ *
+ * Shard file (HDF5, ftk_format "checkpoint-shard", version 1): root attributes
+ * shard_index (1-based), shard_count, step, units_xxh3 (XXH3-64 of the manifest's
+ * "units" text, tying the shard to its shard map); datasets /param/UNIT, /adam_m/UNIT,
+ * /adam_v/UNIT, float32 [padded/S] each with its xxh3_64; shard 1 also carries
+ * /tokenizer/FILE as in weights.h, so a checkpoint alone can be sampled from.
+ *
+ * Functions return 0 or -1 with ftk_err_msg() set.
+ */
+#ifndef FTK_CHECKPOINT_H
+#define FTK_CHECKPOINT_H
+#include <stdint.h>
+
+#include "hfconfig.h"
+#include "weights.h"
+
+#define CKPT_FORMAT "checkpoint"
+#define CKPT_SHARD_FORMAT "checkpoint-shard"
+#define CKPT_VERSION 1
+
+typedef struct {
+    char name[WEIGHTS_NAME_MAX];
+    int rank;
+    int64_t shape[2];
+    int64_t offset, numel;
+    int is_norm;
+} ckpt_tensor_t;
+
+typedef struct {
+    char name[32];
+    int n_tensors;
+    ckpt_tensor_t t[9];
+    int64_t length, padded;
+} ckpt_unit_t;
+
+/* The units of a model for S shards. *units is malloc'd (free()). */
+int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units, int *n_units);
+
+typedef struct {
+    double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
+    int64_t warmup, total_steps, global_batch, micro_batch, seed;
+    int decay_norms;
+    char schedule[16]; /* cosine | linear | constant */
+} ckpt_train_t;
+
+typedef struct {
+    int64_t step, tokens_seen;
+    char data_file[4096];
+    char data_set_xxh3[32];
+    char init_file[4096];
+    char init_xxh3[32];
+    int64_t data_rows, epoch, rows_consumed;
+    ckpt_train_t train;
+    char strategy[16];
+    int64_t world_size, shard_count;
+} ckpt_meta_t;
+
+/* One shard's arrays, unit by unit (host memory, padded/S elements each). */
+typedef struct {
+    float **param, **m, **v;
+} ckpt_state_t;
+
+/* Writes RUN/step-NNNNNNNN (one shard: S = 1) atomically and points RUN/latest at it;
+ * then, with keep > 0, removes older step-* directories beyond the newest keep. tok_src
+ * (may be -1) is an HDF5 file whose /tokenizer files are carried into the shard. */
+int ckpt_save(const char *run_dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+              int n_units, const ckpt_state_t *st, hid_t tok_src, int keep);
+
+/* Resolves what a user named: a checkpoint directory, or a run directory (its `latest`).
+ * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
+char *ckpt_resolve(const char *path);
+
+/* Reads and checks a checkpoint: the manifest, config.json and every shard file against
+ * their checksums, each dataset's xxh3_64, and the shard map against the config. On
+ * success fills meta and cfg; with st != NULL also allocates and fills the arrays
+ * (ckpt_state_free()). */
+int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_state_t *st);
+void ckpt_state_free(ckpt_state_t *st, int n_units);
+
+/* Identity of a weights file's contents: XXH3 over its tensors' stored xxh3_64 values,
+ * in canonical order (cheap: no tensor is read). 16 hex digits into out. */
+int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17]);
+
+/* Opens the shard holding the tokenizer files (for weights_each_file()); -1 on error. */
+hid_t ckpt_open_tokenizer(const char *dir);
+
+#endif

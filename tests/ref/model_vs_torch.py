@@ -1,0 +1,266 @@
+"""The model and the optimizer against an independent PyTorch implementation.
+
+A Llama written here in PyTorch from Hugging Face's conventions (RMSNorm, rotate_half
+rotary embedding with rope_theta, grouped-query attention, SwiGLU, untied head), in
+float64, reads the same .h5 weights with h5py and builds the same batches from the
+packed token file's datasets (one causal attention block per sample, positions restarting
+per sample, targets where loss_mask is 1). Compared with ftk's fp32 CPU backend:
+
+ 1. logits, loss and every parameter gradient of one batch of packed rows (probe_model);
+ 2. the losses of 3 optimizer steps of ftk-train (AdamW, decoupled decay but not on the
+    norms, gradient clipping that bites, warmup + cosine, gradient accumulation over
+    micro-batches) and the weights and both AdamW moments after them (read from the
+    checkpoint through its manifest's shard map);
+ 3. logits, loss and gradients of ../shared/data/tiny-random-llama imported from HF.
+
+Errors are relative to the reference's largest magnitude per tensor: max|ftk - ref| / max|ref|.
+
+usage: model_vs_torch.py BIN PROBE DATA WORK
+"""
+import json, math, os, subprocess, sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ftkref
+from ftkref import check, done, run
+
+BIN, PROBE, DATA, WORK = sys.argv[1:5]
+ftkref.BIN = BIN
+os.makedirs(WORK, exist_ok=True)
+torch.set_default_dtype(torch.float64)
+TOL = 1e-4
+worst = {}
+
+
+def relerr(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    scale = np.abs(b).max()
+    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())
+
+
+def compare(what, a, b, tol=TOL):
+    e = relerr(a, b)
+    worst[what.split(":")[0]] = max(worst.get(what.split(":")[0], 0.0), e)
+    check(e < tol, f"{what}: relative error {e:.2e}")
+    return e
+
+
+def weights(path):
+    with h5py.File(path, "r") as f:
+        cfg = {k: (v.item() if hasattr(v, "item") else v) for k, v in f["config"].attrs.items()}
+        t = {k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in f["tensors"].items()}
+    return cfg, t
+
+
+def split(path, name="train"):
+    with h5py.File(path, "r") as f:
+        g = f[name]
+        return {k: np.asarray(g[k]) for k in g}
+
+
+def batch(sp, rows):
+    """Token ids, positions, segment ids and targets (-100: none) of rows laid end to end."""
+    ids, pos, seg, tgt = [], [], [], []
+    sid = 0
+    for r in rows:
+        a, b = sp["row_offsets"][r], sp["row_offsets"][r + 1]
+        end = a
+        for s in range(sp["row_samples"][r], sp["row_samples"][r + 1]):
+            st, ln = sp["sample_starts"][s], sp["sample_lengths"][s]
+            toks, m = sp["tokens"][st:st + ln], sp["loss_mask"][st:st + ln]
+            for i in range(ln):
+                ids.append(toks[i]); pos.append(i); seg.append(sid)
+                tgt.append(int(toks[i + 1]) if i + 1 < ln and m[i + 1] else -100)
+            sid += 1
+            end = st + ln
+        for i in range(b - end):  # padding: a segment of its own, no targets
+            ids.append(sp["tokens"][end + i]); pos.append(i); seg.append(sid); tgt.append(-100)
+        sid += 1
+    return (torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.float64),
+            torch.tensor(seg), torch.tensor(tgt, dtype=torch.long))
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, pos, theta):
+    hd = x.shape[-1]
+    inv = (1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))).to(x.dtype)
+    ang = pos[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def forward(cfg, W, ids, pos, seg):
+    D, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps, theta = D // H, cfg["rms_norm_eps"], cfg["rope_theta"]
+    n = ids.shape[0]
+    ar = torch.arange(n)
+    allowed = (seg[:, None] == seg[None, :]) & (ar[:, None] >= ar[None, :])
+    x = W["model.embed_tokens.weight"][ids]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms(x, W[p + "input_layernorm.weight"], eps)
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(n, H, hd)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(n, KV, hd)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(n, KV, hd)
+        q, k = rope(q, pos, theta), rope(k, pos, theta)
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(hd)
+        s = s.masked_fill(~allowed[None], float("-inf")).softmax(-1)
+        o = torch.einsum("hij,jhd->ihd", s, v).reshape(n, H * hd)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        h = rms(x, W[p + "post_attention_layernorm.weight"], eps)
+        g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rms(x, W["model.norm.weight"], eps)
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    return x @ head.T
+
+
+def loss_of(logits, tgt):
+    keep = tgt >= 0
+    return torch.nn.functional.cross_entropy(logits[keep], tgt[keep], reduction="sum") / keep.sum()
+
+
+def probe_compare(label, wpath, dpath, rows):
+    out = os.path.join(WORK, f"probe-{label}.h5")
+    r = subprocess.run([PROBE, wpath, dpath, out] + [str(x) for x in rows], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr)
+        raise SystemExit("probe_model failed")
+    print(f"{label}: {r.stdout.strip()}")
+    cfg, W = weights(wpath)
+    for t in W.values():
+        t.requires_grad_(True)
+    ids, pos, seg, tgt = batch(split(dpath), rows)
+    logits = forward(cfg, W, ids, pos, seg)
+    loss = loss_of(logits, tgt)
+    loss.backward()
+    with h5py.File(out, "r") as f:
+        check(int(f["n_targets"][0]) == int((tgt >= 0).sum()), f"{label}: same number of targets ({int((tgt >= 0).sum())})")
+        check(len(set(seg.tolist())) > len(rows), f"{label}: the rows hold several samples ({len(set(seg.tolist()))} segments in {len(rows)} rows)")
+        compare(f"logits: {label} [{logits.shape[0]} x {logits.shape[1]}]", f["logits"][:], logits.detach().numpy())
+        lf = float(f["loss"][0])
+        compare(f"loss: {label} ({lf:.6f} vs {loss.item():.6f})", [lf], [loss.item()])
+        for name, t in W.items():
+            compare(f"grad: {label} {name}", f["grads"][name][:], t.grad.numpy())
+
+
+def lr_at(step, lr, min_lr, warmup, total):
+    """The schedule of `ftk-train --help`, written again: linear warmup, then cosine."""
+    if step <= warmup:
+        return lr * step / warmup
+    p = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * p)) * (lr - min_lr)
+
+
+def adamw_compare(wpath, dpath):
+    run_dir = os.path.join(WORK, "run-adamw")
+    sp = split(dpath)
+    R = len(sp["row_offsets"]) - 1
+    hp = dict(lr=3e-3, min_lr=3e-4, warmup=2, steps=3, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=0.5)
+    subprocess.run(["rm", "-rf", run_dir])
+    run("ftk-train", "-m", wpath, "-d", dpath, "-o", run_dir, "--steps", "3", "--global-batch", str(R),
+        "--micro-batch", "2", "--lr", str(hp["lr"]), "--min-lr", str(hp["min_lr"]), "--warmup", "2",
+        "--weight-decay", str(hp["wd"]), "--clip", str(hp["clip"]), "--eval-every", "0", "-q")
+    metrics = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in l]
+
+    cfg, W = weights(wpath)
+    ids, pos, seg, tgt = batch(sp, list(range(R)))  # every row, every step: the order does not matter
+
+    def torch_steps(dtype):
+        params = {k: t.clone().to(dtype).requires_grad_(True) for k, t in W.items()}
+        norms = [p for k, p in params.items() if "norm" in k]
+        rest = [p for k, p in params.items() if "norm" not in k]
+        opt = torch.optim.AdamW([{"params": rest, "weight_decay": hp["wd"]}, {"params": norms, "weight_decay": 0.0}],
+                                lr=hp["lr"], betas=(hp["b1"], hp["b2"]), eps=hp["eps"])
+        hist = []
+        for step in range(1, 4):
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, hp["lr"], hp["min_lr"], hp["warmup"], hp["steps"])
+            opt.zero_grad()
+            loss = loss_of(forward(cfg, params, ids, pos.to(dtype), seg), tgt)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(list(params.values()), hp["clip"]).item()
+            opt.step()
+            hist.append((loss.item(), norm, opt.param_groups[0]["lr"]))
+        return params, opt, hist
+
+    params, opt, hist = torch_steps(torch.float64)
+    p32, _, _ = torch_steps(torch.float32)
+    clipped = 0
+    for step in range(1, 4):
+        loss, norm, lr = hist[step - 1]
+        clipped += norm > hp["clip"]
+        m = metrics[step - 1]
+        compare(f"adamw loss: step {step} ({m['loss']:.6f} vs {loss:.6f})", [m["loss"]], [loss])
+        compare(f"adamw grad norm: step {step} ({m['grad_norm']:.5f} vs {norm:.5f})", [m["grad_norm"]], [norm])
+        compare(f"adamw lr: step {step}", [m["lr"]], [lr], 1e-12)
+    check(clipped >= 1, f"clipping was active ({clipped} of 3 steps above {hp['clip']})")
+    # For scale: how far PyTorch's own float32 run lands from the float64 one.
+    e32 = max(relerr(p32[k].detach().numpy(), params[k].detach().numpy()) for k in params)
+    print(f"note: PyTorch float32 vs float64 after 3 steps: largest relative weight error {e32:.2e}")
+
+    ck = os.path.join(run_dir, open(os.path.join(run_dir, "latest")).read().strip())
+    man = json.load(open(os.path.join(ck, "manifest.json")))
+    check(man["step"] == 3 and man["shard_count"] == 1, "checkpoint at step 3, one shard")
+    with h5py.File(os.path.join(ck, man["shards"][0]["file"]), "r") as f:
+        for u in man["units"]:
+            flat = {k: f[k][u["name"]][:] for k in ("param", "adam_m", "adam_v")}
+            for t in u["tensors"]:
+                n = int(np.prod(t["shape"]))
+                p = params[t["name"]]
+                st = opt.state[p]
+                for k, ref in (("param", p.detach()), ("adam_m", st["exp_avg"]), ("adam_v", st["exp_avg_sq"])):
+                    got = flat[k][t["offset"]:t["offset"] + n].reshape(t["shape"])
+                    compare(f"adamw {k}: {t['name']}", got, ref.numpy())
+
+
+def main():
+    tok = os.path.join(DATA, "llama2-tokenizer", "tokenizer.model")
+    alpaca = os.path.join(DATA, "alpaca", "litgpt_fixture_alpaca.json")
+    if not os.path.exists(tok) or not os.path.exists(alpaca):
+        print("skipped (../shared/data missing)")
+        sys.exit(77)
+    # A small Llama with grouped-query attention, an untied head, a non-default rope_theta.
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+           "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
+           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+           "initializer_range": 0.05}
+    cpath, wpath, dpath = (os.path.join(WORK, x) for x in ("config.json", "small.h5", "fixture.h5"))
+    json.dump(cfg, open(cpath, "w"))
+    for p in (wpath, dpath):
+        if os.path.exists(p):
+            os.remove(p)
+    run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
+    # Non-unit RMSNorm gains, so that their gradients and decay matter.
+    with h5py.File(wpath, "r+") as f:
+        rng = np.random.default_rng(0)
+        for k in f["tensors"]:
+            if "norm" in k:
+                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+    run("ftk-pack", "-t", tok, alpaca, "-o", dpath, "--pack", "--max-len", "96", "--val-count", "0", "-q")
+    probe_compare("small", wpath, dpath, [0, 1, 2])
+    adamw_compare(wpath, dpath)
+
+    hf = os.path.join(DATA, "tiny-random-llama")
+    if os.path.isdir(hf):
+        tw = os.path.join(WORK, "tiny-random.h5")
+        if os.path.exists(tw):
+            os.remove(tw)
+        run("ftk-import-hf", hf, "-o", tw)
+        probe_compare("tiny-random-llama", tw, dpath, [1, 3])
+    print("largest relative errors: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
+    done()
+
+
+main()
