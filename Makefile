@@ -4,7 +4,8 @@
 #   make test            install missing packages, build, run the whole test suite
 #                        (unit, CLI golden, reference, fault tests, then the ASan+UBSan build)
 #   make demo            install, build, run the demo pipeline on the embedded example
-#   make bench           tokenizer speed against SentencePiece, same run
+#   make bench           speed ratios against peers in the same run: tokenizer vs SentencePiece,
+#                        import/export vs cp, CPU training vs PyTorch
 #   make asan            the sanitizer build only (build/asan/bin)
 #   make install PREFIX=/usr/local
 #

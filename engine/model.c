@@ -1,6 +1,7 @@
 /* model.c — the Llama forward and backward passes over the backend ops (model.h). */
 #include "model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,6 +412,10 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     const backend_t *be = m->be;
     int64_t n = b->n;
     int train = grad_scale != 0.0f && !logits;
+    if (n > m->cap || !m->d_ids) {
+        ftk_err_set("internal: a batch of %lld tokens for a model sized for %lld", (long long)n, (long long)m->cap);
+        return NAN;
+    }
     be->upload(m->d_ids, b->ids, (size_t)n * sizeof(int32_t));
     be->upload(m->d_pos, b->pos, (size_t)n * sizeof(int32_t));
     be->upload(m->d_tgt_at, b->tgt_at, (size_t)b->n_tgt * sizeof(int32_t));

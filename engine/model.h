@@ -60,8 +60,9 @@ int model_load_weights(model_t *m, hid_t file);
 
 void model_zero_grad(model_t *m);
 
-/* Forward over a batch; returns Σ weight·loss over its targets (a NaN on error is not
- * possible: shapes were checked by model_new). With grad_scale != 0 also runs the
+/* Forward over a batch; returns Σ weight·loss over its targets, or NaN with
+ * ftk_err_msg() set when the batch is larger than model_new()'s max_tokens or the model
+ * was made for inference. With grad_scale != 0 also runs the
  * backward pass and ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. With
  * logits != NULL (host, [n, vocab]) the logits of every position are written there
  * (forward only; for tests). */

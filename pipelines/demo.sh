@@ -37,3 +37,25 @@ echo "== 8. ... import that folder back (bfloat16, zstd) and prove it whole (che
 ftk import-hf "$OUT/tiny-hf" --dtype bfloat16 --compress zstd -o "$OUT/tiny.h5"
 ftk info "$OUT/tiny.h5" | sed -n '1,6p'
 ftk verify --deep "$OUT/tiny.h5"
+echo
+echo "== 9. train: a random-initialised model of llama2.c's stories260K shape (260k parameters) with the demo"
+echo "      tokenizer on the 36 packed demo rows: AdamW, warmup + cosine, a checkpoint every 50 steps."
+echo "      The run is stopped after 100 of its 200 steps (exit 75, as on preemption) and resumed."
+ftk init --preset stories260k --seed 7 -t examples/demo/tokenizer.model -o "$OUT/demo-init.h5"
+rm -rf "$OUT/run"
+PROMPT="Give three tips for staying healthy."
+echo "   before training, greedy answer to \"$PROMPT\":"
+ftk generate -m "$OUT/demo-init.h5" --alpaca -p "$PROMPT" --greedy -n 30 | tr '\n' ' ' | sed 's/^/   | /'
+echo
+TRAIN="ftk train -m $OUT/demo-init.h5 -d $OUT/alpaca-demo.h5 -o $OUT/run --steps 200 --global-batch 8 --micro-batch 4
+       --lr 5e-3 --min-lr 5e-4 --warmup 10 --weight-decay 0 --save-every 50 --keep 2 --eval-every 50"
+rc=0
+$TRAIN --stop-after 100 2>&1 | awk '/step (1|50|100)\/|validation|checkpoint|stopped/' || true
+$TRAIN --stop-after 100 -q >/dev/null 2>&1 || rc=$?
+echo "   (a second start without --resume is refused: exit $rc; with --resume auto it continues)"
+$TRAIN --resume auto 2>&1 | awk '/resuming|step (101|150|200)\/|validation|checkpoint/'
+ls "$OUT/run"
+echo
+echo "== 10. after training, the same instruction, greedy, from the run's latest checkpoint. With 36 examples"
+echo "       the model memorises its training answers (validation loss rises: it overfits, as it must):"
+ftk generate -m "$OUT/run" --alpaca -p "$PROMPT" --greedy -n 60 | sed 's/^/   | /'

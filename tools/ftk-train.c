@@ -438,6 +438,19 @@ int main(int argc, char **argv)
         FAIL(FTK_EXIT_FAIL);
     }
     train_order((uint64_t)seed, meta.epoch, R, perm);
+    if (meta.step >= tc.total_steps)
+        ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta.step,
+                 (long long)tc.total_steps);
+    if (meta.step == 0 && eval_every > 0 && data.val.n_rows > 0) { /* where the run starts from */
+        double vl;
+        int64_t vt;
+        if (evaluate(m, &data, &b, &vl, &vt) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            FAIL(FTK_EXIT_FAIL);
+        }
+        fprintf(mf, "{\"step\": 0, \"val_loss\": %.17g, \"val_tokens\": %lld}\n", vl, (long long)vt);
+        ftk_info("step 0: validation loss %.4f (%lld targets)", vl, (long long)vt);
+    }
     double t0 = time_now();
     int64_t run_steps = 0, last_saved = meta.step;
     while (meta.step < tc.total_steps) {

@@ -1,0 +1,110 @@
+"""Training speed on the CPU: ftk-train against PyTorch, same model, data, batch and threads,
+measured in the same run.
+
+The PyTorch side is the model of tests/ref/model_vs_torch.py in float32 (eager, autograd,
+explicit attention with a block-diagonal causal mask for the packed samples: torch 1.13 has
+no fused attention on the CPU), torch.optim.AdamW and clip_grad_norm_, on exactly the rows
+ftk's step uses. Both are timed over the same steps after one warm-up step; the figure is
+real (non-padding) tokens per second.
+
+usage: train_bench.py BIN DATA WORK [STEPS]
+"""
+import json, math, os, subprocess, sys, time
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+BIN, DATA, WORK = sys.argv[1:4]
+STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else 6
+os.makedirs(WORK, exist_ok=True)
+threads = torch.get_num_threads()
+
+CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+       "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+       "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+       "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+       "initializer_range": 0.02}
+G, B, MAXLEN = 8, 4, 256
+
+
+def sh(*args):
+    subprocess.run(list(args), check=True)
+
+
+tok = os.path.join(DATA, "llama2-tokenizer", "tokenizer.model")
+alpaca = os.path.join(DATA, "alpaca", "BLOOM-LORA_alpaca_data_1k.json")
+if not os.path.exists(tok) or not os.path.exists(alpaca):
+    print("train bench: skipped (../shared/data missing)")
+    sys.exit(0)
+cpath, wpath, dpath, run = (os.path.join(WORK, x) for x in ("config.json", "w.h5", "d.h5", "run"))
+json.dump(CFG, open(cpath, "w"))
+for p in (wpath, dpath):
+    if os.path.exists(p):
+        os.remove(p)
+sh(os.path.join(BIN, "ftk-init"), "-q", "--config", cpath, "-o", wpath)
+sh(os.path.join(BIN, "ftk-pack"), "-q", "-t", tok, alpaca, "-o", dpath, "--pack", "--max-len", str(MAXLEN),
+   "--val-count", "0")
+
+# --- ftk ---------------------------------------------------------------------------------
+sh("rm", "-rf", run)
+sh(os.path.join(BIN, "ftk-train"), "-q", "-m", wpath, "-d", dpath, "-o", run, "--steps", str(STEPS + 1),
+   "--global-batch", str(G), "--micro-batch", str(B), "--schedule", "constant",
+   "--warmup", "0", "--eval-every", "0", "-j", str(threads))
+m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
+ftk_time = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
+ftk_tokens = sum(x["tokens"] for x in m[1:])
+ftk_tps = ftk_tokens / ftk_time
+
+# --- PyTorch on the same rows --------------------------------------------------------------
+from torch_llama import batch, forward, loss_of, split, weights  # noqa: E402
+
+torch.set_default_dtype(torch.float32)
+cfg, W = weights(wpath, torch.float32)
+params = {k: t.requires_grad_(True) for k, t in W.items()}
+norms = [p for k, p in params.items() if "norm" in k]
+rest = [p for k, p in params.items() if "norm" not in k]
+opt = torch.optim.AdamW([{"params": rest, "weight_decay": 0.1}, {"params": norms, "weight_decay": 0.0}],
+                        lr=2e-4, betas=(0.9, 0.95), eps=1e-8)
+sp = split(dpath)
+R = len(sp["row_offsets"]) - 1
+# ftk's order: the rows of each step are recorded in its data order; any G rows of the same
+# packed file cost the same, so take them in file order.
+steps_rows = [list(range((s * G) % R, (s * G) % R + G)) for s in range(STEPS + 1)]
+
+
+def torch_run(targets_only):
+    """Tokens/s of PyTorch over the steps; targets_only: the head and loss on target rows only
+    (as ftk does), else on every position (as transformers and LitGPT do)."""
+    t0, tokens = None, 0
+    for s, rows in enumerate(steps_rows):
+        if s == 1:
+            t0 = time.perf_counter()
+        opt.zero_grad()
+        n_tgt = sum(int(sp["loss_mask"][sp["row_offsets"][r]:sp["row_offsets"][r + 1]].sum()) for r in rows)
+        for i in range(0, G, B):
+            ids, pos, seg, tgt = batch(sp, rows[i:i + B], torch.float32)
+            keep = tgt >= 0
+            if targets_only:
+                logits = forward(cfg, params, ids, pos, seg, head_rows=keep)
+            else:
+                logits = forward(cfg, params, ids, pos, seg)[keep]
+            loss = torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / n_tgt
+            loss.backward()
+            if s >= 1:
+                tokens += sum(int(sp["sample_lengths"][sp["row_samples"][r]:sp["row_samples"][r + 1]].sum())
+                              for r in rows[i:i + B])
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+    return tokens / (time.perf_counter() - t0)
+
+
+torch_all = torch_run(False)
+torch_tgt = torch_run(True)
+
+print(f"train (CPU, {threads} threads, {sum(v.numel() for v in W.values()) / 1e6:.1f} M parameters, "
+      f"global batch {G} x {MAXLEN} tokens, micro batch {B}, {STEPS} steps):")
+print(f"  ftk-train (head on target rows only)              {ftk_tps:10.0f} tokens/s")
+print(f"  PyTorch {torch.__version__} eager, head on every position  {torch_all:10.0f} tokens/s   ftk / PyTorch {ftk_tps / torch_all:.2f}x")
+print(f"  PyTorch {torch.__version__} eager, head on target rows only  {torch_tgt:10.0f} tokens/s   ftk / PyTorch {ftk_tps / torch_tgt:.2f}x")
