@@ -63,40 +63,25 @@ int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units
 
 /* ---- writing ----------------------------------------------------------------------------- */
 
-static int appendf(buf_t *b, const char *fmt, ...) FTK_PRINTF(2, 3);
-static int appendf(buf_t *b, const char *fmt, ...)
-{
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (k < 0 || k >= (int)sizeof tmp) {
-        ftk_err_set("internal: manifest line too long");
-        return -1;
-    }
-    return buf_append(b, tmp, (size_t)k);
-}
-
 static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
 {
-    int rc = appendf(b, "[\n");
+    int rc = buf_printf(b, "[\n");
     for (int u = 0; u < n_units; u++) {
         const ckpt_unit_t *x = &units[u];
-        rc |= appendf(b, "    {\"name\": \"%s\", \"length\": %lld, \"padded\": %lld, \"tensors\": [", x->name,
+        rc |= buf_printf(b, "    {\"name\": \"%s\", \"length\": %lld, \"padded\": %lld, \"tensors\": [", x->name,
                       (long long)x->length, (long long)x->padded);
         for (int i = 0; i < x->n_tensors; i++) {
             const ckpt_tensor_t *t = &x->t[i];
             if (t->rank == 2)
-                rc |= appendf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld, %lld], \"offset\": %lld}", i ? "," : "",
+                rc |= buf_printf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld, %lld], \"offset\": %lld}", i ? "," : "",
                               t->name, (long long)t->shape[0], (long long)t->shape[1], (long long)t->offset);
             else
-                rc |= appendf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld], \"offset\": %lld}", i ? "," : "",
+                rc |= buf_printf(b, "%s\n      {\"name\": \"%s\", \"shape\": [%lld], \"offset\": %lld}", i ? "," : "",
                               t->name, (long long)t->shape[0], (long long)t->offset);
         }
-        rc |= appendf(b, "]}%s\n", u + 1 < n_units ? "," : "");
+        rc |= buf_printf(b, "]}%s\n", u + 1 < n_units ? "," : "");
     }
-    rc |= appendf(b, "  ]");
+    rc |= buf_printf(b, "  ]");
     return rc;
 }
 
@@ -169,35 +154,35 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
     char h1[17], h2[17];
     hash_hex(config_sum, h1);
     hash_hex(shard_sum, h2);
-    int rc = appendf(&b, "{\n  \"ftk_format\": \"%s\",\n  \"ftk_format_version\": %d,\n  \"ftk_version\": \"%s\",\n",
+    int rc = buf_printf(&b, "{\n  \"ftk_format\": \"%s\",\n  \"ftk_format_version\": %d,\n  \"ftk_version\": \"%s\",\n",
                      CKPT_FORMAT, CKPT_VERSION, FTK_VERSION);
-    rc |= appendf(&b, "  \"step\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)meta->step,
+    rc |= buf_printf(&b, "  \"step\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)meta->step,
                   (long long)meta->tokens_seen);
-    rc |= appendf(&b, "  \"data\": {\"file\": ");
+    rc |= buf_printf(&b, "  \"data\": {\"file\": ");
     rc |= json_write_string(&b, meta->data_file, strlen(meta->data_file));
-    rc |= appendf(&b, ", \"set_xxh3\": \"%s\", \"n_rows\": %lld, \"epoch\": %lld, \"rows_consumed\": %lld},\n",
+    rc |= buf_printf(&b, ", \"set_xxh3\": \"%s\", \"n_rows\": %lld, \"epoch\": %lld, \"rows_consumed\": %lld},\n",
                   meta->data_set_xxh3, (long long)meta->data_rows, (long long)meta->epoch,
                   (long long)meta->rows_consumed);
-    rc |= appendf(&b, "  \"init\": {\"file\": ");
+    rc |= buf_printf(&b, "  \"init\": {\"file\": ");
     rc |= json_write_string(&b, meta->init_file, strlen(meta->init_file));
-    rc |= appendf(&b, ", \"xxh3\": \"%s\"},\n", meta->init_xxh3);
-    rc |= appendf(&b, "  \"rng\": {\"seed\": %lld},\n", (long long)t->seed);
-    rc |= appendf(&b,
+    rc |= buf_printf(&b, ", \"xxh3\": \"%s\"},\n", meta->init_xxh3);
+    rc |= buf_printf(&b, "  \"rng\": {\"seed\": %lld},\n", (long long)t->seed);
+    rc |= buf_printf(&b,
                   "  \"train\": {\"lr\": %.17g, \"min_lr\": %.17g, \"warmup\": %lld, \"schedule\": \"%s\", "
                   "\"total_steps\": %lld, \"global_batch\": %lld, \"micro_batch\": %lld,\n",
                   t->lr, t->min_lr, (long long)t->warmup, t->schedule, (long long)t->total_steps,
                   (long long)t->global_batch, (long long)t->micro_batch);
-    rc |= appendf(&b,
+    rc |= buf_printf(&b,
                   "            \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, "
                   "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld},\n",
                   t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
                   (long long)t->seed);
-    rc |= appendf(&b, "  \"precision\": \"fp32\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
+    rc |= buf_printf(&b, "  \"precision\": \"fp32\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
                   meta->strategy, (long long)meta->world_size);
-    rc |= appendf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
-    rc |= appendf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
+    rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
+    rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
     rc |= units_json(&b, units, n_units);
-    rc |= appendf(&b, ",\n  \"shards\": [{\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}]\n}\n", shard_name,
+    rc |= buf_printf(&b, ",\n  \"shards\": [{\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}]\n}\n", shard_name,
                   (unsigned long long)shard_bytes, h2);
     if (rc == 0)
         rc = write_text(path, &b);

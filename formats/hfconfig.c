@@ -227,17 +227,6 @@ out:
 
 /* ---------------------------------------------------------------- writing */
 
-static int appendf(buf_t *b, const char *fmt, ...) FTK_PRINTF(2, 3);
-static int appendf(buf_t *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    return n < 0 || (size_t)n >= sizeof tmp ? -1 : buf_append(b, tmp, (size_t)n);
-}
-
 /* Shortest text that reads back as the same double ("1e-05", "10000.0"). */
 static void fmt_double(char *out, size_t n, double v)
 {
@@ -256,7 +245,7 @@ static void fmt_double(char *out, size_t n, double v)
 
 static int token_field(buf_t *b, const char *name, int64_t id)
 {
-    return id < 0 ? appendf(b, "  \"%s\": null,\n", name) : appendf(b, "  \"%s\": %lld,\n", name, (long long)id);
+    return id < 0 ? buf_printf(b, "  \"%s\": null,\n", name) : buf_printf(b, "  \"%s\": %lld,\n", name, (long long)id);
 }
 
 int hfconfig_write(buf_t *out, const model_config_t *c, dtype_t dt)
@@ -265,24 +254,24 @@ int hfconfig_write(buf_t *out, const model_config_t *c, dtype_t dt)
     fmt_double(eps, sizeof eps, c->rms_norm_eps);
     fmt_double(theta, sizeof theta, c->rope_theta);
     fmt_double(init, sizeof init, c->initializer_range);
-    int rc = appendf(out, "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n");
-    rc |= appendf(out, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
+    int rc = buf_printf(out, "{\n  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n");
+    rc |= buf_printf(out, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n");
     rc |= token_field(out, "bos_token_id", c->bos_token_id);
     rc |= token_field(out, "eos_token_id", c->eos_token_id);
-    rc |= appendf(out, "  \"head_dim\": %lld,\n", (long long)model_head_dim(c));
-    rc |= appendf(out, "  \"hidden_act\": \"silu\",\n  \"hidden_size\": %lld,\n", (long long)c->hidden_size);
-    rc |= appendf(out, "  \"initializer_range\": %s,\n", init);
-    rc |= appendf(out, "  \"intermediate_size\": %lld,\n", (long long)c->intermediate_size);
-    rc |= appendf(out, "  \"max_position_embeddings\": %lld,\n", (long long)c->max_position_embeddings);
-    rc |= appendf(out, "  \"mlp_bias\": false,\n  \"model_type\": \"llama\",\n");
-    rc |= appendf(out, "  \"num_attention_heads\": %lld,\n", (long long)c->num_attention_heads);
-    rc |= appendf(out, "  \"num_hidden_layers\": %lld,\n", (long long)c->num_hidden_layers);
-    rc |= appendf(out, "  \"num_key_value_heads\": %lld,\n", (long long)c->num_key_value_heads);
-    rc |= appendf(out, "  \"pretraining_tp\": 1,\n  \"rms_norm_eps\": %s,\n  \"rope_scaling\": null,\n", eps);
-    rc |= appendf(out, "  \"rope_theta\": %s,\n", theta);
-    rc |= appendf(out, "  \"tie_word_embeddings\": %s,\n", c->tie_word_embeddings ? "true" : "false");
-    rc |= appendf(out, "  \"torch_dtype\": \"%s\",\n", dtype_name(dt));
-    rc |= appendf(out, "  \"use_cache\": true,\n  \"vocab_size\": %lld\n}\n", (long long)c->vocab_size);
+    rc |= buf_printf(out, "  \"head_dim\": %lld,\n", (long long)model_head_dim(c));
+    rc |= buf_printf(out, "  \"hidden_act\": \"silu\",\n  \"hidden_size\": %lld,\n", (long long)c->hidden_size);
+    rc |= buf_printf(out, "  \"initializer_range\": %s,\n", init);
+    rc |= buf_printf(out, "  \"intermediate_size\": %lld,\n", (long long)c->intermediate_size);
+    rc |= buf_printf(out, "  \"max_position_embeddings\": %lld,\n", (long long)c->max_position_embeddings);
+    rc |= buf_printf(out, "  \"mlp_bias\": false,\n  \"model_type\": \"llama\",\n");
+    rc |= buf_printf(out, "  \"num_attention_heads\": %lld,\n", (long long)c->num_attention_heads);
+    rc |= buf_printf(out, "  \"num_hidden_layers\": %lld,\n", (long long)c->num_hidden_layers);
+    rc |= buf_printf(out, "  \"num_key_value_heads\": %lld,\n", (long long)c->num_key_value_heads);
+    rc |= buf_printf(out, "  \"pretraining_tp\": 1,\n  \"rms_norm_eps\": %s,\n  \"rope_scaling\": null,\n", eps);
+    rc |= buf_printf(out, "  \"rope_theta\": %s,\n", theta);
+    rc |= buf_printf(out, "  \"tie_word_embeddings\": %s,\n", c->tie_word_embeddings ? "true" : "false");
+    rc |= buf_printf(out, "  \"torch_dtype\": \"%s\",\n", dtype_name(dt));
+    rc |= buf_printf(out, "  \"use_cache\": true,\n  \"vocab_size\": %lld\n}\n", (long long)c->vocab_size);
     if (rc)
         ftk_err_set("out of memory");
     return rc ? -1 : 0;

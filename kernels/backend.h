@@ -19,7 +19,9 @@
  *    add or overwrite.
  *  - Pointers come from alloc() of the same backend; host-side arguments (scalars,
  *    segment lists on the host) are marked. Ops do not fail: shapes are the caller's
- *    contract (engine/model.c checks the configuration once).
+ *    contract (engine/model.c checks the configuration once). Like a kernel launch, an op
+ *    has no error path: the CPU ops that need a few kilobytes of per-thread scratch
+ *    (attention rows, the loss's per-row sums) abort if even that cannot be allocated.
  *  - Determinism: for a given backend and thread count every op gives the same bits on
  *    every call; the CPU ops also give the same bits for any thread count except matmul,
  *    which is BLAS's. Bit-exact resume depends on this.

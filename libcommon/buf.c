@@ -1,6 +1,7 @@
 #include "buf.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,24 @@ int buf_reserve(buf_t *b, size_t extra)
     }
     b->data = p;
     b->cap = cap;
+    return 0;
+}
+
+int buf_printf(buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || buf_reserve(b, (size_t)n) < 0) {
+        if (n < 0)
+            ftk_err_set("internal: bad format");
+        return -1;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
     return 0;
 }
 

@@ -17,6 +17,8 @@ typedef struct {
 int buf_reserve(buf_t *b, size_t extra);
 int buf_append(buf_t *b, const void *p, size_t n);
 int buf_putc(buf_t *b, char c);
+/* Appends printf-formatted text of any length. */
+int buf_printf(buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void buf_free(buf_t *b);
 
 /* Reads a whole file, or stdin when path is "-", into b (appending). */

@@ -180,6 +180,26 @@ static int64_t max_seg_len(const int64_t *seg, int64_t n_seg)
     return m;
 }
 
+/* One query row against keys/values 0..n-1 (row strides ks): o = softmax(q·kᵀ·scale)·v;
+ * returns the log-sum-exp. p is scratch for n scores. */
+static float attend_row(const float *q, const float *k, const float *v, int64_t n, int64_t ks, int hd, float scale,
+                        float *p, float *o)
+{
+    float m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = dot(q, k + j * ks, hd) * scale;
+        m = p[j] > m ? p[j] : m;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        p[j] = expf(p[j] - m);
+        sum += p[j];
+    }
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int64_t j = 0; j < n; j++)
+        axpy(o, p[j] / sum, v + j * ks, hd);
+    return m + logf(sum);
+}
+
 /* One task per (segment, query head): writes only that head's rows of out and lse. */
 static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const int64_t *seg,
                          int64_t n_seg, int n_head, int n_kv, int hd)
@@ -197,24 +217,10 @@ static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k,
         for (int64_t task = 0; task < n_seg * n_head; task++) {
             int64_t s = task / n_head, a = seg[s], len = seg[s + 1] - a;
             int h = (int)(task % n_head), kh = h / group;
-            for (int64_t i = 0; i < len; i++) {
-                const float *qi = q + (a + i) * qs + h * hd;
-                float m = -INFINITY;
-                for (int64_t j = 0; j <= i; j++) {
-                    p[j] = dot(qi, k + (a + j) * ks + kh * hd, hd) * scale;
-                    m = p[j] > m ? p[j] : m;
-                }
-                float sum = 0;
-                for (int64_t j = 0; j <= i; j++) {
-                    p[j] = expf(p[j] - m);
-                    sum += p[j];
-                }
-                float *o = out + (a + i) * qs + h * hd;
-                memset(o, 0, (size_t)hd * sizeof *o);
-                for (int64_t j = 0; j <= i; j++)
-                    axpy(o, p[j] / sum, v + (a + j) * ks + kh * hd, hd);
-                lse[(a + i) * n_head + h] = m + logf(sum);
-            }
+            for (int64_t i = 0; i < len; i++)
+                lse[(a + i) * n_head + h] = attend_row(q + (a + i) * qs + h * hd, k + a * ks + kh * hd,
+                                                       v + a * ks + kh * hd, i + 1, ks, hd, scale, p,
+                                                       out + (a + i) * qs + h * hd);
         }
         free(p);
     }
@@ -283,20 +289,8 @@ static void cpu_attn_cached(float *out, const float *q, const float *kc, const f
         for (int64_t task = 0; task < n * n_head; task++) {
             int64_t i = task / n_head, last = p0 + i;
             int h = (int)(task % n_head), kh = h / group;
-            const float *qi = q + i * qs + h * hd;
-            float m = -INFINITY, sum = 0;
-            for (int64_t j = 0; j <= last; j++) {
-                p[j] = dot(qi, kc + j * ks + kh * hd, hd) * scale;
-                m = p[j] > m ? p[j] : m;
-            }
-            for (int64_t j = 0; j <= last; j++) {
-                p[j] = expf(p[j] - m);
-                sum += p[j];
-            }
-            float *o = out + i * qs + h * hd;
-            memset(o, 0, (size_t)hd * sizeof *o);
-            for (int64_t j = 0; j <= last; j++)
-                axpy(o, p[j] / sum, vc + j * ks + kh * hd, hd);
+            attend_row(q + i * qs + h * hd, kc + kh * hd, vc + kh * hd, last + 1, ks, hd, scale, p,
+                       out + i * qs + h * hd);
         }
         free(p);
     }
