@@ -155,6 +155,7 @@ int main(int argc, char **argv)
         ckpt_state_t st;
         if (!dir || ckpt_load(dir, &meta, &cfg, &st) < 0) {
             ftk_error("%s", ftk_err_msg());
+            free(dir);
             return FTK_EXIT_USAGE;
         }
         if (!(m = model_new(be, &cfg, 0, 0, 0))) {
