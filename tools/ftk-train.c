@@ -122,17 +122,24 @@ static int evaluate(model_t *m, const data_t *d, batch_t *b, double *loss, int64
     int64_t rows = eval_rows > 0 && eval_rows < d->val.n_rows ? eval_rows : d->val.n_rows;
     double sum = 0;
     int64_t n = 0;
+    int64_t *idx = malloc((size_t)micro_batch * sizeof *idx);
+    if (!idx) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
     for (int64_t r0 = 0; r0 < rows; r0 += micro_batch) {
         int64_t k = rows - r0 < micro_batch ? rows - r0 : micro_batch;
-        int64_t idx[k];
         for (int64_t i = 0; i < k; i++)
             idx[i] = r0 + i;
         batch_clear(b);
-        if (batch_add_rows(b, &d->val, idx, k) < 0)
+        if (batch_add_rows(b, &d->val, idx, k) < 0) {
+            free(idx);
             return -1;
+        }
         sum += model_step(m, b, 0.0f, NULL);
         n += b->n_tgt;
     }
+    free(idx);
     *loss = n ? sum / (double)n : NAN;
     *n_tgt = n;
     return 0;
