@@ -9,45 +9,36 @@
 
 /* ---- batches --------------------------------------------------------------------------- */
 
-static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
+/* Grows k arrays that share one capacity (in elements) to hold need elements, doubling.
+ * An array grown before a failure is merely larger than *cap: still consistent. */
+static int grow_all(void **arrays[], const size_t sizes[], int k, int64_t *cap, int64_t need)
 {
     if (need <= *cap)
         return 0;
     int64_t c = *cap ? *cap : 256;
     while (c < need)
         c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q) {
-        ftk_err_set("out of memory");
-        return -1;
+    for (int i = 0; i < k; i++) {
+        void *q = realloc(*arrays[i], (size_t)c * sizes[i]);
+        if (!q) {
+            ftk_err_set("out of memory");
+            return -1;
+        }
+        *arrays[i] = q;
     }
-    *p = q;
     *cap = c;
     return 0;
 }
 
 static int batch_reserve(batch_t *b, int64_t n, int64_t n_seg)
 {
-    int64_t c = b->cap, cs = b->cap_seg;
-    if (grow((void **)&b->ids, &c, n, sizeof *b->ids) < 0)
-        return -1;
-    c = b->cap;
-    if (grow((void **)&b->pos, &c, n, sizeof *b->pos) < 0)
-        return -1;
-    c = b->cap;
-    if (grow((void **)&b->tgt_at, &c, n, sizeof *b->tgt_at) < 0)
-        return -1;
-    c = b->cap;
-    if (grow((void **)&b->tgt, &c, n, sizeof *b->tgt) < 0)
-        return -1;
-    c = b->cap;
-    if (grow((void **)&b->tgt_w, &c, n, sizeof *b->tgt_w) < 0)
-        return -1;
-    b->cap = c;
-    if (grow((void **)&b->seg, &cs, n_seg + 1, sizeof *b->seg) < 0)
-        return -1;
-    b->cap_seg = cs;
-    return 0;
+    void **tok[] = {(void **)&b->ids, (void **)&b->pos, (void **)&b->tgt_at, (void **)&b->tgt, (void **)&b->tgt_w};
+    const size_t tok_sizes[] = {sizeof *b->ids, sizeof *b->pos, sizeof *b->tgt_at, sizeof *b->tgt, sizeof *b->tgt_w};
+    void **seg[] = {(void **)&b->seg};
+    const size_t seg_sizes[] = {sizeof *b->seg};
+    return grow_all(tok, tok_sizes, 5, &b->cap, n) < 0 || grow_all(seg, seg_sizes, 1, &b->cap_seg, n_seg + 1) < 0
+               ? -1
+               : 0;
 }
 
 static int batch_segment(batch_t *b, const tokens_split_t *s, int64_t t0, int64_t len, int with_targets)

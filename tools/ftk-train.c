@@ -459,7 +459,7 @@ int main(int argc, char **argv)
         ftk_info("step 0: validation loss %.4f (%lld targets)", vl, (long long)vt);
     }
     double t0 = time_now();
-    int64_t run_steps = 0, last_saved = meta.step;
+    int64_t run_steps = 0;
     while (meta.step < tc.total_steps) {
         double ts = time_now();
         /* The next global batch of the data order. */
@@ -528,7 +528,6 @@ int main(int argc, char **argv)
                 ftk_error("checkpoint at step %lld: %s", (long long)step, ftk_err_msg());
                 FAIL(FTK_EXIT_FAIL);
             }
-            last_saved = step;
             ftk_info("checkpoint %s/step-%08lld written", out_dir, (long long)step);
         }
         if (stopping && !last) {
@@ -537,13 +536,6 @@ int main(int argc, char **argv)
             exit_code = FTK_EXIT_PREEMPTED;
             break;
         }
-    }
-    if (stop_signal && last_saved != meta.step) {
-        if (save(out_dir, &meta, &cfg, m, &opt, wf) < 0) {
-            ftk_error("checkpoint at step %lld: %s", (long long)meta.step, ftk_err_msg());
-            FAIL(FTK_EXIT_FAIL);
-        }
-        exit_code = FTK_EXIT_PREEMPTED;
     }
 out:
     if (mf)
