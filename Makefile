@@ -35,6 +35,11 @@ CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC
 LDFLAGS := -fopenmp $(SANFLAGS)
 LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lm
 
+# MPI (Open MPI): only engine/comm_mpi.c includes it and only the distributed programs link it.
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
+MPI_BINS   := $(BINDIR)/ftk-train
+
 LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/cpu/*.c engine/*.c)
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
@@ -69,6 +74,7 @@ config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
 	@echo "ftk: CUDA: $(if $(NVCC),nvcc at $(NVCC) -> building kernels/cuda,nvcc not found -> CPU only)$(if $(filter 1,$(SAN)), (not in the sanitizer build),)"
 	@echo "ftk: NCCL: $(if $(NCCL_H),$(NCCL_H),not found)"
+	@echo "ftk: MPI: $(if $(MPI_LIBS),$(MPI_LIBS),NOT FOUND (run scripts/install-deps.sh))"
 
 deps:
 	@sh scripts/install-deps.sh test
@@ -83,6 +89,9 @@ $(O)/%.o: %.c
 ifneq ($(SAN),1)
 $(O)/kernels/cpu/%.o: CFLAGS += -O3
 endif
+
+$(O)/engine/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(MPI_BINS): LIBS += $(MPI_LIBS)
 
 $(LIBFTK): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

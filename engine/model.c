@@ -77,6 +77,19 @@ int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int
     return 0;
 }
 
+int batch_add_idle(batch_t *b)
+{
+    if (batch_reserve(b, b->n + 1, b->n_seg + 1) < 0)
+        return -1;
+    if (b->n_seg == 0)
+        b->seg[0] = 0;
+    b->ids[b->n] = 0;
+    b->pos[b->n] = 0;
+    b->n++;
+    b->seg[++b->n_seg] = b->n;
+    return 0;
+}
+
 void batch_clear(batch_t *b)
 {
     b->n = b->n_seg = b->n_tgt = 0;
@@ -113,9 +126,8 @@ struct model {
     int64_t head_chunk; /* target rows per head chunk */
     ckpt_unit_t *units;
     int n_units;
-    float **w, **g;        /* per unit */
-    layer_w_t *lw, *lg;    /* views into w and g */
-    float *emb, *normf, *head, *demb, *dnormf, *dhead;
+    model_io_t io;      /* where the units' parameters and gradients live */
+    float **w, **g;     /* per unit, when the model owns them (model_new) */
     /* device inputs */
     int32_t *d_ids, *d_pos, *d_tgt_at, *d_tgt;
     float *d_tgt_w;
@@ -153,7 +165,7 @@ const ckpt_unit_t *model_units(const model_t *m, int *n_units)
     *n_units = m->n_units;
     return m->units;
 }
-float *model_unit_param(model_t *m, int u) { return m->w[u]; }
+float *model_unit_param(model_t *m, int u) { return m->w ? m->w[u] : NULL; }
 float *model_unit_grad(model_t *m, int u) { return m->g ? m->g[u] : NULL; }
 
 static int find_tensor(const model_t *m, const char *name, int *unit, int *t)
@@ -168,19 +180,32 @@ static int find_tensor(const model_t *m, const char *name, int *unit, int *t)
     return -1;
 }
 
-/* Points the named views at their place in the unit vectors. */
-static void bind_views(model_t *m, float **base, layer_w_t *lw, float **emb, float **normf, float **head)
+/* A block's tensors inside its unit vector (unit 1 + l). */
+static layer_w_t layer_view(const model_t *m, float *base, int64_t l)
 {
-    *emb = base[0] + m->units[0].t[0].offset;
-    for (int64_t l = 0; l < m->L; l++) {
-        float **f[9] = {&lw[l].ln1, &lw[l].wq, &lw[l].wk, &lw[l].wv, &lw[l].wo,
-                        &lw[l].ln2, &lw[l].wg, &lw[l].wu, &lw[l].wd};
-        for (int i = 0; i < 9; i++)
-            *f[i] = base[1 + l] + m->units[1 + l].t[i].offset;
-    }
+    const ckpt_tensor_t *t = m->units[1 + l].t;
+    layer_w_t w = {base + t[0].offset, base + t[1].offset, base + t[2].offset, base + t[3].offset, base + t[4].offset,
+                   base + t[5].offset, base + t[6].offset, base + t[7].offset, base + t[8].offset};
+    return w;
+}
+
+/* The final norm and the head matrix: in the head unit, or the embedding when tied. */
+static void head_view(const model_t *m, float *hbase, float *ebase, float **normf, float **head)
+{
     const ckpt_unit_t *hu = &m->units[m->n_units - 1];
-    *normf = base[m->n_units - 1] + hu->t[0].offset;
-    *head = hu->n_tensors > 1 ? base[m->n_units - 1] + hu->t[1].offset : *emb;
+    *normf = hbase + hu->t[0].offset;
+    *head = hu->n_tensors > 1 ? hbase + hu->t[1].offset : ebase + m->units[0].t[0].offset;
+}
+
+static int tied(const model_t *m) { return m->units[m->n_units - 1].n_tensors == 1; }
+
+/* The io of a model that owns its units. */
+static float *own_params(void *ctx, int u) { return ((model_t *)ctx)->w[u]; }
+static float *own_grads(void *ctx, int u) { return ((model_t *)ctx)->g[u]; }
+static void own_nothing(void *ctx, int u)
+{
+    (void)ctx;
+    (void)u;
 }
 
 static int alloc_acts(model_t *m, acts_t *a)
@@ -196,7 +221,10 @@ static int alloc_acts(model_t *m, acts_t *a)
     return 0;
 }
 
-model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute)
+/* io == NULL: the model owns its units (padded for one shard); otherwise units come
+ * from the caller and the parameters and gradients through io. */
+static model_t *model_create(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens,
+                             int recompute, const ckpt_unit_t *units, int n_units, const model_io_t *io)
 {
     if (model_config_check(c) < 0)
         return NULL;
@@ -225,24 +253,35 @@ model_t *model_new(const backend_t *be, const model_config_t *c, int training, i
         m->head_chunk = 16;
     if (m->head_chunk > m->cap)
         m->head_chunk = m->cap;
-    if (ckpt_units(c, 1, &m->units, &m->n_units) < 0)
-        goto fail;
-    m->w = calloc((size_t)m->n_units, sizeof *m->w);
-    m->g = training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
-    m->lw = calloc((size_t)m->L, sizeof *m->lw);
-    m->lg = calloc((size_t)m->L, sizeof *m->lg);
+    if (io) {
+        m->n_units = n_units;
+        if (!(m->units = malloc((size_t)n_units * sizeof *units))) {
+            ftk_err_set("out of memory");
+            goto fail;
+        }
+        memcpy(m->units, units, (size_t)n_units * sizeof *units);
+        m->io = *io;
+    } else {
+        if (ckpt_units(c, 1, &m->units, &m->n_units) < 0)
+            goto fail;
+        m->io = (model_io_t){m, own_params, own_nothing, own_grads, own_nothing};
+        m->w = calloc((size_t)m->n_units, sizeof *m->w);
+        m->g = training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
+        if (!m->w || (training && !m->g)) {
+            ftk_err_set("out of memory");
+            goto fail;
+        }
+        for (int u = 0; u < m->n_units; u++)
+            if (!(m->w[u] = m_alloc(m, m->units[u].padded)) ||
+                (training && !(m->g[u] = m_alloc(m, m->units[u].padded))))
+                goto fail;
+    }
     m->x = calloc((size_t)m->L + 1, sizeof *m->x);
     m->a = calloc((size_t)m->L, sizeof *m->a);
-    if (!m->w || (training && !m->g) || !m->lw || !m->lg || !m->x || !m->a) {
+    if (!m->x || !m->a) {
         ftk_err_set("out of memory");
         goto fail;
     }
-    for (int u = 0; u < m->n_units; u++)
-        if (!(m->w[u] = m_alloc(m, m->units[u].padded)) || (training && !(m->g[u] = m_alloc(m, m->units[u].padded))))
-            goto fail;
-    bind_views(m, m->w, m->lw, &m->emb, &m->normf, &m->head);
-    if (training)
-        bind_views(m, m->g, m->lg, &m->demb, &m->dnormf, &m->dhead);
     if (!training)
         return m;
 
@@ -275,6 +314,17 @@ fail:
     return NULL;
 }
 
+model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute)
+{
+    return model_create(be, c, training, max_tokens, recompute, NULL, 0, NULL);
+}
+
+model_t *model_new_io(const backend_t *be, const model_config_t *c, int64_t max_tokens, int recompute,
+                      const ckpt_unit_t *units, int n_units, const model_io_t *io)
+{
+    return model_create(be, c, 1, max_tokens, recompute, units, n_units, io);
+}
+
 void model_free(model_t *m)
 {
     if (!m)
@@ -285,8 +335,6 @@ void model_free(model_t *m)
     free(m->units);
     free(m->w);
     free(m->g);
-    free(m->lw);
-    free(m->lg);
     free(m->x);
     free(m->a);
     free(m);
@@ -294,6 +342,10 @@ void model_free(model_t *m)
 
 int model_load_weights(model_t *m, hid_t file)
 {
+    if (!m->w) {
+        ftk_err_set("internal: model_load_weights on a model whose units live elsewhere");
+        return -1;
+    }
     size_t nt = weights_n_tensors(&m->c);
     int64_t most = 0;
     for (size_t i = 0; i < nt; i++) {
@@ -331,17 +383,16 @@ int model_load_weights(model_t *m, hid_t file)
 
 void model_zero_grad(model_t *m)
 {
-    for (int u = 0; u < m->n_units; u++)
+    for (int u = 0; m->g && u < m->n_units; u++)
         m->be->zero(m->g[u], (size_t)m->units[u].padded * sizeof(float));
 }
 
 /* ---- forward and backward of one block --------------------------------------------------- */
 
-static void block_fwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int64_t n_seg, const float *x,
+static void block_fwd(model_t *m, const layer_w_t *w, int64_t n, const int64_t *seg, int64_t n_seg, const float *x,
                       acts_t *a, float *y)
 {
     const backend_t *be = m->be;
-    const layer_w_t *w = &m->lw[l];
     float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
     be->rmsnorm_fwd(a->xn1, a->rstd1, x, w->ln1, n, m->D, eps);
     be->matmul(0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
@@ -361,15 +412,14 @@ static void block_fwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int6
 }
 
 /* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). */
-static void block_bwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int64_t n_seg, float *dx)
+static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t *dw, int64_t n, const int64_t *seg,
+                      int64_t n_seg, float *dx)
 {
     const backend_t *be = m->be;
-    const layer_w_t *w = &m->lw[l];
-    layer_w_t *dw = &m->lg[l];
     acts_t *a = &m->a[l];
     float theta = (float)m->c.rope_theta;
     if (m->recompute)
-        block_fwd(m, l, n, seg, n_seg, m->x[l], a, m->trash);
+        block_fwd(m, w, n, seg, n_seg, m->x[l], a, m->trash);
     size_t bytes = (size_t)(n * m->D) * sizeof(float);
     /* MLP */
     be->copy(m->dmid, dx, bytes);
@@ -401,8 +451,10 @@ static void block_bwd(model_t *m, int64_t l, int64_t n, const int64_t *seg, int6
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
 {
     const backend_t *be = m->be;
+    const model_io_t *io = &m->io;
     int64_t n = b->n;
     int train = grad_scale != 0.0f && !logits;
+    int H = m->n_units - 1, tie = tied(m);
     if (n > m->cap || !m->d_ids) {
         ftk_err_set("internal: a batch of %lld tokens for a model sized for %lld", (long long)n, (long long)m->cap);
         return NAN;
@@ -413,42 +465,69 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     be->upload(m->d_tgt, b->tgt, (size_t)b->n_tgt * sizeof(int32_t));
     be->upload(m->d_tgt_w, b->tgt_w, (size_t)b->n_tgt * sizeof(float));
 
-    be->embed_fwd(m->x[0], m->d_ids, m->emb, n, m->D);
-    for (int64_t l = 0; l < m->L; l++)
-        block_fwd(m, l, n, b->seg, b->n_seg, m->x[l], &m->a[l], m->x[l + 1]);
-    be->rmsnorm_fwd(m->xnf, m->rstdf, m->x[m->L], m->normf, n, m->D, (float)m->c.rms_norm_eps);
+    /* Units are asked for in the order of use and released as soon as the pass is done
+     * with them (model.h: model_io_t). */
+    float *emb = io->params(io->ctx, 0);
+    be->embed_fwd(m->x[0], m->d_ids, emb + m->units[0].t[0].offset, n, m->D);
+    if (!tie)
+        io->release(io->ctx, 0);
+    for (int64_t l = 0; l < m->L; l++) {
+        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), l);
+        block_fwd(m, &w, n, b->seg, b->n_seg, m->x[l], &m->a[l], m->x[l + 1]);
+        io->release(io->ctx, 1 + (int)l);
+    }
+    float *normf, *head, *dnormf = NULL, *dhead = NULL;
+    float *hp = io->params(io->ctx, H);
+    head_view(m, hp, tie ? io->params(io->ctx, 0) : NULL, &normf, &head);
+    be->rmsnorm_fwd(m->xnf, m->rstdf, m->x[m->L], normf, n, m->D, (float)m->c.rms_norm_eps);
 
     if (logits) {
         for (int64_t r0 = 0; r0 < n; r0 += m->head_chunk) {
             int64_t c = n - r0 < m->head_chunk ? n - r0 : m->head_chunk;
-            be->matmul(0, 1, c, m->V, m->D, 1, m->xnf + r0 * m->D, m->head, 0, m->logits);
+            be->matmul(0, 1, c, m->V, m->D, 1, m->xnf + r0 * m->D, head, 0, m->logits);
             be->download(logits + r0 * m->V, m->logits, (size_t)(c * m->V) * sizeof(float));
         }
     }
     /* The head on target rows only, a chunk at a time: gather, logits, loss and its
-     * gradient in place, then back through the head. */
+     * gradient in place, then back through the head. Its forward and backward run here
+     * back to back, so the head unit is asked for once per pass. */
     double loss = 0;
-    if (train)
+    if (train) {
+        head_view(m, io->grads(io->ctx, H), tie ? io->grads(io->ctx, 0) : NULL, &dnormf, &dhead);
         be->zero(m->dxnf, (size_t)(n * m->D) * sizeof(float));
+    }
     for (int64_t r0 = 0; r0 < b->n_tgt; r0 += m->head_chunk) {
         int64_t c = b->n_tgt - r0 < m->head_chunk ? b->n_tgt - r0 : m->head_chunk;
         be->embed_fwd(m->xc, m->d_tgt_at + r0, m->xnf, c, m->D);
-        be->matmul(0, 1, c, m->V, m->D, 1, m->xc, m->head, 0, m->logits);
+        be->matmul(0, 1, c, m->V, m->D, 1, m->xc, head, 0, m->logits);
         loss += be->xent(m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f);
         if (train) {
-            be->matmul(0, 0, c, m->D, m->V, 1, m->logits, m->head, 0, m->dxc);
+            be->matmul(0, 0, c, m->D, m->V, 1, m->logits, head, 0, m->dxc);
             be->rows_scatter(m->dxnf, m->d_tgt_at + r0, m->dxc, c, m->D);
-            be->matmul(1, 0, m->V, m->D, c, 1, m->logits, m->xc, 1, m->dhead);
+            be->matmul(1, 0, m->V, m->D, c, 1, m->logits, m->xc, 1, dhead);
         }
     }
+    if (train) {
+        be->zero(m->dx, (size_t)(n * m->D) * sizeof(float));
+        be->rmsnorm_bwd(m->dx, dnormf, m->dxnf, m->x[m->L], normf, m->rstdf, n, m->D);
+    }
+    io->release(io->ctx, H);
+    if (tie)
+        io->release(io->ctx, 0);
     if (!train)
         return loss;
+    io->grads_done(io->ctx, H);
 
-    be->zero(m->dx, (size_t)(n * m->D) * sizeof(float));
-    be->rmsnorm_bwd(m->dx, m->dnormf, m->dxnf, m->x[m->L], m->normf, m->rstdf, n, m->D);
-    for (int64_t l = m->L - 1; l >= 0; l--)
-        block_bwd(m, l, n, b->seg, b->n_seg, m->dx);
-    be->embed_bwd(m->demb, m->d_ids, m->dx, n, m->D);
+    for (int64_t l = m->L - 1; l >= 0; l--) {
+        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), l);
+        layer_w_t dw = layer_view(m, io->grads(io->ctx, 1 + (int)l), l);
+        block_bwd(m, l, &w, &dw, n, b->seg, b->n_seg, m->dx);
+        io->release(io->ctx, 1 + (int)l);
+        io->grads_done(io->ctx, 1 + (int)l);
+    }
+    /* The embedding's backward reads only the ids: its parameters are not needed. */
+    be->embed_bwd(io->grads(io->ctx, 0) + m->units[0].t[0].offset, m->d_ids, m->dx, n, m->D);
+    io->grads_done(io->ctx, 0);
     return loss;
 }
 
@@ -473,6 +552,10 @@ static void *kv_alloc(model_t *m, model_kv_t *kv, int64_t bytes)
 
 model_kv_t *model_kv_new(model_t *m, int64_t ctx)
 {
+    if (!m->w) {
+        ftk_err_set("internal: decoding needs a model that owns its parameters");
+        return NULL;
+    }
     model_kv_t *kv = calloc(1, sizeof *kv);
     if (!kv) {
         ftk_err_set("out of memory");
@@ -534,9 +617,11 @@ int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int6
     be->upload(kv->ids, ids, (size_t)n * sizeof *ids);
     be->upload(kv->pos, pos, (size_t)n * sizeof *pos);
     free(pos);
-    be->embed_fwd(kv->x, kv->ids, m->emb, n, m->D);
+    float *normf, *head;
+    head_view(m, m->w[m->n_units - 1], m->w[0], &normf, &head);
+    be->embed_fwd(kv->x, kv->ids, m->w[0] + m->units[0].t[0].offset, n, m->D);
     for (int64_t l = 0; l < m->L; l++) {
-        const layer_w_t *w = &m->lw[l];
+        layer_w_t wl = layer_view(m, m->w[1 + l], l), *w = &wl;
         float *kc = kv->k[l] + p0 * m->Hk, *vc = kv->v[l] + p0 * m->Hk;
         be->rmsnorm_fwd(kv->xn, kv->rstd, kv->x, w->ln1, n, m->D, eps);
         be->matmul(0, 1, n, m->Hq, m->D, 1, kv->xn, w->wq, 0, kv->q);
@@ -553,8 +638,8 @@ int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int6
         be->matmul(0, 1, n, m->D, m->F, 1, kv->h, w->wd, 1, kv->x);
     }
     float *last = kv->x + (n - 1) * m->D;
-    be->rmsnorm_fwd(kv->xn, kv->rstd, last, m->normf, 1, m->D, eps);
-    be->matmul(0, 1, 1, m->V, m->D, 1, kv->xn, m->head, 0, kv->logits);
+    be->rmsnorm_fwd(kv->xn, kv->rstd, last, normf, 1, m->D, eps);
+    be->matmul(0, 1, 1, m->V, m->D, 1, kv->xn, head, 0, kv->logits);
     be->download(logits, kv->logits, (size_t)m->V * sizeof(float));
     return 0;
 }

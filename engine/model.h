@@ -9,6 +9,9 @@
  *
  * Parameters live in the units of the shard map (formats/checkpoint.h): one flat vector
  * per unit, so the optimizer and the checkpoint see flat arrays. Gradients mirror them.
+ * Either the model owns them (model_new: one full copy, for one process and for
+ * generation) or a sharding engine lends them unit by unit through a model_io_t
+ * (model_new_io, engine/shard.h), which is how ZeRO-3 keeps only the units in use whole.
  *
  * Ownership: model_new() allocates everything on the backend up front (parameters,
  * gradients, activations for max_tokens tokens); nothing is allocated per step.
@@ -41,21 +44,47 @@ typedef struct {
  * segment without targets. Position i predicts token i+1 of the same sample when that
  * token's loss_mask is 1. */
 int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t n_rows);
+/* Appends one token (id 0) without a target: the pass of a rank that has no rows left in
+ * a global batch still takes part in the collectives and adds exactly zero gradient. */
+int batch_add_idle(batch_t *b);
 void batch_clear(batch_t *b);
 void batch_free(batch_t *b);
 
 typedef struct model model_t;
 
+/* Where a model's units live when it does not own them. model_step() calls, in this
+ * order for a training pass (forward then backward):
+ *   params(0) [release(0) unless the head is tied], for each block l: params(1+l),
+ *   release(1+l); params(H) [params(0) when tied]; grads(H) [grads(0) when tied];
+ *   release(H) [release(0)]; grads_done(H); for each block from the last: params(1+l),
+ *   grads(1+l), release(1+l), grads_done(1+l); grads(0), grads_done(0)
+ * (H = the head unit, n_units − 1; a forward-only pass stops after release(H)).
+ * params() returns the unit's whole parameter vector, valid until release(); grads()
+ * returns a whole-unit buffer the pass ADDS its gradient into, the same buffer until
+ * grads_done(), after which the model does not touch it. */
+typedef struct {
+    void *ctx;
+    float *(*params)(void *ctx, int unit);
+    void (*release)(void *ctx, int unit);
+    float *(*grads)(void *ctx, int unit);
+    void (*grads_done)(void *ctx, int unit);
+} model_io_t;
+
 /* training: allocate gradients and activations for up to max_tokens tokens per call;
  * recompute: keep only each block's input and recompute the block in the backward pass. */
 model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute);
+/* A training model whose units (padded for the caller's shard count) come through io. */
+model_t *model_new_io(const backend_t *be, const model_config_t *c, int64_t max_tokens, int recompute,
+                      const ckpt_unit_t *units, int n_units, const model_io_t *io);
 void model_free(model_t *m);
 const backend_t *model_backend(const model_t *m);
 const ckpt_unit_t *model_units(const model_t *m, int *n_units);
-float *model_unit_param(model_t *m, int u); /* backend memory, units[u].padded floats */
+/* Backend memory, units[u].padded floats; NULL for a model_new_io() model. */
+float *model_unit_param(model_t *m, int u);
 float *model_unit_grad(model_t *m, int u);
 
-/* Loads every tensor of a weights file (any stored dtype) into the parameters. */
+/* Loads every tensor of a weights file (any stored dtype) into the parameters
+ * (model_new() models). */
 int model_load_weights(model_t *m, hid_t file);
 
 void model_zero_grad(model_t *m);
@@ -68,7 +97,8 @@ void model_zero_grad(model_t *m);
  * (forward only; for tests). */
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits);
 
-/* Incremental decoding with a key/value cache of ctx positions (ftk-generate). */
+/* Incremental decoding with a key/value cache of ctx positions (ftk-generate;
+ * model_new() models). */
 typedef struct model_kv model_kv_t;
 model_kv_t *model_kv_new(model_t *m, int64_t ctx);
 void model_kv_free(model_t *m, model_kv_t *kv);

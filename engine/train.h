@@ -1,5 +1,6 @@
-/* train.h — what ftk-train's loop is made of besides the model: the data order, the
- * learning-rate schedule and AdamW with global-norm clipping over the model's units.
+/* train.h — what ftk-train's loop is made of besides the model and the sharding engine
+ * (shard.h, which runs AdamW on each rank's slices): the data order and the learning-rate
+ * schedule.
  *
  * Data order (DESIGN.md): the rows of an epoch are visited in the permutation
  * train_order(seed, epoch); a global batch is the next global_batch rows of it (the last
@@ -30,21 +31,5 @@ int64_t train_row_targets(const tokens_split_t *s, int64_t r);
  * `warmup` steps, then schedule "cosine" or "linear" from lr down to min_lr at
  * total_steps, or "constant". */
 double train_lr(const ckpt_train_t *t, int64_t step);
-
-/* AdamW moments for every unit, on the model's backend. */
-typedef struct {
-    const backend_t *be;
-    int n_units;
-    float **m, **v;
-} optim_t;
-
-int optim_init(optim_t *o, model_t *model);
-void optim_free(optim_t *o);
-
-/* One optimizer step (step = 1-based count after this one): clips the gradients to a
- * global L2 norm of t->clip (0: no clipping; torch's clip_grad_norm_ formula), then
- * AdamW on every tensor, with weight decay on all but the RMSNorm gains unless
- * t->decay_norms. Returns the norm before clipping. */
-double optim_step(optim_t *o, model_t *model, const ckpt_train_t *t, int64_t step, double lr);
 
 #endif

@@ -63,6 +63,19 @@ int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units
 
 /* ---- writing ----------------------------------------------------------------------------- */
 
+static char *join(const char *a, const char *b)
+{
+    size_t l = strlen(a) + strlen(b) + 2;
+    char *p = malloc(l);
+    if (!p) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    snprintf(p, l, "%s/%s", a, b);
+    return p;
+}
+
+
 static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
 {
     int rc = buf_printf(b, "[\n");
@@ -106,15 +119,35 @@ static int copy_tok(const char *name, const void *data, size_t len, void *ctx)
     return weights_put_file(((copy_tok_t *)ctx)->dst, name, data, len) < 0 ? -1 : 0;
 }
 
-static int write_shard(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
-                       const ckpt_state_t *st, uint64_t units_sum, hid_t tok_src)
+void ckpt_shard_name(char out[32], int64_t index, int64_t count)
 {
-    hid_t f = h5_create(path, CKPT_SHARD_FORMAT, CKPT_VERSION);
-    if (f < 0)
+    /* counts are at most 99999 (parse_manifest), so this fits */
+    snprintf(out, 32, "shard-%05d-of-%05d.h5", (int)((index + 1) % 100000), (int)(count % 100000));
+}
+
+int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
+                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum)
+{
+    char name[32];
+    ckpt_shard_name(name, index, meta->shard_count);
+    char *path = join(dir, name);
+    buf_t ub = {0};
+    if (!path)
         return -1;
+    if (units_json(&ub, units, n_units) < 0) {
+        ftk_err_set("out of memory");
+        free(path);
+        return -1;
+    }
     char hex[17];
-    hash_hex(units_sum, hex);
-    int rc = h5_attr_set_i64(f, "shard_index", 1) | h5_attr_set_i64(f, "shard_count", meta->shard_count) |
+    hash_hex(hash_bytes(ub.data, ub.len), hex);
+    buf_free(&ub);
+    hid_t f = h5_create(path, CKPT_SHARD_FORMAT, CKPT_VERSION);
+    if (f < 0) {
+        free(path);
+        return -1;
+    }
+    int rc = h5_attr_set_i64(f, "shard_index", index + 1) | h5_attr_set_i64(f, "shard_count", meta->shard_count) |
              h5_attr_set_i64(f, "step", meta->step) | h5_attr_set_str(f, "units_xxh3", hex) |
              h5_attr_set_str(f, "ftk_version", FTK_VERSION);
     const char *groups[3] = {"param", "adam_m", "adam_v"};
@@ -143,17 +176,26 @@ static int write_shard(const char *path, const ckpt_meta_t *meta, const ckpt_uni
     }
     if (h5_close(f) < 0)
         rc = -1;
+    struct stat sb;
+    if (rc == 0 && (fsync_path(path) < 0 || hash_file(path, &sum->xxh3) < 0))
+        rc = -1;
+    if (rc == 0 && stat(path, &sb) < 0) {
+        ftk_err_set("%s: %s", path, strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0)
+        sum->bytes = (uint64_t)sb.st_size;
+    free(path);
     return rc ? -1 : 0;
 }
 
 static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
-                          uint64_t config_sum, const char *shard_name, uint64_t shard_bytes, uint64_t shard_sum)
+                          uint64_t config_sum, const ckpt_shard_sum_t *sums)
 {
     const ckpt_train_t *t = &meta->train;
     buf_t b = {0};
-    char h1[17], h2[17];
+    char h1[17];
     hash_hex(config_sum, h1);
-    hash_hex(shard_sum, h2);
     int rc = buf_printf(&b, "{\n  \"ftk_format\": \"%s\",\n  \"ftk_format_version\": %d,\n  \"ftk_version\": \"%s\",\n",
                      CKPT_FORMAT, CKPT_VERSION, FTK_VERSION);
     rc |= buf_printf(&b, "  \"step\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)meta->step,
@@ -182,8 +224,15 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
     rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
     rc |= units_json(&b, units, n_units);
-    rc |= buf_printf(&b, ",\n  \"shards\": [{\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}]\n}\n", shard_name,
-                  (unsigned long long)shard_bytes, h2);
+    rc |= buf_printf(&b, ",\n  \"shards\": [");
+    for (int64_t i = 0; i < meta->shard_count; i++) {
+        char name[32], h2[17];
+        ckpt_shard_name(name, i, meta->shard_count);
+        hash_hex(sums[i].xxh3, h2);
+        rc |= buf_printf(&b, "%s\n    {\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}", i ? "," : "", name,
+                         (unsigned long long)sums[i].bytes, h2);
+    }
+    rc |= buf_printf(&b, "\n  ]\n}\n");
     if (rc == 0)
         rc = write_text(path, &b);
     else
@@ -195,6 +244,15 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
 static int step_dir_name(char *out, size_t n, int64_t step)
 {
     return snprintf(out, n, "step-%08lld", (long long)step) >= (int)n ? -1 : 0;
+}
+
+static int is_file(const char *dir, const char *name)
+{
+    char *p = join(dir, name);
+    struct stat sb;
+    int r = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    free(p);
+    return r;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -229,125 +287,140 @@ static char **list_steps(const char *run_dir, size_t *n)
     return v;
 }
 
-int ckpt_save(const char *run_dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
-              int n_units, const ckpt_state_t *st, hid_t tok_src, int keep)
+int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step)
 {
-    char name[32], shard_name[64];
-    if (step_dir_name(name, sizeof name, meta->step) < 0 || meta->shard_count != 1) {
-        ftk_err_set("internal: step %lld / %lld shards", (long long)meta->step, (long long)meta->shard_count);
+    memset(w, 0, sizeof *w);
+    if (step_dir_name(w->name, sizeof w->name, step) < 0) {
+        ftk_err_set("internal: step %lld", (long long)step);
         return -1;
     }
-    snprintf(shard_name, sizeof shard_name, "shard-%05d-of-%05d.h5", 1, 1);
-    size_t pl = strlen(run_dir) + strlen(name) + 2;
-    char *final = malloc(pl);
-    if (!final) {
+    char *final = join(run_dir, w->name);
+    if (!final || !(w->run_dir = strdup(run_dir))) {
+        free(final);
         ftk_err_set("out of memory");
         return -1;
     }
-    snprintf(final, pl, "%s/%s", run_dir, name);
-    atomic_dir_t ad;
-    if (atomic_dir_begin(&ad, final) < 0) {
-        free(final);
+    int rc = atomic_dir_begin(&w->ad, final);
+    free(final);
+    if (rc < 0) {
+        free(w->run_dir);
+        w->run_dir = NULL;
         return -1;
     }
+    w->dir = w->ad.tmp_path;
+    return 0;
+}
+
+void ckpt_abort(ckpt_writer_t *w)
+{
+    if (w->run_dir)
+        atomic_dir_abort(&w->ad);
+    free(w->run_dir);
+    memset(w, 0, sizeof *w);
+}
+
+int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+                int n_units, const ckpt_shard_sum_t *sums, int keep)
+{
     buf_t cj = {0};
-    uint64_t shard_sum = 0, shard_bytes = 0;
-    char *cpath = atomic_dir_file(&ad, "config.json");
-    char *spath = atomic_dir_file(&ad, shard_name);
-    char *mpath = atomic_dir_file(&ad, "manifest.json");
-    int rc = cpath && spath && mpath ? 0 : -1;
+    char *cpath = atomic_dir_file(&w->ad, "config.json");
+    char *mpath = atomic_dir_file(&w->ad, "manifest.json");
+    int rc = cpath && mpath ? 0 : -1;
     if (rc == 0)
         rc = hfconfig_write(&cj, cfg, DT_F32);
     if (rc == 0)
         rc = write_text(cpath, &cj);
-    buf_t ub = {0};
-    if (rc == 0 && (rc = units_json(&ub, units, n_units)) < 0)
-        ftk_err_set("out of memory");
     if (rc == 0)
-        rc = write_shard(spath, meta, units, n_units, st, hash_bytes(ub.data, ub.len), tok_src);
-    buf_free(&ub);
-    struct stat sb;
-    if (rc == 0 && (hash_file(spath, &shard_sum) < 0 || stat(spath, &sb) < 0)) {
-        ftk_err_set("%s: %s", spath, strerror(errno));
-        rc = -1;
-    }
-    shard_bytes = rc == 0 ? (uint64_t)sb.st_size : 0;
-    if (rc == 0)
-        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), shard_name, shard_bytes,
-                            shard_sum);
+        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), sums);
     buf_free(&cj);
     if (rc == 0)
-        rc = atomic_dir_commit(&ad, 1);
-    else
-        atomic_dir_abort(&ad);
-    free(final);
-    if (rc < 0)
-        return -1;
-
-    /* latest: replaced by rename, after the checkpoint it names is durable. */
-    size_t ll = strlen(run_dir) + 8;
-    char *latest = malloc(ll);
-    atomic_file_t af;
-    if (!latest) {
-        ftk_err_set("out of memory");
+        rc = atomic_dir_commit(&w->ad, 1);
+    char *run_dir = w->run_dir, name[32];
+    memcpy(name, w->name, sizeof name);
+    w->run_dir = NULL;
+    if (rc < 0) {
+        atomic_dir_abort(&w->ad);
+        free(run_dir);
         return -1;
     }
-    snprintf(latest, ll, "%s/latest", run_dir);
-    rc = atomic_begin(&af, latest);
-    free(latest);
-    if (rc < 0)
+
+    /* latest: replaced by rename, after the checkpoint it names is durable. */
+    char *latest = join(run_dir, "latest");
+    atomic_file_t af;
+    if (!latest || atomic_begin(&af, latest) < 0) {
+        free(latest);
+        free(run_dir);
         return -1;
+    }
+    free(latest);
     FILE *f = fopen(af.tmp_path, "w");
     if (!f || fprintf(f, "%s\n", name) < 0 || fclose(f) != 0) {
         ftk_err_set("%s: %s", af.tmp_path, strerror(errno));
         atomic_abort(&af);
+        free(run_dir);
         return -1;
     }
-    if (atomic_commit(&af) < 0)
+    if (atomic_commit(&af) < 0) {
+        free(run_dir);
         return -1;
+    }
 
     if (keep > 0) {
         size_t n;
         char **v = list_steps(run_dir, &n);
         for (size_t i = 0; i < n; i++) {
             if (i + (size_t)keep < n && strcmp(v[i], name) < 0) {
-                size_t l = strlen(run_dir) + strlen(v[i]) + 2;
-                char *p = malloc(l);
-                if (p) {
-                    snprintf(p, l, "%s/%s", run_dir, v[i]);
+                char *p = join(run_dir, v[i]);
+                if (p)
                     rm_tree(p);
-                    free(p);
-                }
+                free(p);
             }
             free(v[i]);
         }
         free(v);
     }
+    free(run_dir);
     return 0;
 }
 
-/* ---- reading ------------------------------------------------------------------------------ */
-
-static char *join(const char *a, const char *b)
+int ckpt_remove_stale(const char *run_dir)
 {
-    size_t l = strlen(a) + strlen(b) + 2;
-    char *p = malloc(l);
-    if (!p) {
-        ftk_err_set("out of memory");
-        return NULL;
+    DIR *d = opendir(run_dir);
+    int n = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, ".step-", 6) || !strstr(e->d_name, ".tmp."))
+            continue;
+        char *p = join(run_dir, e->d_name);
+        if (p && rm_tree(p) == 0)
+            n++;
+        free(p);
     }
-    snprintf(p, l, "%s/%s", a, b);
-    return p;
+    closedir(d);
+    return n;
 }
 
-static int is_file(const char *dir, const char *name)
+char **ckpt_list(const char *run_dir, size_t *n)
 {
-    char *p = join(dir, name);
-    struct stat sb;
-    int r = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-    free(p);
-    return r;
+    size_t m;
+    char **v = list_steps(run_dir, &m);
+    char **out = calloc(m ? m : 1, sizeof *out);
+    *n = 0;
+    for (size_t i = m; i-- > 0;) { /* newest first, committed ones only (a manifest) */
+        char *p = out ? join(run_dir, v[i]) : NULL;
+        if (p && is_file(p, "manifest.json"))
+            out[(*n)++] = p;
+        else
+            free(p);
+        free(v[i]);
+    }
+    free(v);
+    return out;
 }
+
+/* ---- reading ------------------------------------------------------------------------------ */
 
 char *ckpt_resolve(const char *path)
 {
@@ -422,8 +495,7 @@ static int parse_hex(const char *s, uint64_t *v)
     return 0;
 }
 
-static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, char *shard_file, size_t nsf, uint64_t *shard_sum,
-                          int64_t *shard_bytes, uint64_t *config_sum)
+static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_t **shards, uint64_t *config_sum)
 {
     char fmt[32], hex[32];
     int64_t ver;
@@ -441,7 +513,7 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, char *shard_fil
     const json_value_t *d = json_get(r, "data"), *t = json_get(r, "train"), *c = json_get(r, "config"),
                        *sh = json_get(r, "shards"), *in = json_get(r, "init");
     if (!d || !t || !c || !sh || !in || d->type != JSON_OBJECT || t->type != JSON_OBJECT ||
-        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY || sh->u.arr.n != 1) {
+        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY) {
         ftk_err_set("manifest.json: \"data\", \"init\", \"train\", \"config\" or \"shards\" missing or malformed");
         return -1;
     }
@@ -469,34 +541,42 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, char *shard_fil
         return -1;
     }
     tr->decay_norms = dn->u.boolean;
-    const json_value_t *s0 = &sh->u.arr.items[0];
-    if (get_str(s0, "file", shard_file, nsf) < 0 || get_i64(s0, "bytes", shard_bytes) < 0 ||
-        get_str(s0, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, shard_sum) < 0)
+    if (m->shard_count < 1 || m->shard_count > 99999 || sh->u.arr.n != (size_t)m->shard_count) {
+        ftk_err_set("manifest.json: %zu entries in \"shards\" for a shard_count of %lld", sh->u.arr.n,
+                    (long long)m->shard_count);
         return -1;
-    if (strchr(shard_file, '/') || m->shard_count != 1) {
-        ftk_err_set("manifest.json: shard file \"%s\" / shard_count %lld: this ftk reads single-shard checkpoints",
-                    shard_file, (long long)m->shard_count);
+    }
+    if (!(*shards = calloc((size_t)m->shard_count, sizeof **shards))) {
+        ftk_err_set("out of memory");
         return -1;
+    }
+    for (int64_t i = 0; i < m->shard_count; i++) {
+        const json_value_t *x = &sh->u.arr.items[i];
+        char file[64], want[32];
+        int64_t bytes;
+        if (get_str(x, "file", file, sizeof file) < 0 || get_i64(x, "bytes", &bytes) < 0 ||
+            get_str(x, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, &(*shards)[i].xxh3) < 0)
+            return -1;
+        ckpt_shard_name(want, i, m->shard_count);
+        if (strcmp(file, want) || bytes < 0) {
+            ftk_err_set("manifest.json: shard %lld is \"%s\" (%lld bytes); expected \"%s\"", (long long)i + 1, file,
+                        (long long)bytes, want);
+            return -1;
+        }
+        (*shards)[i].bytes = (uint64_t)bytes;
     }
     return 0;
 }
 
-int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_state_t *st)
+int ckpt_open(const char *dir, ckpt_manifest_t *man)
 {
     int rc = -1;
-    char shard_file[256];
-    uint64_t shard_sum = 0, config_sum = 0, sum;
-    int64_t shard_bytes = 0;
+    uint64_t config_sum = 0;
     buf_t mb = {0}, cb = {0};
     json_doc_t *doc = NULL;
     json_value_t *root;
-    ckpt_unit_t *units = NULL;
-    int n_units = 0;
-    hid_t f = -1;
-    char *mpath = join(dir, "manifest.json"), *cpath = join(dir, "config.json"), *spath = NULL;
-    memset(meta, 0, sizeof *meta);
-    if (st)
-        memset(st, 0, sizeof *st);
+    char *mpath = join(dir, "manifest.json"), *cpath = join(dir, "config.json");
+    memset(man, 0, sizeof *man);
     if (!mpath || !cpath)
         goto out;
     if (buf_read_file(&mb, mpath) < 0)
@@ -505,7 +585,7 @@ int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_stat
         ftk_err_prefix("%s: ", mpath);
         goto out;
     }
-    if (parse_manifest(root, meta, shard_file, sizeof shard_file, &shard_sum, &shard_bytes, &config_sum) < 0) {
+    if (parse_manifest(root, &man->meta, &man->shards, &config_sum) < 0) {
         ftk_err_prefix("%s: ", dir);
         goto out;
     }
@@ -515,87 +595,129 @@ int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_stat
         ftk_err_set("%s: checksum differs from the manifest's", cpath);
         goto out;
     }
-    if (hfconfig_parse(cb.data, cb.len, cfg) < 0) {
+    if (hfconfig_parse(cb.data, cb.len, &man->cfg) < 0) {
         ftk_err_prefix("%s: ", cpath);
         goto out;
     }
-    if (!(spath = join(dir, shard_file)))
-        goto out;
-    struct stat sb;
-    if (stat(spath, &sb) < 0) {
-        ftk_err_set("%s: %s", spath, strerror(errno));
-        goto out;
-    }
-    if ((int64_t)sb.st_size != shard_bytes) {
-        ftk_err_set("%s: %lld bytes, the manifest says %lld", spath, (long long)sb.st_size, (long long)shard_bytes);
-        goto out;
-    }
-    if (hash_file(spath, &sum) < 0)
-        goto out;
-    if (sum != shard_sum) {
-        ftk_err_set("%s: file checksum differs from the manifest's (the shard is damaged)", spath);
-        goto out;
-    }
-    if (ckpt_units(cfg, meta->shard_count, &units, &n_units) < 0)
+    if (ckpt_units(&man->cfg, man->meta.shard_count, &man->units, &man->n_units) < 0)
         goto out;
     /* The shard map written must be the one this config gives. */
     const json_value_t *ju = json_get(root, "units");
-    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)n_units) {
+    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)man->n_units) {
         ftk_err_set("%s: \"units\" does not match config.json's model", mpath);
         goto out;
     }
-    for (int u = 0; u < n_units; u++) {
+    for (int u = 0; u < man->n_units; u++) {
         const json_value_t *x = &ju->u.arr.items[u];
+        const ckpt_unit_t *w = &man->units[u];
         char nm[32];
         int64_t len, pad;
         if (get_str(x, "name", nm, sizeof nm) < 0 || get_i64(x, "length", &len) < 0 ||
-            get_i64(x, "padded", &pad) < 0)
+            get_i64(x, "padded", &pad) < 0) {
+            ftk_err_prefix("%s: ", dir);
             goto out;
-        if (strcmp(nm, units[u].name) || len != units[u].length || pad != units[u].padded) {
+        }
+        if (strcmp(nm, w->name) || len != w->length || pad != w->padded) {
             ftk_err_set("%s: unit %d (%s, %lld elements) does not match config.json's model (%s, %lld)", mpath, u, nm,
-                        (long long)len, units[u].name, (long long)units[u].length);
+                        (long long)len, w->name, (long long)w->length);
             goto out;
         }
     }
-    if (!st) {
-        rc = 0;
+    for (int64_t i = 0; i < man->meta.shard_count; i++) {
+        char name[32];
+        ckpt_shard_name(name, i, man->meta.shard_count);
+        char *sp = join(dir, name);
+        struct stat sb;
+        if (!sp)
+            goto out;
+        if (stat(sp, &sb) < 0 || (uint64_t)sb.st_size != man->shards[i].bytes) {
+            if (stat(sp, &sb) < 0)
+                ftk_err_set("%s: %s", sp, strerror(errno));
+            else
+                ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
+                            (unsigned long long)man->shards[i].bytes);
+            free(sp);
+            goto out;
+        }
+        free(sp);
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        ckpt_manifest_free(man);
+    json_free(doc);
+    buf_free(&mb);
+    buf_free(&cb);
+    free(mpath);
+    free(cpath);
+    return rc;
+}
+
+void ckpt_manifest_free(ckpt_manifest_t *man)
+{
+    free(man->units);
+    free(man->shards);
+    memset(man, 0, sizeof *man);
+}
+
+int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st)
+{
+    int rc = -1, n_units = man->n_units;
+    int64_t S = man->meta.shard_count;
+    char name[32];
+    uint64_t sum;
+    hid_t f = -1;
+    memset(st, 0, sizeof *st);
+    if (index < 0 || index >= S) {
+        ftk_err_set("internal: shard %lld of %lld", (long long)index, (long long)S);
+        return -1;
+    }
+    ckpt_shard_name(name, index, S);
+    char *spath = join(dir, name);
+    if (!spath)
+        return -1;
+    if (hash_file(spath, &sum) < 0)
+        goto out;
+    if (sum != man->shards[index].xxh3) {
+        ftk_err_set("%s: file checksum differs from the manifest's (the shard is damaged)", spath);
         goto out;
     }
     if ((f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL)) < 0)
         goto out;
     const char *groups[3] = {"param", "adam_m", "adam_v"};
     float ***arrays[3] = {&st->param, &st->m, &st->v};
-    for (int k = 0; k < 3; k++)
+    int kinds = params_only ? 1 : 3;
+    for (int k = 0; k < kinds; k++)
         if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
             ftk_err_set("out of memory");
             goto out;
         }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
-            char name[64];
-            snprintf(name, sizeof name, "%s/%s", groups[k], units[u].name);
+            char ds[64];
+            snprintf(ds, sizeof ds, "%s/%s", groups[k], man->units[u].name);
             /* Read once, then check the bytes read against the dataset's xxh3_64
              * (float32 little-endian is the memory layout here). */
-            size_t n = (size_t)units[u].padded;
+            size_t n = (size_t)(man->units[u].padded / S);
             uint64_t stored;
-            hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+            hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
             int ok = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
             if (d >= 0)
                 H5Dclose(d);
             if (!ok) {
-                ftk_err_set("%s: dataset /%s: missing or without its xxh3_64 attribute", spath, name);
+                ftk_err_set("%s: dataset /%s: missing or without its xxh3_64 attribute", spath, ds);
                 goto out;
             }
             if (!((*arrays[k])[u] = malloc(n * sizeof(float)))) {
                 ftk_err_set("out of memory");
                 goto out;
             }
-            if (h5r_read(f, name, H5T_NATIVE_FLOAT, (*arrays[k])[u], n) < 0) {
+            if (h5r_read(f, ds, H5T_NATIVE_FLOAT, (*arrays[k])[u], n) < 0) {
                 ftk_err_prefix("%s: ", spath);
                 goto out;
             }
             if (hash_bytes((*arrays[k])[u], n * sizeof(float)) != stored) {
-                ftk_err_set("%s: dataset /%s: checksum mismatch", spath, name);
+                ftk_err_set("%s: dataset /%s: checksum mismatch", spath, ds);
                 goto out;
             }
         }
@@ -604,16 +726,26 @@ int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_stat
 out:
     if (f >= 0)
         h5_close(f);
-    if (rc < 0 && st)
+    if (rc < 0)
         ckpt_state_free(st, n_units);
-    free(units);
-    json_free(doc);
-    buf_free(&mb);
-    buf_free(&cb);
-    free(mpath);
-    free(cpath);
     free(spath);
     return rc;
+}
+
+int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units)
+{
+    int64_t S = man->meta.shard_count;
+    for (int64_t i = 0; i < S; i++) {
+        ckpt_state_t st;
+        if (ckpt_read_shard(dir, man, i, 1, &st) < 0)
+            return -1;
+        for (int u = 0; u < man->n_units; u++) {
+            int64_t part = man->units[u].padded / S;
+            memcpy(units[u] + i * part, st.param[u], (size_t)part * sizeof(float));
+        }
+        ckpt_state_free(&st, man->n_units);
+    }
+    return 0;
 }
 
 void ckpt_state_free(ckpt_state_t *st, int n_units)
@@ -655,9 +787,11 @@ int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17])
     return 0;
 }
 
-hid_t ckpt_open_tokenizer(const char *dir)
+hid_t ckpt_open_tokenizer(const char *dir, const ckpt_manifest_t *man)
 {
-    char *p = join(dir, "shard-00001-of-00001.h5");
+    char name[32];
+    ckpt_shard_name(name, 0, man->meta.shard_count);
+    char *p = join(dir, name);
     if (!p)
         return -1;
     hid_t f = h5_open(p, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL);

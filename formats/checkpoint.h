@@ -13,6 +13,9 @@
  * A checkpoint is written under a hidden temporary name (".step-00000200.tmp.PID"), every
  * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
  * (atomic.h), so a crash at any instant leaves the previous checkpoint whole and named.
+ * S processes write it together: one makes the directory (ckpt_begin), each writes and
+ * fsyncs its own shard file there in parallel (ckpt_write_shard), and the first, once it
+ * has every shard's size and checksum, writes the manifest and commits (ckpt_commit).
  *
  * **Shard map.** Parameters are grouped into units in the weights' canonical order:
  * "embed" (model.embed_tokens.weight), "layer.L" for each block (its nine tensors in the
@@ -35,10 +38,14 @@
  *                   lr, min_lr, warmup, schedule, total_steps, global_batch, micro_batch,
  *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed
  *   precision       "fp32" (master weights and moments)
- *   strategy, world_size, shard_count
+ *   strategy        "full", "grad-op", "none" or "hybrid" (engine/shard.h)
+ *   world_size      ranks of the run that wrote it
+ *   shard_count     S: slices per unit, one shard file each (the world size, or the
+ *                   shard group's size under hybrid, where one replica group writes)
  *   config          {"file": "config.json", "xxh3"}
  *   units           [{"name", "length", "padded", "tensors": [{"name", "shape", "offset"}]}]
- *   shards          [{"file", "bytes", "xxh3"}]: XXH3-64 of each shard file's bytes
+ *   shards          [{"file", "bytes", "xxh3"}] × S, in shard order: each shard file's
+ *                   name, size and XXH3-64 of its bytes
  *
  * Shard file (HDF5, ftk_format "checkpoint-shard", version 1): root attributes
  * shard_index (1-based), shard_count, step, units_xxh3 (XXH3-64 of the manifest's
@@ -52,6 +59,7 @@
 #define FTK_CHECKPOINT_H
 #include <stdint.h>
 
+#include "../libcommon/atomic.h"
 #include "hfconfig.h"
 #include "weights.h"
 
@@ -100,29 +108,76 @@ typedef struct {
 typedef struct {
     float **param, **m, **v;
 } ckpt_state_t;
+void ckpt_state_free(ckpt_state_t *st, int n_units);
 
-/* Writes RUN/step-NNNNNNNN (one shard: S = 1) atomically and points RUN/latest at it;
- * then, with keep > 0, removes older step-* directories beyond the newest keep. tok_src
- * (may be -1) is an HDF5 file whose /tokenizer files are carried into the shard. */
-int ckpt_save(const char *run_dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
-              int n_units, const ckpt_state_t *st, hid_t tok_src, int keep);
+/* A shard file's entry in the manifest. */
+typedef struct {
+    uint64_t bytes, xxh3;
+} ckpt_shard_sum_t;
+
+/* "shard-00002-of-00004.h5" for index 1 (0-based) of 4. */
+void ckpt_shard_name(char out[32], int64_t index, int64_t count);
+
+/* ---- writing ----
+ * ckpt_begin: makes the hidden directory for RUN/step-NNNNNNNN (w->dir names it).
+ * ckpt_write_shard: writes and fsyncs shard `index` of meta->shard_count into dir (any
+ *   process; dir from the one that called ckpt_begin); tok_src (may be -1) is an HDF5
+ *   file whose /tokenizer files are carried along (pass it for shard 0); *sum gets the
+ *   file's size and checksum for the manifest.
+ * ckpt_commit: config.json and manifest.json (sums: one per shard, in order), rename into
+ *   place, RUN/latest, then with keep > 0 removes older step-* directories beyond the
+ *   newest keep. ckpt_abort: removes the hidden directory. */
+typedef struct {
+    atomic_dir_t ad;
+    char *run_dir;
+    const char *dir;
+    char name[32];
+} ckpt_writer_t;
+int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step);
+int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
+                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum);
+int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+                int n_units, const ckpt_shard_sum_t *sums, int keep);
+void ckpt_abort(ckpt_writer_t *w);
 
 /* Resolves what a user named: a checkpoint directory, or a run directory (its `latest`).
  * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
 char *ckpt_resolve(const char *path);
 
-/* Reads and checks a checkpoint: the manifest, config.json and every shard file against
- * their checksums, each dataset's xxh3_64, and the shard map against the config. On
- * success fills meta and cfg; with st != NULL also allocates and fills the arrays
- * (ckpt_state_free()). */
-int ckpt_load(const char *dir, ckpt_meta_t *meta, model_config_t *cfg, ckpt_state_t *st);
-void ckpt_state_free(ckpt_state_t *st, int n_units);
+/* Committed checkpoints of a run directory, newest first (malloc'd paths; free each and
+ * the array). *n = 0 when there are none. */
+char **ckpt_list(const char *run_dir, size_t *n);
+
+/* Removes the hidden directories of checkpoints whose writers died before committing
+ * (".step-*.tmp.*"); returns how many. Call it only when no writer is running. */
+int ckpt_remove_stale(const char *run_dir);
+
+/* ---- reading ---- */
+typedef struct {
+    ckpt_meta_t meta;
+    model_config_t cfg;
+    ckpt_unit_t *units; /* the shard map, checked against cfg */
+    int n_units;
+    ckpt_shard_sum_t *shards; /* meta.shard_count entries */
+} ckpt_manifest_t;
+
+/* Reads and checks manifest.json and config.json (its checksum, the shard map against
+ * the model) and that every shard file is there with its recorded size. */
+int ckpt_open(const char *dir, ckpt_manifest_t *man);
+void ckpt_manifest_free(ckpt_manifest_t *man);
+/* Reads shard `index`: the file's checksum against the manifest, then every dataset
+ * (each checked against its xxh3_64) into st (ckpt_state_free()); with params_only the
+ * moments are left NULL. */
+int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st);
+/* Whole units of parameters (host, units[u].padded floats each, allocated by the
+ * caller) from every shard. */
+int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units);
 
 /* Identity of a weights file's contents: XXH3 over its tensors' stored xxh3_64 values,
  * in canonical order (cheap: no tensor is read). 16 hex digits into out. */
 int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17]);
 
 /* Opens the shard holding the tokenizer files (for weights_each_file()); -1 on error. */
-hid_t ckpt_open_tokenizer(const char *dir);
+hid_t ckpt_open_tokenizer(const char *dir, const ckpt_manifest_t *man);
 
 #endif

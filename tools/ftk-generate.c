@@ -151,23 +151,40 @@ int main(int argc, char **argv)
     struct stat sb;
     if (stat(model_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         char *dir = ckpt_resolve(model_path);
-        ckpt_meta_t meta;
-        ckpt_state_t st;
-        if (!dir || ckpt_load(dir, &meta, &cfg, &st) < 0) {
+        ckpt_manifest_t man;
+        if (!dir || ckpt_open(dir, &man) < 0) {
             ftk_error("%s", ftk_err_msg());
             free(dir);
             return FTK_EXIT_USAGE;
         }
+        cfg = man.cfg;
         if (!(m = model_new(be, &cfg, 0, 0, 0))) {
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_FAIL;
         }
-        int n;
-        const ckpt_unit_t *u = model_units(m, &n);
-        for (int i = 0; i < n; i++)
-            be->upload(model_unit_param(m, i), st.param[i], (size_t)u[i].padded * sizeof(float));
-        ckpt_state_free(&st, n);
-        tf = ckpt_open_tokenizer(dir);
+        /* Whole units from every shard (padded for the checkpoint's shard count). */
+        float **whole = calloc((size_t)man.n_units, sizeof *whole);
+        int rc = whole ? 0 : -1;
+        for (int i = 0; i < man.n_units && rc == 0; i++)
+            if (!(whole[i] = malloc((size_t)man.units[i].padded * sizeof(float))))
+                rc = -1;
+        if (rc < 0)
+            ftk_err_set("out of memory");
+        if (rc == 0)
+            rc = ckpt_read_params(dir, &man, whole);
+        for (int i = 0; i < man.n_units && rc == 0; i++)
+            be->upload(model_unit_param(m, i), whole[i], (size_t)man.units[i].length * sizeof(float));
+        for (int i = 0; whole && i < man.n_units; i++)
+            free(whole[i]);
+        free(whole);
+        if (rc < 0) {
+            ftk_error("%s", ftk_err_msg());
+            ckpt_manifest_free(&man);
+            free(dir);
+            return FTK_EXIT_USAGE;
+        }
+        tf = ckpt_open_tokenizer(dir, &man);
+        ckpt_manifest_free(&man);
         free(dir);
     } else {
         if ((tf = weights_open(model_path, &cfg)) < 0) {

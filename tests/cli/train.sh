@@ -114,12 +114,23 @@ losses "$WORK/d" >"$WORK/ld"
 same "after kill -9 + resume: metrics trimmed and continued, identical" "$WORK/ld" "$WORK/la"
 check "no hidden temporaries left in the run directory" test -z "$(ls -A "$WORK/d" | grep '^\.')"
 
-# A damaged checkpoint is refused, naming the file.
+# A damaged checkpoint is refused, naming the file; --resume auto falls back to the one
+# before it and, replaying the same steps, ends on the same bits.
 cp -r "$WORK/a" "$WORK/e"
 printf 'X' | dd of="$WORK/e/step-00000012/shard-00001-of-00001.h5" bs=1 seek=5000 conv=notrunc 2>/dev/null
-expect "resume from a damaged shard: refused" 2 $T -o "$WORK/e" --steps 12 --resume auto
+expect "resume from a named damaged checkpoint: refused" 2 $T -o "$WORK/e" --steps 12 --resume "$WORK/e/step-00000012"
 grep -q "shard-00001-of-00001.h5: file checksum differs" "$WORK/err" && ok "message names the damaged shard" ||
     notok "message names the damaged shard"
+expect "--resume auto past a damaged newest checkpoint" 0 $T -o "$WORK/e" --steps 12 --resume auto
+grep -q "step-00000012 is damaged.*trying the one before" "$WORK/err" && ok "warning names the damaged checkpoint" ||
+    notok "warning names the damaged checkpoint"
+same "after the fallback: final shard byte-identical to the uninterrupted run" \
+    "$WORK/e/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
+for c in "$WORK"/e/step-*/shard-00001-of-00001.h5; do
+    printf 'X' | dd of="$c" bs=1 seek=5000 conv=notrunc 2>/dev/null
+done
+expect "--resume auto with every checkpoint damaged: refused" 2 $T -o "$WORK/e" --steps 12 --resume auto
+grep -q "no checkpoint in .* verifies" "$WORK/err" && ok "message says none verifies" || notok "message says none verifies"
 if [ -f "$WORK/stories.h5" ]; then # same shape as init.h5, other weights
     expect "resume from a run of other weights: refused" 2 $T -m "$WORK/stories.h5" -o "$WORK/a" --steps 12 \
         --save-every 4 --resume auto

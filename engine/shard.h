@@ -1,0 +1,92 @@
+/* shard.h — sharded data parallelism: where each unit's parameters, gradients and AdamW
+ * moments live on each rank, and the collectives that move them (DESIGN.md "Sharding
+ * strategies"). The model asks for units through model_io_t (model.h); this module answers.
+ *
+ * Shard groups. S ranks form a shard group; a unit's flat vector (padded to a multiple of
+ * S) is cut into S contiguous slices and group rank r owns slice r: [r·P/S, (r+1)·P/S)
+ * — the shard map of formats/checkpoint.h, so a rank's owned state is its shard file.
+ *   full     S = world. Before a unit is used its slices are all-gathered into a whole
+ *            buffer; the forward pass releases it after use and the backward gathers it
+ *            again; its gradient is reduce-scattered right after its backward, into
+ *            this rank's gradient slice.
+ *   grad-op  S = world. Parameters gathered once per step (at first use) and kept until
+ *            the optimizer step; gradients reduce-scattered as in full.
+ *   none     Replicated (DDP): every rank holds whole units and runs AdamW on all of
+ *            them; gradients accumulate locally over the micro-batches and are
+ *            all-reduced (per unit, issued as soon as the last micro-batch's backward
+ *            finishes the unit). The checkpoint still cuts units into S = world slices,
+ *            one shard file per rank, so ranks write in parallel.
+ *   hybrid   full inside groups of S ranks (--shard-group-size, or the ranks of a node);
+ *            the groups are replicas: after the step's last micro-batch each gradient
+ *            slice is all-reduced across groups. Replica 0 writes the checkpoint.
+ * Collectives per micro-batch in full/hybrid: every block unit gathered twice (forward,
+ * backward); the embedding once (its backward reads no parameters; a tied embedding is
+ * held from the first block to the head, which reads it again); the head unit once (its
+ * forward and backward run back to back); one reduce-scatter per unit. grad-op: one
+ * gather per unit per step. The trainer reports what moved (comm.h accounting);
+ * tests/ref/dist_equivalence.py checks it against these counts.
+ *
+ * Overlap: when the model asks for a unit, the all-gather of the next unit in the pass's
+ * order is issued before returning (prefetch); reduce-scatters are issued as units finish
+ * and completed later (at the latest at shard_pass_end()), with comm_test() progressing
+ * them at every unit boundary.
+ *
+ * Memory: whole-unit buffers come from a small pool (a free list by size), so `full`
+ * holds about two gathered units and the gradient buffers in flight, never the model.
+ *
+ * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
+ */
+#ifndef FTK_SHARD_H
+#define FTK_SHARD_H
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "../kernels/backend.h"
+#include "comm.h"
+#include "model.h"
+
+typedef enum { STRAT_FULL, STRAT_GRAD_OP, STRAT_NONE, STRAT_HYBRID } strategy_t;
+
+/* "full", "grad-op", "none", "hybrid" → 0 and *s; -1 for anything else. */
+int strategy_parse(const char *name, strategy_t *s);
+const char *strategy_name(strategy_t s);
+
+typedef struct shard shard_t;
+
+/* world: every rank; group_size: ranks per shard group for hybrid (0: the ranks of a
+ * node); ignored otherwise. Allocates this rank's owned state (zero) on be. */
+shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg);
+void shard_free(shard_t *s);
+
+/* Layout facts. */
+const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);
+int64_t shard_count(const shard_t *s);     /* S: slices per unit */
+int64_t shard_index(const shard_t *s);     /* this rank's slice, 0-based */
+int shard_writes(const shard_t *s);        /* this rank writes its shard file */
+comm_t *shard_group(shard_t *s);           /* the shard group (S ranks) */
+const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
+comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
+
+/* Initial parameters from a weights file: each rank reads only the rows of its slices
+ * (whole units for none). */
+int shard_load_weights(shard_t *s, hid_t weights);
+/* This rank's slice [r·P/S, (r+1)·P/S) of every unit's parameters and moments, to and
+ * from host arrays (ckpt_state_t layout). Setting them under none gathers whole units
+ * from every rank's slice (all ranks call it). */
+int shard_get_state(shard_t *s, ckpt_state_t *st);
+int shard_set_state(shard_t *s, const ckpt_state_t *st);
+
+/* A pass over one micro-batch: begin (backward: a training pass, else forward only;
+ * last: the step's last micro-batch) and end (completes the reduce-scatters). */
+void shard_pass_begin(shard_t *s, int backward, int last);
+void shard_pass_end(shard_t *s);
+
+/* After the step's last pass: completes the gradient all-reduces, clips to the global
+ * norm (torch's clip_grad_norm_) and runs AdamW on the owned state, then clears the
+ * gradients and drops gathered parameters. Returns the norm before clipping. */
+double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr);
+
+/* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */
+void shard_drop(shard_t *s);
+
+#endif
