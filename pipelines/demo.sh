@@ -39,22 +39,39 @@ ftk info "$OUT/tiny.h5" | sed -n '1,6p'
 ftk verify --deep "$OUT/tiny.h5"
 echo
 echo "== 9. train: a random-initialised model of llama2.c's stories260K shape (260k parameters) with the demo"
-echo "      tokenizer on the 36 packed demo rows: AdamW, warmup + cosine, a checkpoint every 50 steps."
-echo "      The run is stopped after 100 of its 200 steps (exit 75, as on preemption) and resumed."
+echo "      tokenizer on the 36 training examples packed into 24 rows: AdamW, warmup + cosine, a checkpoint every 50 steps,"
+MPI=""
+if command -v mpirun >/dev/null 2>&1; then
+    MPI="mpirun --oversubscribe -np 2"
+    [ "$(id -u)" = 0 ] && MPI="mpirun --oversubscribe --allow-run-as-root -np 2"
+    echo "      on 2 MPI ranks (strategy full: parameters, gradients and AdamW moments sharded, one shard file each)."
+else
+    echo "      in one process (mpirun not found)."
+fi
+echo "      Preempted after step 50 by SIGUSR1 (what SLURM sends before a time limit): every rank finishes"
+echo "      the step, a checkpoint is written, exit 75; a restart without --resume is refused; --resume auto continues."
 ftk init --preset stories260k --seed 7 -t examples/demo/tokenizer.model -o "$OUT/demo-init.h5"
 rm -rf "$OUT/run"
 PROMPT="Give three tips for staying healthy."
 echo "   before training, greedy answer to \"$PROMPT\":"
 ftk generate -m "$OUT/demo-init.h5" --alpaca -p "$PROMPT" --greedy -n 30 | tr '\n' ' ' | sed 's/^/   | /'
 echo
-TRAIN="ftk train -m $OUT/demo-init.h5 -d $OUT/alpaca-demo.h5 -o $OUT/run --steps 200 --global-batch 8 --micro-batch 4
-       --lr 5e-3 --min-lr 5e-4 --warmup 10 --weight-decay 0 --save-every 50 --keep 2 --eval-every 50"
+TRAIN="$MPI ftk train -m $OUT/demo-init.h5 -d $OUT/alpaca-demo.h5 -o $OUT/run --steps 200 --global-batch 8
+       --micro-batch 4 --lr 5e-3 --min-lr 5e-4 --warmup 10 --weight-decay 0 --save-every 50 --keep 2
+       --eval-every 50 -j 1"
+$TRAIN >"$OUT/train.log" 2>&1 &
+pid=$!
+while [ ! -d "$OUT/run/step-00000050" ] && kill -0 $pid 2>/dev/null; do sleep 0.2; done
+kill -USR1 $pid 2>/dev/null || true
 rc=0
-$TRAIN --stop-after 100 2>&1 | awk '/step (1|50|100)\/|validation|checkpoint|stopped/' || true
-$TRAIN --stop-after 100 -q >/dev/null 2>&1 || rc=$?
+wait $pid || rc=$?
+awk '/ftk-train: (step (1|50)\/|.*validation|.*checkpoint|.*stopped|.*steps on)/' "$OUT/train.log"
+echo "   exit $rc (75: preempted, checkpoint written, run again)"
+rc=0
+$TRAIN -q >/dev/null 2>&1 || rc=$?
 echo "   (a second start without --resume is refused: exit $rc; with --resume auto it continues)"
-$TRAIN --resume auto 2>&1 | awk '/resuming|step (101|150|200)\/|validation|checkpoint/'
-ls "$OUT/run"
+$TRAIN --resume auto 2>&1 | awk '/ftk-train: (resuming|step (150|200)\/|.*validation|.*checkpoint)/'
+ls "$OUT/run" "$OUT/run/$(cat "$OUT/run/latest")"
 echo
 echo "== 10. after training, the same instruction, greedy, from the run's latest checkpoint. With 36 examples"
 echo "       the model memorises its training answers (validation loss rises: it overfits, as it must):"

@@ -51,6 +51,7 @@ fi
 run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
 run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
 run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
+run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 6
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
@@ -74,8 +75,9 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
     run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
     run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
+    run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
 else
-    for n in model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in dist-equivalence model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
@@ -90,6 +92,11 @@ if [ -d build/asan/bin ]; then
     run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
     run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
+    # Several ranks under mpirun: Open MPI's own allocations are not ours to report
+    # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
+    run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/dist.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-dist" 0
 else
     run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
 fi

@@ -1,0 +1,185 @@
+#!/bin/sh
+# CLI tests of distributed training (real MPI ranks on this machine, mpirun --oversubscribe):
+#  - bit-exact resume at the same world size and strategy: stopped by --stop-after, by
+#    SIGTERM to one rank, by SIGUSR1 to mpirun; identical losses and byte-identical shard
+#    files (weights and both AdamW moments) against the uninterrupted run;
+#  - crash safety: kill -9 of one rank, and of every rank, at random instants (also while
+#    a checkpoint is being written), then --resume auto: the run continues from the newest
+#    committed checkpoint and ends on the same bits as the uninterrupted run;
+#  - the preemption pipeline (pipelines/preempt-sim.sh: SIGUSR1, exit 75, restart);
+#  - start-up refusals on every rank, never a hang: ranks given different arguments, a
+#    checkpoint of another layout (world size), shard groups that do not divide the ranks;
+#  - ftk-generate reads a multi-shard checkpoint.
+# Usage: tests/cli/dist.sh BIN_DIR WORK_DIR [KILLS]   (KILLS: kill -9 trials, default 6;
+#        0 also skips the signal tests, whose runs are long: the sanitizer build's pass)
+set -u
+BIN=$1 WORK=$2 KILLS=${3:-6}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+if ! command -v mpirun >/dev/null; then
+    echo "skipped (mpirun not found: run scripts/install-deps.sh)"
+    exit 77
+fi
+MPI="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
+# A hung collective must fail the test, not the CI job.
+TO="timeout -k 5 120"
+
+"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
+    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
+"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5"
+"$BIN/ftk-init" -q --preset tiny --seed 2 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/other.h5"
+"$BIN/ftk-init" -q --preset stories260k --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/s260.h5"
+T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 4 -j1"
+# Signals need runs that last a few seconds: the stories260K shape, 40 steps.
+L="$BIN/ftk-train -m $WORK/s260.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 10 -j1 -q --steps 40"
+
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
+# same_shards NAME RUN_A RUN_B STEP: every shard file and the manifest byte-identical.
+same_shards() {
+    d=$(printf 'step-%08d' "$4")
+    if [ -d "$2/$d" ] && [ -d "$3/$d" ] && diff -r "$2/$d" "$3/$d" >/dev/null; then ok "$1"; else
+        notok "$1: $2/$d and $3/$d differ"
+        diff -r "$2/$d" "$3/$d" 2>&1 | head -n 5 | sed 's/^/     | /'
+    fi
+}
+# ranks_of PID: the rank processes mpirun PID started.
+ranks_of() { pgrep -P "$1" -f ftk-train; }
+
+expect "mpirun -np 2 ftk-train --help" 0 $TO $MPI -np 2 $T --help
+check "--help printed once (rank 0 only)" test "$(grep -c '^Usage: ' "$WORK/out")" = 1
+
+# --- bit-exact resume -------------------------------------------------------------------
+for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none"; do
+    set -- $cfg
+    np=$1 strat=$2
+    shift 2
+    tag="$np ranks, $strat"
+    R="$WORK/ref-$np-$strat"
+    expect "$tag: 12 steps uninterrupted" 0 $TO $MPI -np "$np" $T -q -o "$R" --steps 12 --save-every 4 \
+        --strategy "$strat" "$@"
+    expect "$tag: --stop-after 5: exit 75" 75 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 \
+        --stop-after 5 --strategy "$strat" "$@"
+    expect "$tag: --resume auto" 0 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 --resume auto \
+        --strategy "$strat" "$@"
+    losses "$R" >"$WORK/la"
+    losses "$R.b" >"$WORK/lb"
+    same "$tag: resumed losses identical at every step" "$WORK/lb" "$WORK/la"
+    same_shards "$tag: resumed checkpoint byte-identical (every shard, manifest)" "$R.b" "$R" 12
+done
+R2="$WORK/ref-2-full"
+# --save-every-minutes: rank 0's clock, agreed by all ranks (0.0005 min = 30 ms: about every step).
+expect "--save-every-minutes on 2 ranks" 0 $TO $MPI -np 2 $T -q -o "$WORK/minutes" --steps 6 --save-every-minutes 0.0005
+check "--save-every-minutes: checkpoints before the end ($(ls "$WORK/minutes" | grep -c '^step-') of them)" \
+    test "$(ls "$WORK/minutes" | grep -c '^step-')" -ge 2
+check "2 ranks, full: checkpoint has 2 shard files" test -f "$R2/step-00000012/shard-00002-of-00002.h5"
+check "4 ranks, hybrid: one replica group wrote 2 shards" \
+    test "$(ls "$WORK/ref-4-hybrid/step-00000012" | grep -c '^shard-')" = 2
+
+if [ "$KILLS" -gt 0 ]; then
+    # SIGTERM to one rank at a random instant: every rank stops at the same step boundary.
+    expect "3 ranks, grad-op, 40 steps of stories260K's shape uninterrupted" 0 $TO $MPI -np 3 $L -o "$WORK/lref3" \
+        --save-every 20 --strategy grad-op
+    $MPI -np 3 $L -o "$WORK/term" --save-every 20 --strategy grad-op >"$WORK/out" 2>"$WORK/err" &
+    mp=$!
+    sleep "$(awk 'BEGIN { srand(); printf "%.2f", 1.2 + rand() * 1.5 }')"
+    victim=$(ranks_of $mp | tail -n 1)
+    [ -n "$victim" ] && kill -TERM "$victim"
+    $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
+    wait $mp
+    rc=$?
+    if [ $rc -eq 75 ]; then
+        ok "SIGTERM to one of 3 ranks: all stop with a checkpoint, exit 75 ($(cat "$WORK/term/latest"))"
+        expect "SIGTERM: --resume auto" 0 $TO $MPI -np 3 $L -o "$WORK/term" --save-every 20 --strategy grad-op \
+            --resume auto
+    elif [ $rc -eq 0 ]; then
+        ok "SIGTERM arrived after the run ended (machine fast): nothing to resume"
+    else
+        notok "SIGTERM to one rank: exit $rc, expected 75"
+    fi
+    same_shards "after SIGTERM + resume: byte-identical to the uninterrupted run" "$WORK/term" "$WORK/lref3" 40
+
+    # --- the preemption pipeline --------------------------------------------------------------
+    expect "2 ranks, full, 40 steps uninterrupted" 0 $TO $MPI -np 2 $L -o "$WORK/lref2" --save-every 10
+    expect "preempt-sim: SIGUSR1 to mpirun 3 times, requeued each time, completes" 0 $TO \
+        sh "$ROOT/pipelines/preempt-sim.sh" -n 3 -d 1.2:2.0 -- $MPI -np 2 $L -o "$WORK/sim" --save-every 10 --resume auto
+    k=$(grep -c 'preempted (exit 75)' "$WORK/err")
+    check "preempt-sim: $k preemptions happened (exit 75 each)" test "$k" -ge 1
+    same_shards "preempt-sim: final checkpoint byte-identical to the uninterrupted run" "$WORK/sim" "$WORK/lref2" 40
+    losses "$WORK/sim" >"$WORK/ls"
+    losses "$WORK/lref2" >"$WORK/la"
+    same "preempt-sim: losses identical at every step" "$WORK/ls" "$WORK/la"
+
+    # --- crash safety: kill -9 -----------------------------------------------------------------
+    C="$T -q --steps 60 --save-every 1 --keep 3"
+    expect "crash reference: 60 steps, a checkpoint every step" 0 $TO $MPI -np 2 $C -o "$WORK/cref"
+    losses "$WORK/cref" >"$WORK/lcref"
+    i=0 mid=0 live=0
+    while [ $i -lt "$KILLS" ]; do
+        i=$((i + 1))
+        run="$WORK/crash$i"
+        $MPI -np 2 $C -o "$run" >/dev/null 2>&1 &
+        mp=$!
+        sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", 0.5 + rand() * 1.6 }')"
+        if [ $((i % 2)) -eq 1 ]; then
+            who="one rank"
+            kill -KILL "$(ranks_of $mp | awk -v s=$i 'BEGIN { srand(s) } { p[NR] = $1 } END { print p[1 + int(rand() * NR)] }')" 2>/dev/null
+        else
+            who="every rank"
+            kill -KILL $(ranks_of $mp) 2>/dev/null
+        fi
+        $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
+        wait $mp 2>/dev/null
+        latest=$(cat "$run/latest" 2>/dev/null || echo none)
+        stale=$(ls -a "$run" 2>/dev/null | grep -c '^\.step-.*\.tmp\.')
+        [ "$stale" -gt 0 ] && mid=$((mid + 1))
+        [ "$latest" != step-00000060 ] && live=$((live + 1))
+        # Resume, with messages, and check it starts where the last commit was.
+        $TO $MPI -np 2 $T --steps 60 --save-every 1 --keep 3 -o "$run" --resume auto >"$WORK/out" 2>"$WORK/err"
+        rc=$?
+        if [ "$latest" = none ]; then
+            from="killed before the first checkpoint: starts over"
+            grep -q "resuming from" "$WORK/err" && rc=99
+        else
+            from="resumes from the newest committed $latest"
+            grep -q "resuming from $run/$latest " "$WORK/err" || rc=98
+        fi
+        [ "$stale" -gt 0 ] && from="$from (killed mid-checkpoint: $stale unfinished directory removed)"
+        if [ $rc -eq 0 ]; then ok "kill -9 #$i ($who): $from"; else
+            notok "kill -9 #$i ($who): $from: exit $rc"
+            sed 's/^/     | /' "$WORK/err" | head -n 8
+        fi
+        same_shards "kill -9 #$i: final checkpoint byte-identical to the uninterrupted run" "$run" "$WORK/cref" 60
+        losses "$run" >"$WORK/lc"
+        same "kill -9 #$i: metrics continue identically" "$WORK/lc" "$WORK/lcref"
+        check "kill -9 #$i: no unfinished checkpoint directory left" test -z "$(ls -a "$run" | grep '^\.step-')"
+    done
+    echo "note: $KILLS kill -9 trials ($(( (KILLS + 1) / 2 )) of one rank, $((KILLS / 2)) of every rank): $live landed before the run's end, $mid of them while a checkpoint was being written"
+fi
+
+# --- refusals at start-up: every rank stops, one message, no hang -----------------------------
+expect "ranks given different arguments: exit 2" 2 $TO $MPI -np 1 $T -q -o "$WORK/x1" --steps 4 : \
+    -np 1 $T -q -o "$WORK/x2" --steps 4
+grep -q "different arguments" "$WORK/err" && ok "message: different arguments" || notok "message: different arguments"
+expect "resume a 2-shard checkpoint on 3 ranks: exit 2" 2 $TO $MPI -np 3 $T -q -o "$R2" --steps 12 --save-every 4 \
+    --resume auto
+grep -q "holds 2 shards" "$WORK/err" && ok "message names the layouts" || notok "message names the layouts"
+check "the message is printed once" test "$(grep -c 'holds 2 shards' "$WORK/err")" = 1
+expect "resume another model's run on 2 ranks: exit 2" 2 $TO $MPI -np 2 $T -q -m "$WORK/other.h5" -o "$R2" \
+    --steps 12 --save-every 4 --resume auto
+grep -q "started from other weights" "$WORK/err" && ok "message: other weights" || notok "message: other weights"
+expect "--shard-group-size 3 on 4 ranks: exit 2" 2 $TO $MPI -np 4 $T -q -o "$WORK/x3" --strategy hybrid \
+    --shard-group-size 3
+grep -q "does not divide the 4 ranks" "$WORK/err" && ok "message: group size" || notok "message: group size"
+expect "--strategy bogus: exit 2" 2 $TO $MPI -np 2 $T -q -o "$WORK/x4" --strategy bogus
+
+# --- a multi-shard checkpoint is a checkpoint ---------------------------------------------------
+expect "generate from a 3-shard checkpoint" 0 "$BIN/ftk-generate" -m "$WORK/ref-3-grad-op" -n 12 --greedy -q \
+    --alpaca --prompt "Name a colour."
+cp "$WORK/out" "$WORK/gen3"
+expect "train the same 12 steps in one process" 0 $TO $MPI -np 1 $T -q -o "$WORK/one" --steps 12 --save-every 4
+expect "generate from the 1-shard checkpoint" 0 "$BIN/ftk-generate" -m "$WORK/one" -n 12 --greedy -q --alpaca \
+    --prompt "Name a colour."
+same "3-rank grad-op run generates the same text as the 1-process run" "$WORK/gen3" "$WORK/out"
+finish
