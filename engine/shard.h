@@ -33,6 +33,8 @@
  *
  * Memory: whole-unit buffers come from a small pool (a free list by size), so `full`
  * holds about two gathered units and the gradient buffers in flight, never the model.
+ * Like a backend op, a pass has no error path: if the pool cannot get a buffer the
+ * process aborts (the collectives of the other ranks could not complete anyway).
  *
  * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
  */
