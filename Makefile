@@ -44,7 +44,7 @@ LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/cpu/*.c engine/*.c)
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
 TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c \
-             ftk-train ftk-generate
+             ftk-train ftk-generate ftk-reshard ftk-merge
 TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
 TEST_SRC  := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(O)/tests/%,$(TEST_SRC))

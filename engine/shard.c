@@ -8,20 +8,6 @@
 #include "../formats/weights.h"
 #include "../libcommon/log.h"
 
-static const char *const names[] = {"full", "grad-op", "none", "hybrid"};
-
-int strategy_parse(const char *name, strategy_t *s)
-{
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(name, names[i])) {
-            *s = (strategy_t)i;
-            return 0;
-        }
-    return -1;
-}
-
-const char *strategy_name(strategy_t s) { return names[s]; }
-
 enum { ABSENT, IN_FLIGHT, RESIDENT };
 
 typedef struct {

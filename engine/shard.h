@@ -46,12 +46,8 @@
 #include "../kernels/backend.h"
 #include "comm.h"
 #include "model.h"
+#include "strategy.h"
 
-typedef enum { STRAT_FULL, STRAT_GRAD_OP, STRAT_NONE, STRAT_HYBRID } strategy_t;
-
-/* "full", "grad-op", "none", "hybrid" → 0 and *s; -1 for anything else. */
-int strategy_parse(const char *name, strategy_t *s);
-const char *strategy_name(strategy_t s);
 
 typedef struct shard shard_t;
 

@@ -125,68 +125,132 @@ void ckpt_shard_name(char out[32], int64_t index, int64_t count)
     snprintf(out, 32, "shard-%05d-of-%05d.h5", (int)((index + 1) % 100000), (int)(count % 100000));
 }
 
-int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
-                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum)
+const char *const ckpt_kind_names[CKPT_KINDS] = {"param", "adam_m", "adam_v"};
+
+int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17])
 {
-    char name[32];
-    ckpt_shard_name(name, index, meta->shard_count);
-    char *path = join(dir, name);
     buf_t ub = {0};
-    if (!path)
-        return -1;
     if (units_json(&ub, units, n_units) < 0) {
+        buf_free(&ub);
         ftk_err_set("out of memory");
-        free(path);
         return -1;
     }
-    char hex[17];
     hash_hex(hash_bytes(ub.data, ub.len), hex);
     buf_free(&ub);
-    hid_t f = h5_create(path, CKPT_SHARD_FORMAT, CKPT_VERSION);
-    if (f < 0) {
-        free(path);
+    return 0;
+}
+
+struct ckpt_shard_writer {
+    char *path;
+    hid_t f, g;
+    const ckpt_unit_t *units;
+    int n_units, kind, unit; /* the next array expected */
+    int64_t S;
+    int failed;
+};
+
+ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
+                                       int n_units, int64_t index)
+{
+    char name[32], hex[17];
+    ckpt_shard_writer_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    ckpt_shard_name(name, index, meta->shard_count);
+    w->g = -1;
+    w->units = units;
+    w->n_units = n_units;
+    w->S = meta->shard_count;
+    if (!(w->path = join(dir, name)) || ckpt_units_hash(units, n_units, hex) < 0) {
+        free(w->path);
+        free(w);
+        return NULL;
+    }
+    if ((w->f = h5_create(w->path, CKPT_SHARD_FORMAT, CKPT_VERSION)) < 0) {
+        free(w->path);
+        free(w);
+        return NULL;
+    }
+    if (h5_attr_set_i64(w->f, "shard_index", index + 1) | h5_attr_set_i64(w->f, "shard_count", meta->shard_count) |
+        h5_attr_set_i64(w->f, "step", meta->step) | h5_attr_set_str(w->f, "units_xxh3", hex) |
+        h5_attr_set_str(w->f, "ftk_version", FTK_VERSION))
+        w->failed = 1;
+    return w;
+}
+
+int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const float *data)
+{
+    if (w->failed)
+        return -1;
+    if (kind != w->kind || unit != w->unit || kind >= CKPT_KINDS) {
+        ftk_err_set("internal: shard array %d/%d written out of order", kind, unit);
+        w->failed = 1;
         return -1;
     }
-    int rc = h5_attr_set_i64(f, "shard_index", index + 1) | h5_attr_set_i64(f, "shard_count", meta->shard_count) |
-             h5_attr_set_i64(f, "step", meta->step) | h5_attr_set_str(f, "units_xxh3", hex) |
-             h5_attr_set_str(f, "ftk_version", FTK_VERSION);
-    const char *groups[3] = {"param", "adam_m", "adam_v"};
-    float **arrays[3] = {st->param, st->m, st->v};
-    for (int k = 0; k < 3 && rc == 0; k++) {
-        hid_t g = h5_group_create(f, groups[k]);
-        if (g < 0) {
-            rc = -1;
-            break;
-        }
-        for (int u = 0; u < n_units && rc == 0; u++) {
-            hsize_t dims[1] = {(hsize_t)(units[u].padded / meta->shard_count)};
-            rc = h5w_write_tensor(g, units[u].name, H5T_NATIVE_FLOAT, 1, dims, arrays[k][u], NULL, NULL);
-        }
-        H5Gclose(g);
+    if (unit == 0 && (w->g = h5_group_create(w->f, ckpt_kind_names[kind])) < 0) {
+        w->failed = 1;
+        return -1;
     }
+    hsize_t dims[1] = {(hsize_t)(w->units[unit].padded / w->S)};
+    if (h5w_write_tensor(w->g, w->units[unit].name, H5T_NATIVE_FLOAT, 1, dims, data, NULL, NULL) < 0)
+        w->failed = 1;
+    if (++w->unit == w->n_units) {
+        H5Gclose(w->g);
+        w->g = -1;
+        w->unit = 0;
+        w->kind++;
+    }
+    return w->failed ? -1 : 0;
+}
+
+int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum)
+{
+    int rc = w->failed ? -1 : 0;
+    if (rc == 0 && w->kind != CKPT_KINDS) {
+        ftk_err_set("internal: shard file closed before all of its arrays were written");
+        rc = -1;
+    }
+    if (w->g >= 0)
+        H5Gclose(w->g);
     if (rc == 0 && tok_src >= 0) {
-        hid_t g = h5_group_create(f, "tokenizer");
+        hid_t g = h5_group_create(w->f, "tokenizer");
         if (g < 0)
             rc = -1;
         else
             H5Gclose(g);
-        copy_tok_t c = {f};
+        copy_tok_t c = {w->f};
         if (rc == 0)
             rc = weights_each_file(tok_src, copy_tok, &c);
     }
-    if (h5_close(f) < 0)
+    if (h5_close(w->f) < 0)
         rc = -1;
     struct stat sb;
-    if (rc == 0 && (fsync_path(path) < 0 || hash_file(path, &sum->xxh3) < 0))
+    if (rc == 0 && (fsync_path(w->path) < 0 || hash_file(w->path, &sum->xxh3) < 0))
         rc = -1;
-    if (rc == 0 && stat(path, &sb) < 0) {
-        ftk_err_set("%s: %s", path, strerror(errno));
+    if (rc == 0 && stat(w->path, &sb) < 0) {
+        ftk_err_set("%s: %s", w->path, strerror(errno));
         rc = -1;
     }
     if (rc == 0)
         sum->bytes = (uint64_t)sb.st_size;
-    free(path);
+    free(w->path);
+    free(w);
     return rc ? -1 : 0;
+}
+
+int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
+                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum)
+{
+    ckpt_shard_writer_t *w = ckpt_shard_create(dir, meta, units, n_units, index);
+    if (!w)
+        return -1;
+    float **arrays[CKPT_KINDS] = {st->param, st->m, st->v};
+    for (int k = 0; k < CKPT_KINDS; k++)
+        for (int u = 0; u < n_units; u++)
+            ckpt_shard_put(w, k, u, arrays[k][u]); /* a failure is kept and reported below */
+    return ckpt_shard_finish(w, tok_src, sum);
 }
 
 static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
@@ -425,18 +489,33 @@ char **ckpt_list(const char *run_dir, size_t *n)
 char *ckpt_resolve(const char *path)
 {
     struct stat sb;
-    if (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    int latest_file = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && strcmp(base, "latest") == 0;
+    if (!latest_file && (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode))) {
         ftk_err_set("%s: %s", path, stat(path, &sb) < 0 ? strerror(errno) : "not a directory");
         return NULL;
     }
-    if (is_file(path, "manifest.json"))
+    if (!latest_file && is_file(path, "manifest.json"))
         return strdup(path);
-    char *lp = join(path, "latest");
+    /* RUN/latest itself, or RUN: the checkpoint `latest` names */
+    char *run = strdup(path);
+    if (!run) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    if (latest_file) {
+        if (base == path)
+            strcpy(run, ".");
+        else
+            run[base - path - 1 ? base - path - 1 : 1] = 0;
+    }
+    char *lp = join(run, "latest");
     buf_t b = {0};
     if (!lp || buf_read_file(&b, lp) < 0) {
         ftk_err_set("%s: neither a checkpoint (no manifest.json) nor a run directory with a checkpoint (no latest)",
                     path);
         free(lp);
+        free(run);
         buf_free(&b);
         return NULL;
     }
@@ -445,14 +524,17 @@ char *ckpt_resolve(const char *path)
         b.len--;
     char name[32];
     if (b.len != 13 || strncmp(b.data, "step-", 5) || strspn(b.data + 5, "0123456789") < 8) {
-        ftk_err_set("%s/latest: does not name a step-NNNNNNNN directory", path);
+        ftk_err_set("%s/latest: does not name a step-NNNNNNNN directory", run);
+        free(run);
         buf_free(&b);
         return NULL;
     }
     memcpy(name, b.data, 13);
     name[13] = 0;
     buf_free(&b);
-    return join(path, name);
+    char *out = join(run, name);
+    free(run);
+    return out;
 }
 
 static int get_i64(const json_value_t *o, const char *key, int64_t *v)
@@ -622,6 +704,28 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
                         (long long)len, w->name, (long long)w->length);
             goto out;
         }
+        const json_value_t *jt = json_get(x, "tensors");
+        if (!jt || jt->type != JSON_ARRAY || jt->u.arr.n != (size_t)w->n_tensors) {
+            ftk_err_set("%s: unit %s: \"tensors\" missing or not the %d of config.json's model", mpath, w->name,
+                        w->n_tensors);
+            goto out;
+        }
+        for (int i = 0; i < w->n_tensors; i++) {
+            const json_value_t *y = &jt->u.arr.items[i], *js = json_get(y, "shape");
+            const ckpt_tensor_t *t = &w->t[i];
+            char tn[WEIGHTS_NAME_MAX];
+            int64_t off, d0 = -1, d1 = 1;
+            if (get_str(y, "name", tn, sizeof tn) < 0 || get_i64(y, "offset", &off) < 0 || !js ||
+                js->type != JSON_ARRAY || js->u.arr.n != (size_t)t->rank ||
+                json_get_i64(&js->u.arr.items[0], &d0) < 0 || (t->rank == 2 && json_get_i64(&js->u.arr.items[1], &d1) < 0) ||
+                strcmp(tn, t->name) || off != t->offset || d0 != t->shape[0] || d1 != t->shape[1]) {
+                ftk_err_set("%s: unit %s, tensor %d: name, shape or offset differs from config.json's model (%s %lldx%lld "
+                            "at %lld)",
+                            mpath, w->name, i, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                            (long long)t->offset);
+                goto out;
+            }
+        }
     }
     for (int64_t i = 0; i < man->meta.shard_count; i++) {
         char name[32];
@@ -660,14 +764,11 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
     memset(man, 0, sizeof *man);
 }
 
-int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st)
+hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
 {
-    int rc = -1, n_units = man->n_units;
     int64_t S = man->meta.shard_count;
-    char name[32];
+    char name[32], hex[17];
     uint64_t sum;
-    hid_t f = -1;
-    memset(st, 0, sizeof *st);
     if (index < 0 || index >= S) {
         ftk_err_set("internal: shard %lld of %lld", (long long)index, (long long)S);
         return -1;
@@ -676,17 +777,104 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
     char *spath = join(dir, name);
     if (!spath)
         return -1;
-    if (hash_file(spath, &sum) < 0)
-        goto out;
-    if (sum != man->shards[index].xxh3) {
-        ftk_err_set("%s: file checksum differs from the manifest's (the shard is damaged)", spath);
-        goto out;
+    if (verify && hash_file(spath, &sum) < 0) {
+        free(spath);
+        return -1;
     }
-    if ((f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL)) < 0)
-        goto out;
-    const char *groups[3] = {"param", "adam_m", "adam_v"};
-    float ***arrays[3] = {&st->param, &st->m, &st->v};
-    int kinds = params_only ? 1 : 3;
+    if (verify && sum != man->shards[index].xxh3) {
+        ftk_err_set("%s: file checksum %016llx differs from the manifest's %016llx (the shard is damaged or not this "
+                    "checkpoint's)",
+                    spath, (unsigned long long)sum, (unsigned long long)man->shards[index].xxh3);
+        free(spath);
+        return -1;
+    }
+    hid_t f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL);
+    if (f < 0) {
+        ftk_err_prefix("%s: ", spath);
+        free(spath);
+        return -1;
+    }
+    int64_t si = -1, sc = -1, step = -1;
+    char *uh = NULL;
+    int rc = h5_attr_get_i64(f, "shard_index", &si) | h5_attr_get_i64(f, "shard_count", &sc) |
+             h5_attr_get_i64(f, "step", &step) | h5_attr_get_str(f, "units_xxh3", &uh);
+    if (rc == 0 && ckpt_units_hash(man->units, man->n_units, hex) < 0)
+        rc = -1;
+    else if (rc)
+        ftk_err_set("%s: root attributes shard_index, shard_count, step or units_xxh3 missing", spath);
+    else if (si != index + 1 || sc != S)
+        ftk_err_set("%s: holds shard %lld of %lld, the manifest puts shard %lld of %lld here", spath, (long long)si,
+                    (long long)sc, (long long)index + 1, (long long)S);
+    else if (step != man->meta.step)
+        ftk_err_set("%s: written at step %lld, the manifest is of step %lld (a shard of another checkpoint)", spath,
+                    (long long)step, (long long)man->meta.step);
+    else if (strcmp(uh, hex))
+        ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
+    if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
+        h5_close(f);
+        f = -1;
+    }
+    free(uh);
+    free(spath);
+    return f;
+}
+
+int ckpt_shard_read(hid_t f, int kind, const ckpt_unit_t *u, int64_t S, int64_t start, int64_t n, int check,
+                    float *out)
+{
+    char ds[64];
+    int64_t part = u->padded / S;
+    snprintf(ds, sizeof ds, "%s/%s", ckpt_kind_names[kind], u->name);
+    hsize_t dims[8];
+    if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != part) {
+        ftk_err_set("dataset /%s: missing or not %lld float32 values", ds, (long long)part);
+        return -1;
+    }
+    if (start < 0 || n < 0 || start + n > part || (check && (start || n != part))) {
+        ftk_err_set("internal: elements %lld..%lld of /%s", (long long)start, (long long)(start + n), ds);
+        return -1;
+    }
+    if (h5r_read_rows(f, ds, H5T_NATIVE_FLOAT, (hsize_t)start, (hsize_t)n, out) < 0)
+        return -1;
+    if (!check)
+        return 0;
+    /* The bytes read against the dataset's xxh3_64 (float32 little-endian is the memory
+     * layout here), so each byte is read once. */
+    uint64_t stored;
+    hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
+    int ok = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
+    if (d >= 0)
+        H5Dclose(d);
+    if (!ok) {
+        ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
+        return -1;
+    }
+    uint64_t got = hash_bytes(out, (size_t)n * sizeof(float));
+    if (got != stored) {
+        ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds,
+                    (unsigned long long)stored, (unsigned long long)got);
+        return -1;
+    }
+    return 0;
+}
+
+static char *shard_path(const char *dir, const ckpt_manifest_t *man, int64_t i)
+{
+    char name[32];
+    ckpt_shard_name(name, i, man->meta.shard_count);
+    return join(dir, name);
+}
+
+int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st)
+{
+    int rc = -1, n_units = man->n_units;
+    int64_t S = man->meta.shard_count;
+    memset(st, 0, sizeof *st);
+    hid_t f = ckpt_shard_open(dir, man, index, 1);
+    if (f < 0)
+        return -1;
+    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    int kinds = params_only ? 1 : CKPT_KINDS;
     for (int k = 0; k < kinds; k++)
         if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
             ftk_err_set("out of memory");
@@ -694,58 +882,121 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
         }
     for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
-            char ds[64];
-            snprintf(ds, sizeof ds, "%s/%s", groups[k], man->units[u].name);
-            /* Read once, then check the bytes read against the dataset's xxh3_64
-             * (float32 little-endian is the memory layout here). */
-            size_t n = (size_t)(man->units[u].padded / S);
-            uint64_t stored;
-            hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
-            int ok = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
-            if (d >= 0)
-                H5Dclose(d);
-            if (!ok) {
-                ftk_err_set("%s: dataset /%s: missing or without its xxh3_64 attribute", spath, ds);
-                goto out;
-            }
-            if (!((*arrays[k])[u] = malloc(n * sizeof(float)))) {
+            int64_t n = man->units[u].padded / S;
+            if (!((*arrays[k])[u] = malloc((size_t)n * sizeof(float)))) {
                 ftk_err_set("out of memory");
                 goto out;
             }
-            if (h5r_read(f, ds, H5T_NATIVE_FLOAT, (*arrays[k])[u], n) < 0) {
-                ftk_err_prefix("%s: ", spath);
+            if (ckpt_shard_read(f, k, &man->units[u], S, 0, n, 1, (*arrays[k])[u]) < 0)
                 goto out;
-            }
-            if (hash_bytes((*arrays[k])[u], n * sizeof(float)) != stored) {
-                ftk_err_set("%s: dataset /%s: checksum mismatch", spath, ds);
-                goto out;
-            }
         }
     }
     rc = 0;
 out:
-    if (f >= 0)
-        h5_close(f);
-    if (rc < 0)
+    if (rc < 0) {
+        char *p = shard_path(dir, man, index);
+        if (p && strncmp(ftk_err_msg(), p, strlen(p)))
+            ftk_err_prefix("%s: ", p);
+        free(p);
         ckpt_state_free(st, n_units);
-    free(spath);
+    }
+    h5_close(f);
     return rc;
+}
+
+int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, float *out)
+{
+    int64_t S = man->meta.shard_count, part = man->units[unit].padded / S;
+    for (int64_t i = 0; i < S; i++)
+        if (ckpt_shard_read(files[i], kind, &man->units[unit], S, 0, part, 1, out + i * part) < 0) {
+            char name[32];
+            ckpt_shard_name(name, i, S);
+            ftk_err_prefix("%s: ", name);
+            return -1;
+        }
+    return 0;
 }
 
 int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units)
 {
     int64_t S = man->meta.shard_count;
-    for (int64_t i = 0; i < S; i++) {
-        ckpt_state_t st;
-        if (ckpt_read_shard(dir, man, i, 1, &st) < 0)
-            return -1;
-        for (int u = 0; u < man->n_units; u++) {
-            int64_t part = man->units[u].padded / S;
-            memcpy(units[u] + i * part, st.param[u], (size_t)part * sizeof(float));
-        }
-        ckpt_state_free(&st, man->n_units);
+    int rc = 0;
+    hid_t *f = calloc((size_t)S, sizeof *f);
+    if (!f) {
+        ftk_err_set("out of memory");
+        return -1;
     }
-    return 0;
+    for (int64_t i = 0; i < S; i++)
+        f[i] = -1;
+    for (int64_t i = 0; i < S && rc == 0; i++)
+        if ((f[i] = ckpt_shard_open(dir, man, i, 1)) < 0)
+            rc = -1;
+    for (int u = 0; u < man->n_units && rc == 0; u++)
+        rc = ckpt_read_unit(f, man, 0, u, units[u]);
+    for (int64_t i = 0; i < S; i++)
+        if (f[i] >= 0)
+            h5_close(f[i]);
+    free(f);
+    return rc;
+}
+
+int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,
+                       ckpt_state_t *st)
+{
+    int rc = -1, n_units = man->n_units;
+    int64_t S = man->meta.shard_count;
+    ckpt_unit_t *u2 = NULL;
+    int n2;
+    memset(st, 0, sizeof *st);
+    hid_t *f = calloc((size_t)S, sizeof *f);
+    if (!f || ckpt_units(&man->cfg, S2, &u2, &n2) < 0) {
+        free(f);
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < S; i++)
+        f[i] = -1;
+    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    int kinds = params_only ? 1 : CKPT_KINDS;
+    for (int k = 0; k < kinds; k++)
+        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
+            ftk_err_set("out of memory");
+            goto out;
+        }
+    for (int k = 0; k < kinds; k++) {
+        for (int u = 0; u < n_units; u++) {
+            const ckpt_unit_t *x = &man->units[u];
+            int64_t part = x->padded / S, part2 = u2[u].padded / S2;
+            int64_t a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
+            float *dst = (*arrays[k])[u] = calloc((size_t)part2, sizeof(float)); /* zeros past the old padding */
+            if (!dst) {
+                ftk_err_set("out of memory");
+                goto out;
+            }
+            for (int64_t i = a / part; i < S && i * part < b; i++) {
+                int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
+                if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
+                    goto out;
+                if (ckpt_shard_read(f[i], k, x, S, lo - i * part, hi - lo, 0, dst + (lo - a)) < 0) {
+                    char *p = shard_path(dir, man, i);
+                    if (p)
+                        ftk_err_prefix("%s: ", p);
+                    free(p);
+                    goto out;
+                }
+            }
+        }
+    }
+    rc = 0;
+out:
+    for (int64_t i = 0; i < S; i++)
+        if (f[i] >= 0)
+            h5_close(f[i]);
+    free(f);
+    free(u2);
+    if (rc < 0)
+        ckpt_state_free(st, n_units);
+    return rc;
 }
 
 void ckpt_state_free(ckpt_state_t *st, int n_units)

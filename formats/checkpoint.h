@@ -118,6 +118,13 @@ typedef struct {
 /* "shard-00002-of-00004.h5" for index 1 (0-based) of 4. */
 void ckpt_shard_name(char out[32], int64_t index, int64_t count);
 
+/* The per-unit arrays of a shard file, in the order it stores them. */
+#define CKPT_KINDS 3
+extern const char *const ckpt_kind_names[CKPT_KINDS]; /* "param", "adam_m", "adam_v" */
+
+/* XXH3-64 of the manifest's "units" text for this shard map (a shard's units_xxh3). */
+int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17]);
+
 /* ---- writing ----
  * ckpt_begin: makes the hidden directory for RUN/step-NNNNNNNN (w->dir names it).
  * ckpt_write_shard: writes and fsyncs shard `index` of meta->shard_count into dir (any
@@ -140,7 +147,21 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
                 int n_units, const ckpt_shard_sum_t *sums, int keep);
 void ckpt_abort(ckpt_writer_t *w);
 
-/* Resolves what a user named: a checkpoint directory, or a run directory (its `latest`).
+/* One shard file written an array at a time, so that a tool holding one unit at a time
+ * (ftk-reshard) writes the same bytes as ckpt_write_shard(), which is built on it.
+ * ckpt_shard_put() takes the arrays in file order: kind 0 (param) of units 0 … n−1, then
+ * kind 1, then kind 2, each padded/S floats (copied; the caller keeps data); an array out
+ * of order is an error. ckpt_shard_finish() adds the tokenizer files of tok_src (or -1),
+ * closes and fsyncs the file and puts its size and checksum in *sum; it always releases w
+ * and reports any earlier failure. The units array must outlive w. */
+typedef struct ckpt_shard_writer ckpt_shard_writer_t;
+ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
+                                       int n_units, int64_t index);
+int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const float *data);
+int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
+
+/* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
+ * file (the checkpoint `latest` names).
  * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
 char *ckpt_resolve(const char *path);
 
@@ -161,17 +182,37 @@ typedef struct {
     ckpt_shard_sum_t *shards; /* meta.shard_count entries */
 } ckpt_manifest_t;
 
-/* Reads and checks manifest.json and config.json (its checksum, the shard map against
- * the model) and that every shard file is there with its recorded size. */
+/* Reads and checks manifest.json and config.json (its checksum, the shard map — every
+ * unit and tensor entry — against the model) and that every shard file is there with its
+ * recorded size. */
 int ckpt_open(const char *dir, ckpt_manifest_t *man);
 void ckpt_manifest_free(ckpt_manifest_t *man);
-/* Reads shard `index`: the file's checksum against the manifest, then every dataset
- * (each checked against its xxh3_64) into st (ckpt_state_free()); with params_only the
- * moments are left NULL. */
+/* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
+ * against the manifest's; always its root attributes against the manifest (shard index
+ * and count, step — a shard of another checkpoint — and units_xxh3). The caller closes
+ * the handle with h5_close(). */
+hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
+/* Elements [start, start+n) of /KIND/UNIT (kind: 0 param, 1 adam_m, 2 adam_v) of an open
+ * shard of an S-shard checkpoint, into out. check (whole dataset only) also compares the
+ * bytes read with the dataset's xxh3_64. */
+int ckpt_shard_read(hid_t f, int kind, const ckpt_unit_t *u, int64_t S, int64_t start, int64_t n, int check,
+                    float *out);
+/* A whole unit of one kind (units[unit].padded floats into out) from the S open shards
+ * files[0 … S−1], every dataset checked against its xxh3_64. */
+int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, float *out);
+/* Reads shard `index` (opened with verify, every dataset checked) into st
+ * (ckpt_state_free()); with params_only the moments are left NULL. */
 int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st);
 /* Whole units of parameters (host, units[u].padded floats each, allocated by the
- * caller) from every shard. */
+ * caller) from every shard, all verified. */
 int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units);
+/* Reshard on load: the slices that shard index2 of a layout of S2 shards holds (the shard
+ * map of ckpt_units(cfg, S2)), read from only the element ranges of this checkpoint's
+ * shards that overlap them; zeros past the old padding. The shard files' checksums are
+ * not recomputed here (a caller verifies each file once, e.g. spread over ranks, with
+ * ckpt_shard_open(…, 1)); their attributes are checked. */
+int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,
+                       ckpt_state_t *st);
 
 /* Identity of a weights file's contents: XXH3 over its tensors' stored xxh3_64 values,
  * in canonical order (cheap: no tensor is read). 16 hex digits into out. */

@@ -361,18 +361,24 @@ static int save(shard_t *sh, const ckpt_meta_t *meta, const model_config_t *cfg,
     return agree(code, 1);
 }
 
-/* This rank's part of a checkpoint: the manifest checked against this run, then its
- * shard read and verified into *st. Returns 0, FTK_EXIT_VERIFY (damaged: another
- * checkpoint may do) or FTK_EXIT_USAGE (not this run's), with why set. */
+/* This rank's part of a checkpoint (every rank calls it): the manifest checked against
+ * this run, then its shard read and verified into *st — or, when the checkpoint has
+ * another shard count, its new slices read from the old shards. Returns 0,
+ * FTK_EXIT_VERIFY (damaged: another checkpoint may do) or FTK_EXIT_USAGE (not this
+ * run's), with why set. */
 static int read_checkpoint(const char *ck, shard_t *sh, const ckpt_meta_t *meta, const model_config_t *cfg,
                            ckpt_meta_t *cm, ckpt_state_t *st)
 {
     ckpt_manifest_t man;
-    memset(st, 0, sizeof *st);
-    if (ckpt_open(ck, &man) < 0)
-        return fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
-    *cm = man.meta;
     int code = 0;
+    memset(st, 0, sizeof *st);
+    memset(cm, 0, sizeof *cm);
+    if (ckpt_open(ck, &man) < 0)
+        code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+    else
+        *cm = man.meta;
+    if ((code = agree(code, 0)))
+        return code;
     if (!same_config(&man.cfg, cfg) || strcmp(cm->init_xxh3, meta->init_xxh3))
         code = fail(FTK_EXIT_USAGE, "%s is a checkpoint of a run started from other weights (%s) than %s", ck,
                     cm->init_file, model_path);
@@ -382,14 +388,27 @@ static int read_checkpoint(const char *ck, shard_t *sh, const ckpt_meta_t *meta,
                     (long long)meta->data_rows);
     else if (check_resume_options(&cm->train, &meta->train) < 0)
         code = fail(FTK_EXIT_USAGE, "%s", ftk_err_msg());
-    else if (cm->shard_count != meta->shard_count)
-        code = fail(FTK_EXIT_USAGE,
-                    "%s holds %lld shards (written by %lld ranks, strategy %s); this run cuts the model into %lld "
-                    "(%d ranks, strategy %s): resume with the checkpoint's layout, or reshard it first",
-                    ck, (long long)cm->shard_count, (long long)cm->world_size, cm->strategy,
-                    (long long)meta->shard_count, nranks, meta->strategy);
-    else if (ckpt_read_shard(ck, &man, shard_index(sh), 0, st) < 0)
-        code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+    else if (cm->shard_count == meta->shard_count) {
+        if (ckpt_read_shard(ck, &man, shard_index(sh), 0, st) < 0)
+            code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+    } else {
+        /* Reshard on load: every old shard file is checksummed by one rank (round robin),
+         * then each rank reads only the element ranges overlapping its new slices. */
+        for (int64_t i = rank; i < cm->shard_count && !code; i += nranks) {
+            hid_t f = ckpt_shard_open(ck, &man, i, 1);
+            if (f < 0)
+                code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+            else
+                h5_close(f);
+        }
+        code = agree(code, 0);
+        if (!code && ckpt_read_resliced(ck, &man, meta->shard_count, shard_index(sh), 0, st) < 0)
+            code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+        if (!code && rank == 0)
+            ftk_info("%s: %lld shards (%lld ranks, strategy %s) resliced on load into %lld (%d ranks, strategy %s)",
+                     ck, (long long)cm->shard_count, (long long)cm->world_size, cm->strategy,
+                     (long long)meta->shard_count, nranks, meta->strategy);
+    }
     ckpt_manifest_free(&man);
     return code;
 }

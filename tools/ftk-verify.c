@@ -1,34 +1,55 @@
 /* ftk-verify — prove an ftk file whole: every checksum recomputed, every invariant of
  * its format checked. */
+#include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "../formats/checkpoint.h"
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
 #include "../formats/weights.h"
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 
 static int deep;
+static const char *compare_mode;
+static double cmp_rtol, cmp_atol;
 
 static const opt_t options[] = {
-    {"deep", 0, OPT_FLAG, &deep, NULL, "also scan weights for NaN and Inf values"},
+    {"deep", 0, OPT_FLAG, &deep, NULL, "also scan weights and checkpoint arrays for NaN and Inf values"},
+    {"compare", 0, OPT_FLAG, &compare_mode, NULL,
+     "compare two ftk files (or two checkpoints) of the same kind value by value instead"},
+    {"rtol", 0, OPT_DOUBLE, &cmp_rtol, "R", "--compare: relative tolerance, |a-b| <= atol + rtol*|b| (0: exact)"},
+    {"atol", 0, OPT_DOUBLE, &cmp_atol, "A", "--compare: absolute tolerance"},
     {0},
 };
 
 static const opt_spec_t spec = {
     .tool = "ftk-verify",
-    .usage = "FILE.h5...",
+    .usage = "FILE.h5|CHECKPOINT|RUN...   or   --compare A B",
     .summary = "Recomputes the XXH3-64 checksum of every dataset of each ftk file and compares it with\n"
                "the one stored when it was written, then checks the invariants of the file's format\n"
                "(for token files: ids inside the vocabulary, row and sample boundaries consistent,\n"
                "loss masks well formed, counts matching; for weights files: a valid config, every\n"
                "parameter present with the shape it implies, nothing else; with --deep no NaN/Inf).\n"
-               "Prints one OK line per whole file.",
-    .epilog = "Exit status: 0 every file whole, 2 a file is missing or unreadable as a path,\n"
-              "3 a file is damaged (the message names the file, the dataset and what differs).\n",
+               "A checkpoint (a step-NNNNNNNN directory or RUN/latest): the manifest well formed and\n"
+               "consistent with config.json and the model; every shard file present, of the recorded\n"
+               "size and checksum, holding the shard index, count, step and shard map the manifest\n"
+               "says; every dataset's checksum; the shard map covering every element of every\n"
+               "parameter exactly once, padding zero; --deep: no NaN/Inf in weights or moments. A run\n"
+               "directory: every committed checkpoint, `latest`, and leftovers of unfinished writes.\n"
+               "Prints one OK line per whole file or checkpoint.\n"
+               "--compare A B: the same datasets (or, for checkpoints, the same step, data state and\n"
+               "every unit's weights and moments, whatever the shard counts) compared value by value;\n"
+               "one line per tensor: identical, or the largest absolute and relative difference.",
+    .epilog = "Exit status: 0 every file whole (--compare: equal within the tolerances), 2 a path is\n"
+              "missing or not an ftk file or checkpoint, 3 damaged or different (the message names\n"
+              "the file, the dataset and what differs).\n",
     .opts = options,
     .min_pos = 1,
     .max_pos = -1,
@@ -162,6 +183,574 @@ static int check_weights(const char *path, hid_t f)
     return bad;
 }
 
+/* One ftk HDF5 file: FTK_EXIT_OK, FTK_EXIT_USAGE or FTK_EXIT_VERIFY. */
+static int verify_file(const char *path)
+{
+    int rc = FTK_EXIT_OK;
+    if (access(path, R_OK) != 0) {
+        ftk_error("%s: cannot read it", path);
+        return FTK_EXIT_USAGE;
+    }
+    char *fmt = NULL;
+    int64_t ver = 0;
+    hid_t f = h5_open(path, NULL, 0, &fmt, &ver);
+    if (f < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_VERIFY;
+    }
+    verify_ctx_t c = {.path = path};
+    if (h5_each_dataset(f, check_dataset, &c) < 0) {
+        ftk_error("%s: %s", path, ftk_err_msg());
+        c.bad++;
+    }
+    const char *what = "checksums";
+    if (strcmp(fmt, TOKENS_FORMAT) == 0) {
+        if (ver > TOKENS_VERSION) {
+            ftk_error("%s: tokens format version %lld is newer than this ftk knows (%d)", path, (long long)ver,
+                      TOKENS_VERSION);
+            c.bad++;
+        } else if (!c.bad) {
+            c.bad += check_tokens(path, f);
+            what = "checksums and token-file invariants";
+        }
+    } else if (strcmp(fmt, WEIGHTS_FORMAT) == 0) {
+        if (ver > WEIGHTS_VERSION) {
+            ftk_error("%s: weights format version %lld is newer than this ftk knows (%d)", path, (long long)ver,
+                      WEIGHTS_VERSION);
+            c.bad++;
+        } else if (!c.bad) {
+            c.bad += check_weights(path, f);
+            what = deep ? "checksums, shapes and values (no NaN/Inf)" : "checksums and shapes";
+        }
+    } else if (strcmp(fmt, CKPT_SHARD_FORMAT) == 0) {
+        what = "checksums; it is one shard: give its checkpoint directory for the rest";
+    } else {
+        ftk_warn("%s: format \"%s\" is not known to this ftk: checksums only", path, fmt);
+    }
+    h5_close(f);
+    if (c.bad) {
+        rc = FTK_EXIT_VERIFY;
+    } else {
+        printf("%s: OK (%s v%lld, %d datasets; %s verified)\n", path, fmt, (long long)ver, c.n, what);
+    }
+    free(fmt);
+    return rc;
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------------- */
+
+#define BAD(...)                                                                                        \
+    do {                                                                                                \
+        ftk_error(__VA_ARGS__);                                                                         \
+        bad++;                                                                                          \
+    } while (0)
+
+static int is_checkpoint_path(const char *p)
+{
+    const char *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
+    struct stat sb;
+    return stat(p, &sb) == 0 && (S_ISDIR(sb.st_mode) || (S_ISREG(sb.st_mode) && !strcmp(base, "latest")));
+}
+
+/* The shard map, checked for what it promises rather than against how ckpt_units() builds
+ * it: in every unit the tensors tile [0, length) (each element of each parameter in exactly
+ * one place), the padding is a multiple of S less S elements at most, and the units hold
+ * as many elements as the model has parameters. */
+static int check_coverage(const char *dir, const ckpt_manifest_t *man)
+{
+    int bad = 0;
+    int64_t S = man->meta.shard_count, total = 0;
+    for (int u = 0; u < man->n_units; u++) {
+        const ckpt_unit_t *x = &man->units[u];
+        int64_t next = 0;
+        for (int i = 0; i < x->n_tensors; i++) {
+            const ckpt_tensor_t *t = &x->t[i];
+            if (t->offset != next)
+                BAD("%s/manifest.json: unit %s: tensor %s starts at element %lld, not %lld (%s)", dir, x->name,
+                    t->name, (long long)t->offset, (long long)next, t->offset > next ? "a gap" : "an overlap");
+            next = t->offset + t->numel;
+            total += t->numel;
+        }
+        if (next != x->length)
+            BAD("%s/manifest.json: unit %s: tensors end at %lld, the unit's length is %lld", dir, x->name,
+                (long long)next, (long long)x->length);
+        if (x->padded % S || x->padded < x->length || x->padded - x->length >= S)
+            BAD("%s/manifest.json: unit %s: padded length %lld is not the length %lld rounded up to a multiple of %lld",
+                dir, x->name, (long long)x->padded, (long long)x->length, (long long)S);
+    }
+    if (total != model_n_params(&man->cfg))
+        BAD("%s/manifest.json: the units hold %lld elements, the model has %lld parameters", dir, (long long)total,
+            (long long)model_n_params(&man->cfg));
+    return bad;
+}
+
+typedef struct {
+    const char *spath;
+    const ckpt_manifest_t *man;
+    int64_t index;
+    int bad, n;
+} extra_ctx_t;
+
+/* Datasets other than the unit arrays: the tokenizer files (shard 1 only), nothing else. */
+static int check_extra(hid_t f, const char *path, void *p)
+{
+    extra_ctx_t *c = p;
+    int bad = 0;
+    const char *rest = path[0] == '/' ? path + 1 : path;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        size_t l = strlen(ckpt_kind_names[k]);
+        if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
+            for (int u = 0; u < c->man->n_units; u++)
+                if (!strcmp(rest + l + 1, c->man->units[u].name))
+                    return 0; /* checked with the unit arrays */
+    }
+    if (!strncmp(rest, "tokenizer/", 10) && c->index == 0) {
+        uint64_t stored, computed;
+        int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
+        c->n++;
+        if (r < 0)
+            BAD("%s: %s", c->spath, ftk_err_msg());
+        else if (r > 0)
+            BAD("%s: dataset %s: checksum mismatch (stored %016llx, computed %016llx)", c->spath, path,
+                (unsigned long long)stored, (unsigned long long)computed);
+    } else {
+        BAD("%s: unexpected dataset %s (not in the shard map)", c->spath, path);
+    }
+    c->bad += bad;
+    return 0;
+}
+
+/* One shard file: size and checksum against the manifest, its attributes, every dataset's
+ * checksum and shape, padding zero, with --deep no NaN/Inf. buf: room for one slice. */
+static int check_shard(const char *dir, const ckpt_manifest_t *man, int64_t i, float *buf, int *n_ds)
+{
+    int bad = 0;
+    int64_t S = man->meta.shard_count;
+    char name[32], spath[4200];
+    ckpt_shard_name(name, i, S);
+    snprintf(spath, sizeof spath, "%s/%s", dir, name);
+    uint64_t sum;
+    if (hash_file(spath, &sum) < 0) {
+        BAD("%s", ftk_err_msg());
+        return bad;
+    }
+    hid_t f = ckpt_shard_open(dir, man, i, 0); /* attributes: index, count, step, shard map */
+    if (f < 0) {
+        BAD("%s", ftk_err_msg());
+        if ((f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL)) < 0)
+            return bad; /* not readable as a shard at all: said above */
+    }
+    int ds_bad = 0;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        for (int u = 0; u < man->n_units; u++) {
+            const ckpt_unit_t *x = &man->units[u];
+            int64_t part = x->padded / S, base = i * part;
+            if (ckpt_shard_read(f, k, x, S, 0, part, 1, buf) < 0) {
+                BAD("%s: %s", spath, ftk_err_msg());
+                ds_bad++;
+                continue;
+            }
+            (*n_ds)++;
+            int64_t nz = 0;
+            for (int64_t e = x->length > base ? x->length : base; e < base + part; e++)
+                nz += buf[e - base] != 0;
+            if (nz)
+                BAD("%s: dataset /%s/%s: %lld padding elements are not zero", spath, ckpt_kind_names[k], x->name,
+                    (long long)nz);
+            if (deep) {
+                uint64_t nan = 0, inf = 0;
+                dtype_count_nonfinite(buf, DT_F32, (size_t)part, &nan, &inf);
+                if (nan || inf)
+                    BAD("%s: dataset /%s/%s: %llu NaN and %llu infinite values", spath, ckpt_kind_names[k], x->name,
+                        (unsigned long long)nan, (unsigned long long)inf);
+            }
+        }
+    }
+    extra_ctx_t c = {.spath = spath, .man = man, .index = i};
+    if (h5_each_dataset(f, check_extra, &c) < 0)
+        BAD("%s: %s", spath, ftk_err_msg());
+    bad += c.bad;
+    *n_ds += c.n;
+    h5_close(f);
+    if (sum != man->shards[i].xxh3)
+        BAD("%s: file checksum %016llx differs from the manifest's %016llx%s", spath, (unsigned long long)sum,
+            (unsigned long long)man->shards[i].xxh3,
+            bad || ds_bad ? "" : ", though every dataset verifies (the manifest's entry or the file's metadata is wrong)");
+    return bad;
+}
+
+static int verify_checkpoint(const char *dir)
+{
+    ckpt_manifest_t man;
+    if (ckpt_open(dir, &man) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_VERIFY;
+    }
+    int bad = check_coverage(dir, &man), n_ds = 0;
+    int64_t S = man.meta.shard_count, maxpart = 0;
+    for (int u = 0; u < man.n_units; u++)
+        maxpart = man.units[u].padded / S > maxpart ? man.units[u].padded / S : maxpart;
+    float *buf = malloc((size_t)maxpart * sizeof *buf);
+    if (!buf) {
+        ftk_error("out of memory");
+        ckpt_manifest_free(&man);
+        return FTK_EXIT_FAIL;
+    }
+    for (int64_t i = 0; i < S && bad < 20; i++)
+        bad += check_shard(dir, &man, i, buf, &n_ds);
+    if (!bad)
+        printf("%s: OK (checkpoint of step %lld: %lld shard%s, strategy %s on %lld rank%s, %d datasets; %lld "
+               "parameters each covered once; checksums%s verified)\n",
+               dir, (long long)man.meta.step, (long long)S, S == 1 ? "" : "s", man.meta.strategy,
+               (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", n_ds,
+               (long long)model_n_params(&man.cfg), deep ? ", padding and values (no NaN/Inf)" : " and padding");
+    free(buf);
+    ckpt_manifest_free(&man);
+    return bad ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
+}
+
+/* A checkpoint directory, RUN/latest, or a run directory (every committed checkpoint,
+ * `latest`, and leftovers of writes that did not finish). */
+static int verify_path_ckpt(const char *path)
+{
+    struct stat sb;
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/manifest.json", path);
+    if (!(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || stat(mp, &sb) == 0) {
+        char *dir = ckpt_resolve(path);
+        if (!dir) {
+            ftk_error("%s", ftk_err_msg());
+            return FTK_EXIT_VERIFY;
+        }
+        int r = verify_checkpoint(dir);
+        free(dir);
+        return r;
+    }
+    int bad = 0, n_steps = 0;
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s/manifest.json", path, e->d_name);
+        if (!strncmp(e->d_name, ".step-", 6) && strstr(e->d_name, ".tmp."))
+            ftk_warn("%s/%s: an unfinished checkpoint (its writer died or is still writing; not a checkpoint: "
+                     "ftk-train --resume removes it)",
+                     path, e->d_name);
+        else if (!strncmp(e->d_name, "step-", 5) && ++n_steps && stat(p, &sb) < 0)
+            BAD("%s/%s: not a committed checkpoint (no manifest.json)", path, e->d_name);
+    }
+    if (d)
+        closedir(d);
+    size_t n;
+    char **v = ckpt_list(path, &n);
+    snprintf(mp, sizeof mp, "%s/latest", path);
+    int has_latest = stat(mp, &sb) == 0;
+    if (!n && !n_steps && !has_latest) {
+        ftk_error("%s: neither a checkpoint (no manifest.json) nor a run directory (no step-* checkpoints)", path);
+        free(v);
+        return FTK_EXIT_USAGE;
+    }
+    if (has_latest) {
+        char *l = ckpt_resolve(path);
+        int found = 0;
+        for (size_t i = 0; l && i < n; i++)
+            found |= !strcmp(v[i], l);
+        if (!l)
+            BAD("%s", ftk_err_msg());
+        else if (!found)
+            BAD("%s/latest names %s, which is not a committed checkpoint", path, l);
+        free(l);
+    } else if (n) {
+        BAD("%s: no `latest` file naming the newest checkpoint", path);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (verify_checkpoint(v[i]))
+            bad++;
+        free(v[i]);
+    }
+    free(v);
+    return bad ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
+}
+
+/* ---- --compare ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double max_abs, max_rel;
+    uint64_t n, differ, over;
+} diff_t;
+
+static void diff_one(diff_t *d, double x, double y)
+{
+    d->n++;
+    if (x == y || (isnan(x) && isnan(y)))
+        return;
+    d->differ++;
+    double ad = fabs(x - y), rel = y != 0 ? ad / fabs(y) : INFINITY;
+    if (isnan(ad))
+        ad = rel = INFINITY;
+    d->max_abs = ad > d->max_abs ? ad : d->max_abs;
+    d->max_rel = rel > d->max_rel ? rel : d->max_rel;
+    if (!(ad <= cmp_atol + cmp_rtol * fabs(y)))
+        d->over++;
+}
+
+/* One line for a tensor; returns 1 when it is outside the tolerances. */
+static int diff_report(const char *what, const diff_t *d)
+{
+    if (!d->differ)
+        printf("%s: identical (%llu values)\n", what, (unsigned long long)d->n);
+    else
+        printf("%s: %llu of %llu values differ; max abs difference %.3g, max relative %.3g%s\n", what,
+               (unsigned long long)d->differ, (unsigned long long)d->n, d->max_abs, d->max_rel,
+               d->over ? "" : " (within tolerance)");
+    return d->over ? 1 : 0;
+}
+
+static int compare_ckpt(const char *pa, const char *pb)
+{
+    char *da = ckpt_resolve(pa), *db = da ? ckpt_resolve(pb) : NULL;
+    ckpt_manifest_t ma = {0}, mb = {0};
+    int rc = FTK_EXIT_USAGE, diff = 0;
+    hid_t *fa = NULL, *fb = NULL;
+    float *ba = NULL, *bb = NULL;
+    if (!da || !db || ckpt_open(da, &ma) < 0 || ckpt_open(db, &mb) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        goto out;
+    }
+    if (ma.n_units != mb.n_units || model_n_params(&ma.cfg) != model_n_params(&mb.cfg)) {
+        ftk_error("%s and %s are checkpoints of different models", da, db);
+        goto out;
+    }
+    for (int u = 0; u < ma.n_units; u++)
+        if (ma.units[u].length != mb.units[u].length || ma.units[u].n_tensors != mb.units[u].n_tensors) {
+            ftk_error("%s and %s are checkpoints of different models (unit %s)", da, db, ma.units[u].name);
+            goto out;
+        }
+    const ckpt_meta_t *a = &ma.meta, *b = &mb.meta;
+    const char *names[] = {"step", "tokens_seen", "data.epoch", "data.rows_consumed"};
+    int64_t va[] = {a->step, a->tokens_seen, a->epoch, a->rows_consumed},
+            vb[] = {b->step, b->tokens_seen, b->epoch, b->rows_consumed};
+    for (int i = 0; i < 4; i++)
+        if (va[i] != vb[i]) {
+            printf("%s: %lld vs %lld\n", names[i], (long long)va[i], (long long)vb[i]);
+            diff++;
+        }
+    if (strcmp(a->data_set_xxh3, b->data_set_xxh3) || strcmp(a->init_xxh3, b->init_xxh3)) {
+        printf("data set or initial weights differ (%s/%s vs %s/%s)\n", a->data_set_xxh3, a->init_xxh3,
+               b->data_set_xxh3, b->init_xxh3);
+        diff++;
+    }
+    int64_t maxpad = 0;
+    for (int u = 0; u < ma.n_units; u++) {
+        maxpad = ma.units[u].padded > maxpad ? ma.units[u].padded : maxpad;
+        maxpad = mb.units[u].padded > maxpad ? mb.units[u].padded : maxpad;
+    }
+    fa = calloc((size_t)a->shard_count, sizeof *fa);
+    fb = calloc((size_t)b->shard_count, sizeof *fb);
+    ba = malloc((size_t)maxpad * sizeof *ba);
+    bb = malloc((size_t)maxpad * sizeof *bb);
+    if (!fa || !fb || !ba || !bb) {
+        ftk_error("out of memory");
+        rc = FTK_EXIT_FAIL;
+        goto out;
+    }
+    for (int64_t i = 0; i < a->shard_count; i++)
+        fa[i] = -1;
+    for (int64_t i = 0; i < b->shard_count; i++)
+        fb[i] = -1;
+    for (int64_t i = 0; i < a->shard_count; i++)
+        if ((fa[i] = ckpt_shard_open(da, &ma, i, 1)) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            rc = FTK_EXIT_VERIFY;
+            goto out;
+        }
+    for (int64_t i = 0; i < b->shard_count; i++)
+        if ((fb[i] = ckpt_shard_open(db, &mb, i, 1)) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            rc = FTK_EXIT_VERIFY;
+            goto out;
+        }
+    for (int k = 0; k < CKPT_KINDS; k++)
+        for (int u = 0; u < ma.n_units; u++) {
+            if (ckpt_read_unit(fa, &ma, k, u, ba) < 0 || ckpt_read_unit(fb, &mb, k, u, bb) < 0) {
+                ftk_error("%s", ftk_err_msg());
+                rc = FTK_EXIT_VERIFY;
+                goto out;
+            }
+            const ckpt_unit_t *x = &ma.units[u];
+            for (int i = 0; i < x->n_tensors; i++) {
+                diff_t d = {0};
+                for (int64_t e = x->t[i].offset; e < x->t[i].offset + x->t[i].numel; e++)
+                    diff_one(&d, ba[e], bb[e]);
+                char what[160];
+                snprintf(what, sizeof what, "%s %s", ckpt_kind_names[k], x->t[i].name);
+                diff += diff_report(what, &d);
+            }
+        }
+    printf("%s vs %s: %s\n", da, db, diff ? "DIFFERENT" : "equal within tolerance");
+    rc = diff ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
+out:
+    for (int64_t i = 0; fa && i < ma.meta.shard_count; i++)
+        if (fa[i] >= 0)
+            h5_close(fa[i]);
+    for (int64_t i = 0; fb && i < mb.meta.shard_count; i++)
+        if (fb[i] >= 0)
+            h5_close(fb[i]);
+    free(fa);
+    free(fb);
+    free(ba);
+    free(bb);
+    ckpt_manifest_free(&ma);
+    ckpt_manifest_free(&mb);
+    free(da);
+    free(db);
+    return rc;
+}
+
+typedef struct {
+    hid_t b;
+    const char *pa, *pb;
+    int diff, failed;
+} cmp_ctx_t;
+
+/* Reads rows [r0, r0+n) of a dataset as doubles (bfloat16 converted by hand). */
+static int read_rows_d(hid_t f, const char *path, int bf16, hsize_t r0, hsize_t n, size_t per_row, double *out)
+{
+    if (!bf16)
+        return h5r_read_rows(f, path, H5T_NATIVE_DOUBLE, r0, n, out);
+    uint16_t *tmp = (uint16_t *)out; /* converted backwards in place: 2 bytes -> 8 */
+    if (h5r_read_rows(f, path, H5T_NATIVE_UINT16, r0, n, tmp) < 0)
+        return -1;
+    for (size_t i = (size_t)n * per_row; i-- > 0;)
+        out[i] = bf16_to_f32(tmp[i]);
+    return 0;
+}
+
+static int is_bf16(hid_t f, const char *path)
+{
+    char tn[32];
+    hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
+    if (d < 0)
+        return 0;
+    h5_type_name(d, tn, sizeof tn);
+    H5Dclose(d);
+    return !strcmp(tn, "bfloat16");
+}
+
+static int compare_dataset(hid_t fa, const char *path, void *p)
+{
+    cmp_ctx_t *c = p;
+    hsize_t da[8], db[8];
+    int ra = h5r_shape(fa, path, da), rb = H5Lexists(c->b, path + (path[0] == '/'), H5P_DEFAULT) > 0
+                                                ? h5r_shape(c->b, path, db)
+                                                : -2;
+    if (rb == -2) {
+        printf("%s: only in %s\n", path, c->pa);
+        c->diff++;
+        return 0;
+    }
+    int same = ra == rb && ra >= 0;
+    for (int i = 0; same && i < ra; i++)
+        same = da[i] == db[i];
+    if (!same) {
+        printf("%s: shapes differ\n", path);
+        c->diff++;
+        return 0;
+    }
+    if (ra == 0) { /* a scalar */
+        double x, y;
+        if (h5r_read(fa, path, H5T_NATIVE_DOUBLE, &x, 1) < 0 || h5r_read(c->b, path, H5T_NATIVE_DOUBLE, &y, 1) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            c->failed = 1;
+            return 1;
+        }
+        diff_t d = {0};
+        diff_one(&d, x, y);
+        c->diff += diff_report(path, &d);
+        return 0;
+    }
+    size_t per_row = 1;
+    for (int i = 1; i < ra; i++)
+        per_row *= da[i];
+    hsize_t block = per_row >= (1u << 20) ? 1 : (hsize_t)((1u << 20) / (per_row ? per_row : 1));
+    double *x = malloc(block * per_row * sizeof *x + 1), *y = malloc(block * per_row * sizeof *y + 1);
+    int bfa = is_bf16(fa, path), bfb = is_bf16(c->b, path);
+    diff_t d = {0};
+    for (hsize_t r = 0; x && y && r < da[0]; r += block) {
+        hsize_t n = da[0] - r < block ? da[0] - r : block;
+        if (read_rows_d(fa, path, bfa, r, n, per_row, x) < 0 || read_rows_d(c->b, path, bfb, r, n, per_row, y) < 0) {
+            ftk_error("%s: %s", path, ftk_err_msg());
+            c->failed = 1;
+            break;
+        }
+        for (size_t i = 0; i < (size_t)n * per_row; i++)
+            diff_one(&d, x[i], y[i]);
+    }
+    if (!x || !y) {
+        ftk_error("out of memory");
+        c->failed = 1;
+    }
+    free(x);
+    free(y);
+    if (c->failed)
+        return 1;
+    c->diff += diff_report(path, &d);
+    return 0;
+}
+
+static int only_in_b(hid_t fb, const char *path, void *p)
+{
+    cmp_ctx_t *c = p; /* here c->b is file A */
+    if (H5Lexists(c->b, path + (path[0] == '/'), H5P_DEFAULT) <= 0) {
+        printf("%s: only in %s\n", path, c->pb);
+        c->diff++;
+    }
+    (void)fb;
+    return 0;
+}
+
+static int compare_files(const char *pa, const char *pb)
+{
+    char *fmta = NULL, *fmtb = NULL;
+    hid_t a = h5_open(pa, NULL, 0, &fmta, NULL), b = a >= 0 ? h5_open(pb, NULL, 0, &fmtb, NULL) : -1;
+    int rc = FTK_EXIT_USAGE;
+    if (a < 0 || b < 0) {
+        ftk_error("%s", ftk_err_msg());
+    } else if (strcmp(fmta, fmtb)) {
+        ftk_error("%s is a %s file, %s a %s file: --compare needs two of the same kind", pa, fmta, pb, fmtb);
+    } else {
+        cmp_ctx_t c = {.b = b, .pa = pa, .pb = pb};
+        if (h5_each_dataset(a, compare_dataset, &c) < 0 || c.failed) {
+            if (!c.failed)
+                ftk_error("%s: %s", pa, ftk_err_msg());
+            rc = FTK_EXIT_VERIFY;
+        } else {
+            cmp_ctx_t c2 = {.b = a, .pa = pa, .pb = pb};
+            h5_each_dataset(b, only_in_b, &c2);
+            c.diff += c2.diff;
+            printf("%s vs %s: %s\n", pa, pb, c.diff ? "DIFFERENT" : "equal within tolerance");
+            rc = c.diff ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
+        }
+    }
+    if (a >= 0)
+        h5_close(a);
+    if (b >= 0)
+        h5_close(b);
+    free(fmta);
+    free(fmtb);
+    return rc;
+}
+
+static int compare(const char *a, const char *b)
+{
+    int ca = is_checkpoint_path(a), cb = is_checkpoint_path(b);
+    if (ca != cb) {
+        ftk_error("%s and %s are not of the same kind (a checkpoint and a file)", a, b);
+        return FTK_EXIT_USAGE;
+    }
+    return ca ? compare_ckpt(a, b) : compare_files(a, b);
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-verify");
@@ -170,58 +759,18 @@ int main(int argc, char **argv)
     int rc = opts_parse(&spec, argc, argv, &npos, &pos);
     if (rc)
         return rc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
+    if (compare_mode) {
+        if (npos != 2 || !(cmp_rtol >= 0) || !(cmp_atol >= 0)) {
+            ftk_error("--compare takes two paths (and --rtol, --atol >= 0)");
+            return FTK_EXIT_USAGE;
+        }
+        return compare(pos[0], pos[1]);
+    }
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
-        const char *path = pos[i];
-        if (access(path, R_OK) != 0) {
-            ftk_error("%s: cannot read it", path);
-            rc = FTK_EXIT_USAGE;
-            continue;
-        }
-        char *fmt = NULL;
-        int64_t ver = 0;
-        hid_t f = h5_open(path, NULL, 0, &fmt, &ver);
-        if (f < 0) {
-            ftk_error("%s", ftk_err_msg());
-            if (rc == FTK_EXIT_OK)
-                rc = FTK_EXIT_VERIFY;
-            continue;
-        }
-        verify_ctx_t c = {.path = path};
-        if (h5_each_dataset(f, check_dataset, &c) < 0) {
-            ftk_error("%s: %s", path, ftk_err_msg());
-            c.bad++;
-        }
-        const char *what = "checksums";
-        if (strcmp(fmt, TOKENS_FORMAT) == 0) {
-            if (ver > TOKENS_VERSION) {
-                ftk_error("%s: tokens format version %lld is newer than this ftk knows (%d)", path, (long long)ver,
-                          TOKENS_VERSION);
-                c.bad++;
-            } else if (!c.bad) {
-                c.bad += check_tokens(path, f);
-                what = "checksums and token-file invariants";
-            }
-        } else if (strcmp(fmt, WEIGHTS_FORMAT) == 0) {
-            if (ver > WEIGHTS_VERSION) {
-                ftk_error("%s: weights format version %lld is newer than this ftk knows (%d)", path, (long long)ver,
-                          WEIGHTS_VERSION);
-                c.bad++;
-            } else if (!c.bad) {
-                c.bad += check_weights(path, f);
-                what = deep ? "checksums, shapes and values (no NaN/Inf)" : "checksums and shapes";
-            }
-        } else {
-            ftk_warn("%s: format \"%s\" is not known to this ftk: checksums only", path, fmt);
-        }
-        h5_close(f);
-        if (c.bad) {
-            if (rc == FTK_EXIT_OK)
-                rc = FTK_EXIT_VERIFY;
-        } else {
-            printf("%s: OK (%s v%lld, %d datasets; %s verified)\n", path, fmt, (long long)ver, c.n, what);
-        }
-        free(fmt);
+        int r = is_checkpoint_path(pos[i]) ? verify_path_ckpt(pos[i]) : verify_file(pos[i]);
+        if (r == FTK_EXIT_USAGE || (r && rc == FTK_EXIT_OK))
+            rc = r;
     }
     return rc;
 }

@@ -21,6 +21,8 @@ static const struct {
     {"tokenize", "encode/decode text with a Llama tokenizer, line by line"},
     {"train", "finetune a model on packed data; checkpoints, resume"},
     {"generate", "sample text from weights or a checkpoint"},
+    {"reshard", "checkpoint of S shards -> S' shards (other ranks or strategy)"},
+    {"merge", "checkpoint -> consolidated weights file (HF names)"},
     {"info", "describe any ftk file"},
     {"verify", "recompute checksums and check invariants of ftk files"},
 };

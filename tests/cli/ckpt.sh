@@ -1,0 +1,194 @@
+#!/bin/sh
+# CLI tests of the checkpoint tools (ftk-reshard, ftk-merge, ftk-verify on checkpoints) and
+# of ftk-train resharding on load, on real checkpoints written by real MPI ranks:
+#  - continuation across rank counts: 8 steps on 4 ranks, then (a) ftk-reshard to 2 and
+#    resume on 2 ranks, (b) resume directly on 3 ranks; steps 9-16 match the uninterrupted
+#    4-rank run within 1e-5 (relative), and the final checkpoints compare equal within
+#    tolerance to its own (ftk-verify --compare across shard counts);
+#  - round trips: 4 -> 3 -> 1 -> 2 -> 4 shards, and full -> hybrid -> full, reproduce every
+#    file of the original bit for bit;
+#  - ftk-merge: of a 4-rank checkpoint equals the weights of the same run on one process
+#    (within tolerance), of any shard count the same bytes; bf16; --with-optimizer;
+#  - a corruption corpus made from a real checkpoint (a bit flipped in each kind of dataset,
+#    a truncated shard, a missing shard, a shard from another step, a manifest with a wrong
+#    size or checksum, a stale .tmp directory): ftk-verify names each (exit 3), and
+#    ftk-train --resume auto refuses the damaged checkpoint and falls back to the one before;
+#  - refusals: ftk-reshard of a damaged checkpoint (exit 2, nothing written), an existing
+#    output, a hybrid group that does not divide the ranks.
+# Usage: tests/cli/ckpt.sh BIN_DIR WORK_DIR
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+if ! command -v mpirun >/dev/null; then
+    echo "skipped (mpirun not found: run scripts/install-deps.sh)"
+    exit 77
+fi
+MPI="mpirun --oversubscribe"
+[ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
+TO="timeout -k 5 120"
+PY=/usr/bin/python3
+HAVE_H5PY=0
+$PY -c 'import h5py' 2>/dev/null && HAVE_H5PY=1
+
+"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
+    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
+"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5"
+T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 -j1 --steps 16 --save-every 8"
+TQ="$T -q"
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "lr".*//; s/.*"step": //; s/, "loss": / /'; }
+# close NAME A B: the losses of steps 9-16 of runs A and B within 1e-5 relative.
+close() {
+    losses "$2" | awk '$1 > 8' >"$WORK/la"
+    losses "$3" | awk '$1 > 8' >"$WORK/lb"
+    worst=$(paste "$WORK/la" "$WORK/lb" | awk 'BEGIN { w = 0; n = 0 }
+        { n++; if ($1 != $3) { w = 1e300; exit } d = $2 - $4; if (d < 0) d = -d; s = $4 < 0 ? -$4 : $4;
+          r = s > 0 ? d / s : d; if (r > w) w = r }
+        END { if (n != 8) w = 1e300; printf "%.3g", w }')
+    if awk -v w="$worst" 'BEGIN { exit !(w <= 1e-5) }'; then ok "$1 (largest relative difference $worst)"; else
+        notok "$1: largest relative loss difference $worst"
+        paste "$WORK/la" "$WORK/lb" | sed 's/^/     | /'
+    fi
+}
+
+# --- continuation across rank counts ----------------------------------------------------
+expect "4 ranks: 16 steps uninterrupted" 0 $TO $MPI -np 4 $TQ -o "$WORK/ref4"
+expect "4 ranks: stop after 8 (exit 75)" 75 $TO $MPI -np 4 $TQ -o "$WORK/run4" --stop-after 8
+expect "ftk-verify: the 4-shard checkpoint is whole" 0 "$BIN/ftk-verify" --deep "$WORK/run4/latest"
+grep -q "4 shards, strategy full on 4 ranks" "$WORK/out" && ok "ftk-verify: reports the layout" ||
+    notok "ftk-verify: reports the layout"
+expect "(a) ftk-reshard 4 -> 2" 0 "$BIN/ftk-reshard" "$WORK/run4/latest" -o "$WORK/run2/step-00000008" --ranks 2
+check "(a) the new checkpoint has 2 shards and a latest" test -f "$WORK/run2/step-00000008/shard-00002-of-00002.h5" \
+    -a -f "$WORK/run2/latest"
+expect "(a) ftk-verify of the resharded checkpoint" 0 "$BIN/ftk-verify" "$WORK/run2"
+expect "(a) resume on 2 ranks, 8 more steps" 0 $TO $MPI -np 2 $TQ -o "$WORK/run2" --resume auto
+close "(a) steps 9-16 on 2 ranks after ftk-reshard match the 4-rank run" "$WORK/run2" "$WORK/ref4"
+cp -r "$WORK/run4" "$WORK/run3"
+expect "(b) resume a 4-shard checkpoint directly on 3 ranks" 0 $TO $MPI -np 3 $T -o "$WORK/run3" --resume auto
+grep -q "4 shards (4 ranks, strategy full) resliced on load into 3" "$WORK/err" &&
+    ok "(b) says it reshards on load" || notok "(b) says it reshards on load"
+close "(b) steps 9-16 on 3 ranks after reshard-on-load match the 4-rank run" "$WORK/run3" "$WORK/ref4"
+expect "(b) final checkpoint (3 shards) equals the 4-rank run's within 1e-4" 0 "$BIN/ftk-verify" --compare \
+    "$WORK/run3" "$WORK/ref4" --rtol 1e-4 --atol 1e-7
+expect "resume a 4-shard checkpoint on 1 process" 0 $TO $TQ -o "$WORK/run4" --resume auto
+close "1 process after reshard-on-load matches the 4-rank run" "$WORK/run4" "$WORK/ref4"
+
+# --- round trips --------------------------------------------------------------------------
+C="$WORK/ref4/step-00000016"
+expect "reshard 4 -> 3" 0 "$BIN/ftk-reshard" "$C" -o "$WORK/rt3" -n 3
+expect "reshard 3 -> 1" 0 "$BIN/ftk-reshard" "$WORK/rt3" -o "$WORK/rt1" -n 1
+expect "reshard 1 -> 2" 0 "$BIN/ftk-reshard" "$WORK/rt1/latest" -o "$WORK/rt2/step-00000016" -n 2
+expect "reshard 2 -> 4" 0 "$BIN/ftk-reshard" "$WORK/rt2" -o "$WORK/rt4" -n 4
+if diff -r "$C" "$WORK/rt4/step-00000016" >/dev/null; then ok "4 -> 3 -> 1 -> 2 -> 4: every file bit for bit"; else
+    notok "4 -> 3 -> 1 -> 2 -> 4: every file bit for bit"
+fi
+expect "reshard full -> hybrid (4 ranks, groups of 2)" 0 "$BIN/ftk-reshard" "$C" -o "$WORK/rth" -n 4 \
+    --strategy hybrid --shard-group-size 2
+grep -q '"strategy": "hybrid"' "$WORK/rth/step-00000016/manifest.json" &&
+    test "$(ls "$WORK/rth/step-00000016" | grep -c '^shard-')" = 2 && ok "hybrid: 2 shards, strategy recorded" ||
+    notok "hybrid: 2 shards, strategy recorded"
+expect "reshard hybrid -> full (4 ranks)" 0 "$BIN/ftk-reshard" "$WORK/rth" -o "$WORK/rtf" -n 4 --strategy full
+if diff -r "$C" "$WORK/rtf/step-00000016" >/dev/null; then ok "full -> hybrid -> full: bit for bit"; else
+    notok "full -> hybrid -> full: bit for bit"
+fi
+expect "ftk-verify --compare across shard counts: identical" 0 "$BIN/ftk-verify" --compare "$C" "$WORK/rt3"
+expect "refused: the output exists" 2 "$BIN/ftk-reshard" "$C" -o "$WORK/rt3" -n 3
+expect "refused: hybrid group does not divide the ranks" 2 "$BIN/ftk-reshard" "$C" -o "$WORK/x" -n 4 \
+    --strategy hybrid --shard-group-size 3
+expect "refused: -o names another step" 2 "$BIN/ftk-reshard" "$C" -o "$WORK/x/step-00000003" -n 2
+check "refusals wrote nothing" test ! -e "$WORK/x"
+
+# --- ftk-merge ----------------------------------------------------------------------------
+expect "ftk-merge of the 4-shard checkpoint" 0 "$BIN/ftk-merge" "$WORK/ref4/latest" -o "$WORK/m4.h5"
+expect "ftk-merge of the 1-shard reshard" 0 "$BIN/ftk-merge" "$WORK/rt1" -o "$WORK/m1.h5"
+expect "the merged weights verify" 0 "$BIN/ftk-verify" --deep "$WORK/m4.h5"
+expect "merge of 4 shards = merge of 1 (every tensor identical)" 0 "$BIN/ftk-verify" --compare "$WORK/m4.h5" \
+    "$WORK/m1.h5"
+expect "one process: the same 16 steps" 0 $TO $TQ -o "$WORK/ref1"
+expect "ftk-merge of the one-process checkpoint" 0 "$BIN/ftk-merge" "$WORK/ref1" -o "$WORK/mref1.h5"
+expect "merged 4-rank weights = one-process weights (rtol 1e-4, atol 1e-5: the distributed equivalence bound)" 0 "$BIN/ftk-verify" --compare "$WORK/m4.h5" \
+    "$WORK/mref1.h5" --rtol 1e-4 --atol 1e-5
+expect "ftk-merge --dtype bfloat16" 0 "$BIN/ftk-merge" "$C" -o "$WORK/mbf.h5" --dtype bfloat16
+expect "bf16 merge differs from fp32 by rounding only (rtol 2^-8)" 0 "$BIN/ftk-verify" --compare "$WORK/mbf.h5" \
+    "$WORK/m4.h5" --rtol 0.00390625
+expect "ftk-merge --with-optimizer" 0 "$BIN/ftk-merge" "$C" -o "$WORK/mopt.h5" --with-optimizer
+expect "the merged file with moments verifies" 0 "$BIN/ftk-verify" "$WORK/mopt.h5"
+expect "ftk-generate from merged weights" 0 "$BIN/ftk-generate" -m "$WORK/m4.h5" -p "Hello" -n 8 --greedy
+cp "$WORK/out" "$WORK/gen-merged"
+expect "ftk-generate from the checkpoint" 0 "$BIN/ftk-generate" -m "$C" -p "Hello" -n 8 --greedy
+same "the same text from the checkpoint and its merge" "$WORK/out" "$WORK/gen-merged"
+expect "ftk-export-hf of merged weights" 0 "$BIN/ftk-export-hf" "$WORK/m4.h5" -o "$WORK/hf"
+check "the export has config.json and safetensors" test -f "$WORK/hf/config.json" -a -f "$WORK/hf/model.safetensors"
+
+# --- corruption corpus --------------------------------------------------------------------
+# damage KIND: a copy of run4 (steps 8 and 16 on 4 ranks... here ref4) with step 16 damaged.
+fresh() { rm -rf "$WORK/bad" && cp -r "$WORK/ref4" "$WORK/bad"; }
+D="$WORK/bad/step-00000016"
+S2="$D/shard-00002-of-00004.h5"
+# corrupt NAME EXPECTED_MESSAGE: ftk-verify exit 3 naming it; --resume auto falls back to step 8.
+corrupt() {
+    expect "corpus, $1: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$D"
+    if grep -q -- "$2" "$WORK/err"; then ok "corpus, $1: named ($2)"; else
+        notok "corpus, $1: message should contain '$2'"
+        sed 's/^/     | /' "$WORK/err" | head -n 5
+    fi
+    expect "corpus, $1: --resume auto falls back" 75 $TO $MPI -np 4 $T -o "$WORK/bad" --resume auto --stop-after 1
+    grep -q "step-00000016 is damaged" "$WORK/err" && grep -q "resuming from .*step-00000008" "$WORK/err" &&
+        ok "corpus, $1: says the newest is damaged, resumes from step 8" ||
+        { notok "corpus, $1: fallback message"; sed 's/^/     | /' "$WORK/err" | head -n 5; }
+}
+if [ $HAVE_H5PY = 1 ]; then
+    for ds in param/layer.0 adam_m/embed adam_v/head tokenizer/tokenizer.model; do
+        fresh
+        f="$D/shard-00001-of-00004.h5"
+        [ "$ds" = tokenizer/tokenizer.model ] || f=$S2
+        $PY - "$f" "$ds" <<'EOF'
+import sys, h5py
+path, ds = sys.argv[1], sys.argv[2]
+with h5py.File(path, "r") as f:
+    off = f[ds].id.get_offset() + 5
+with open(path, "r+b") as g:
+    g.seek(off); b = g.read(1); g.seek(off); g.write(bytes([b[0] ^ 0x10]))
+EOF
+        corrupt "bit flipped in /$ds" "dataset /$ds: checksum mismatch"
+    done
+else
+    echo "skip corpus bit flips (no h5py in $PY)"
+fi
+fresh
+truncate -s 20000 "$S2"
+corrupt "truncated shard" "shard-00002-of-00004.h5: 20000 bytes, the manifest says"
+fresh
+rm "$S2"
+corrupt "missing shard" "shard-00002-of-00004.h5: No such file"
+fresh
+cp "$WORK/bad/step-00000008/shard-00002-of-00004.h5" "$S2"
+corrupt "shard from another step" "written at step 8, the manifest is of step 16"
+fresh
+sed -i '0,/"bytes": \([0-9]*\)/s//"bytes": 1\1/' "$D/manifest.json"
+corrupt "manifest with a wrong size" "the manifest says 1"
+fresh
+sed -i '/"shard-00001-of-00004.h5"/s/"xxh3": "[0-9a-f]*"/"xxh3": "0123456789abcdef"/' "$D/manifest.json"
+corrupt "manifest with a wrong shard checksum" "differs from the manifest's 0123456789abcdef, though every dataset verifies"
+fresh
+mkdir "$WORK/bad/.step-00000024.tmp.99999" && cp "$S2" "$WORK/bad/.step-00000024.tmp.99999/"
+expect "corpus, stale .tmp directory: the checkpoints still verify" 0 "$BIN/ftk-verify" "$WORK/bad"
+grep -q "\.step-00000024\.tmp\.99999: an unfinished checkpoint" "$WORK/err" && ok "corpus, stale .tmp: named" ||
+    notok "corpus, stale .tmp: named"
+expect "corpus, stale .tmp: --resume auto removes it, resumes from step 16" 0 $TO $MPI -np 4 $T -o "$WORK/bad" \
+    --resume auto
+check "corpus, stale .tmp: removed" test ! -e "$WORK/bad/.step-00000024.tmp.99999"
+fresh
+truncate -s 20000 "$S2"
+expect "ftk-reshard refuses a damaged checkpoint (exit 2)" 2 "$BIN/ftk-reshard" "$D" -o "$WORK/y" -n 2
+check "ftk-reshard wrote nothing" test ! -e "$WORK/y/step-00000016"
+fresh
+printf 'junk' | dd of="$S2" bs=1 seek=30000 conv=notrunc 2>/dev/null
+expect "ftk-merge refuses a damaged checkpoint (exit 2)" 2 "$BIN/ftk-merge" "$D" -o "$WORK/y.h5"
+check "ftk-merge wrote nothing" test ! -e "$WORK/y.h5"
+expect "reshard-on-load refuses a damaged checkpoint and falls back" 75 $TO $MPI -np 3 $T -o "$WORK/bad" \
+    --resume auto --stop-after 1
+grep -q "resuming from .*step-00000008" "$WORK/err" && ok "reshard-on-load: fell back to step 8" ||
+    notok "reshard-on-load: fell back to step 8"
+finish

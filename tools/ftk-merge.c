@@ -1,0 +1,223 @@
+/* ftk-merge — a training checkpoint reassembled into one weights file (weights.h): the
+ * trained parameters under Hugging Face's names, ready for ftk-export-hf and ftk-generate. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "../formats/checkpoint.h"
+#include "../libcommon/atomic.h"
+#include "../libcommon/log.h"
+#include "../libcommon/opts.h"
+#include "../libcommon/timer.h"
+
+static const char *output, *dtype_opt = "float32", *compress = "none";
+static int with_optimizer;
+
+static const opt_t options[] = {
+    {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
+    {"dtype", 0, OPT_STR, &dtype_opt, "float32|bfloat16|float16",
+     "type of the stored parameters (bf16 and fp16 rounded to nearest even)"},
+    {"with-optimizer", 0, OPT_FLAG, &with_optimizer, NULL,
+     "also store both AdamW moments (float32) under /optimizer, tensor by tensor"},
+    {"compress", 0, OPT_STR, &compress, "none|zstd|zstd:L", "zstd-compress the tensors (HDF5 filter 32015)"},
+    {0},
+};
+
+static const opt_spec_t spec = {
+    .tool = "ftk-merge",
+    .usage = "CHECKPOINT -o FILE.h5 [--dtype bfloat16] [--with-optimizer]",
+    .summary = "Reassembles a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
+               "`latest` file), whatever its shard count, into one ftk weights file: every parameter\n"
+               "under its Hugging Face name and shape, in the chosen type, the tokenizer files\n"
+               "carried along; ready for ftk-export-hf, ftk-generate or another ftk-train. Every\n"
+               "shard's file checksum and every dataset's is verified first; one unit is held in\n"
+               "memory at a time. With --with-optimizer the file also holds /optimizer/adam_m/NAME\n"
+               "and /optimizer/adam_v/NAME (float32, the parameter's shape) and the step (weights.h).",
+    .epilog = "Exit status: 0 written; 1 runtime failure; 2 bad usage or a damaged or unreadable\n"
+              "checkpoint (the message names the file and dataset; nothing is written).\n",
+    .opts = options,
+    .min_pos = 1,
+    .max_pos = 1,
+};
+
+typedef struct {
+    const ckpt_manifest_t *man;
+    const hid_t *files;
+    dtype_t dt;
+    int *unit_of, *tensor_of; /* canonical tensor index -> (unit, tensor in unit) */
+    int cur_unit, damaged;
+    float *buf; /* the current unit's parameters (largest padded size) */
+} merge_t;
+
+static dtype_t merge_dtype(void *ctx, size_t i)
+{
+    (void)i;
+    return ((merge_t *)ctx)->dt;
+}
+
+static const void *merge_rows(void *ctx, size_t i, const weights_spec_t *s, dtype_t dt, int64_t row0, int64_t n,
+                              void *scratch)
+{
+    merge_t *m = ctx;
+    int u = m->unit_of[i];
+    if (u != m->cur_unit) {
+        if (ckpt_read_unit(m->files, m->man, 0, u, m->buf) < 0) {
+            m->damaged = 1;
+            return NULL;
+        }
+        m->cur_unit = u;
+    }
+    const ckpt_tensor_t *t = &m->man->units[u].t[m->tensor_of[i]];
+    int64_t cols = s->rank == 2 ? s->shape[1] : s->shape[0];
+    const float *src = m->buf + t->offset + row0 * cols;
+    if (dt == DT_F32)
+        return src;
+    dtype_convert(scratch, dt, src, DT_F32, (size_t)(n * cols));
+    return scratch;
+}
+
+typedef struct {
+    hid_t dst;
+} tok_copy_t;
+
+static int put_tok(const char *name, const void *data, size_t len, void *ctx)
+{
+    return weights_put_file(((tok_copy_t *)ctx)->dst, name, data, len) < 0 ? -1 : 0;
+}
+
+/* The tokenizer files, then (with --with-optimizer) the moments, tensor by tensor. */
+static int merge_extra(void *ctx, hid_t file)
+{
+    merge_t *m = ctx;
+    tok_copy_t tc = {file};
+    if (weights_each_file(m->files[0], put_tok, &tc) < 0)
+        return -1;
+    if (!with_optimizer)
+        return 0;
+    hid_t g = h5_group_create(file, "optimizer");
+    if (g < 0)
+        return -1;
+    int rc = h5_attr_set_i64(g, "step", m->man->meta.step) | h5_attr_set_f64(g, "beta1", m->man->meta.train.beta1) |
+             h5_attr_set_f64(g, "beta2", m->man->meta.train.beta2) | h5_attr_set_f64(g, "eps", m->man->meta.train.eps);
+    for (int k = 1; k < CKPT_KINDS && rc == 0; k++) {
+        hid_t gk = h5_group_create(g, ckpt_kind_names[k]);
+        if (gk < 0) {
+            rc = -1;
+            break;
+        }
+        for (int u = 0; u < m->man->n_units && rc == 0; u++) {
+            if (ckpt_read_unit(m->files, m->man, k, u, m->buf) < 0) {
+                m->damaged = 1;
+                rc = -1;
+                break;
+            }
+            m->cur_unit = -1;
+            const ckpt_unit_t *x = &m->man->units[u];
+            for (int i = 0; i < x->n_tensors && rc == 0; i++) {
+                const ckpt_tensor_t *t = &x->t[i];
+                hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
+                rc = h5w_write_tensor(gk, t->name, H5T_NATIVE_FLOAT, t->rank, dims, m->buf + t->offset, NULL, NULL);
+            }
+        }
+        H5Gclose(gk);
+    }
+    H5Gclose(g);
+    return rc ? -1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    ftk_set_tool("ftk-merge");
+    int npos;
+    char **pos;
+    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
+    if (rc)
+        return rc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
+    int zstd = 0;
+    dtype_t dt = dtype_parse(dtype_opt);
+    if (!output || dt == DT_INVALID || h5_parse_compress(compress, &zstd) < 0) {
+        ftk_error("%s", !output ? "--output is required"
+                                : "invalid value: need --dtype float32|bfloat16|float16, --compress none|zstd|zstd:L");
+        return FTK_EXIT_USAGE;
+    }
+    char *dir = ckpt_resolve(pos[0]);
+    if (!dir) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    ckpt_manifest_t man;
+    if (ckpt_open(dir, &man) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        free(dir);
+        return FTK_EXIT_USAGE;
+    }
+    double t0 = time_now();
+    int64_t S = man.meta.shard_count, maxpad = 0;
+    size_t nt = weights_n_tensors(&man.cfg);
+    merge_t m = {.man = &man, .dt = dt, .cur_unit = -1};
+    hid_t *files = calloc((size_t)S, sizeof *files);
+    m.unit_of = calloc(nt, sizeof *m.unit_of);
+    m.tensor_of = calloc(nt, sizeof *m.tensor_of);
+    for (int u = 0; u < man.n_units; u++)
+        maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
+    m.buf = malloc((size_t)maxpad * sizeof *m.buf);
+    rc = FTK_EXIT_FAIL;
+    if (!files || !m.unit_of || !m.tensor_of || !m.buf) {
+        ftk_error("out of memory");
+        goto done;
+    }
+    for (size_t i = 0, u = 0, k = 0; i < nt; i++, k++) { /* units hold the tensors in canonical order */
+        while ((int)k == man.units[u].n_tensors)
+            u++, k = 0;
+        m.unit_of[i] = (int)u;
+        m.tensor_of[i] = (int)k;
+    }
+    for (int64_t i = 0; i < S; i++)
+        files[i] = -1;
+    for (int64_t i = 0; i < S; i++)
+        if ((files[i] = ckpt_shard_open(dir, &man, i, 1)) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            rc = FTK_EXIT_USAGE;
+            goto done;
+        }
+    m.files = files;
+    model_config_t cfg = man.cfg;
+    cfg.torch_dtype = dt;
+    char source[4200];
+    snprintf(source, sizeof source, "ftk-merge of %s (step %lld, %lld shards)", dir, (long long)man.meta.step,
+             (long long)S);
+    weights_source_t ws = {.cfg = &cfg,
+                           .source = source,
+                           .dtype_label = dtype_name(dt),
+                           .zstd_level = zstd,
+                           .ctx = &m,
+                           .dtype = merge_dtype,
+                           .rows = merge_rows,
+                           .extra = merge_extra};
+    atomic_install_signal_cleanup();
+    uint64_t bytes = 0;
+    if (weights_write_file(output, &ws, &bytes) < 0) {
+        ftk_error("%s%s%s", m.damaged ? dir : "", m.damaged ? ": " : "", ftk_err_msg());
+        rc = m.damaged ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
+        goto done;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    ftk_info("%s: %.2f M parameters (%s) of step %lld from %lld shard%s%s, %.1f MB in %.2f s; peak memory %.1f MB",
+             output, (double)model_n_params(&cfg) / 1e6, dtype_name(dt), (long long)man.meta.step, (long long)S,
+             S == 1 ? "" : "s", with_optimizer ? ", with both AdamW moments" : "", (double)bytes / 1e6,
+             time_now() - t0, (double)ru.ru_maxrss / 1e3);
+    rc = FTK_EXIT_OK;
+done:
+    for (int64_t i = 0; files && i < S; i++)
+        if (files[i] >= 0)
+            h5_close(files[i]);
+    free(files);
+    free(m.unit_of);
+    free(m.tensor_of);
+    free(m.buf);
+    ckpt_manifest_free(&man);
+    free(dir);
+    return rc;
+}

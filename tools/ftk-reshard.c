@@ -1,0 +1,308 @@
+/* ftk-reshard — a checkpoint of S shards rewritten as S' shards (another number of ranks,
+ * or another strategy), streaming one unit at a time. */
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "../engine/strategy.h"
+#include "../formats/checkpoint.h"
+#include "../libcommon/log.h"
+#include "../libcommon/opts.h"
+#include "../libcommon/progress.h"
+#include "../libcommon/timer.h"
+
+static const char *output, *strategy_opt;
+static int64_t ranks, group_size;
+static int force;
+
+static const opt_t options[] = {
+    {"output", 'o', OPT_STR, &output, "DIR",
+     "the new checkpoint: RUN/step-NNNNNNNN, or a run directory RUN (the step is the input's)"},
+    {"ranks", 'n', OPT_I64, &ranks, "N", "ranks the checkpoint is for (required)"},
+    {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid (default: the input's)"},
+    {"shard-group-size", 0, OPT_I64, &group_size, "G",
+     "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing checkpoint at the output"},
+    {0},
+};
+
+static const opt_spec_t spec = {
+    .tool = "ftk-reshard",
+    .usage = "CHECKPOINT -o OUT --ranks N [--strategy S] [--shard-group-size G]",
+    .summary = "Rewrites a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
+               "`latest` file) for another number of ranks or another sharding strategy: master\n"
+               "weights, both AdamW moments, step, data-order state, seed and schedule carried over,\n"
+               "new shard files, checksums and manifest. Every input shard's checksum and every\n"
+               "dataset's is verified before it is used. Streams one unit (a transformer block, the\n"
+               "embedding or the head) of one array at a time, so memory stays near the largest\n"
+               "unit's size whatever the model's. Writes under a hidden name, fsyncs, renames, then\n"
+               "points RUN/latest at the new checkpoint, like ftk-train.\n"
+               "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
+               "reshards on load; this tool is for moving a checkpoint between machines or layouts.",
+    .epilog = "Exit status: 0 written; 1 runtime failure (I/O, memory); 2 bad usage or a damaged or\n"
+              "unreadable input (the message names the file and dataset; nothing is written).\n",
+    .opts = options,
+    .min_pos = 1,
+    .max_pos = 1,
+};
+
+/* RUN/step-NNNNNNNN or RUN: the run directory, created if needed (one level). */
+static char *run_dir_of(const char *out, int64_t step, int *ok)
+{
+    char *a = strdup(out), *b = strdup(out), want[32];
+    *ok = 0;
+    if (!a || !b) {
+        free(a);
+        free(b);
+        ftk_error("out of memory");
+        return NULL;
+    }
+    size_t n = strlen(a);
+    while (n > 1 && a[n - 1] == '/')
+        a[--n] = 0, b[n] = 0;
+    const char *base = basename(b);
+    snprintf(want, sizeof want, "step-%08lld", (long long)step);
+    char *run;
+    if (!strncmp(base, "step-", 5) && strlen(base) == 13 && strspn(base + 5, "0123456789") == 8) {
+        if (strcmp(base, want)) {
+            ftk_error("-o %s: the checkpoint is of step %lld, so its directory is %s", out, (long long)step, want);
+            free(a);
+            free(b);
+            return NULL;
+        }
+        run = strdup(dirname(a));
+    } else {
+        run = strdup(a);
+    }
+    free(a);
+    free(b);
+    if (!run) {
+        ftk_error("out of memory");
+        return NULL;
+    }
+    struct stat sb;
+    if (stat(run, &sb) < 0 && mkdir(run, 0777) < 0) {
+        ftk_error("%s: %s", run, strerror(errno));
+        free(run);
+        return NULL;
+    }
+    if (stat(run, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+        ftk_error("%s: not a directory", run);
+        free(run);
+        return NULL;
+    }
+    char *final = malloc(strlen(run) + 32);
+    if (final) {
+        sprintf(final, "%s/%s", run, want);
+        if (stat(final, &sb) == 0 && !force) {
+            ftk_error("%s exists (use --force to replace it)", final);
+            free(final);
+            free(run);
+            return NULL;
+        }
+        free(final);
+    }
+    *ok = 1;
+    return run;
+}
+
+int main(int argc, char **argv)
+{
+    ftk_set_tool("ftk-reshard");
+    int npos;
+    char **pos;
+    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
+    if (rc)
+        return rc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
+    if (!output || ranks < 1 || ranks > 99999 || group_size < 0) {
+        ftk_error("%s", !output ? "--output is required" : "need --ranks 1..99999 (and --shard-group-size >= 1)");
+        return FTK_EXIT_USAGE;
+    }
+    char *dir = ckpt_resolve(pos[0]);
+    if (!dir) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    ckpt_manifest_t man;
+    if (ckpt_open(dir, &man) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        free(dir);
+        return FTK_EXIT_USAGE;
+    }
+
+    /* The new layout. */
+    ckpt_meta_t meta = man.meta;
+    strategy_t strat;
+    if (strategy_parse(strategy_opt ? strategy_opt : man.meta.strategy, &strat) < 0) {
+        ftk_error("--strategy %s: expected full, grad-op, none or hybrid", strategy_opt ? strategy_opt : man.meta.strategy);
+        goto usage;
+    }
+    int64_t S2 = ranks;
+    if (strat == STRAT_HYBRID) {
+        int64_t g = group_size ? group_size : !strcmp(man.meta.strategy, "hybrid") ? man.meta.shard_count : 0;
+        if (g < 1 || ranks % g) {
+            ftk_error("hybrid on %lld ranks: %s", (long long)ranks,
+                      g < 1 ? "give --shard-group-size (the input is not hybrid)"
+                            : "--shard-group-size must divide --ranks");
+            goto usage;
+        }
+        S2 = g;
+    } else if (group_size) {
+        ftk_error("--shard-group-size is for --strategy hybrid");
+        goto usage;
+    }
+    snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
+    meta.world_size = ranks;
+    meta.shard_count = S2;
+    ckpt_unit_t *units2 = NULL;
+    int n2;
+    if (ckpt_units(&man.cfg, S2, &units2, &n2) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        goto fail_early;
+    }
+    int ok;
+    char *run = run_dir_of(output, meta.step, &ok);
+    if (!ok) {
+        free(units2);
+        goto usage;
+    }
+    atomic_install_signal_cleanup();
+    double t0 = time_now();
+    int64_t S = man.meta.shard_count;
+    hid_t *in = calloc((size_t)S, sizeof *in);
+    ckpt_shard_writer_t **out = calloc((size_t)S2, sizeof *out);
+    ckpt_shard_sum_t *sums = calloc((size_t)S2, sizeof *sums);
+    int64_t maxpad = 0;
+    for (int u = 0; u < man.n_units; u++) {
+        maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
+        maxpad = units2[u].padded > maxpad ? units2[u].padded : maxpad;
+    }
+    float *buf = malloc((size_t)maxpad * sizeof *buf);
+    if (!in || !out || !sums || !buf) {
+        ftk_error("out of memory");
+        rc = FTK_EXIT_FAIL;
+        goto done;
+    }
+    for (int64_t i = 0; i < S; i++)
+        in[i] = -1;
+
+    /* Verify before trusting: every input file's checksum (then every dataset's as it is read). */
+    progress_t p;
+    uint64_t in_bytes = 0;
+    for (int64_t i = 0; i < S; i++)
+        in_bytes += man.shards[i].bytes;
+    progress_start(&p, "verifying", (int64_t)in_bytes, "bytes");
+    uint64_t seen = 0;
+    for (int64_t i = 0; i < S; i++) {
+        if ((in[i] = ckpt_shard_open(dir, &man, i, 1)) < 0) {
+            progress_done(&p);
+            ftk_error("%s", ftk_err_msg());
+            rc = FTK_EXIT_USAGE;
+            goto done;
+        }
+        seen += man.shards[i].bytes;
+        progress_update(&p, (int64_t)seen);
+    }
+    progress_done(&p);
+
+    ckpt_writer_t w;
+    if (ckpt_begin(&w, run, meta.step) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        rc = FTK_EXIT_FAIL;
+        goto done;
+    }
+    rc = FTK_EXIT_FAIL;
+    for (int64_t j = 0; j < S2; j++)
+        if (!(out[j] = ckpt_shard_create(w.dir, &meta, units2, n2, j))) {
+            ftk_error("%s", ftk_err_msg());
+            goto abort;
+        }
+    progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units, "arrays");
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        for (int u = 0; u < man.n_units; u++) {
+            if (ckpt_read_unit(in, &man, k, u, buf) < 0) {
+                progress_done(&p);
+                ftk_error("%s: %s", dir, ftk_err_msg());
+                rc = FTK_EXIT_USAGE;
+                goto abort;
+            }
+            /* Elements past the old padding (a larger new padding) are zero; so are the
+             * old padding's, which a smaller new padding drops. */
+            if (units2[u].padded > man.units[u].padded)
+                memset(buf + man.units[u].padded, 0,
+                       (size_t)(units2[u].padded - man.units[u].padded) * sizeof *buf);
+            int64_t part = units2[u].padded / S2;
+            for (int64_t j = 0; j < S2; j++)
+                if (ckpt_shard_put(out[j], k, u, buf + j * part) < 0) {
+                    progress_done(&p);
+                    ftk_error("%s", ftk_err_msg());
+                    goto abort;
+                }
+            progress_update(&p, (int64_t)k * man.n_units + u + 1);
+        }
+    }
+    progress_done(&p);
+    uint64_t out_bytes = 0;
+    for (int64_t j = 0; j < S2; j++) {
+        ckpt_shard_writer_t *x = out[j];
+        out[j] = NULL;
+        if (ckpt_shard_finish(x, j == 0 ? in[0] : -1, &sums[j]) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            goto abort;
+        }
+        out_bytes += sums[j].bytes;
+    }
+    char *final_name = strdup(w.name);
+    if (ckpt_commit(&w, &meta, &man.cfg, units2, n2, sums, 0) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        free(final_name);
+        goto done;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int64_t big = 0;
+    for (int u = 0; u < man.n_units; u++)
+        big = man.units[u].length > big ? man.units[u].length : big;
+    double secs = time_now() - t0;
+    ftk_info("%s/%s: step %lld, %lld shards (%s, %lld ranks) -> %lld (%s, %lld ranks); %.1f MB read, %.1f MB "
+             "written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
+             run, final_name ? final_name : "", (long long)meta.step, (long long)S, man.meta.strategy,
+             (long long)man.meta.world_size, (long long)S2, meta.strategy, (long long)ranks, (double)in_bytes / 1e6,
+             (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3, (double)big * 4 / 1e6);
+    free(final_name);
+    rc = FTK_EXIT_OK;
+    goto done;
+abort:
+    for (int64_t j = 0; j < S2; j++)
+        if (out[j]) {
+            ckpt_shard_sum_t dummy;
+            ckpt_shard_finish(out[j], -1, &dummy);
+            out[j] = NULL;
+        }
+    ckpt_abort(&w);
+done:
+    for (int64_t i = 0; in && i < S; i++)
+        if (in[i] >= 0)
+            h5_close(in[i]);
+    free(in);
+    free(out);
+    free(sums);
+    free(buf);
+    free(units2);
+    free(run);
+    ckpt_manifest_free(&man);
+    free(dir);
+    return rc;
+usage:
+    ckpt_manifest_free(&man);
+    free(dir);
+    return FTK_EXIT_USAGE;
+fail_early:
+    ckpt_manifest_free(&man);
+    free(dir);
+    return FTK_EXIT_FAIL;
+}
