@@ -5,7 +5,7 @@
 #                        (unit, CLI golden, reference, fault tests, then the ASan+UBSan build)
 #   make demo            install, build, run the demo pipeline on the embedded example
 #   make bench           speed ratios against peers in the same run: tokenizer vs SentencePiece,
-#                        import/export vs cp, CPU training vs PyTorch
+#                        import/export vs cp, CPU training vs PyTorch, reshard vs cp -r
 #   make asan            the sanitizer build only (build/asan/bin)
 #   make install PREFIX=/usr/local
 #

@@ -383,27 +383,11 @@ int shard_load_weights(shard_t *s, hid_t weights)
 /* The slice a checkpoint holds: the owned range, or slice r of a whole unit (none). */
 static int64_t slice_at(const shard_t *s, int u) { return sharded(s) ? 0 : (s->units[u].padded / s->S) * s->r; }
 
-int shard_get_state(shard_t *s, ckpt_state_t *st)
+int shard_get_slice(shard_t *s, int kind, int unit, float *host)
 {
-    memset(st, 0, sizeof *st);
-    float ***dst[3] = {&st->param, &st->m, &st->v};
     float **src[3] = {s->p, s->m, s->v};
-    for (int k = 0; k < 3; k++)
-        if (!(*dst[k] = calloc((size_t)s->n_units, sizeof(float *))))
-            goto oom;
-    for (int u = 0; u < s->n_units; u++) {
-        int64_t part = s->units[u].padded / s->S;
-        for (int k = 0; k < 3; k++) {
-            if (!((*dst[k])[u] = malloc((size_t)part * sizeof(float))))
-                goto oom;
-            s->be->download((*dst[k])[u], src[k][u] + slice_at(s, u), (size_t)part * sizeof(float));
-        }
-    }
+    s->be->download(host, src[kind][unit] + slice_at(s, unit), (size_t)(s->units[unit].padded / s->S) * sizeof(float));
     return 0;
-oom:
-    ckpt_state_free(st, s->n_units);
-    ftk_err_set("out of memory");
-    return -1;
 }
 
 int shard_set_state(shard_t *s, const ckpt_state_t *st)

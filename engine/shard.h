@@ -68,10 +68,12 @@ comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
 /* Initial parameters from a weights file: each rank reads only the rows of its slices
  * (whole units for none). */
 int shard_load_weights(shard_t *s, hid_t weights);
-/* This rank's slice [r·P/S, (r+1)·P/S) of every unit's parameters and moments, to and
- * from host arrays (ckpt_state_t layout). Setting them under none gathers whole units
- * from every rank's slice (all ranks call it). */
-int shard_get_state(shard_t *s, ckpt_state_t *st);
+/* This rank's slice [r·P/S, (r+1)·P/S) of one unit's array (kind 0 parameters, 1 and 2
+ * the AdamW moments) into host memory (padded/S floats): a checkpoint is written one
+ * array at a time, never a second copy of the state. */
+int shard_get_slice(shard_t *s, int kind, int unit, float *host);
+/* Every unit's slices of parameters and moments from host arrays (ckpt_state_t layout).
+ * Under none this gathers whole units from every rank's slice (all ranks call it). */
 int shard_set_state(shard_t *s, const ckpt_state_t *st);
 
 /* A pass over one micro-batch: begin (backward: a training pass, else forward only;

@@ -240,19 +240,6 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
     return rc ? -1 : 0;
 }
 
-int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
-                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum)
-{
-    ckpt_shard_writer_t *w = ckpt_shard_create(dir, meta, units, n_units, index);
-    if (!w)
-        return -1;
-    float **arrays[CKPT_KINDS] = {st->param, st->m, st->v};
-    for (int k = 0; k < CKPT_KINDS; k++)
-        for (int u = 0; u < n_units; u++)
-            ckpt_shard_put(w, k, u, arrays[k][u]); /* a failure is kept and reported below */
-    return ckpt_shard_finish(w, tok_src, sum);
-}
-
 static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
                           uint64_t config_sum, const ckpt_shard_sum_t *sums)
 {

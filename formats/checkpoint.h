@@ -14,7 +14,7 @@
  * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
  * (atomic.h), so a crash at any instant leaves the previous checkpoint whole and named.
  * S processes write it together: one makes the directory (ckpt_begin), each writes and
- * fsyncs its own shard file there in parallel (ckpt_write_shard), and the first, once it
+ * fsyncs its own shard file there in parallel (ckpt_shard_create), and the first, once it
  * has every shard's size and checksum, writes the manifest and commits (ckpt_commit).
  *
  * **Shard map.** Parameters are grouped into units in the weights' canonical order:
@@ -127,10 +127,6 @@ int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17]);
 
 /* ---- writing ----
  * ckpt_begin: makes the hidden directory for RUN/step-NNNNNNNN (w->dir names it).
- * ckpt_write_shard: writes and fsyncs shard `index` of meta->shard_count into dir (any
- *   process; dir from the one that called ckpt_begin); tok_src (may be -1) is an HDF5
- *   file whose /tokenizer files are carried along (pass it for shard 0); *sum gets the
- *   file's size and checksum for the manifest.
  * ckpt_commit: config.json and manifest.json (sums: one per shard, in order), rename into
  *   place, RUN/latest, then with keep > 0 removes older step-* directories beyond the
  *   newest keep. ckpt_abort: removes the hidden directory. */
@@ -141,14 +137,13 @@ typedef struct {
     char name[32];
 } ckpt_writer_t;
 int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step);
-int ckpt_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
-                     const ckpt_state_t *st, hid_t tok_src, ckpt_shard_sum_t *sum);
 int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
                 int n_units, const ckpt_shard_sum_t *sums, int keep);
 void ckpt_abort(ckpt_writer_t *w);
 
 /* One shard file written an array at a time, so that a tool holding one unit at a time
- * (ftk-reshard) writes the same bytes as ckpt_write_shard(), which is built on it.
+ * (ftk-reshard) writes the same bytes as a training rank; any process writes its shard
+ * into the directory ckpt_begin() made (dir: w->dir of the process that called it).
  * ckpt_shard_put() takes the arrays in file order: kind 0 (param) of units 0 … n−1, then
  * kind 1, then kind 2, each padded/S floats (copied; the caller keeps data); an array out
  * of order is an error. ckpt_shard_finish() adds the tokenizer files of tok_src (or -1),

@@ -33,6 +33,10 @@
  *                     tokenizer_config.json, special_tokens_map.json, or llama2.c's
  *                     tokenizer.bin), so that later stages need only the .h5; ftk-export-hf
  *                     writes them back out.
+ *   /optimizer        optional (ftk-merge --with-optimizer): attrs step (int64), beta1,
+ *                     beta2, eps (float64); adam_m/NAME and adam_v/NAME, float32 with the
+ *                     shape of /tensors/NAME, the AdamW moments of a checkpoint. Readers of
+ *                     weights ignore it.
  *
  * Readers refuse other formats and versions above WEIGHTS_VERSION (h5_open).
  * Functions return 0 (or a valid hid_t) or -1 with ftk_err_msg() set.

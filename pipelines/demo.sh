@@ -76,3 +76,18 @@ echo
 echo "== 10. after training, the same instruction, greedy, from the run's latest checkpoint. With 36 examples"
 echo "       the model memorises its training answers (validation loss rises: it overfits, as it must):"
 ftk generate -m "$OUT/run" --alpaca -p "$PROMPT" --greedy -n 60 | sed 's/^/   | /'
+echo
+echo "== 11. the checkpoint moves on: prove it whole (manifest, every shard's size and checksum, every dataset's,"
+echo "       every parameter covered once), reshard it for 3 ranks (what a requeued job on other GPUs gets; ftk train"
+echo "       --resume also does this on load), compare the layouts value by value, merge it into one weights file"
+echo "       (Hugging Face names, bfloat16), export that to a Hugging Face folder, verify, and generate from it."
+rm -rf "$OUT/run3" "$OUT/final-hf" "$OUT/final.h5"
+ftk verify "$OUT/run" | sed 's/^/   /'
+ftk reshard "$OUT/run" -o "$OUT/run3" --ranks 3
+ftk verify --compare "$OUT/run" "$OUT/run3" | tail -n 1 | sed 's/^/   /'
+ftk merge "$OUT/run3" -o "$OUT/final.h5" --dtype bfloat16
+ftk export-hf "$OUT/final.h5" -o "$OUT/final-hf"
+ftk verify --deep "$OUT/final.h5" | sed 's/^/   /'
+ls "$OUT/final-hf" | sed 's/^/   final-hf\//'
+echo "   greedy answer from the merged bfloat16 weights:"
+ftk generate -m "$OUT/final.h5" --alpaca -p "$PROMPT" --greedy -n 60 | sed 's/^/   | /'

@@ -268,10 +268,11 @@ int main(int argc, char **argv)
     for (int u = 0; u < man.n_units; u++)
         big = man.units[u].length > big ? man.units[u].length : big;
     double secs = time_now() - t0;
-    ftk_info("%s/%s: step %lld, %lld shards (%s, %lld ranks) -> %lld (%s, %lld ranks); %.1f MB read, %.1f MB "
+    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s) -> %lld (%s, %lld rank%s); %.1f MB read, %.1f MB "
              "written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
-             run, final_name ? final_name : "", (long long)meta.step, (long long)S, man.meta.strategy,
-             (long long)man.meta.world_size, (long long)S2, meta.strategy, (long long)ranks, (double)in_bytes / 1e6,
+             run, final_name ? final_name : "", (long long)meta.step, (long long)S, S == 1 ? "" : "s",
+             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", (long long)S2,
+             meta.strategy, (long long)ranks, ranks == 1 ? "" : "s", (double)in_bytes / 1e6,
              (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3, (double)big * 4 / 1e6);
     free(final_name);
     rc = FTK_EXIT_OK;

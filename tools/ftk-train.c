@@ -326,13 +326,25 @@ static int save(shard_t *sh, const ckpt_meta_t *meta, const model_config_t *cfg,
     const ckpt_unit_t *units = shard_units(sh, &n_units);
     shard_report_t me = {0, 0, 0};
     if (shard_writes(sh)) {
-        ckpt_state_t st;
+        /* One array at a time through one unit-sized buffer: saving never doubles the
+         * memory of the state. */
         ckpt_shard_sum_t sum = {0, 0};
-        int64_t idx = shard_index(sh);
-        if (shard_get_state(sh, &st) < 0 ||
-            ckpt_write_shard(dir, meta, units, n_units, idx, &st, idx == 0 ? tok_src : -1, &sum) < 0)
+        int64_t idx = shard_index(sh), S = meta->shard_count, most = 0;
+        for (int u = 0; u < n_units; u++)
+            most = units[u].padded / S > most ? units[u].padded / S : most;
+        float *buf = malloc((size_t)most * sizeof *buf);
+        ckpt_shard_writer_t *sw = buf ? ckpt_shard_create(dir, meta, units, n_units, idx) : NULL;
+        int bad = !sw;
+        if (!buf)
+            ftk_err_set("out of memory");
+        for (int k = 0; k < CKPT_KINDS && !bad; k++)
+            for (int u = 0; u < n_units && !bad; u++)
+                bad = shard_get_slice(sh, k, u, buf) < 0 || ckpt_shard_put(sw, k, u, buf) < 0;
+        if (sw && ckpt_shard_finish(sw, idx == 0 ? tok_src : -1, &sum) < 0)
+            bad = 1;
+        if (bad)
             me.code = fail(FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
-        ckpt_state_free(&st, n_units);
+        free(buf);
         me.bytes = sum.bytes;
         me.xxh3 = sum.xxh3;
     }

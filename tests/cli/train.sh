@@ -119,7 +119,7 @@ check "no hidden temporaries left in the run directory" test -z "$(ls -A "$WORK/
 cp -r "$WORK/a" "$WORK/e"
 printf 'X' | dd of="$WORK/e/step-00000012/shard-00001-of-00001.h5" bs=1 seek=5000 conv=notrunc 2>/dev/null
 expect "resume from a named damaged checkpoint: refused" 2 $T -o "$WORK/e" --steps 12 --resume "$WORK/e/step-00000012"
-grep -q "shard-00001-of-00001.h5: file checksum differs" "$WORK/err" && ok "message names the damaged shard" ||
+grep -q "shard-00001-of-00001.h5: file checksum [0-9a-f]* differs" "$WORK/err" && ok "message names the damaged shard" ||
     notok "message names the damaged shard"
 expect "--resume auto past a damaged newest checkpoint" 0 $T -o "$WORK/e" --steps 12 --resume auto
 grep -q "step-00000012 is damaged.*trying the one before" "$WORK/err" && ok "warning names the damaged checkpoint" ||
