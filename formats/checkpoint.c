@@ -744,6 +744,16 @@ out:
     return rc;
 }
 
+char *ckpt_open_path(const char *path, ckpt_manifest_t *man)
+{
+    char *dir = ckpt_resolve(path);
+    if (dir && ckpt_open(dir, man) < 0) {
+        free(dir);
+        dir = NULL;
+    }
+    return dir;
+}
+
 void ckpt_manifest_free(ckpt_manifest_t *man)
 {
     free(man->units);
@@ -904,26 +914,38 @@ int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int
     return 0;
 }
 
-int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units)
+hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify)
 {
     int64_t S = man->meta.shard_count;
-    int rc = 0;
-    hid_t *f = calloc((size_t)S, sizeof *f);
+    hid_t *f = malloc((size_t)S * sizeof *f);
     if (!f) {
         ftk_err_set("out of memory");
-        return -1;
+        return NULL;
     }
     for (int64_t i = 0; i < S; i++)
-        f[i] = -1;
-    for (int64_t i = 0; i < S && rc == 0; i++)
-        if ((f[i] = ckpt_shard_open(dir, man, i, 1)) < 0)
-            rc = -1;
+        if ((f[i] = ckpt_shard_open(dir, man, i, verify)) < 0) {
+            while (i-- > 0)
+                h5_close(f[i]);
+            free(f);
+            return NULL;
+        }
+    return f;
+}
+
+void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man)
+{
+    for (int64_t i = 0; files && i < man->meta.shard_count; i++)
+        h5_close(files[i]);
+    free(files);
+}
+
+int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units)
+{
+    hid_t *f = ckpt_open_shards(dir, man, 1);
+    int rc = f ? 0 : -1;
     for (int u = 0; u < man->n_units && rc == 0; u++)
         rc = ckpt_read_unit(f, man, 0, u, units[u]);
-    for (int64_t i = 0; i < S; i++)
-        if (f[i] >= 0)
-            h5_close(f[i]);
-    free(f);
+    ckpt_close_shards(f, man);
     return rc;
 }
 

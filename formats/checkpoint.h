@@ -182,11 +182,17 @@ typedef struct {
  * recorded size. */
 int ckpt_open(const char *dir, ckpt_manifest_t *man);
 void ckpt_manifest_free(ckpt_manifest_t *man);
+/* ckpt_resolve() then ckpt_open(): returns the checkpoint's directory (malloc'd) or NULL. */
+char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
  * and count, step — a shard of another checkpoint — and units_xxh3). The caller closes
  * the handle with h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
+/* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
+ * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
+hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify);
+void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man);
 /* Elements [start, start+n) of /KIND/UNIT (kind: 0 param, 1 adam_m, 2 adam_v) of an open
  * shard of an S-shard checkpoint, into out. check (whole dataset only) also compares the
  * bytes read with the dataset's xxh3_64. */

@@ -141,29 +141,24 @@ int main(int argc, char **argv)
                                 : "invalid value: need --dtype float32|bfloat16|float16, --compress none|zstd|zstd:L");
         return FTK_EXIT_USAGE;
     }
-    char *dir = ckpt_resolve(pos[0]);
+    ckpt_manifest_t man;
+    char *dir = ckpt_open_path(pos[0], &man);
     if (!dir) {
         ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_USAGE;
-    }
-    ckpt_manifest_t man;
-    if (ckpt_open(dir, &man) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        free(dir);
         return FTK_EXIT_USAGE;
     }
     double t0 = time_now();
     int64_t S = man.meta.shard_count, maxpad = 0;
     size_t nt = weights_n_tensors(&man.cfg);
     merge_t m = {.man = &man, .dt = dt, .cur_unit = -1};
-    hid_t *files = calloc((size_t)S, sizeof *files);
+    hid_t *files = NULL;
     m.unit_of = calloc(nt, sizeof *m.unit_of);
     m.tensor_of = calloc(nt, sizeof *m.tensor_of);
     for (int u = 0; u < man.n_units; u++)
         maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
     m.buf = malloc((size_t)maxpad * sizeof *m.buf);
     rc = FTK_EXIT_FAIL;
-    if (!files || !m.unit_of || !m.tensor_of || !m.buf) {
+    if (!m.unit_of || !m.tensor_of || !m.buf) {
         ftk_error("out of memory");
         goto done;
     }
@@ -173,14 +168,11 @@ int main(int argc, char **argv)
         m.unit_of[i] = (int)u;
         m.tensor_of[i] = (int)k;
     }
-    for (int64_t i = 0; i < S; i++)
-        files[i] = -1;
-    for (int64_t i = 0; i < S; i++)
-        if ((files[i] = ckpt_shard_open(dir, &man, i, 1)) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            rc = FTK_EXIT_USAGE;
-            goto done;
-        }
+    if (!(files = ckpt_open_shards(dir, &man, 1))) {
+        ftk_error("%s", ftk_err_msg());
+        rc = FTK_EXIT_USAGE;
+        goto done;
+    }
     m.files = files;
     model_config_t cfg = man.cfg;
     cfg.torch_dtype = dt;
@@ -210,10 +202,7 @@ int main(int argc, char **argv)
              time_now() - t0, (double)ru.ru_maxrss / 1e3);
     rc = FTK_EXIT_OK;
 done:
-    for (int64_t i = 0; files && i < S; i++)
-        if (files[i] >= 0)
-            h5_close(files[i]);
-    free(files);
+    ckpt_close_shards(files, &man);
     free(m.unit_of);
     free(m.tensor_of);
     free(m.buf);

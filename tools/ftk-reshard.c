@@ -122,15 +122,10 @@ int main(int argc, char **argv)
         ftk_error("%s", !output ? "--output is required" : "need --ranks 1..99999 (and --shard-group-size >= 1)");
         return FTK_EXIT_USAGE;
     }
-    char *dir = ckpt_resolve(pos[0]);
+    ckpt_manifest_t man;
+    char *dir = ckpt_open_path(pos[0], &man);
     if (!dir) {
         ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_USAGE;
-    }
-    ckpt_manifest_t man;
-    if (ckpt_open(dir, &man) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        free(dir);
         return FTK_EXIT_USAGE;
     }
 

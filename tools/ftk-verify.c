@@ -511,12 +511,12 @@ static int diff_report(const char *what, const diff_t *d)
 
 static int compare_ckpt(const char *pa, const char *pb)
 {
-    char *da = ckpt_resolve(pa), *db = da ? ckpt_resolve(pb) : NULL;
     ckpt_manifest_t ma = {0}, mb = {0};
+    char *da = ckpt_open_path(pa, &ma), *db = da ? ckpt_open_path(pb, &mb) : NULL;
     int rc = FTK_EXIT_USAGE, diff = 0;
     hid_t *fa = NULL, *fb = NULL;
     float *ba = NULL, *bb = NULL;
-    if (!da || !db || ckpt_open(da, &ma) < 0 || ckpt_open(db, &mb) < 0) {
+    if (!da || !db) {
         ftk_error("%s", ftk_err_msg());
         goto out;
     }
@@ -548,31 +548,18 @@ static int compare_ckpt(const char *pa, const char *pb)
         maxpad = ma.units[u].padded > maxpad ? ma.units[u].padded : maxpad;
         maxpad = mb.units[u].padded > maxpad ? mb.units[u].padded : maxpad;
     }
-    fa = calloc((size_t)a->shard_count, sizeof *fa);
-    fb = calloc((size_t)b->shard_count, sizeof *fb);
     ba = malloc((size_t)maxpad * sizeof *ba);
     bb = malloc((size_t)maxpad * sizeof *bb);
-    if (!fa || !fb || !ba || !bb) {
+    if (!ba || !bb) {
         ftk_error("out of memory");
         rc = FTK_EXIT_FAIL;
         goto out;
     }
-    for (int64_t i = 0; i < a->shard_count; i++)
-        fa[i] = -1;
-    for (int64_t i = 0; i < b->shard_count; i++)
-        fb[i] = -1;
-    for (int64_t i = 0; i < a->shard_count; i++)
-        if ((fa[i] = ckpt_shard_open(da, &ma, i, 1)) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            rc = FTK_EXIT_VERIFY;
-            goto out;
-        }
-    for (int64_t i = 0; i < b->shard_count; i++)
-        if ((fb[i] = ckpt_shard_open(db, &mb, i, 1)) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            rc = FTK_EXIT_VERIFY;
-            goto out;
-        }
+    if (!(fa = ckpt_open_shards(da, &ma, 1)) || !(fb = ckpt_open_shards(db, &mb, 1))) {
+        ftk_error("%s", ftk_err_msg());
+        rc = FTK_EXIT_VERIFY;
+        goto out;
+    }
     for (int k = 0; k < CKPT_KINDS; k++)
         for (int u = 0; u < ma.n_units; u++) {
             if (ckpt_read_unit(fa, &ma, k, u, ba) < 0 || ckpt_read_unit(fb, &mb, k, u, bb) < 0) {
@@ -593,14 +580,8 @@ static int compare_ckpt(const char *pa, const char *pb)
     printf("%s vs %s: %s\n", da, db, diff ? "DIFFERENT" : values_differing ? "equal within tolerance" : "identical");
     rc = diff ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
 out:
-    for (int64_t i = 0; fa && i < ma.meta.shard_count; i++)
-        if (fa[i] >= 0)
-            h5_close(fa[i]);
-    for (int64_t i = 0; fb && i < mb.meta.shard_count; i++)
-        if (fb[i] >= 0)
-            h5_close(fb[i]);
-    free(fa);
-    free(fb);
+    ckpt_close_shards(fa, &ma);
+    ckpt_close_shards(fb, &mb);
     free(ba);
     free(bb);
     ckpt_manifest_free(&ma);
