@@ -50,11 +50,11 @@ static const opt_spec_t spec = {
     .max_pos = 1,
 };
 
-/* RUN/step-NNNNNNNN or RUN: the run directory, created if needed (one level). */
-static char *run_dir_of(const char *out, int64_t step, int *ok)
+/* RUN/step-NNNNNNNN or RUN: the run directory (checked, not yet created), or NULL with
+ * the error printed. */
+static char *run_dir_of(const char *out, int64_t step)
 {
     char *a = strdup(out), *b = strdup(out), want[32];
-    *ok = 0;
     if (!a || !b) {
         free(a);
         free(b);
@@ -85,12 +85,7 @@ static char *run_dir_of(const char *out, int64_t step, int *ok)
         return NULL;
     }
     struct stat sb;
-    if (stat(run, &sb) < 0 && mkdir(run, 0777) < 0) {
-        ftk_error("%s: %s", run, strerror(errno));
-        free(run);
-        return NULL;
-    }
-    if (stat(run, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+    if (stat(run, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         ftk_error("%s: not a directory", run);
         free(run);
         return NULL;
@@ -106,7 +101,6 @@ static char *run_dir_of(const char *out, int64_t step, int *ok)
         }
         free(final);
     }
-    *ok = 1;
     return run;
 }
 
@@ -159,9 +153,8 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         goto fail_early;
     }
-    int ok;
-    char *run = run_dir_of(output, meta.step, &ok);
-    if (!ok) {
+    char *run = run_dir_of(output, meta.step);
+    if (!run) {
         free(units2);
         goto usage;
     }
@@ -205,6 +198,12 @@ int main(int argc, char **argv)
     progress_done(&p);
 
     ckpt_writer_t w;
+    struct stat sb;
+    if (stat(run, &sb) < 0 && mkdir(run, 0777) < 0) { /* only now: a refused input leaves nothing */
+        ftk_error("%s: %s", run, strerror(errno));
+        rc = FTK_EXIT_FAIL;
+        goto done;
+    }
     if (ckpt_begin(&w, run, meta.step) < 0) {
         ftk_error("%s", ftk_err_msg());
         rc = FTK_EXIT_FAIL;

@@ -389,8 +389,10 @@ static int read_checkpoint(const char *ck, shard_t *sh, const ckpt_meta_t *meta,
         code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
     else
         *cm = man.meta;
-    if ((code = agree(code, 0)))
+    if ((code = agree(code, 0))) {
+        ckpt_manifest_free(&man); /* opened here if another rank failed (ckpt_open clears it on failure) */
         return code;
+    }
     if (!same_config(&man.cfg, cfg) || strcmp(cm->init_xxh3, meta->init_xxh3))
         code = fail(FTK_EXIT_USAGE, "%s is a checkpoint of a run started from other weights (%s) than %s", ck,
                     cm->init_file, model_path);
