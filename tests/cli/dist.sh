@@ -102,12 +102,15 @@ if [ "$KILLS" -gt 0 ]; then
     same_shards "after SIGTERM + resume: byte-identical to the uninterrupted run" "$WORK/term" "$WORK/lref3" 40
 
     # --- the preemption pipeline --------------------------------------------------------------
-    expect "2 ranks, full, 40 steps uninterrupted" 0 $TO $MPI -np 2 $L -o "$WORK/lref2" --save-every 10
+    # 100 steps (about 4 s here) so that the first signal, 1.2-2 s after a start, always lands
+    # in a run: with 40 steps a fast machine finished before it (0 preemptions, seen in CI).
+    expect "2 ranks, full, 100 steps uninterrupted" 0 $TO $MPI -np 2 $L -o "$WORK/lref2" --save-every 10 --steps 100
     expect "preempt-sim: SIGUSR1 to mpirun 3 times, requeued each time, completes" 0 $TO \
-        sh "$ROOT/pipelines/preempt-sim.sh" -n 3 -d 1.2:2.0 -- $MPI -np 2 $L -o "$WORK/sim" --save-every 10 --resume auto
+        sh "$ROOT/pipelines/preempt-sim.sh" -n 3 -d 1.2:2.0 -- $MPI -np 2 $L -o "$WORK/sim" --save-every 10 \
+        --steps 100 --resume auto
     k=$(grep -c 'preempted (exit 75)' "$WORK/err")
     check "preempt-sim: $k preemptions happened (exit 75 each)" test "$k" -ge 1
-    same_shards "preempt-sim: final checkpoint byte-identical to the uninterrupted run" "$WORK/sim" "$WORK/lref2" 40
+    same_shards "preempt-sim: final checkpoint byte-identical to the uninterrupted run" "$WORK/sim" "$WORK/lref2" 100
     losses "$WORK/sim" >"$WORK/ls"
     losses "$WORK/lref2" >"$WORK/la"
     same "preempt-sim: losses identical at every step" "$WORK/ls" "$WORK/la"
