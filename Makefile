@@ -61,9 +61,19 @@ NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=co
              -Xcompiler -Wall,-Wextra,-Werror
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
-CUDA_BINS := $(O)/tests/gpu_smoke
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_BINS := $(O)/tests/gpu_smoke $(O)/tests/gpu_ops $(O)/tests/gpu_opbench
 endif
+endif
+
+# The tools that take --device link the CUDA backend, or its stub where there is none.
+DEVICE_BINS := $(BINDIR)/ftk-train $(BINDIR)/ftk-generate
+ifneq ($(CUDA_BINS),)
+DEVICE_OBJ  := $(CUDA_OBJ)
+DEVICE_LIBS := $(CUDA_LIBS) -lstdc++
+else
+DEVICE_OBJ  := $(O)/kernels/none/cuda_none.o
+DEVICE_LIBS :=
 endif
 
 .SECONDARY:
@@ -92,6 +102,9 @@ endif
 
 $(O)/engine/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 $(MPI_BINS): LIBS += $(MPI_LIBS)
+$(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
+$(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
+$(DEVICE_BINS): $(DEVICE_OBJ)
 
 $(LIBFTK): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -99,7 +112,7 @@ $(LIBFTK): $(LIB_OBJ)
 
 $(BINDIR)/%: $(O)/tools/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
+	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
 $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
@@ -117,9 +130,12 @@ ifneq ($(CUDA_BINS),)
 $(O)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(CUDA_OBJ)
+$(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@
+$(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 endif
 
 asan:

@@ -22,6 +22,8 @@
  *    contract (engine/model.c checks the configuration once). Like a kernel launch, an op
  *    has no error path: the CPU ops that need a few kilobytes of per-thread scratch
  *    (attention rows, the loss's per-row sums) abort if even that cannot be allocated.
+ *  - Memory from alloc() may not be host memory: only upload/download move bytes
+ *    between the host and it (a CUDA backend's pointers are device pointers).
  *  - Determinism: for a given backend and thread count every op gives the same bits on
  *    every call; the CPU ops also give the same bits for any thread count except matmul,
  *    which is BLAS's. Bit-exact resume depends on this.
@@ -41,6 +43,10 @@ typedef struct backend {
     void (*download)(void *host_dst, const void *src, size_t bytes);
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Waits for the ops issued so far; 0, or -1 with ftk_err_msg() set when one of them
+     * failed since the backend started (a device backend keeps its first error and skips
+     * later ops; the CPU backend never fails here). */
+    int (*sync)(void);
 
     /* C[M,N] = alpha·op(A)·op(B) + beta·C, op(X) = X or Xᵀ (ta, tb); A is [M,K] (or [K,M]
      * when ta), B is [K,N] (or [N,K] when tb). A linear layer y = x·Wᵀ is
@@ -105,5 +111,12 @@ typedef struct backend {
 
 /* The CPU backend (kernels/cpu/cpu.c). */
 const backend_t *backend_cpu(void);
+
+/* The CUDA backend (kernels/cuda/cuda.cu) on the given device of this process; NULL with
+ * ftk_err_msg() set when the build has no CUDA (kernels/none/cuda_none.c), the device is
+ * absent, or it cannot start. One device per process. */
+const backend_t *backend_cuda(int device);
+/* CUDA devices this process sees; 0 without CUDA. */
+int backend_cuda_devices(void);
 
 #endif

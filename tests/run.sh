@@ -43,6 +43,15 @@ for t in build/tests/test_*; do
 done
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
+    # every CUDA op and a whole training step against the CPU backend: bf16 matrix products
+    # (the default), then exact fp32 ones for tight bounds
+    if build/tests/gpu_smoke >/dev/null 2>&1; then
+        run gpu/ops-vs-cpu build/tests/gpu_ops
+        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 build/tests/gpu_ops
+        if command -v compute-sanitizer >/dev/null; then
+            run gpu/ops-compute-sanitizer compute-sanitizer --error-exitcode 1 build/tests/gpu_ops
+        fi
+    fi
 else
     run gpu/smoke sh -c 'echo "skipped (CUDA toolkit not found at build time)"; exit 77'
 fi

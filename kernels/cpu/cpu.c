@@ -38,6 +38,8 @@ static void cpu_zero(void *p, size_t bytes)
         memset(p, 0, bytes);
 }
 
+static int cpu_sync(void) { return 0; }
+
 static void cpu_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
                        float beta, float *C)
 {
@@ -411,6 +413,7 @@ static const backend_t cpu_backend = {
     .download = cpu_copy,
     .zero = cpu_zero,
     .copy = cpu_copy,
+    .sync = cpu_sync,
     .matmul = cpu_matmul,
     .embed_fwd = cpu_embed_fwd,
     .embed_bwd = cpu_embed_bwd,

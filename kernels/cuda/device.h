@@ -1,8 +1,8 @@
 /* device.h — the CUDA runtime probe and a smoke kernel, callable from C.
  *
- * The CUDA backend proper (kernels/backend.h, kernels/cuda/…) arrives with the training
- * issues; this keeps the CUDA build path compiled in CI from day one and lets the test
- * suite say "skipped (no GPU)" or run a real kernel where a GPU exists.
+ * The backend itself is kernels/cuda/cuda.cu; this needs nothing but the CUDA runtime,
+ * so the test suite can say "skipped (no GPU)" or run one real kernel before the op
+ * tests (tests/gpu/).
  */
 #ifndef FTK_CUDA_DEVICE_H
 #define FTK_CUDA_DEVICE_H
