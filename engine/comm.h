@@ -53,6 +53,9 @@ comm_t *comm_split(comm_t *c, int color, int key);
 void comm_free(comm_t *c);
 /* Where the tensor collectives of c account (may be shared by several groups). */
 void comm_set_stats(comm_t *c, comm_stats_t *s);
+/* How a world of one copies in its tensor collectives (default memmove): a backend whose
+ * memory is not the host's passes its copy. MPI ranks ignore it (MPI reads host memory). */
+void comm_set_copy(comm_t *c, void (*copy)(void *dst, const void *src, size_t bytes));
 
 /* full[p·n] = the n-element parts of every rank, in rank order. */
 int comm_allgather(comm_t *c, const float *part, float *full, int64_t n, comm_req_t *req);

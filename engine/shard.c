@@ -252,8 +252,12 @@ shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int gro
         goto fail;
     comm_set_stats(s->world, &s->stats);
     comm_set_stats(s->group, &s->stats);
-    if (s->cross)
+    comm_set_copy(s->world, be->copy);
+    comm_set_copy(s->group, be->copy);
+    if (s->cross) {
         comm_set_stats(s->cross, &s->stats);
+        comm_set_copy(s->cross, be->copy);
+    }
     int n = s->n_units;
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);

@@ -17,7 +17,7 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/rng.h"
 
-static const char *model_path, *prompt = "";
+static const char *model_path, *prompt = "", *device = "cpu";
 static int alpaca, greedy, threads, ignore_eos;
 static double temperature = 0.8, top_p = 0.95;
 static int64_t seed = 42, max_new = 256;
@@ -33,6 +33,7 @@ static const opt_t options[] = {
     {"max-new", 'n', OPT_I64, &max_new, "N", "tokens to generate at most"},
     {"ignore-eos", 0, OPT_FLAG, &ignore_eos, NULL, "go on after the end-of-sequence token"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores)"},
+    {"device", 0, OPT_STR, &device, "cpu|cuda", "compute backend (cuda: GPU 0)"},
     {0},
 };
 
@@ -144,7 +145,15 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
     }
-    const backend_t *be = backend_cpu();
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        ftk_error("--device %s: need cpu or cuda", device);
+        return FTK_EXIT_USAGE;
+    }
+    const backend_t *be = strcmp(device, "cuda") ? backend_cpu() : backend_cuda(0);
+    if (!be) {
+        ftk_error("--device cuda: %s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     model_config_t cfg;
     model_t *m = NULL;
     hid_t tf = -1;
@@ -258,6 +267,8 @@ int main(int argc, char **argv)
     size_t printed = base.len;
     int64_t p = 0;
     rc = model_decode(m, kv, ids.v, (int64_t)ids.n, 0, logits);
+    if (rc == 0)
+        rc = be->sync();
     p = (int64_t)ids.n;
     for (int64_t k = 0; rc == 0 && k < max_new; k++) {
         int next = sample(logits, cfg.vocab_size, &r, cand);
@@ -288,6 +299,8 @@ int main(int argc, char **argv)
         if (p >= ctx)
             break;
         rc = model_decode(m, kv, ids.v + p, 1, p, logits);
+        if (rc == 0)
+            rc = be->sync();
         p++;
     }
     if (rc < 0) {

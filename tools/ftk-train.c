@@ -71,7 +71,9 @@ static const opt_t options[] = {
     {"recompute", 0, OPT_FLAG, &recompute, NULL, "recompute each block's activations in the backward pass"},
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
     {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75"},
-    {"device", 0, OPT_STR, &device, "cpu", "compute backend"},
+    {"device", 0, OPT_STR, &device, "cpu|cuda",
+     "compute backend: cpu (fp32, OpenMP + BLAS) or cuda (the GPU of this rank's node-local index; one process per "
+     "job until the NCCL backend lands)"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)"},
     {0},
 };
@@ -548,8 +550,13 @@ static int check_values(strategy_t *strat)
 {
     if (!model_path || !data_path || !out_dir)
         return fail(FTK_EXIT_USAGE, "--model, --data and --out are required (see --help)");
-    if (strcmp(device, "cpu"))
-        return fail(FTK_EXIT_USAGE, "--device %s: this build trains on the CPU only (--device cpu)", device);
+    if (strcmp(device, "cpu") && strcmp(device, "cuda"))
+        return fail(FTK_EXIT_USAGE, "--device %s: need cpu or cuda", device);
+    if (!strcmp(device, "cuda") && nranks > 1)
+        return fail(FTK_EXIT_USAGE,
+                    "--device cuda on %d ranks: GPU ranks need the NCCL communication backend, which this build does "
+                    "not have yet; run one process, or --device cpu",
+                    nranks);
     if (steps < 0 || epochs < 1 || global_batch < 1 || micro_batch < 1 || warmup < 0 || !(lr > 0) ||
         !(min_lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0) ||
         !(weight_decay >= 0) || !(clip >= 0) || save_every < 0 || keep < 0 || eval_every < 0 || eval_rows < 0 ||
@@ -657,10 +664,19 @@ static int run(int argc, char **argv)
     meta.train = tc;
     meta.world_size = nranks;
 
+    /* The backend before anything is written: a missing GPU leaves no run directory. */
+    const backend_t *be = backend_cpu();
+    if (!strcmp(device, "cuda")) {
+        int local = 0, n_local = 1, n_dev = backend_cuda_devices();
+        comm_node_rank(world, &local, &n_local);
+        /* one GPU per rank: the node-local rank's, or the only one a launcher left visible */
+        be = backend_cuda(n_dev == 1 ? 0 : local);
+        CHECK(be ? 0 : fail(FTK_EXIT_USAGE, "--device cuda: %s", ftk_err_msg()));
+    }
+
     CHECK(rank == 0 ? prepare_out_dir() : 0);
 
     /* The shards and the model over them. */
-    const backend_t *be = backend_cpu();
     sh = shard_new(be, world, strat, group_size, &cfg);
     CHECK(sh ? 0 : fail(FTK_EXIT_USAGE, "%s", ftk_err_msg()));
     meta.shard_count = shard_count(sh);
@@ -753,6 +769,7 @@ static int run(int argc, char **argv)
         int64_t step = meta.step + 1;
         double cur_lr = train_lr(&tc, step);
         double gnorm = shard_step(sh, &tc, step, cur_lr);
+        CHECK(be->sync() < 0 ? fail(FTK_EXIT_FAIL, "rank %d, step %lld: %s", rank, (long long)step, ftk_err_msg()) : 0);
         meta.step = step;
         meta.rows_consumed += k;
         meta.tokens_seen += tokens;

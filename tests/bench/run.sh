@@ -6,3 +6,12 @@ cd "$(dirname "$0")/../.."
 sh tests/bench/weights_bench.sh
 /usr/bin/python3 tests/bench/train_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/train 6
 sh tests/bench/reshard_bench.sh
+# One GPU: each CUDA op against a device-to-device copy (tests/gpu/gpu_opbench.c), then
+# ftk-train --device cuda against PyTorch + transformers on the same GPU
+# (tests/bench/gpu_bench.py; the device machine's python3 has torch and transformers).
+if [ -x build/tests/gpu_smoke ] && build/tests/gpu_smoke >/dev/null 2>&1; then
+    build/tests/gpu_opbench
+    ${GPU_PYTHON:-python3} tests/bench/gpu_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/gpu
+else
+    echo "gpu bench: skipped (no GPU)"
+fi

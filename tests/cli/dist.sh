@@ -50,6 +50,10 @@ ranks_of() { pgrep -P "$1" -f ftk-train; }
 
 expect "mpirun -np 2 ftk-train --help" 0 $TO $MPI -np 2 $T --help
 check "--help printed once (rank 0 only)" test "$(grep -c '^Usage: ' "$WORK/out")" = 1
+expect "--device cuda on 2 ranks: refused (no NCCL backend yet)" 2 $TO $MPI -np 2 $T -q -o "$WORK/cuda2" --steps 2 \
+    --device cuda
+grep -q "NCCL" "$WORK/err" && ok "message names NCCL" || notok "message names NCCL"
+check "nothing written" test ! -e "$WORK/cuda2"
 
 # --- bit-exact resume -------------------------------------------------------------------
 for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none"; do

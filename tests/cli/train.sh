@@ -141,7 +141,37 @@ fi
 # Bad usage and inputs.
 expect "no --data: exit 2" 2 "$BIN/ftk-train" -m "$WORK/init.h5" -o "$WORK/x"
 expect "weights as data: exit 2" 2 "$BIN/ftk-train" -m "$WORK/init.h5" -d "$WORK/init.h5" -o "$WORK/x"
-expect "--device cuda on this build: exit 2" 2 $T -o "$WORK/x" --device cuda
+# The CUDA backend: without a GPU (or a CUDA build) --device cuda is refused before anything
+# is written; with one, the same run on the GPU follows the CPU's losses (bf16 matrix
+# products: 3e-2 relative), and checkpoints cross between the devices both ways.
+close_losses() { # close_losses NAME RUN_GOT RUN_WANT REL: the loss of every step within REL
+    losses "$2" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/' >"$WORK/cl.got"
+    losses "$3" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/' >"$WORK/cl.want"
+    if [ -s "$WORK/cl.got" ] && join "$WORK/cl.got" "$WORK/cl.want" | awk -v tol="$4" '
+        { d = $2 - $3; if (d < 0) d = -d; r = d / ($3 > 0 ? $3 : 1); if (r > worst) worst = r; n++ }
+        END { printf "     %d steps, worst relative difference %.3g\n", n, worst; exit !(n > 0 && worst <= tol) }'
+    then ok "$1"; else notok "$1"; fi
+}
+if "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1; then
+    expect "cuda: 12 steps" 0 $T -o "$WORK/cu" --steps 12 --save-every 4 --device cuda
+    close_losses "cuda: losses follow the CPU run's" "$WORK/cu" "$WORK/a" 3e-2
+    expect "cuda: 8 steps, stop" 75 $T -o "$WORK/cu2cpu" --steps 12 --save-every 4 --stop-after 8 --device cuda
+    expect "cuda checkpoint resumed on the CPU" 0 $T -o "$WORK/cu2cpu" --steps 12 --save-every 4 --resume auto
+    close_losses "cuda -> cpu: losses follow the CPU run's" "$WORK/cu2cpu" "$WORK/a" 3e-2
+    expect "cpu: 8 steps, stop" 75 $T -o "$WORK/cpu2cu" --steps 12 --save-every 4 --stop-after 8
+    expect "cpu checkpoint resumed on cuda" 0 $T -o "$WORK/cpu2cu" --steps 12 --save-every 4 --resume auto \
+        --device cuda
+    close_losses "cpu -> cuda: losses follow the CPU run's" "$WORK/cpu2cu" "$WORK/a" 3e-2
+    expect "cuda: generate from the cuda run" 0 "$BIN/ftk-generate" -m "$WORK/cu" --device cuda -p "Name a colour." \
+        -n 20 --greedy
+else
+    expect "--device cuda without a GPU: exit 2" 2 $T -o "$WORK/x" --device cuda
+    grep -q "device cuda: .*CUDA" "$WORK/err" && ok "message says why (no CUDA device or no CUDA build)" ||
+        notok "message says why (no CUDA device or no CUDA build)"
+    check "no run directory made" test ! -e "$WORK/x"
+    expect "ftk-generate --device cuda without a GPU: exit 2" 2 "$BIN/ftk-generate" -m "$WORK/a" --device cuda
+fi
+expect "--device tpu: exit 2" 2 $T -o "$WORK/x" --device tpu
 "$BIN/ftk-init" -q --preset tiny -o "$WORK/tiny-v512.h5"
 if [ -f "$DATA/llama2-tokenizer/tokenizer.model" ]; then
     "$BIN/ftk-pack" -q -t "$DATA/llama2-tokenizer/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \

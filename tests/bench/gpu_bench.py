@@ -1,0 +1,219 @@
+"""Training speed on one GPU: ftk-train --device cuda against PyTorch + transformers, same
+GPU, same run, same shape, batch and optimizer.
+
+Rows: for each shape, PyTorch's LlamaForCausalLM (bf16 weights, SDPA attention, fused
+AdamW, activation checkpointing; torch.compile as a second row where it works) and
+ftk-train on the same packed Alpaca rows of MAXLEN tokens. Each row prints tokens/s, MFU
+(6 * params * tokens / time / the bf16 matmul peak measured here first) and peak GPU
+memory, then the ratio ftk / PyTorch eager. Also the device-to-device copy bandwidth
+(the ceiling of the memory-bound kernels).
+
+Shapes: llama-1b (both fit an 80 GB GPU) and llama2-7b (PyTorch in bf16-true; ftk needs
+bf16 storage for it, see the README's CUDA section, and reports what happens).
+
+usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B]
+       gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
+DATA holds llama2-tokenizer/tokenizer.model and alpaca/*.json (../shared/data's layout).
+"""
+import argparse, contextlib, glob, json, os, subprocess, sys, time
+
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("bin")
+ap.add_argument("data")
+ap.add_argument("work")
+ap.add_argument("--shapes", default="llama-1b,llama2-7b")
+ap.add_argument("--steps", type=int, default=6)
+ap.add_argument("--micro-batch", type=int, default=8)
+ap.add_argument("--maxlen", type=int, default=512)
+ap.add_argument("--cpu-smoke", action="store_true")
+ap.add_argument("--no-compile", action="store_true")
+a = ap.parse_args()
+os.makedirs(a.work, exist_ok=True)
+dev = "cpu" if a.cpu_smoke else "cuda"
+if dev == "cuda" and not torch.cuda.is_available():
+    print("gpu bench: skipped (no GPU)")
+    sys.exit(0)
+
+SHAPES = {  # ftk-init presets, as transformers configs
+    "llama-1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                     num_key_value_heads=4),
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32),
+    "smoke": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),
+}
+shapes = ["smoke"] if a.cpu_smoke else a.shapes.split(",")
+steps, mb, maxlen = (2, 2, 64) if a.cpu_smoke else (a.steps, a.micro_batch, a.maxlen)
+results = []
+
+
+def sync():
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def peaks():
+    """bf16 matmul TFLOP/s and copy GB/s (bytes read + written), medians of 10."""
+    if dev != "cuda":
+        return 1e12, 1e10
+    n = 8192
+    x, y = torch.randn(n, n, device=dev, dtype=torch.bfloat16), torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    src = torch.randn(1 << 30, device=dev, dtype=torch.float32)  # 4 GiB
+    dst = torch.empty_like(src)
+
+    def med(f, reps=10):
+        f(); f(); sync()
+        ts = []
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(); f(); e1.record(); sync()
+            ts.append(e0.elapsed_time(e1) / 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+    mm = 2 * n ** 3 / med(lambda: x @ y)
+    bw = 2 * src.numel() * 4 / med(lambda: dst.copy_(src))
+    del x, y, src, dst
+    torch.cuda.empty_cache()
+    return mm, bw
+
+
+mm_peak, copy_bw = peaks()
+print(f"device: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; bf16 matmul {mm_peak / 1e12:.0f} TFLOP/s, "
+      f"copy {copy_bw / 1e9:.0f} GB/s (measured here)")
+
+
+def sh(*args, **kw):
+    return subprocess.run([str(x) for x in args], check=True, **kw)
+
+
+tok = os.path.join(a.data, "llama2-tokenizer", "tokenizer.model")
+alp = sorted(glob.glob(os.path.join(a.data, "alpaca", "*1k*.json")) or glob.glob(os.path.join(a.data, "alpaca", "*.json")))
+if not os.path.exists(tok) or not alp:
+    print(f"gpu bench: skipped ({a.data} has no tokenizer or Alpaca file)")
+    sys.exit(0)
+packed = os.path.join(a.work, f"alpaca-{maxlen}.h5")
+if not os.path.exists(packed):
+    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, alp[0], "-o", packed, "--pack", "--max-len", maxlen,
+       "--val-count", "0")
+
+
+def packed_rows():
+    """The packed rows as token tensors (ftk's file: /train) and their real (non-padding)
+    token counts, which is what both sides count as tokens."""
+    import h5py
+    with h5py.File(packed, "r") as f:
+        t, off = f["train/tokens"][:], f["train/row_offsets"][:]
+        rs, sl = f["train/row_samples"][:], f["train/sample_lengths"][:]
+    return [(torch.tensor(t[off[i]:off[i + 1]].astype("int64")), int(sl[rs[i]:rs[i + 1]].sum()))
+            for i in range(len(off) - 1)]
+
+
+rows = packed_rows()
+
+
+def torch_row(name, compiled):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      tie_word_embeddings=False, **SHAPES[name])
+    # SDPA on the GPU (torch 2.x); the CPU smoke run's old torch has only eager attention
+    cfg._attn_implementation = "sdpa" if dev == "cuda" else "eager"
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    # made on the GPU where torch can (2.x), not initialised on the CPU and copied
+    with torch.device(dev) if hasattr(torch.device, "__enter__") else contextlib.nullcontext():
+        model = LlamaForCausalLM(cfg).to(dev, dt)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    nparams = sum(p.numel() for p in model.parameters())
+    kw = {"fused": True} if dev == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, **kw)
+    fwd = torch.compile(model) if compiled else model
+    tokens, t0 = 0, None
+    for s in range(steps + 1):  # step 0 warms up
+        if s == 1:
+            sync()
+            t0 = time.time()
+        picked = [rows[(s * mb + i) % len(rows)] for i in range(mb)]
+        batch = torch.stack([r[0] for r in picked]).to(dev)
+        out = fwd(input_ids=batch, labels=batch)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if s >= 1:
+            tokens += sum(r[1] for r in picked)
+    sync()
+    dt_s = time.time() - t0
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else 0
+    del model, opt, fwd
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return nparams, tokens / dt_s, peak
+
+
+def gpu_used_gib():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return float(out.split()[0]) / 1024
+    except Exception:
+        return 0.0
+
+
+def ftk_row(name):
+    w = os.path.join(a.work, f"{name}.h5")
+    run = os.path.join(a.work, f"run-{name}")
+    if not os.path.exists(w):  # the shape PyTorch ran, as a config.json
+        c = os.path.join(a.work, f"{name}.json")
+        json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", initializer_range=0.02,
+                       **SHAPES[name]), open(c, "w"))
+        sh(os.path.join(a.bin, "ftk-init"), "-q", "--config", c, "-t", tok, "-o", w)
+    sh("rm", "-rf", run)
+    cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
+           "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
+           "--device", dev, "--recompute", "--save-every", 0]
+    p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    while p.poll() is None:
+        peak = max(peak, gpu_used_gib() if dev == "cuda" else 0)
+        time.sleep(0.5)
+    err = p.stderr.read()
+    if p.returncode != 0:
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
+    m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
+    t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
+    return sum(x["tokens"] for x in m[1:]) / t, peak
+
+
+for name in shapes:
+    for compiled in ([False] if a.no_compile or a.cpu_smoke else [False, True]):
+        label = "pytorch eager" if not compiled else "pytorch compile"
+        try:
+            n, tps, peak = torch_row(name, compiled)
+            results.append((name, label, tps, 6 * n * tps / mm_peak, peak, n))
+        except Exception as e:  # out of memory, compile failure: say so and go on
+            results.append((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+    tps, peak = ftk_row(name)
+    counted = next((r[5] for r in results if r[0] == name and len(r) > 5), None)
+    mfu = 6 * counted * tps / mm_peak if tps and counted else None
+    results.append((name, "ftk", tps, mfu, peak))
+
+print(f"\n{'shape':<10} {'system':<16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager")
+for name in shapes:
+    eager = next((r for r in results if r[0] == name and r[1] == "pytorch eager"), None)
+    for r in results:
+        if r[0] != name:
+            continue
+        if r[2] is None:
+            print(f"{name:<10} {r[1]:<16} {'-':>10} {'-':>7} {'-':>9}  {r[4]}")
+            continue
+        ratio = f"{r[2] / eager[2]:.2f}x" if eager and eager[2] else "-"
+        mfu = f"{100 * r[3]:.1f}%" if r[3] is not None else "-"
+        print(f"{name:<10} {r[1]:<16} {r[2]:>10.0f} {mfu:>7} {r[4]:>9.1f}  {ratio}")
