@@ -428,8 +428,10 @@ static void test_step(void)
         char name[64];
         pair_t wp = {model_unit_param(mc, u), model_unit_param(mg, u), 0};
         snprintf(name, sizeof name, "step: weights after AdamW, unit %d", u);
-        /* the first step moves every weight by about lr: compared on the whole weights */
-        compare(name, &wp, len, exact ? 1e-5 : 1e-3);
+        /* Adam's first step moves every weight by about lr·sign(g): where bf16 products flip
+         * the sign of a tiny gradient, that weight differs by 2·lr (a few % of the weights'
+         * norm in all); fp32 products leave only reordering differences */
+        compare(name, &wp, len, exact ? 1e-5 : 3e-2);
         release(&M);
         release(&V);
     }
