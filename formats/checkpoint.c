@@ -862,6 +862,24 @@ static char *shard_path(const char *dir, const ckpt_manifest_t *man, int64_t i)
     return join(dir, name);
 }
 
+/* The first `kinds` arrays of st (param, m, v): per unit, a zeroed slice of
+ * units[u].padded / S floats. On failure the caller frees st (ckpt_state_free). */
+static int state_alloc(ckpt_state_t *st, const ckpt_unit_t *units, int n_units, int64_t S, int kinds)
+{
+    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    for (int k = 0; k < kinds; k++) {
+        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *))))
+            goto oom;
+        for (int u = 0; u < n_units; u++)
+            if (!((*arrays[k])[u] = calloc((size_t)(units[u].padded / S), sizeof(float))))
+                goto oom;
+    }
+    return 0;
+oom:
+    ftk_err_set("out of memory");
+    return -1;
+}
+
 int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st)
 {
     int rc = -1, n_units = man->n_units;
@@ -872,22 +890,12 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
         return -1;
     float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
+    if (state_alloc(st, man->units, n_units, S, kinds) < 0)
+        goto out;
     for (int k = 0; k < kinds; k++)
-        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
-            ftk_err_set("out of memory");
-            goto out;
-        }
-    for (int k = 0; k < kinds; k++) {
-        for (int u = 0; u < n_units; u++) {
-            int64_t n = man->units[u].padded / S;
-            if (!((*arrays[k])[u] = malloc((size_t)n * sizeof(float)))) {
-                ftk_err_set("out of memory");
+        for (int u = 0; u < n_units; u++)
+            if (ckpt_shard_read(f, k, &man->units[u], S, 0, man->units[u].padded / S, 1, (*arrays[k])[u]) < 0)
                 goto out;
-            }
-            if (ckpt_shard_read(f, k, &man->units[u], S, 0, n, 1, (*arrays[k])[u]) < 0)
-                goto out;
-        }
-    }
     rc = 0;
 out:
     if (rc < 0) {
@@ -967,21 +975,14 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
         f[i] = -1;
     float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
-    for (int k = 0; k < kinds; k++)
-        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *)))) {
-            ftk_err_set("out of memory");
-            goto out;
-        }
+    if (state_alloc(st, u2, n_units, S2, kinds) < 0) /* zeros: past the old padding stays 0 */
+        goto out;
     for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
             const ckpt_unit_t *x = &man->units[u];
             int64_t part = x->padded / S, part2 = u2[u].padded / S2;
             int64_t a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
-            float *dst = (*arrays[k])[u] = calloc((size_t)part2, sizeof(float)); /* zeros past the old padding */
-            if (!dst) {
-                ftk_err_set("out of memory");
-                goto out;
-            }
+            float *dst = (*arrays[k])[u];
             for (int64_t i = a / part; i < S && i * part < b; i++) {
                 int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
                 if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)

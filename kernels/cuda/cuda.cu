@@ -808,6 +808,17 @@ __global__ void sum_in_order_kernel(double *out, const double *v, int64_t n)
     *out = t;
 }
 
+/* Σ of g.part[1 … n] in order, on the device, brought back; NaN after an error. */
+static double sum_parts(int64_t n, const char *what)
+{
+    sum_in_order_kernel<<<1, 1>>>(g.part, g.part + 1, n);
+    launched(what);
+    double total = NAN;
+    if (!failed())
+        ck(cudaMemcpy(&total, g.part, sizeof total, cudaMemcpyDeviceToHost), what);
+    return failed() ? NAN : total;
+}
+
 static double cu_xent(float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
                       float grad_scale)
 {
@@ -817,12 +828,7 @@ static double cu_xent(float *logits, const int32_t *targets, const float *weight
         return NAN;
     xent_kernel<<<(unsigned)n, 256>>>(logits, g.part + 1, targets, weights, V, grad_scale);
     launched("xent");
-    sum_in_order_kernel<<<1, 1>>>(g.part, g.part + 1, n);
-    launched("xent sum");
-    double total = NAN;
-    if (!failed())
-        ck(cudaMemcpy(&total, g.part, sizeof total, cudaMemcpyDeviceToHost), "xent result");
-    return failed() ? NAN : total;
+    return sum_parts(n, "xent sum");
 }
 
 /* ---- vectors, the optimizer ---------------------------------------------------------------- */
@@ -883,12 +889,7 @@ static double cu_sumsq(const float *x, int64_t n)
         return NAN;
     sumsq_part_kernel<<<(unsigned)nb, 256>>>(g.part + 1, x, n);
     launched("sumsq");
-    sum_in_order_kernel<<<1, 1>>>(g.part, g.part + 1, nb);
-    launched("sumsq sum");
-    double total = NAN;
-    if (!failed())
-        ck(cudaMemcpy(&total, g.part, sizeof total, cudaMemcpyDeviceToHost), "sumsq result");
-    return failed() ? NAN : total;
+    return sum_parts(nb, "sumsq sum");
 }
 
 static void cu_adamw(float *p, const float *g_, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,

@@ -44,6 +44,16 @@ SHAPES = {  # ftk-init presets, as transformers configs
     "smoke": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2),
 }
+
+
+def n_params(sh, vocab=32000):
+    """Parameters of an untied Llama of this shape (what 6·N·tokens counts)."""
+    d, f, L = sh["hidden_size"], sh["intermediate_size"], sh["num_hidden_layers"]
+    hd = d // sh["num_attention_heads"]
+    attn = d * d * 2 + 2 * d * sh["num_key_value_heads"] * hd  # q, o; k, v
+    return 2 * vocab * d + L * (attn + 3 * d * f + 2 * d) + d
+
+
 shapes = ["smoke"] if a.cpu_smoke else a.shapes.split(",")
 steps, mb, maxlen = (2, 2, 64) if a.cpu_smoke else (a.steps, a.micro_batch, a.maxlen)
 results = []
@@ -195,15 +205,14 @@ for name in shapes:
         label = "pytorch eager" if not compiled else "pytorch compile"
         try:
             n, tps, peak = torch_row(name, compiled)
-            results.append((name, label, tps, 6 * n * tps / mm_peak, peak, n))
+            assert n == n_params(SHAPES[name]), (n, n_params(SHAPES[name]))
+            results.append((name, label, tps, 6 * n * tps / mm_peak, peak))
         except Exception as e:  # out of memory, compile failure: say so and go on
             results.append((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
             if dev == "cuda":
                 torch.cuda.empty_cache()
     tps, peak = ftk_row(name)
-    counted = next((r[5] for r in results if r[0] == name and len(r) > 5), None)
-    mfu = 6 * counted * tps / mm_peak if tps and counted else None
-    results.append((name, "ftk", tps, mfu, peak))
+    results.append((name, "ftk", tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
 
 print(f"\n{'shape':<10} {'system':<16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager")
 for name in shapes:

@@ -21,13 +21,7 @@ BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
-if ! command -v mpirun >/dev/null; then
-    echo "skipped (mpirun not found: run scripts/install-deps.sh)"
-    exit 77
-fi
-MPI="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
-TO="timeout -k 5 120"
+need_mpi
 PY=/usr/bin/python3
 HAVE_H5PY=0
 $PY -c 'import h5py' 2>/dev/null && HAVE_H5PY=1

@@ -18,14 +18,7 @@ BIN=$1 WORK=$2 KILLS=${3:-6}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
-if ! command -v mpirun >/dev/null; then
-    echo "skipped (mpirun not found: run scripts/install-deps.sh)"
-    exit 77
-fi
-MPI="mpirun --oversubscribe"
-[ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
-# A hung collective must fail the test, not the CI job.
-TO="timeout -k 5 120"
+need_mpi
 
 "$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
     -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null

@@ -30,3 +30,16 @@ finish() {
     echo "$((n - bad)) of $n checks passed"
     [ $bad -eq 0 ]
 }
+
+# need_mpi: skips the test (exit 77) without mpirun; else sets MPI (the launcher, fit for
+# root and more ranks than cores) and TO (a timeout: a hung collective must fail the test,
+# not the CI job).
+need_mpi() {
+    if ! command -v mpirun >/dev/null; then
+        echo "skipped (mpirun not found: run scripts/install-deps.sh)"
+        exit 77
+    fi
+    MPI="mpirun --oversubscribe"
+    [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
+    TO="timeout -k 5 120"
+}
