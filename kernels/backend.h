@@ -1,6 +1,29 @@
-/* backend.h — the compute backend interface: one table of ops that the model is written
- * against once (engine/model.c). kernels/cpu/ is the reference implementation (fp32,
- * OpenMP, BLAS); every other backend is checked op by op against it.
+/* backend.h — the compute backend interface, version 2: the one boundary every device
+ * crosses. The model (engine/model.c) and the sharding engine (engine/shard.c) are
+ * written once against it; kernels/cpu/ is the reference implementation and every other
+ * backend is checked op by op against it (tests/ops/, tests/gpu/gpu_ops.c).
+ *
+ * ## Instances (docs/design.md "Backend interface")
+ *
+ * A backend is an instance: a table of ops, a device, and the implementation's context.
+ * Every op takes the instance first, so several backends live side by side in one
+ * process (a CPU backend beside a CUDA one in a test, two CUDA devices, a planning
+ * backend beside a real one). backend_*_new() make one; backend_free() ends it.
+ *
+ * ## Buffers and dtypes
+ *
+ * Memory comes from bk_alloc() of the same instance and may not be host memory: only
+ * upload/download move bytes between the host and it. Ops take buffers as bk_buf_t — a
+ * pointer and its element type — so one op serves fp32 and bf16 storage. Each op says
+ * which dtypes it takes; a backend may implement more, never fewer than the CPU backend.
+ *   DT_F32   IEEE binary32.
+ *   DT_BF16  bfloat16 stored as its 16 bits (the top half of a float32).
+ * Arithmetic is fp32 whatever the storage: an op widens what it reads (exact), computes
+ * in fp32 (double where it says so), and rounds what it stores to nearest, ties to even
+ * (formats/dtype.h f32_to_bf16) — except adamw, which can round stochastically
+ * (bk_adamw_t). Matrix products take bf16 inputs and accumulate in fp32. A result is
+ * rounded once per op: an op that adds into a bf16 buffer (beta = 1, the "+=" ops) adds
+ * in fp32 and rounds the sum.
  *
  * ## Conventions shared by every op
  *
@@ -12,111 +35,266 @@
  *  - Segments: seg[0] = 0 < seg[1] < … < seg[n_seg] = n; segment s is tokens
  *    [seg[s], seg[s+1]).
  *  - Attention layouts: q[n, n_head·hd], k and v[n, n_kv·hd]; query head h reads key/value
- *    head h / (n_head / n_kv) (grouped-query attention). lse[n, n_head] keeps the softmax
- *    log-sum-exp for the backward pass.
+ *    head h / (n_head / n_kv) (grouped-query attention). lse[n, n_head] (fp32) keeps the
+ *    softmax log-sum-exp for the backward pass.
  *  - Backward ops that produce a parameter gradient ADD into it (gradient accumulation
  *    over micro-batches); those that produce an activation gradient say whether they
  *    add or overwrite.
- *  - Pointers come from alloc() of the same backend; host-side arguments (scalars,
- *    segment lists on the host) are marked. Ops do not fail: shapes are the caller's
- *    contract (engine/model.c checks the configuration once). Like a kernel launch, an op
- *    has no error path: the CPU ops that need a few kilobytes of per-thread scratch
- *    (attention rows, the loss's per-row sums) abort if even that cannot be allocated.
- *  - Memory from alloc() may not be host memory: only upload/download move bytes
- *    between the host and it (a CUDA backend's pointers are device pointers).
+ *  - Host-side arguments (scalars, segment lists on the host) are marked; everything else
+ *    is the backend's memory.
+ *  - Ops do not fail: shapes and dtypes are the caller's contract (engine/model.c checks
+ *    the configuration once). Like a kernel launch, an op has no error path: a backend
+ *    records its first failure (a device error, a dtype the op does not take), skips
+ *    the ops after it and reports it at sync(); the CPU ops that need a few kilobytes of
+ *    per-thread scratch (attention rows, the loss's per-row sums) abort if even that
+ *    cannot be allocated.
  *  - Determinism: for a given backend and thread count every op gives the same bits on
- *    every call; the CPU ops also give the same bits for any thread count except matmul,
- *    which is BLAS's. Bit-exact resume depends on this.
+ *    every call; the CPU ops also give the same bits for any thread count except fp32
+ *    matmul, which is BLAS's. Bit-exact resume depends on this.
+ *
+ * ## Streams and events
+ *
+ * Ops are issued on the instance's current stream (set_stream; NULL: its default
+ * stream) and run in issue order on it. An event recorded on one stream and waited for by
+ * another orders the two without the host waiting: that is how a communication backend
+ * (NCCL, on a stream of its own) waits for a unit's gradient and how compute waits for a
+ * gathered unit. On the CPU every op has finished when it returns: streams and events are
+ * valid handles that do nothing.
+ *
+ * ## Fused ops
+ *
+ * Entries under "optional fused ops" may be NULL: the model then runs the unfused
+ * sequence each one documents. A backend grows fused kernels one at a time and the op
+ * tests compare each with its sequence on the CPU backend.
+ *
+ * ## Memory accounting and the memory plan
+ *
+ * bk_alloc() counts what it hands out per class (bk_mem_class_t) and keeps the
+ * high-water mark. The planning backend (backend_plan_new) counts the same calls without
+ * allocating and runs no op, so a dry run of the code that allocates (engine/plan.c)
+ * gives the memory a run will take; on the CPU backend the two are equal (a test).
+ *
+ * Ownership and errors: backend_*_new() return an instance or NULL with ftk_err_msg()
+ * set; bk_alloc() returns zeroed memory or NULL with "out of memory on DEVICE allocating
+ * WHAT (N bytes)". Nothing here exits or aborts except as said above.
  */
 #ifndef FTK_BACKEND_H
 #define FTK_BACKEND_H
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct backend {
-    const char *name; /* "cpu", "cuda" */
+#include "../formats/dtype.h"
 
-    /* Memory. alloc returns zeroed memory or NULL (with ftk_err_msg() set). */
-    void *(*alloc)(size_t bytes);
-    void (*free)(void *p);
-    void (*upload)(void *dst, const void *host_src, size_t bytes);
-    void (*download)(void *host_dst, const void *src, size_t bytes);
-    void (*zero)(void *p, size_t bytes);
-    void (*copy)(void *dst, const void *src, size_t bytes);
-    /* Waits for the ops issued so far; 0, or -1 with ftk_err_msg() set when one of them
-     * failed since the backend started (a device backend keeps its first error and skips
-     * later ops; the CPU backend never fails here). */
-    int (*sync)(void);
+/* A buffer (or a view into one) and its element type. */
+typedef struct {
+    void *p;
+    dtype_t dt;
+} bk_buf_t;
+
+static inline bk_buf_t bk_buf(void *p, dtype_t dt)
+{
+    bk_buf_t b = {p, dt};
+    return b;
+}
+/* The view that starts i elements into b. */
+static inline bk_buf_t bk_at(bk_buf_t b, int64_t i)
+{
+    b.p = (char *)b.p + i * (int64_t)dtype_size(b.dt);
+    return b;
+}
+
+/* What an allocation is for: the memory plan's rows. */
+typedef enum {
+    BK_MEM_WEIGHTS,   /* owned parameters: fp32/bf16 weights, master weights, bf16 working copy */
+    BK_MEM_GRADS,     /* owned gradients and whole-unit gradient buffers in flight */
+    BK_MEM_OPTIM,     /* AdamW moments */
+    BK_MEM_GATHER,    /* gathered units: the one in use and the prefetched ones */
+    BK_MEM_ACTS,      /* activations kept for the backward pass, and their gradients */
+    BK_MEM_WORKSPACE, /* the backend's own scratch (product tiles, cuBLASLt workspace) */
+    BK_MEM_OTHER,     /* batch inputs, the head's chunk buffers, decoding caches */
+    BK_MEM_CLASSES
+} bk_mem_class_t;
+extern const char *const bk_mem_class_names[BK_MEM_CLASSES];
+
+typedef struct {
+    int64_t in_use, peak;               /* bytes */
+    int64_t cls[BK_MEM_CLASSES];        /* in use, per class */
+    int64_t at_peak[BK_MEM_CLASSES];    /* per class when the peak was reached */
+    int64_t allocs;                     /* live allocations */
+} bk_mem_t;
+
+typedef struct bk_stream bk_stream_t;
+typedef struct bk_event bk_event_t;
+
+/* AdamW's per-call settings (torch.optim.AdamW, decoupled decay), element i:
+ *   g = grad[i]·gscale;  p *= 1 − lr·wd;  m = b1·m + (1−b1)·g;  v = b2·v + (1−b2)·g²;
+ *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
+ * in fp32 from the widened stored values; bc1 = 1 − b1^t, bc2 = 1 − b2^t are computed
+ * in double by the caller. gscale carries the gradient clipping coefficient (1: none).
+ * Storing p, m, v in bf16 rounds each to nearest even, or with stochastic = 1 rounds up
+ * with probability equal to the fraction of an ulp that was cut (bk_sround_bf16), from
+ * the counter-based bits bk_sround_bits(key, 3·(index0 + i) + w) with w = 0 for p, 1
+ * for m, 2 for v: the same bits for the same element whatever the rank count, slicing or
+ * backend. key = bk_sround_key(seed, step, tensor) (kernels/sround.h). */
+typedef struct {
+    float lr, b1, b2, eps, wd, gscale;
+    double bc1, bc2;
+    int stochastic;
+    uint64_t key;
+    int64_t index0; /* the index in its tensor of element 0 of this call */
+} bk_adamw_t;
+
+typedef struct backend backend_t;
+struct backend {
+    const char *name;  /* "cpu", "cuda", "plan" */
+    char device[96];   /* for messages: "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)", "plan (cuda)" */
+    void *ctx;         /* the implementation's state */
+    bk_mem_t mem;      /* accounting of bk_alloc() (read it through bk_mem()) */
+    void *alloc_map;   /* bk_alloc()'s record of live allocations */
+
+    /* ---- lifetime and memory (bk_alloc/bk_free/backend_free wrap these) ---- */
+    void (*destroy)(backend_t *be);
+    /* Raw allocation: NULL when the device has not the memory (bk_alloc words the error).
+     * Need not be zeroed. */
+    void *(*mem_alloc)(backend_t *be, size_t bytes);
+    void (*mem_free)(backend_t *be, void *p);
+
+    /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
+    void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(backend_t *be, void *host_dst, const void *src, size_t bytes);
+    void (*zero)(backend_t *be, void *p, size_t bytes);
+    void (*copy)(backend_t *be, void *dst, const void *src, size_t bytes);
+    /* Waits for the ops issued so far on every stream; 0, or -1 with ftk_err_msg() set when
+     * one of them failed since the instance started (the first error is kept and
+     * later ops are skipped). */
+    int (*sync)(backend_t *be);
+
+    /* ---- streams and events (see above) ---- */
+    bk_stream_t *(*stream_new)(backend_t *be);   /* NULL with ftk_err_msg() on failure */
+    void (*stream_free)(backend_t *be, bk_stream_t *s);
+    void (*set_stream)(backend_t *be, bk_stream_t *s); /* NULL: the default stream */
+    /* The native handle (cudaStream_t) of s, or of the default stream for NULL, for a
+     * communication library; NULL on the CPU. */
+    void *(*stream_native)(backend_t *be, bk_stream_t *s);
+    bk_event_t *(*event_new)(backend_t *be);     /* NULL with ftk_err_msg() on failure */
+    void (*event_free)(backend_t *be, bk_event_t *e);
+    void (*event_record)(backend_t *be, bk_event_t *e); /* on the current stream */
+    void (*event_wait)(backend_t *be, bk_event_t *e);   /* the current stream waits; the host does not */
+    int (*event_sync)(backend_t *be, bk_event_t *e);    /* the host waits; 0 or -1 as sync() */
+
+    /* ---- ops ---- */
+
+    /* dst[i] = src[i] converted (any dtypes; same dtype is a copy). */
+    void (*convert)(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n);
 
     /* C[M,N] = alpha·op(A)·op(B) + beta·C, op(X) = X or Xᵀ (ta, tb); A is [M,K] (or [K,M]
-     * when ta), B is [K,N] (or [N,K] when tb). A linear layer y = x·Wᵀ is
-     * matmul(0, 1, n, out, in, 1, x, W, 0, y). */
-    void (*matmul)(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
-                   float beta, float *C);
+     * when ta), B is [K,N] (or [N,K] when tb). A and B: both f32 or both bf16; C: f32 or
+     * bf16; fp32 accumulation, C rounded once. A linear layer y = x·Wᵀ is
+     * matmul(be, 0, 1, n, out, in, 1, x, W, 0, y). */
+    void (*matmul)(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
+                   bk_buf_t B, float beta, bk_buf_t C);
 
-    /* out[i] = table[ids[i]]; dtable[ids[i]] += dout[i]. ids is a device array. */
-    void (*embed_fwd)(float *out, const int32_t *ids, const float *table, int64_t n, int64_t d);
-    void (*embed_bwd)(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t d);
+    /* out[i] = table[ids[i]] (out and table of one dtype); dtable[ids[i]] += dout[i]
+     * (any dtypes; tokens are added in order, each sum rounded as it is stored). ids is
+     * device memory. */
+    void (*embed_fwd)(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d);
+    void (*embed_bwd)(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d);
 
-    /* dst[i] = src[idx[i]] is embed_fwd; this is its inverse for distinct idx:
-     * dst[idx[i]] = src[i] (rows of width d; other rows of dst untouched). */
-    void (*rows_scatter)(float *dst, const int32_t *idx, const float *src, int64_t n, int64_t d);
+    /* dst[idx[i]] = src[i]: embed_fwd's inverse for distinct idx (rows of width d, one
+     * dtype; other rows of dst untouched). */
+    void (*rows_scatter)(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d);
 
-    /* RMSNorm (HF LlamaRMSNorm): out = x / sqrt(mean(x²) + eps) · w; rstd[i] = 1/sqrt(…).
-     * Backward: dx += ∂/∂x (adds, so the residual gradient flows through it), dw += ∂/∂w. */
-    void (*rmsnorm_fwd)(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps);
-    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
-                        int64_t n, int64_t d);
+    /* RMSNorm (HF LlamaRMSNorm): out = x / sqrt(mean(x²) + eps) · w; rstd[i] = 1/sqrt(…)
+     * (fp32). Backward: dx += ∂/∂x (adds, so the residual gradient flows through it),
+     * dw += ∂/∂w. x, w, out, dx, dw, dout: any dtypes each. */
+    void (*rmsnorm_fwd)(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
+                        float eps);
+    void (*rmsnorm_bwd)(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
+                        const float *rstd, int64_t n, int64_t d);
 
     /* Rotary embedding in Hugging Face's convention (rotate_half: element i pairs with
-     * i + hd/2), in place on x[n, n_head·hd], angle pos[i]·theta^(-2j/hd). inverse applies
-     * the transposed rotation (the backward pass). pos is a device array. */
-    void (*rope)(float *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse);
+     * i + hd/2), in place on x[n, n_head·hd] (f32 or bf16), angle pos[i]·theta^(-2j/hd).
+     * inverse applies the transposed rotation (the backward pass). pos is device memory. */
+    void (*rope)(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
+                 int inverse);
 
-    /* Causal attention inside segments, scale 1/sqrt(hd). seg is a HOST array. out and
-     * lse are overwritten. Backward overwrites dq, dk, dv. */
-    void (*attn_fwd)(float *out, float *lse, const float *q, const float *k, const float *v, const int64_t *seg,
+    /* Causal attention inside segments, scale 1/sqrt(hd). q, k, v, out (and dq, dk, dv,
+     * dout) of one dtype, f32 or bf16; lse fp32. seg is a HOST array. out and lse are
+     * overwritten. Backward overwrites dq, dk, dv. */
+    void (*attn_fwd)(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg,
                      int64_t n_seg, int n_head, int n_kv, int hd);
-    void (*attn_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                     const float *v, const float *out, const float *lse, const int64_t *seg, int64_t n_seg,
-                     int n_head, int n_kv, int hd);
+    void (*attn_bwd)(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
+                     bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
+                     int n_kv, int hd);
     /* Decoding with a cache: the n new queries q[n, …] sit at positions p0 … p0+n-1 of one
      * sequence whose keys/values kc, vc[p0+n, n_kv·hd] are already written; query i sees
-     * keys 0 … p0+i. */
-    void (*attn_cached)(float *out, const float *q, const float *kc, const float *vc, int64_t n, int64_t p0,
+     * keys 0 … p0+i. One dtype for out, q, kc, vc. */
+    void (*attn_cached)(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
                         int n_head, int n_kv, int hd);
 
-    /* SwiGLU: h = silu(g)·u. Backward overwrites dg, du. */
-    void (*swiglu_fwd)(float *h, const float *g, const float *u, int64_t n);
-    void (*swiglu_bwd)(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n);
+    /* SwiGLU: h = silu(g)·u. Backward overwrites dg, du. One dtype for all. */
+    void (*swiglu_fwd)(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n);
+    void (*swiglu_bwd)(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n);
 
-    /* Cross-entropy of logits[n, V] against targets with per-row weights (device
+    /* Cross-entropy of fp32 logits[n, V] against targets with per-row weights (device
      * arrays). Returns Σ weight·loss (a host double). When grad_scale != 0, logits are
      * replaced by their gradient grad_scale·weight·(softmax − onehot). */
-    double (*xent)(float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
+    double (*xent)(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
                    float grad_scale);
 
-    /* y += x; y *= a; Σx² (double, summed in a fixed order). */
-    void (*add)(float *y, const float *x, int64_t n);
-    void (*scale)(float *y, float a, int64_t n);
-    double (*sumsq)(const float *x, int64_t n);
+    /* y += x; y *= a; Σx² (double, summed in a fixed order). Any dtypes. */
+    void (*add)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
+    void (*scale)(backend_t *be, bk_buf_t y, float a, int64_t n);
+    double (*sumsq)(backend_t *be, bk_buf_t x, int64_t n);
 
-    /* One AdamW step on n elements, exactly torch.optim.AdamW's (decoupled decay):
-     * p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
-     * p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps), with bc1 = 1 − b1^t, bc2 = 1 − b2^t
-     * (passed in, computed in double by the caller). g is read only. */
-    void (*adamw)(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                  float wd, double bc1, double bc2);
-} backend_t;
+    /* One AdamW step on n elements (bk_adamw_t). p, m, v of one dtype (f32 or bf16); g f32
+     * or bf16, read only. */
+    void (*adamw)(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 
-/* The CPU backend (kernels/cpu/cpu.c). */
-const backend_t *backend_cpu(void);
+    /* ---- optional fused ops (NULL: the model runs the sequence given) ---- */
+
+    /* rope of q (n_head heads) and k (n_kv heads) in one pass:
+     * = rope(q, pos, n, n_head, …); rope(k, pos, n, n_kv, …). */
+    void (*rope_qk)(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
+                    int hd, float theta, int inverse);
+};
+
+/* ---- every backend (kernels/backend.c) ---- */
+
+/* Zeroed device memory for `what` (named in the error), counted under cls; NULL with
+ * "out of memory on DEVICE allocating WHAT (N bytes)". */
+void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what);
+void bk_free(backend_t *be, void *p); /* NULL is a no-op */
+const bk_mem_t *bk_mem(const backend_t *be);
+/* Frees what the instance still holds and the instance; NULL is a no-op. */
+void backend_free(backend_t *be);
+
+/* For implementations: a new instance with the generic parts set (device and accounting);
+ * NULL with ftk_err_msg() set. */
+backend_t *bk_instance_new(const char *name, const char *device);
+
+/* ---- the backends ---- */
+
+/* The CPU backend (kernels/cpu/cpu.c): OpenMP, BLAS for fp32 products, bf16 products in
+ * tiles widened to fp32 (its workspace, BK_CPU_WORKSPACE_BYTES, is allocated at creation
+ * and counted). */
+backend_t *backend_cpu_new(void);
+#define BK_CPU_TILE 256
+#define BK_CPU_WORKSPACE_BYTES ((size_t)3 * BK_CPU_TILE * BK_CPU_TILE * sizeof(float))
 
 /* The CUDA backend (kernels/cuda/cuda.cu) on the given device of this process; NULL with
  * ftk_err_msg() set when the build has no CUDA (kernels/none/cuda_none.c), the device is
- * absent, or it cannot start. One device per process. */
-const backend_t *backend_cuda(int device);
+ * absent, or it cannot start. Its fixed workspace (cuBLASLt) is BK_CUDA_WORKSPACE_BYTES,
+ * allocated at creation and counted. */
+backend_t *backend_cuda_new(int device);
+#define BK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
 /* CUDA devices this process sees; 0 without CUDA. */
 int backend_cuda_devices(void);
+
+/* The planning backend (kernels/plan/plan.c): bk_alloc() on it counts and hands out
+ * addresses that must never be dereferenced; every op and byte move does nothing;
+ * reductions return 0. device is the device planned for, "cpu" or "cuda": the instance
+ * makes the creation-time allocations that device's backend makes. */
+backend_t *backend_plan_new(const char *device);
 
 #endif
