@@ -40,7 +40,7 @@ MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags 
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
 MPI_BINS   := $(BINDIR)/ftk-train
 
-LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/cpu/*.c engine/*.c)
+LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c)
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
 TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c \

@@ -1,30 +1,39 @@
 /* comm.h — the communication interface of the distributed trainer: a group of ranks and
- * the collectives that sharded data parallelism needs (DESIGN.md "Sharding strategies").
+ * the collectives that sharded data parallelism needs (docs/design.md "Sharding
+ * strategies").
  *
  * Implementation: MPI (comm_mpi.c). Started without mpirun/srun (no launcher in the
  * environment), a process is a world of one without initialising MPI, and every
- * collective is a copy. The CUDA issue adds NCCL behind the tensor
- * collectives (all-gather, reduce-scatter, all-reduce of float32); control traffic
- * (scalars, broadcast of paths, agreement) stays on MPI.
+ * collective is a copy through the backend the world was given (comm_set_backend). The
+ * CUDA issue adds NCCL behind the tensor collectives; control traffic (scalars, broadcast
+ * of paths, agreement) stays on MPI. comm_plan() makes a pretend world for the memory
+ * plan (engine/plan.c): N ranks of which this process plays one, whose collectives move
+ * nothing but are accounted as if they had.
  *
- * Tensor collectives are non-blocking: they return at once with a request; comm_wait()
- * completes it. MPI progresses non-blocking collectives inside MPI calls, so the trainer
- * calls comm_test() on what is in flight whenever it passes a unit boundary.
+ * Tensor collectives take f32 or bf16 buffers (dtype_t). Sums of bf16 add each pair of
+ * contributions in fp32 and round the sum to nearest even (over MPI: a user-defined
+ * reduction op), as NCCL's bf16 sum does; the order of the additions is the library's.
+ * They are non-blocking: they return at once with a request; comm_wait() completes it.
+ * MPI progresses non-blocking collectives inside MPI calls, so the trainer calls
+ * comm_test() on what is in flight whenever it passes a unit boundary.
  *
  * Accounting (comm_stats_t): every tensor collective adds the bytes it moves per rank in
- * the ring algorithm's terms (DESIGN.md): all-gather and reduce-scatter of a vector of N
- * floats over p ranks: (1 − 1/p)·N·4; all-reduce: 2·(1 − 1/p)·N·4. Waiting (comm_wait and
- * the blocking calls) adds to wait_s. Scalar calls (a few doubles) are not counted as
+ * the ring algorithm's terms: all-gather and reduce-scatter of a vector of N elements of
+ * b bytes over p ranks: (1 − 1/p)·N·b; all-reduce: 2·(1 − 1/p)·N·b. Waiting (comm_wait
+ * and the blocking calls) adds to wait_s. Scalar calls (a few doubles) are not counted as
  * volume.
  *
- * Ownership: comm_init() returns the world; comm_split() returns new groups, freed with
- * comm_free() before comm_finalize(). Functions return 0, or -1 with ftk_err_msg() set;
- * MPI itself aborts the job on a communication failure (its default error handler).
+ * Ownership: comm_init() and comm_plan() return the world; comm_split() and
+ * comm_split_blocks() return new groups, freed with comm_free() before comm_finalize().
+ * Functions return 0, or -1 with ftk_err_msg() set; MPI itself aborts the job on a
+ * communication failure (its default error handler).
  */
 #ifndef FTK_COMM_H
 #define FTK_COMM_H
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../kernels/backend.h"
 
 typedef struct comm comm_t;
 
@@ -42,6 +51,8 @@ typedef struct {
 
 /* MPI_Init (thread level FUNNELED) and the world. */
 comm_t *comm_init(int *argc, char ***argv);
+/* A pretend world of `size` ranks in which this process is rank `rank` (see above). */
+comm_t *comm_plan(int size, int rank);
 void comm_finalize(comm_t *world);
 
 int comm_rank(const comm_t *c);
@@ -50,19 +61,23 @@ int comm_size(const comm_t *c);
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
 /* Ranks with the same color form a group, ordered by key. */
 comm_t *comm_split(comm_t *c, int color, int key);
+/* Blocks of `block` consecutive ranks form *group; the ranks with the same index in their
+ * blocks form *cross (hybrid sharding's shard groups and replicas). block divides the
+ * size. */
+int comm_split_blocks(comm_t *c, int block, comm_t **group, comm_t **cross);
 void comm_free(comm_t *c);
 /* Where the tensor collectives of c account (may be shared by several groups). */
 void comm_set_stats(comm_t *c, comm_stats_t *s);
-/* How a world of one copies in its tensor collectives (default memmove): a backend whose
- * memory is not the host's passes its copy. MPI ranks ignore it (MPI reads host memory). */
-void comm_set_copy(comm_t *c, void (*copy)(void *dst, const void *src, size_t bytes));
+/* The backend whose memory the tensor collectives see: a world of one copies through it
+ * (without one, memmove). MPI ranks need host memory (the CPU backend's). */
+void comm_set_backend(comm_t *c, backend_t *be);
 
 /* full[p·n] = the n-element parts of every rank, in rank order. */
-int comm_allgather(comm_t *c, const float *part, float *full, int64_t n, comm_req_t *req);
+int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req);
 /* part[n] = Σ over ranks of their full[rank·n … rank·n + n). */
-int comm_reduce_scatter(comm_t *c, const float *full, float *part, int64_t n, comm_req_t *req);
+int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req);
 /* buf[n] = Σ over ranks, in place. */
-int comm_allreduce(comm_t *c, float *buf, int64_t n, comm_req_t *req);
+int comm_allreduce(comm_t *c, void *buf, int64_t n, dtype_t dt, comm_req_t *req);
 int comm_wait(comm_t *c, comm_req_t *req);
 /* *done = 1 when the request has completed (it is then inactive). */
 int comm_test(comm_req_t *req, int *done);
@@ -75,5 +90,11 @@ int comm_bcast(comm_t *c, void *buf, size_t bytes, int root);
 /* recv (root only) = the bytes-sized records of every rank, in rank order. */
 int comm_gather(comm_t *c, const void *send, void *recv, size_t bytes, int root);
 int comm_barrier(comm_t *c);
+
+/* Every rank calls it with its status (0 or an exit code) and, when failing, its message
+ * in msg. Returns the highest code of all ranks; when that is not 0, msg holds the
+ * message of the lowest failing rank on every rank and *who that rank. No rank is left
+ * waiting in a collective: this is how start-up, checkpoints and resume fail together. */
+int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who);
 
 #endif

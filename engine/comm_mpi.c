@@ -3,7 +3,8 @@
  * A process that no launcher started (no mpirun/srun/PMI variables in its environment)
  * does not initialise MPI at all: it is a world of one whose collectives are copies.
  * That keeps `ftk-train` alone free of MPI's start-up cost and quirks (singleton mode,
- * containers); FTK_MPI=1 forces MPI_Init anyway. */
+ * containers); FTK_MPI=1 forces MPI_Init anyway. A planning world (comm_plan) has a size
+ * and a rank but no MPI either: its collectives only account. */
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -15,13 +16,28 @@
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((comm_req_t *)0)->impl), "MPI_Request fits comm_req_t");
 
+enum { KIND_MPI, KIND_SELF, KIND_PLAN };
+
 struct comm {
     MPI_Comm c;
     int rank, size;
-    int self; /* a world of one without MPI */
+    int self; /* no MPI: KIND_SELF (a world of one) or KIND_PLAN */
+    int kind;
     comm_stats_t *stats;
-    void (*copy)(void *dst, const void *src, size_t bytes); /* a world of one's collectives */
+    backend_t *be; /* a world of one's collectives copy through it */
 };
+
+/* The bf16 sum (created at MPI_Init): each pair of contributions added in fp32, the sum
+ * rounded to nearest even. */
+static MPI_Op bf16_sum_op = MPI_OP_NULL;
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
 
 static int launched(void)
 {
@@ -36,16 +52,27 @@ static int launched(void)
     return n && atoi(n) > 1;
 }
 
-static comm_t *self_comm(void)
+static comm_t *self_comm(int kind, int size, int rank)
 {
     comm_t *w = calloc(1, sizeof *w);
     if (!w) {
         ftk_err_set("out of memory");
         return NULL;
     }
-    w->size = 1;
+    w->size = size;
+    w->rank = rank;
     w->self = 1;
+    w->kind = kind;
     return w;
+}
+
+comm_t *comm_plan(int size, int rank)
+{
+    if (size < 1 || rank < 0 || rank >= size) {
+        ftk_err_set("internal: a planning world of %d ranks has no rank %d", size, rank);
+        return NULL;
+    }
+    return self_comm(KIND_PLAN, size, rank);
 }
 
 static comm_t *wrap(MPI_Comm c)
@@ -64,12 +91,13 @@ static comm_t *wrap(MPI_Comm c)
 comm_t *comm_init(int *argc, char ***argv)
 {
     if (!launched())
-        return self_comm();
+        return self_comm(KIND_SELF, 1, 0);
     int provided;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         ftk_err_set("MPI_Init failed");
         return NULL;
     }
+    MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
     return wrap(MPI_COMM_WORLD);
 }
 
@@ -77,8 +105,11 @@ void comm_finalize(comm_t *world)
 {
     int self = !world || world->self;
     free(world);
-    if (!self)
+    if (!self) {
+        if (bf16_sum_op != MPI_OP_NULL)
+            MPI_Op_free(&bf16_sum_op);
         MPI_Finalize();
+    }
 }
 
 int comm_rank(const comm_t *c) { return c->rank; }
@@ -87,9 +118,9 @@ void comm_set_stats(comm_t *c, comm_stats_t *s) { c->stats = s; }
 
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
 {
-    if (c->self) {
-        *local_rank = 0;
-        *local_size = 1;
+    if (c->self) { /* a planning world is one node */
+        *local_rank = c->rank;
+        *local_size = c->size;
         return 0;
     }
     MPI_Comm node;
@@ -105,11 +136,15 @@ int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
 
 comm_t *comm_split(comm_t *c, int color, int key)
 {
+    if (c->kind == KIND_PLAN) {
+        ftk_err_set("internal: comm_split on a planning world (use comm_split_blocks)");
+        return NULL;
+    }
     if (c->self) {
-        comm_t *w = self_comm();
+        comm_t *w = self_comm(KIND_SELF, 1, 0);
         if (w) {
             w->stats = c->stats;
-            w->copy = c->copy;
+            w->be = c->be;
         }
         return w;
     }
@@ -122,6 +157,29 @@ comm_t *comm_split(comm_t *c, int color, int key)
     if (w)
         w->stats = c->stats;
     return w;
+}
+
+int comm_split_blocks(comm_t *c, int block, comm_t **group, comm_t **cross)
+{
+    *group = *cross = NULL;
+    if (block < 1 || c->size % block) {
+        ftk_err_set("internal: blocks of %d ranks do not divide %d", block, c->size);
+        return -1;
+    }
+    if (c->kind == KIND_PLAN) {
+        *group = comm_plan(block, c->rank % block);
+        *cross = comm_plan(c->size / block, c->rank / block);
+        if (*group && *cross) {
+            (*group)->stats = (*cross)->stats = c->stats;
+            return 0;
+        }
+    } else if ((*group = comm_split(c, c->rank / block, c->rank)) && (*cross = comm_split(c, c->rank % block, c->rank))) {
+        return 0;
+    }
+    comm_free(*group);
+    comm_free(*cross);
+    *group = *cross = NULL;
+    return -1;
 }
 
 void comm_free(comm_t *c)
@@ -142,65 +200,79 @@ static int count_ok(int64_t n)
     return 1;
 }
 
+/* A world of one's collective: a copy through its backend; a planning world moves nothing. */
 static void self_copy(comm_t *c, void *dst, const void *src, size_t bytes)
 {
-    if (c->copy)
-        c->copy(dst, src, bytes);
+    if (c->kind == KIND_PLAN)
+        return;
+    if (c->be)
+        c->be->copy(c->be, dst, src, bytes);
     else
         memmove(dst, src, bytes);
 }
 
-void comm_set_copy(comm_t *c, void (*copy)(void *dst, const void *src, size_t bytes)) { c->copy = copy; }
+void comm_set_backend(comm_t *c, backend_t *be) { c->be = be; }
+
+static int dtype_ok(dtype_t dt)
+{
+    if (dt != DT_F32 && dt != DT_BF16) {
+        ftk_err_set("internal: a collective of %s elements (need float32 or bfloat16)", dtype_name(dt));
+        return 0;
+    }
+    return 1;
+}
+static MPI_Datatype mpi_type(dtype_t dt) { return dt == DT_F32 ? MPI_FLOAT : MPI_UINT16_T; }
+static MPI_Op mpi_sum(dtype_t dt) { return dt == DT_F32 ? MPI_SUM : bf16_sum_op; }
 
 static MPI_Request *req_of(comm_req_t *r) { return (MPI_Request *)(void *)r->impl; }
 
-static void account(comm_t *c, double *bytes, int64_t *calls, double total, double factor)
+static void account(comm_t *c, double *bytes, int64_t *calls, double total, double factor, dtype_t dt)
 {
     if (c->stats) {
-        *bytes += factor * (double)(c->size - 1) / (double)c->size * total * sizeof(float);
+        *bytes += factor * (double)(c->size - 1) / (double)c->size * total * (double)dtype_size(dt);
         (*calls)++;
     }
 }
 
-int comm_allgather(comm_t *c, const float *part, float *full, int64_t n, comm_req_t *req)
+int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n))
+    if (!count_ok(n) || !dtype_ok(dt))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->ag_bytes, &s->ag_calls, (double)n * c->size, 1);
+    account(c, &s->ag_bytes, &s->ag_calls, (double)n * c->size, 1, dt);
     if (c->self) {
-        self_copy(c, full, part, (size_t)n * sizeof *full);
+        self_copy(c, full, part, (size_t)n * dtype_size(dt));
         return 0;
     }
-    MPI_Iallgather(part, (int)n, MPI_FLOAT, full, (int)n, MPI_FLOAT, c->c, req_of(req));
+    MPI_Iallgather(part, (int)n, mpi_type(dt), full, (int)n, mpi_type(dt), c->c, req_of(req));
     req->active = 1;
     return 0;
 }
 
-int comm_reduce_scatter(comm_t *c, const float *full, float *part, int64_t n, comm_req_t *req)
+int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n))
+    if (!count_ok(n) || !dtype_ok(dt))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->rs_bytes, &s->rs_calls, (double)n * c->size, 1);
+    account(c, &s->rs_bytes, &s->rs_calls, (double)n * c->size, 1, dt);
     if (c->self) {
-        self_copy(c, part, full, (size_t)n * sizeof *part);
+        self_copy(c, part, (const char *)full + (size_t)(c->rank * n) * dtype_size(dt), (size_t)n * dtype_size(dt));
         return 0;
     }
-    MPI_Ireduce_scatter_block(full, part, (int)n, MPI_FLOAT, MPI_SUM, c->c, req_of(req));
+    MPI_Ireduce_scatter_block(full, part, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
     req->active = 1;
     return 0;
 }
 
-int comm_allreduce(comm_t *c, float *buf, int64_t n, comm_req_t *req)
+int comm_allreduce(comm_t *c, void *buf, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n))
+    if (!count_ok(n) || !dtype_ok(dt))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->ar_bytes, &s->ar_calls, (double)n, 2);
+    account(c, &s->ar_bytes, &s->ar_calls, (double)n, 2, dt);
     if (c->self)
         return 0;
-    MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->c, req_of(req));
+    MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
     req->active = 1;
     return 0;
 }
@@ -270,8 +342,9 @@ int comm_bcast(comm_t *c, void *buf, size_t bytes, int root)
 
 int comm_gather(comm_t *c, const void *send, void *recv, size_t bytes, int root)
 {
-    if (c->self) {
-        memmove(recv, send, bytes);
+    if (c->self) { /* a planning world: every rank's record is this one's */
+        for (int i = 0; i < c->size; i++)
+            memmove((char *)recv + (size_t)i * bytes, send, bytes);
         return 0;
     }
     if (!count_ok((int64_t)bytes))
@@ -290,4 +363,17 @@ int comm_barrier(comm_t *c)
     MPI_Barrier(c->c);
     waited(c, t0);
     return 0;
+}
+
+int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who)
+{
+    int64_t v[2] = {code, code ? -(int64_t)c->rank : INT64_MIN};
+    comm_allreduce_i64(c, v, 2, COMM_MAX);
+    *who = 0;
+    if (!v[0])
+        return 0;
+    *who = (int)-v[1];
+    comm_bcast(c, msg, cap, *who);
+    msg[cap - 1] = 0;
+    return (int)v[0];
 }

@@ -109,17 +109,20 @@ void batch_free(batch_t *b)
 /* ---- the model ------------------------------------------------------------------------- */
 
 typedef struct {
-    float *ln1, *wq, *wk, *wv, *wo, *ln2, *wg, *wu, *wd;
+    bk_buf_t ln1, wq, wk, wv, wo, ln2, wg, wu, wd;
 } layer_w_t;
 
-/* What a block's forward pass keeps for its backward pass. */
+/* What a block's forward pass keeps for its backward pass (activation dtype; rstd and lse
+ * fp32). */
 typedef struct {
-    float *xn1, *rstd1, *q, *k, *v, *att, *lse, *xmid, *xn2, *rstd2, *g, *u, *h;
+    bk_buf_t xn1, q, k, v, att, xmid, xn2, g, u, h;
+    float *rstd1, *rstd2, *lse;
 } acts_t;
 
 struct model {
-    const backend_t *be;
+    backend_t *be;
     model_config_t c;
+    precision_dtypes_t dt;
     int64_t D, F, H, KV, hd, V, L, Hq, Hk;
     int training, recompute;
     int64_t cap;        /* tokens per call */
@@ -127,20 +130,21 @@ struct model {
     ckpt_unit_t *units;
     int n_units;
     model_io_t io;      /* where the units' parameters and gradients live */
-    float **w, **g;     /* per unit, when the model owns them (model_new) */
+    void **w, **g;      /* per unit, when the model owns them (model_new) */
     /* device inputs */
     int32_t *d_ids, *d_pos, *d_tgt_at, *d_tgt;
     float *d_tgt_w;
     /* activations */
-    float **x;   /* L+1 block inputs (x[L]: the last block's output) */
+    bk_buf_t *x; /* L+1 block inputs (x[L]: the last block's output) */
     acts_t *a;   /* L of them, or 1 shared when recomputing */
-    float *xnf, *rstdf, *xc, *logits, *dxc, *dxnf;
-    float *dx, *dmid, *dxn, *dh, *dg, *du, *datt, *dq, *dk, *dv, *trash;
+    bk_buf_t xnf, xc, dxc, dxnf, dlog;
+    float *rstdf, *logits; /* fp32 logits of a head chunk; dlog: their gradient in the activation dtype */
+    bk_buf_t dx, dmid, dxn, dh, dg, du, datt, dq, dk, dv, trash;
     void **allocs;
     size_t n_allocs, cap_allocs;
 };
 
-static void *m_alloc(model_t *m, int64_t floats)
+static void *m_alloc(model_t *m, int64_t n, dtype_t dt, bk_mem_class_t cls, const char *what)
 {
     if (m->n_allocs == m->cap_allocs) {
         size_t c = m->cap_allocs ? 2 * m->cap_allocs : 64;
@@ -152,21 +156,28 @@ static void *m_alloc(model_t *m, int64_t floats)
         m->allocs = p;
         m->cap_allocs = c;
     }
-    void *p = m->be->alloc((size_t)(floats > 0 ? floats : 1) * sizeof(float));
+    void *p = bk_alloc(m->be, (size_t)(n > 0 ? n : 1) * dtype_size(dt), cls, what);
     if (p)
         m->allocs[m->n_allocs++] = p;
     return p;
 }
+/* An activation buffer of n elements. */
+static int act_alloc(model_t *m, bk_buf_t *b, int64_t n, bk_mem_class_t cls, const char *what)
+{
+    b->dt = m->dt.act;
+    return (b->p = m_alloc(m, n, b->dt, cls, what)) ? 0 : -1;
+}
 
-const backend_t *model_backend(const model_t *m) { return m->be; }
+backend_t *model_backend(const model_t *m) { return m->be; }
+precision_dtypes_t model_dtypes(const model_t *m) { return m->dt; }
 
 const ckpt_unit_t *model_units(const model_t *m, int *n_units)
 {
     *n_units = m->n_units;
     return m->units;
 }
-float *model_unit_param(model_t *m, int u) { return m->w ? m->w[u] : NULL; }
-float *model_unit_grad(model_t *m, int u) { return m->g ? m->g[u] : NULL; }
+bk_buf_t model_unit_param(model_t *m, int u) { return bk_buf(m->w ? m->w[u] : NULL, m->dt.compute); }
+bk_buf_t model_unit_grad(model_t *m, int u) { return bk_buf(m->g ? m->g[u] : NULL, m->dt.grad); }
 
 static int find_tensor(const model_t *m, const char *name, int *unit, int *t)
 {
@@ -180,28 +191,31 @@ static int find_tensor(const model_t *m, const char *name, int *unit, int *t)
     return -1;
 }
 
-/* A block's tensors inside its unit vector (unit 1 + l). */
-static layer_w_t layer_view(const model_t *m, float *base, int64_t l)
+/* A block's tensors inside its unit vector (unit 1 + l) of dtype dt. */
+static layer_w_t layer_view(const model_t *m, void *base, dtype_t dt, int64_t l)
 {
     const ckpt_tensor_t *t = m->units[1 + l].t;
-    layer_w_t w = {base + t[0].offset, base + t[1].offset, base + t[2].offset, base + t[3].offset, base + t[4].offset,
-                   base + t[5].offset, base + t[6].offset, base + t[7].offset, base + t[8].offset};
+    bk_buf_t b = bk_buf(base, dt);
+    layer_w_t w = {bk_at(b, t[0].offset), bk_at(b, t[1].offset), bk_at(b, t[2].offset),
+                   bk_at(b, t[3].offset), bk_at(b, t[4].offset), bk_at(b, t[5].offset),
+                   bk_at(b, t[6].offset), bk_at(b, t[7].offset), bk_at(b, t[8].offset)};
     return w;
 }
 
 /* The final norm and the head matrix: in the head unit, or the embedding when tied. */
-static void head_view(const model_t *m, float *hbase, float *ebase, float **normf, float **head)
+static void head_view(const model_t *m, void *hbase, void *ebase, dtype_t dt, bk_buf_t *normf, bk_buf_t *head)
 {
     const ckpt_unit_t *hu = &m->units[m->n_units - 1];
-    *normf = hbase + hu->t[0].offset;
-    *head = hu->n_tensors > 1 ? hbase + hu->t[1].offset : ebase + m->units[0].t[0].offset;
+    *normf = bk_at(bk_buf(hbase, dt), hu->t[0].offset);
+    *head = hu->n_tensors > 1 ? bk_at(bk_buf(hbase, dt), hu->t[1].offset)
+                              : bk_at(bk_buf(ebase, dt), m->units[0].t[0].offset);
 }
 
 static int tied(const model_t *m) { return m->units[m->n_units - 1].n_tensors == 1; }
 
 /* The io of a model that owns its units. */
-static float *own_params(void *ctx, int u) { return ((model_t *)ctx)->w[u]; }
-static float *own_grads(void *ctx, int u) { return ((model_t *)ctx)->g[u]; }
+static void *own_params(void *ctx, int u) { return ((model_t *)ctx)->w[u]; }
+static void *own_grads(void *ctx, int u) { return ((model_t *)ctx)->g[u]; }
 static void own_nothing(void *ctx, int u)
 {
     (void)ctx;
@@ -211,20 +225,24 @@ static void own_nothing(void *ctx, int u)
 static int alloc_acts(model_t *m, acts_t *a)
 {
     int64_t n = m->cap;
-    float **f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->g, &a->u, &a->h, &a->rstd1,
-                   &a->rstd2, &a->lse};
+    bk_buf_t *f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->g, &a->u, &a->h};
     int64_t sz[] = {n * m->D, n * m->Hq, n * m->Hk, n * m->Hk, n * m->Hq, n * m->D, n * m->D,
-                    n * m->F, n * m->F, n * m->F, n, n, n * m->H};
+                    n * m->F, n * m->F, n * m->F};
     for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
-        if (!(*f[i] = m_alloc(m, sz[i])))
+        if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
             return -1;
+    if (!(a->rstd1 = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
+        !(a->rstd2 = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
+        !(a->lse = m_alloc(m, n * m->H, DT_F32, BK_MEM_ACTS, "activations")))
+        return -1;
     return 0;
 }
 
 /* io == NULL: the model owns its units (padded for one shard); otherwise units come
  * from the caller and the parameters and gradients through io. */
-static model_t *model_create(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens,
-                             int recompute, const ckpt_unit_t *units, int n_units, const model_io_t *io)
+static model_t *model_create(backend_t *be, const model_config_t *c, precision_t prec, int training,
+                             int64_t max_tokens, int recompute, const ckpt_unit_t *units, int n_units,
+                             const model_io_t *io)
 {
     if (model_config_check(c) < 0)
         return NULL;
@@ -235,6 +253,7 @@ static model_t *model_create(const backend_t *be, const model_config_t *c, int t
     }
     m->be = be;
     m->c = *c;
+    m->dt = precision_dtypes(prec);
     m->D = c->hidden_size;
     m->F = c->intermediate_size;
     m->H = c->num_attention_heads;
@@ -272,8 +291,8 @@ static model_t *model_create(const backend_t *be, const model_config_t *c, int t
             goto fail;
         }
         for (int u = 0; u < m->n_units; u++)
-            if (!(m->w[u] = m_alloc(m, m->units[u].padded)) ||
-                (training && !(m->g[u] = m_alloc(m, m->units[u].padded))))
+            if (!(m->w[u] = m_alloc(m, m->units[u].padded, m->dt.compute, BK_MEM_WEIGHTS, "weights")) ||
+                (training && !(m->g[u] = m_alloc(m, m->units[u].padded, m->dt.grad, BK_MEM_GRADS, "gradients"))))
                 goto fail;
     }
     m->x = calloc((size_t)m->L + 1, sizeof *m->x);
@@ -286,11 +305,14 @@ static model_t *model_create(const backend_t *be, const model_config_t *c, int t
         return m;
 
     int64_t n = m->cap;
-    if (!(m->d_ids = m_alloc(m, n)) || !(m->d_pos = m_alloc(m, n)) || !(m->d_tgt_at = m_alloc(m, n)) ||
-        !(m->d_tgt = m_alloc(m, n)) || !(m->d_tgt_w = m_alloc(m, n)))
+    if (!(m->d_ids = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_pos = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt_at = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")))
         goto fail;
     for (int64_t l = 0; l <= m->L; l++)
-        if (!(m->x[l] = m_alloc(m, n * m->D)))
+        if (act_alloc(m, &m->x[l], n * m->D, BK_MEM_ACTS, "activations") < 0)
             goto fail;
     for (int64_t l = 0; l < m->L; l++) {
         if (l == 0 || !recompute) {
@@ -300,29 +322,40 @@ static model_t *model_create(const backend_t *be, const model_config_t *c, int t
             m->a[l] = m->a[0];
         }
     }
-    float **f[] = {&m->xnf, &m->rstdf, &m->xc, &m->logits, &m->dxc, &m->dxnf, &m->dx, &m->dmid, &m->dxn,
-                   &m->dh, &m->dg, &m->du, &m->datt, &m->dq, &m->dk, &m->dv, &m->trash};
     int64_t hc = m->head_chunk;
-    int64_t sz[] = {n * m->D, n, hc * m->D, hc * m->V, hc * m->D, n * m->D, n * m->D, n * m->D, n * m->D,
-                    n * m->F, n * m->F, n * m->F, n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk, n * m->D};
+    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dmid, &m->dxn, &m->dh, &m->dg, &m->du,
+                     &m->datt, &m->dq, &m->dk, &m->dv, &m->trash};
+    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->F, n * m->F,
+                    n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk, n * m->D};
     for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
-        if (!(*f[i] = m_alloc(m, sz[i])))
+        if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
             goto fail;
+    if (!(m->rstdf = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
+        act_alloc(m, &m->xc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
+        act_alloc(m, &m->dxc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
+        !(m->logits = m_alloc(m, hc * m->V, DT_F32, BK_MEM_OTHER, "the head's logits chunk")))
+        goto fail;
+    /* fp32: the loss gradient is used where it was computed. */
+    if (m->dt.act == DT_F32)
+        m->dlog = bk_buf(m->logits, DT_F32);
+    else if (act_alloc(m, &m->dlog, hc * m->V, BK_MEM_OTHER, "the head's logits chunk") < 0)
+        goto fail;
     return m;
 fail:
     model_free(m);
     return NULL;
 }
 
-model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute)
+model_t *model_new(backend_t *be, const model_config_t *c, precision_t prec, int training, int64_t max_tokens,
+                   int recompute)
 {
-    return model_create(be, c, training, max_tokens, recompute, NULL, 0, NULL);
+    return model_create(be, c, prec, training, max_tokens, recompute, NULL, 0, NULL);
 }
 
-model_t *model_new_io(const backend_t *be, const model_config_t *c, int64_t max_tokens, int recompute,
+model_t *model_new_io(backend_t *be, const model_config_t *c, precision_t prec, int64_t max_tokens, int recompute,
                       const ckpt_unit_t *units, int n_units, const model_io_t *io)
 {
-    return model_create(be, c, 1, max_tokens, recompute, units, n_units, io);
+    return model_create(be, c, prec, 1, max_tokens, recompute, units, n_units, io);
 }
 
 void model_free(model_t *m)
@@ -330,7 +363,7 @@ void model_free(model_t *m)
     if (!m)
         return;
     for (size_t i = 0; i < m->n_allocs; i++)
-        m->be->free(m->allocs[i]);
+        bk_free(m->be, m->allocs[i]);
     free(m->allocs);
     free(m->units);
     free(m->w);
@@ -359,6 +392,7 @@ int model_load_weights(model_t *m, hid_t file)
     int rc = host && scratch ? 0 : -1;
     if (rc < 0)
         ftk_err_set("out of memory");
+    size_t es = dtype_size(m->dt.compute);
     for (size_t i = 0; i < nt && rc == 0; i++) {
         weights_spec_t s;
         weights_tensor_spec(&m->c, i, &s);
@@ -374,7 +408,13 @@ int model_load_weights(model_t *m, hid_t file)
             rc = -1;
             break;
         }
-        m->be->upload(m->w[u] + m->units[u].t[t].offset, host, (size_t)m->units[u].t[t].numel * sizeof *host);
+        int64_t ne = m->units[u].t[t].numel;
+        const void *src = host;
+        if (m->dt.compute != DT_F32) { /* narrowed in place: host's first half */
+            dtype_convert(scratch, m->dt.compute, host, DT_F32, (size_t)ne);
+            src = scratch;
+        }
+        m->be->upload(m->be, (char *)m->w[u] + (size_t)m->units[u].t[t].offset * es, src, (size_t)ne * es);
     }
     free(host);
     free(scratch);
@@ -384,74 +424,83 @@ int model_load_weights(model_t *m, hid_t file)
 void model_zero_grad(model_t *m)
 {
     for (int u = 0; m->g && u < m->n_units; u++)
-        m->be->zero(m->g[u], (size_t)m->units[u].padded * sizeof(float));
+        m->be->zero(m->be, m->g[u], (size_t)m->units[u].padded * dtype_size(m->dt.grad));
 }
 
 /* ---- forward and backward of one block --------------------------------------------------- */
 
-static void block_fwd(model_t *m, const layer_w_t *w, int64_t n, const int64_t *seg, int64_t n_seg, const float *x,
-                      acts_t *a, float *y)
+static void block_fwd(model_t *m, const layer_w_t *w, int64_t n, const int64_t *seg, int64_t n_seg, bk_buf_t x,
+                      acts_t *a, bk_buf_t y)
 {
-    const backend_t *be = m->be;
+    backend_t *be = m->be;
     float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
-    be->rmsnorm_fwd(a->xn1, a->rstd1, x, w->ln1, n, m->D, eps);
-    be->matmul(0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
-    be->matmul(0, 1, n, m->Hk, m->D, 1, a->xn1, w->wk, 0, a->k);
-    be->matmul(0, 1, n, m->Hk, m->D, 1, a->xn1, w->wv, 0, a->v);
-    be->rope(a->q, m->d_pos, n, (int)m->H, (int)m->hd, theta, 0);
-    be->rope(a->k, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 0);
-    be->attn_fwd(a->att, a->lse, a->q, a->k, a->v, seg, n_seg, (int)m->H, (int)m->KV, (int)m->hd);
-    be->copy(a->xmid, x, (size_t)(n * m->D) * sizeof(float));
-    be->matmul(0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 1, a->xmid);
-    be->rmsnorm_fwd(a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
-    be->matmul(0, 1, n, m->F, m->D, 1, a->xn2, w->wg, 0, a->g);
-    be->matmul(0, 1, n, m->F, m->D, 1, a->xn2, w->wu, 0, a->u);
-    be->swiglu_fwd(a->h, a->g, a->u, n * m->F);
-    be->copy(y, a->xmid, (size_t)(n * m->D) * sizeof(float));
-    be->matmul(0, 1, n, m->D, m->F, 1, a->h, w->wd, 1, y);
+    be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, w->ln1, n, m->D, eps);
+    be->matmul(be, 0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
+    be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wk, 0, a->k);
+    be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wv, 0, a->v);
+    if (be->rope_qk) {
+        be->rope_qk(be, a->q, a->k, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 0);
+    } else {
+        be->rope(be, a->q, m->d_pos, n, (int)m->H, (int)m->hd, theta, 0);
+        be->rope(be, a->k, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 0);
+    }
+    be->attn_fwd(be, a->att, a->lse, a->q, a->k, a->v, seg, n_seg, (int)m->H, (int)m->KV, (int)m->hd);
+    be->copy(be, a->xmid.p, x.p, (size_t)(n * m->D) * dtype_size(x.dt));
+    be->matmul(be, 0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 1, a->xmid);
+    be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
+    be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wg, 0, a->g);
+    be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wu, 0, a->u);
+    be->swiglu_fwd(be, a->h, a->g, a->u, n * m->F);
+    be->copy(be, y.p, a->xmid.p, (size_t)(n * m->D) * dtype_size(y.dt));
+    be->matmul(be, 0, 1, n, m->D, m->F, 1, a->h, w->wd, 1, y);
 }
 
 /* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). */
 static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t *dw, int64_t n, const int64_t *seg,
-                      int64_t n_seg, float *dx)
+                      int64_t n_seg, bk_buf_t dx)
 {
-    const backend_t *be = m->be;
+    backend_t *be = m->be;
     acts_t *a = &m->a[l];
     float theta = (float)m->c.rope_theta;
     if (m->recompute)
         block_fwd(m, w, n, seg, n_seg, m->x[l], a, m->trash);
-    size_t bytes = (size_t)(n * m->D) * sizeof(float);
+    size_t bytes = (size_t)(n * m->D) * dtype_size(dx.dt);
     /* MLP */
-    be->copy(m->dmid, dx, bytes);
-    be->matmul(0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
-    be->matmul(1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
-    be->swiglu_bwd(m->dg, m->du, m->dh, a->g, a->u, n * m->F);
-    be->matmul(0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
-    be->matmul(0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
-    be->matmul(1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
-    be->matmul(1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
-    be->rmsnorm_bwd(m->dmid, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
+    be->copy(be, m->dmid.p, dx.p, bytes);
+    be->matmul(be, 0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
+    be->matmul(be, 1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
+    be->swiglu_bwd(be, m->dg, m->du, m->dh, a->g, a->u, n * m->F);
+    be->matmul(be, 0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
+    be->matmul(be, 0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
+    be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
+    be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
+    be->rmsnorm_bwd(be, m->dmid, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
     /* attention */
-    be->matmul(0, 0, n, m->Hq, m->D, 1, m->dmid, w->wo, 0, m->datt);
-    be->matmul(1, 0, m->D, m->Hq, n, 1, m->dmid, a->att, 1, dw->wo);
-    be->attn_bwd(m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
+    be->matmul(be, 0, 0, n, m->Hq, m->D, 1, m->dmid, w->wo, 0, m->datt);
+    be->matmul(be, 1, 0, m->D, m->Hq, n, 1, m->dmid, a->att, 1, dw->wo);
+    be->attn_bwd(be, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
                  (int)m->KV, (int)m->hd);
-    be->rope(m->dq, m->d_pos, n, (int)m->H, (int)m->hd, theta, 1);
-    be->rope(m->dk, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 1);
-    be->matmul(0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
-    be->matmul(0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
-    be->matmul(0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
-    be->matmul(1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
-    be->matmul(1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
-    be->matmul(1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
-    be->copy(dx, m->dmid, bytes);
-    be->rmsnorm_bwd(dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
+    if (be->rope_qk) {
+        be->rope_qk(be, m->dq, m->dk, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
+    } else {
+        be->rope(be, m->dq, m->d_pos, n, (int)m->H, (int)m->hd, theta, 1);
+        be->rope(be, m->dk, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 1);
+    }
+    be->matmul(be, 0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
+    be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
+    be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
+    be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
+    be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
+    be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
+    be->copy(be, dx.p, m->dmid.p, bytes);
+    be->rmsnorm_bwd(be, dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
 }
 
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
 {
-    const backend_t *be = m->be;
+    backend_t *be = m->be;
     const model_io_t *io = &m->io;
+    dtype_t wdt = m->dt.compute, gdt = m->dt.grad;
     int64_t n = b->n;
     int train = grad_scale != 0.0f && !logits;
     int H = m->n_units - 1, tie = tied(m);
@@ -459,33 +508,34 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
         ftk_err_set("internal: a batch of %lld tokens for a model sized for %lld", (long long)n, (long long)m->cap);
         return NAN;
     }
-    be->upload(m->d_ids, b->ids, (size_t)n * sizeof(int32_t));
-    be->upload(m->d_pos, b->pos, (size_t)n * sizeof(int32_t));
-    be->upload(m->d_tgt_at, b->tgt_at, (size_t)b->n_tgt * sizeof(int32_t));
-    be->upload(m->d_tgt, b->tgt, (size_t)b->n_tgt * sizeof(int32_t));
-    be->upload(m->d_tgt_w, b->tgt_w, (size_t)b->n_tgt * sizeof(float));
+    be->upload(be, m->d_ids, b->ids, (size_t)n * sizeof(int32_t));
+    be->upload(be, m->d_pos, b->pos, (size_t)n * sizeof(int32_t));
+    be->upload(be, m->d_tgt_at, b->tgt_at, (size_t)b->n_tgt * sizeof(int32_t));
+    be->upload(be, m->d_tgt, b->tgt, (size_t)b->n_tgt * sizeof(int32_t));
+    be->upload(be, m->d_tgt_w, b->tgt_w, (size_t)b->n_tgt * sizeof(float));
 
     /* Units are asked for in the order of use and released as soon as the pass is done
      * with them (model.h: model_io_t). */
-    float *emb = io->params(io->ctx, 0);
-    be->embed_fwd(m->x[0], m->d_ids, emb + m->units[0].t[0].offset, n, m->D);
+    bk_buf_t emb = bk_at(bk_buf(io->params(io->ctx, 0), wdt), m->units[0].t[0].offset);
+    be->embed_fwd(be, m->x[0], m->d_ids, emb, n, m->D);
     if (!tie)
         io->release(io->ctx, 0);
     for (int64_t l = 0; l < m->L; l++) {
-        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), l);
+        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), wdt, l);
         block_fwd(m, &w, n, b->seg, b->n_seg, m->x[l], &m->a[l], m->x[l + 1]);
         io->release(io->ctx, 1 + (int)l);
     }
-    float *normf, *head, *dnormf = NULL, *dhead = NULL;
-    float *hp = io->params(io->ctx, H);
-    head_view(m, hp, tie ? io->params(io->ctx, 0) : NULL, &normf, &head);
-    be->rmsnorm_fwd(m->xnf, m->rstdf, m->x[m->L], normf, n, m->D, (float)m->c.rms_norm_eps);
+    bk_buf_t normf, head, dnormf = {0}, dhead = {0};
+    void *hp = io->params(io->ctx, H);
+    head_view(m, hp, tie ? io->params(io->ctx, 0) : NULL, wdt, &normf, &head);
+    be->rmsnorm_fwd(be, m->xnf, m->rstdf, m->x[m->L], normf, n, m->D, (float)m->c.rms_norm_eps);
 
+    bk_buf_t lg = bk_buf(m->logits, DT_F32);
     if (logits) {
         for (int64_t r0 = 0; r0 < n; r0 += m->head_chunk) {
             int64_t c = n - r0 < m->head_chunk ? n - r0 : m->head_chunk;
-            be->matmul(0, 1, c, m->V, m->D, 1, m->xnf + r0 * m->D, head, 0, m->logits);
-            be->download(logits + r0 * m->V, m->logits, (size_t)(c * m->V) * sizeof(float));
+            be->matmul(be, 0, 1, c, m->V, m->D, 1, bk_at(m->xnf, r0 * m->D), head, 0, lg);
+            be->download(be, logits + r0 * m->V, m->logits, (size_t)(c * m->V) * sizeof(float));
         }
     }
     /* The head on target rows only, a chunk at a time: gather, logits, loss and its
@@ -493,23 +543,25 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
      * back to back, so the head unit is asked for once per pass. */
     double loss = 0;
     if (train) {
-        head_view(m, io->grads(io->ctx, H), tie ? io->grads(io->ctx, 0) : NULL, &dnormf, &dhead);
-        be->zero(m->dxnf, (size_t)(n * m->D) * sizeof(float));
+        head_view(m, io->grads(io->ctx, H), tie ? io->grads(io->ctx, 0) : NULL, gdt, &dnormf, &dhead);
+        be->zero(be, m->dxnf.p, (size_t)(n * m->D) * dtype_size(m->dxnf.dt));
     }
     for (int64_t r0 = 0; r0 < b->n_tgt; r0 += m->head_chunk) {
         int64_t c = b->n_tgt - r0 < m->head_chunk ? b->n_tgt - r0 : m->head_chunk;
-        be->embed_fwd(m->xc, m->d_tgt_at + r0, m->xnf, c, m->D);
-        be->matmul(0, 1, c, m->V, m->D, 1, m->xc, head, 0, m->logits);
-        loss += be->xent(m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f);
+        be->embed_fwd(be, m->xc, m->d_tgt_at + r0, m->xnf, c, m->D);
+        be->matmul(be, 0, 1, c, m->V, m->D, 1, m->xc, head, 0, lg);
+        loss += be->xent(be, m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f);
         if (train) {
-            be->matmul(0, 0, c, m->D, m->V, 1, m->logits, head, 0, m->dxc);
-            be->rows_scatter(m->dxnf, m->d_tgt_at + r0, m->dxc, c, m->D);
-            be->matmul(1, 0, m->V, m->D, c, 1, m->logits, m->xc, 1, dhead);
+            if (m->dlog.p != m->logits)
+                be->convert(be, m->dlog, lg, c * m->V);
+            be->matmul(be, 0, 0, c, m->D, m->V, 1, m->dlog, head, 0, m->dxc);
+            be->rows_scatter(be, m->dxnf, m->d_tgt_at + r0, m->dxc, c, m->D);
+            be->matmul(be, 1, 0, m->V, m->D, c, 1, m->dlog, m->xc, 1, dhead);
         }
     }
     if (train) {
-        be->zero(m->dx, (size_t)(n * m->D) * sizeof(float));
-        be->rmsnorm_bwd(m->dx, dnormf, m->dxnf, m->x[m->L], normf, m->rstdf, n, m->D);
+        be->zero(be, m->dx.p, (size_t)(n * m->D) * dtype_size(m->dx.dt));
+        be->rmsnorm_bwd(be, m->dx, dnormf, m->dxnf, m->x[m->L], normf, m->rstdf, n, m->D);
     }
     io->release(io->ctx, H);
     if (tie)
@@ -519,14 +571,14 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     io->grads_done(io->ctx, H);
 
     for (int64_t l = m->L - 1; l >= 0; l--) {
-        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), l);
-        layer_w_t dw = layer_view(m, io->grads(io->ctx, 1 + (int)l), l);
+        layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), wdt, l);
+        layer_w_t dw = layer_view(m, io->grads(io->ctx, 1 + (int)l), gdt, l);
         block_bwd(m, l, &w, &dw, n, b->seg, b->n_seg, m->dx);
         io->release(io->ctx, 1 + (int)l);
         io->grads_done(io->ctx, 1 + (int)l);
     }
     /* The embedding's backward reads only the ids: its parameters are not needed. */
-    be->embed_bwd(io->grads(io->ctx, 0) + m->units[0].t[0].offset, m->d_ids, m->dx, n, m->D);
+    be->embed_bwd(be, bk_at(bk_buf(io->grads(io->ctx, 0), gdt), m->units[0].t[0].offset), m->d_ids, m->dx, n, m->D);
     io->grads_done(io->ctx, 0);
     return loss;
 }
@@ -535,19 +587,25 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
 
 struct model_kv {
     int64_t ctx;
-    float **k, **v; /* per layer [ctx, Hk] */
-    float *x, *xn, *q, *kn, *vn, *att, *g, *u, *h, *rstd, *logits;
+    bk_buf_t *k, *v; /* per layer [ctx, Hk] */
+    bk_buf_t x, xn, q, kn, vn, att, g, u, h;
+    float *rstd, *logits;
     int32_t *ids, *pos;
     void **allocs;
     size_t n_allocs;
 };
 
-static void *kv_alloc(model_t *m, model_kv_t *kv, int64_t bytes)
+static void *kv_alloc(model_t *m, model_kv_t *kv, int64_t n, dtype_t dt)
 {
-    void *p = m->be->alloc((size_t)(bytes > 0 ? bytes : 4));
+    void *p = bk_alloc(m->be, (size_t)(n > 0 ? n : 1) * dtype_size(dt), BK_MEM_OTHER, "the decoding cache");
     if (p)
         kv->allocs[kv->n_allocs++] = p;
     return p;
+}
+static int kv_act(model_t *m, model_kv_t *kv, bk_buf_t *b, int64_t n)
+{
+    b->dt = m->dt.act;
+    return (b->p = kv_alloc(m, kv, n, b->dt)) ? 0 : -1;
 }
 
 model_kv_t *model_kv_new(model_t *m, int64_t ctx)
@@ -570,16 +628,16 @@ model_kv_t *model_kv_new(model_t *m, int64_t ctx)
         goto fail;
     }
     for (int64_t l = 0; l < m->L; l++)
-        if (!(kv->k[l] = kv_alloc(m, kv, ctx * m->Hk * 4)) || !(kv->v[l] = kv_alloc(m, kv, ctx * m->Hk * 4)))
+        if (kv_act(m, kv, &kv->k[l], ctx * m->Hk) < 0 || kv_act(m, kv, &kv->v[l], ctx * m->Hk) < 0)
             goto fail;
-    float **f[] = {&kv->x, &kv->xn, &kv->q, &kv->kn, &kv->vn, &kv->att, &kv->g, &kv->u, &kv->h, &kv->rstd,
-                   &kv->logits};
+    bk_buf_t *f[] = {&kv->x, &kv->xn, &kv->q, &kv->kn, &kv->vn, &kv->att, &kv->g, &kv->u, &kv->h};
     int64_t sz[] = {ctx * m->D, ctx * m->D, ctx * m->Hq, ctx * m->Hk, ctx * m->Hk, ctx * m->Hq,
-                    ctx * m->F, ctx * m->F, ctx * m->F, ctx, m->V};
+                    ctx * m->F, ctx * m->F, ctx * m->F};
     for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
-        if (!(*f[i] = kv_alloc(m, kv, sz[i] * 4)))
+        if (kv_act(m, kv, f[i], sz[i]) < 0)
             goto fail;
-    if (!(kv->ids = kv_alloc(m, kv, ctx * 4)) || !(kv->pos = kv_alloc(m, kv, ctx * 4)))
+    if (!(kv->rstd = kv_alloc(m, kv, ctx, DT_F32)) || !(kv->logits = kv_alloc(m, kv, m->V, DT_F32)) ||
+        !(kv->ids = kv_alloc(m, kv, ctx, DT_F32)) || !(kv->pos = kv_alloc(m, kv, ctx, DT_F32)))
         goto fail;
     return kv;
 fail:
@@ -592,7 +650,7 @@ void model_kv_free(model_t *m, model_kv_t *kv)
     if (!kv)
         return;
     for (size_t i = 0; i < kv->n_allocs; i++)
-        m->be->free(kv->allocs[i]);
+        bk_free(m->be, kv->allocs[i]);
     free(kv->allocs);
     free(kv->k);
     free(kv->v);
@@ -605,7 +663,8 @@ int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int6
         ftk_err_set("context of %lld tokens exceeded", (long long)kv->ctx);
         return -1;
     }
-    const backend_t *be = m->be;
+    backend_t *be = m->be;
+    dtype_t wdt = m->dt.compute;
     float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
     int32_t *pos = malloc((size_t)n * sizeof *pos);
     if (!pos) {
@@ -614,32 +673,32 @@ int model_decode(model_t *m, model_kv_t *kv, const int32_t *ids, int64_t n, int6
     }
     for (int64_t i = 0; i < n; i++)
         pos[i] = (int32_t)(p0 + i);
-    be->upload(kv->ids, ids, (size_t)n * sizeof *ids);
-    be->upload(kv->pos, pos, (size_t)n * sizeof *pos);
+    be->upload(be, kv->ids, ids, (size_t)n * sizeof *ids);
+    be->upload(be, kv->pos, pos, (size_t)n * sizeof *pos);
     free(pos);
-    float *normf, *head;
-    head_view(m, m->w[m->n_units - 1], m->w[0], &normf, &head);
-    be->embed_fwd(kv->x, kv->ids, m->w[0] + m->units[0].t[0].offset, n, m->D);
+    bk_buf_t normf, head;
+    head_view(m, m->w[m->n_units - 1], m->w[0], wdt, &normf, &head);
+    be->embed_fwd(be, kv->x, kv->ids, bk_at(bk_buf(m->w[0], wdt), m->units[0].t[0].offset), n, m->D);
     for (int64_t l = 0; l < m->L; l++) {
-        layer_w_t wl = layer_view(m, m->w[1 + l], l), *w = &wl;
-        float *kc = kv->k[l] + p0 * m->Hk, *vc = kv->v[l] + p0 * m->Hk;
-        be->rmsnorm_fwd(kv->xn, kv->rstd, kv->x, w->ln1, n, m->D, eps);
-        be->matmul(0, 1, n, m->Hq, m->D, 1, kv->xn, w->wq, 0, kv->q);
-        be->matmul(0, 1, n, m->Hk, m->D, 1, kv->xn, w->wk, 0, kc);
-        be->matmul(0, 1, n, m->Hk, m->D, 1, kv->xn, w->wv, 0, vc);
-        be->rope(kv->q, kv->pos, n, (int)m->H, (int)m->hd, theta, 0);
-        be->rope(kc, kv->pos, n, (int)m->KV, (int)m->hd, theta, 0);
-        be->attn_cached(kv->att, kv->q, kv->k[l], kv->v[l], n, p0, (int)m->H, (int)m->KV, (int)m->hd);
-        be->matmul(0, 1, n, m->D, m->Hq, 1, kv->att, w->wo, 1, kv->x);
-        be->rmsnorm_fwd(kv->xn, kv->rstd, kv->x, w->ln2, n, m->D, eps);
-        be->matmul(0, 1, n, m->F, m->D, 1, kv->xn, w->wg, 0, kv->g);
-        be->matmul(0, 1, n, m->F, m->D, 1, kv->xn, w->wu, 0, kv->u);
-        be->swiglu_fwd(kv->h, kv->g, kv->u, n * m->F);
-        be->matmul(0, 1, n, m->D, m->F, 1, kv->h, w->wd, 1, kv->x);
+        layer_w_t wl = layer_view(m, m->w[1 + l], wdt, l), *w = &wl;
+        bk_buf_t kc = bk_at(kv->k[l], p0 * m->Hk), vc = bk_at(kv->v[l], p0 * m->Hk);
+        be->rmsnorm_fwd(be, kv->xn, kv->rstd, kv->x, w->ln1, n, m->D, eps);
+        be->matmul(be, 0, 1, n, m->Hq, m->D, 1, kv->xn, w->wq, 0, kv->q);
+        be->matmul(be, 0, 1, n, m->Hk, m->D, 1, kv->xn, w->wk, 0, kc);
+        be->matmul(be, 0, 1, n, m->Hk, m->D, 1, kv->xn, w->wv, 0, vc);
+        be->rope(be, kv->q, kv->pos, n, (int)m->H, (int)m->hd, theta, 0);
+        be->rope(be, kc, kv->pos, n, (int)m->KV, (int)m->hd, theta, 0);
+        be->attn_cached(be, kv->att, kv->q, kv->k[l], kv->v[l], n, p0, (int)m->H, (int)m->KV, (int)m->hd);
+        be->matmul(be, 0, 1, n, m->D, m->Hq, 1, kv->att, w->wo, 1, kv->x);
+        be->rmsnorm_fwd(be, kv->xn, kv->rstd, kv->x, w->ln2, n, m->D, eps);
+        be->matmul(be, 0, 1, n, m->F, m->D, 1, kv->xn, w->wg, 0, kv->g);
+        be->matmul(be, 0, 1, n, m->F, m->D, 1, kv->xn, w->wu, 0, kv->u);
+        be->swiglu_fwd(be, kv->h, kv->g, kv->u, n * m->F);
+        be->matmul(be, 0, 1, n, m->D, m->F, 1, kv->h, w->wd, 1, kv->x);
     }
-    float *last = kv->x + (n - 1) * m->D;
-    be->rmsnorm_fwd(kv->xn, kv->rstd, last, normf, 1, m->D, eps);
-    be->matmul(0, 1, 1, m->V, m->D, 1, kv->xn, head, 0, kv->logits);
-    be->download(logits, kv->logits, (size_t)m->V * sizeof(float));
-    return 0;
+    bk_buf_t last = bk_at(kv->x, (n - 1) * m->D);
+    be->rmsnorm_fwd(be, kv->xn, kv->rstd, last, normf, 1, m->D, eps);
+    be->matmul(be, 0, 1, 1, m->V, m->D, 1, kv->xn, head, 0, bk_buf(kv->logits, DT_F32));
+    be->download(be, logits, kv->logits, (size_t)m->V * sizeof(float));
+    return be->sync(be);
 }

@@ -9,12 +9,19 @@
  *
  * Parameters live in the units of the shard map (formats/checkpoint.h): one flat vector
  * per unit, so the optimizer and the checkpoint see flat arrays. Gradients mirror them.
+ *
+ * Precision (precision.h): the units the model reads are in the mode's compute dtype,
+ * the gradients it adds into in its gradient dtype, activations and their gradients in
+ * its activation dtype. In the bf16 modes the head's logits are fp32 (the loss is
+ * computed in fp32) and the loss gradient is rounded to bf16 for the head's backward
+ * products.
  * Either the model owns them (model_new: one full copy, for one process and for
  * generation) or a sharding engine lends them unit by unit through a model_io_t
  * (model_new_io, engine/shard.h), which is how ZeRO-3 keeps only the units in use whole.
  *
  * Ownership: model_new() allocates everything on the backend up front (parameters,
- * gradients, activations for max_tokens tokens); nothing is allocated per step.
+ * gradients, activations for max_tokens tokens; bk_alloc classes weights, gradients,
+ * activations, other); nothing is allocated per step.
  * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
  */
 #ifndef FTK_MODEL_H
@@ -24,6 +31,7 @@
 #include "../formats/checkpoint.h"
 #include "../formats/tokens.h"
 #include "../kernels/backend.h"
+#include "precision.h"
 
 /* A micro-batch: rows of a token file laid end to end (host arrays). */
 typedef struct {
@@ -64,27 +72,30 @@ typedef struct model model_t;
  * grads_done(), after which the model does not touch it. */
 typedef struct {
     void *ctx;
-    float *(*params)(void *ctx, int unit);
+    void *(*params)(void *ctx, int unit); /* compute dtype */
     void (*release)(void *ctx, int unit);
-    float *(*grads)(void *ctx, int unit);
+    void *(*grads)(void *ctx, int unit);  /* gradient dtype */
     void (*grads_done)(void *ctx, int unit);
 } model_io_t;
 
 /* training: allocate gradients and activations for up to max_tokens tokens per call;
  * recompute: keep only each block's input and recompute the block in the backward pass. */
-model_t *model_new(const backend_t *be, const model_config_t *c, int training, int64_t max_tokens, int recompute);
+model_t *model_new(backend_t *be, const model_config_t *c, precision_t prec, int training, int64_t max_tokens,
+                   int recompute);
 /* A training model whose units (padded for the caller's shard count) come through io. */
-model_t *model_new_io(const backend_t *be, const model_config_t *c, int64_t max_tokens, int recompute,
+model_t *model_new_io(backend_t *be, const model_config_t *c, precision_t prec, int64_t max_tokens, int recompute,
                       const ckpt_unit_t *units, int n_units, const model_io_t *io);
 void model_free(model_t *m);
-const backend_t *model_backend(const model_t *m);
+backend_t *model_backend(const model_t *m);
 const ckpt_unit_t *model_units(const model_t *m, int *n_units);
-/* Backend memory, units[u].padded floats; NULL for a model_new_io() model. */
-float *model_unit_param(model_t *m, int u);
-float *model_unit_grad(model_t *m, int u);
+precision_dtypes_t model_dtypes(const model_t *m);
+/* Backend memory, units[u].padded elements (compute dtype, gradient dtype); NULL for a
+ * model_new_io() model. */
+bk_buf_t model_unit_param(model_t *m, int u);
+bk_buf_t model_unit_grad(model_t *m, int u);
 
 /* Loads every tensor of a weights file (any stored dtype) into the parameters
- * (model_new() models). */
+ * (model_new() models), rounded to nearest even where the compute dtype is bf16. */
 int model_load_weights(model_t *m, hid_t file);
 
 void model_zero_grad(model_t *m);

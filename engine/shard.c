@@ -6,77 +6,104 @@
 #include <string.h>
 
 #include "../formats/weights.h"
+#include "../kernels/sround.h"
 #include "../libcommon/log.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
+#define RS_IN_FLIGHT 2 /* reduce-scatters in flight at most (shard.h "Overlap") */
 
 typedef struct {
-    float *p;
-    int64_t n;
+    void *p;
+    size_t bytes;
+    bk_mem_class_t cls;
 } pooled_t;
 
 struct shard {
-    const backend_t *be;
+    backend_t *be;
     strategy_t strat;
+    precision_dtypes_t dt;
+    int stochastic;
     comm_t *world, *group, *cross; /* group == world except for hybrid; cross: hybrid only */
     int S, r, replica;
     ckpt_unit_t *units;
     int n_units, tied;
     int64_t *lo, *len; /* owned range of each unit */
-    float **p, **m, **v, **g;
+    void **p, **m, **v, **g; /* owned state (state dtype) and gradient (gradient dtype) */
+    void **w;                /* bf16-mixed: the working copy of p in the compute dtype */
     /* whole-unit buffers of the current pass */
-    float **full, **gbuf, **rsbuf;
+    void **full, **gbuf, **rsbuf;
     int *ag_state;
     comm_req_t *ag, *rs, *ar;
+    int rs_fifo[RS_IN_FLIGHT], rs_n; /* units whose reduce-scatter is in flight, oldest first */
     /* the order in which the pass asks for parameters (prefetch) */
     int *sched, n_sched, pos, last_pass;
     pooled_t *pool;
     int n_pool, cap_pool;
+    int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
     model_io_t io;
     comm_stats_t stats;
 };
 
+static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
+static size_t gbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.grad); }
+static size_t sbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.state); }
+
 /* ---- the pool of whole-unit buffers ----------------------------------------------------- */
 
-static float *pool_get(shard_t *s, int64_t n)
+static void *pool_get(shard_t *s, size_t bytes, bk_mem_class_t cls, const char *what)
 {
     for (int i = 0; i < s->n_pool; i++)
-        if (s->pool[i].n == n) {
-            float *p = s->pool[i].p;
+        if (s->pool[i].bytes == bytes && s->pool[i].cls == cls) {
+            void *p = s->pool[i].p;
             s->pool[i] = s->pool[--s->n_pool];
             return p;
         }
-    float *p = s->be->alloc((size_t)n * sizeof(float));
+    void *p = bk_alloc(s->be, bytes, cls, what);
+    if (!p && !s->reserving) {
+        /* shard_reserve() took every buffer a pass needs: this is a bug, and the other
+         * ranks' collectives could not complete anyway. */
+        ftk_error("internal: a pass needed a buffer shard_reserve() did not take: %s", ftk_err_msg());
+        abort();
+    }
     if (!p)
-        abort(); /* like a backend op: no error path inside a pass (shard.h) */
+        s->failed = 1;
     return p;
 }
 
-static void pool_put(shard_t *s, float *p, int64_t n)
+static void pool_put(shard_t *s, void *p, size_t bytes, bk_mem_class_t cls)
 {
+    if (!p)
+        return;
     if (s->n_pool == s->cap_pool) {
         int c = s->cap_pool ? 2 * s->cap_pool : 16;
         pooled_t *q = realloc(s->pool, (size_t)c * sizeof *q);
         if (!q) {
-            s->be->free(p);
+            bk_free(s->be, p);
             return;
         }
         s->pool = q;
         s->cap_pool = c;
     }
-    s->pool[s->n_pool++] = (pooled_t){p, n};
+    s->pool[s->n_pool++] = (pooled_t){p, bytes, cls};
 }
 
 /* ---- gathering parameters, scattering gradients ----------------------------------------- */
 
 static int sharded(const shard_t *s) { return s->strat != STRAT_NONE; }
 
+/* The owned slice the model's dtype reads: the working copy, or the weights themselves. */
+static void *readable(const shard_t *s, int u) { return s->w ? s->w[u] : s->p[u]; }
+
 static void gather_start(shard_t *s, int u)
 {
     if (s->ag_state[u] != ABSENT)
         return;
-    s->full[u] = pool_get(s, s->units[u].padded);
-    comm_allgather(s->group, s->p[u], s->full[u], s->len[u], &s->ag[u]);
+    s->full[u] = pool_get(s, cbytes(s, s->units[u].padded), BK_MEM_GATHER, "a gathered unit");
+    if (s->reserving) {
+        s->ag_state[u] = RESIDENT;
+        return;
+    }
+    comm_allgather(s->group, readable(s, u), s->full[u], s->len[u], s->dt.compute, &s->ag[u]);
     s->ag_state[u] = IN_FLIGHT;
 }
 
@@ -85,40 +112,47 @@ static void drop_unit(shard_t *s, int u)
     if (s->ag_state[u] == IN_FLIGHT)
         comm_wait(s->group, &s->ag[u]);
     if (s->ag_state[u] != ABSENT)
-        pool_put(s, s->full[u], s->units[u].padded);
+        pool_put(s, s->full[u], cbytes(s, s->units[u].padded), BK_MEM_GATHER);
     s->full[u] = NULL;
     s->ag_state[u] = ABSENT;
 }
 
-static void rs_finish(shard_t *s, int u)
+/* Completes the oldest reduce-scatter in flight: its slice is added to the owned gradient. */
+static void rs_finish_oldest(shard_t *s)
 {
-    comm_wait(s->group, &s->rs[u]);
-    s->be->add(s->g[u], s->rsbuf[u], s->len[u]);
-    pool_put(s, s->gbuf[u], s->units[u].padded);
-    pool_put(s, s->rsbuf[u], s->len[u]);
+    int u = s->rs_fifo[0];
+    for (int i = 1; i < s->rs_n; i++)
+        s->rs_fifo[i - 1] = s->rs_fifo[i];
+    s->rs_n--;
+    if (!s->reserving) {
+        comm_wait(s->group, &s->rs[u]);
+        s->be->add(s->be, bk_buf(s->g[u], s->dt.grad), bk_buf(s->rsbuf[u], s->dt.grad), s->len[u]);
+    }
+    pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
+    pool_put(s, s->rsbuf[u], gbytes(s, s->len[u]), BK_MEM_GRADS);
     s->gbuf[u] = s->rsbuf[u] = NULL;
 }
 
-/* Lets MPI move what is in flight; finishes reduce-scatters that are done. */
+/* Lets MPI move what is in flight (completion itself happens at fixed points, so that the
+ * buffers a pass holds do not depend on timing). */
 static void progress(shard_t *s)
 {
+    if (s->reserving)
+        return;
     for (int u = 0; u < s->n_units; u++) {
         int done;
         if (s->ag[u].active)
             comm_test(&s->ag[u], &done);
-        if (s->rs[u].active) {
+        if (s->rs[u].active)
             comm_test(&s->rs[u], &done);
-            if (done)
-                rs_finish(s, u);
-        }
     }
 }
 
-static float *io_params(void *ctx, int u)
+static void *io_params(void *ctx, int u)
 {
     shard_t *s = ctx;
     if (!sharded(s))
-        return s->p[u];
+        return readable(s, u);
     progress(s);
     gather_start(s, u);
     if (s->ag_state[u] == IN_FLIGHT) {
@@ -142,14 +176,16 @@ static void io_release(void *ctx, int u)
         drop_unit(s, u);
 }
 
-static float *io_grads(void *ctx, int u)
+static void *io_grads(void *ctx, int u)
 {
     shard_t *s = ctx;
     if (!sharded(s))
         return s->g[u];
     if (!s->gbuf[u]) {
-        s->gbuf[u] = pool_get(s, s->units[u].padded);
-        s->be->zero(s->gbuf[u], (size_t)s->units[u].padded * sizeof(float));
+        size_t bytes = gbytes(s, s->units[u].padded);
+        s->gbuf[u] = pool_get(s, bytes, BK_MEM_GRADS, "a unit's gradient");
+        if (!s->reserving)
+            s->be->zero(s->be, s->gbuf[u], bytes);
     }
     return s->gbuf[u];
 }
@@ -158,12 +194,16 @@ static void io_grads_done(void *ctx, int u)
 {
     shard_t *s = ctx;
     if (!sharded(s)) {
-        if (s->last_pass)
-            comm_allreduce(s->world, s->g[u], s->units[u].padded, &s->ar[u]);
+        if (s->last_pass && !s->reserving)
+            comm_allreduce(s->world, s->g[u], s->units[u].padded, s->dt.grad, &s->ar[u]);
         return;
     }
-    s->rsbuf[u] = pool_get(s, s->len[u]);
-    comm_reduce_scatter(s->group, s->gbuf[u], s->rsbuf[u], s->len[u], &s->rs[u]);
+    if (s->rs_n == RS_IN_FLIGHT)
+        rs_finish_oldest(s);
+    s->rsbuf[u] = pool_get(s, gbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
+    if (!s->reserving)
+        comm_reduce_scatter(s->group, s->gbuf[u], s->rsbuf[u], s->len[u], s->dt.grad, &s->rs[u]);
+    s->rs_fifo[s->rs_n++] = u;
     progress(s);
 }
 
@@ -185,18 +225,59 @@ void shard_pass_begin(shard_t *s, int backward, int last)
 
 void shard_pass_end(shard_t *s)
 {
-    for (int u = 0; u < s->n_units; u++) {
-        if (s->gbuf[u])
-            rs_finish(s, u);
+    while (s->rs_n)
+        rs_finish_oldest(s);
+    for (int u = 0; u < s->n_units; u++)
         if (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID)
             drop_unit(s, u);
-    }
 }
 
 void shard_drop(shard_t *s)
 {
     for (int u = 0; sharded(s) && u < s->n_units; u++)
         drop_unit(s, u);
+}
+
+/* A training pass's requests in model.h's order (model_io_t), without communication:
+ * what the pool must hold. A forward-only pass asks for a subset. */
+int shard_reserve(shard_t *s)
+{
+    if (!sharded(s))
+        return 0;
+    const model_io_t *io = &s->io;
+    int H = s->n_units - 1, L = s->n_units - 2;
+    s->reserving = 1;
+    s->failed = 0;
+    shard_pass_begin(s, 1, 1);
+    io->params(s, 0);
+    if (!s->tied)
+        io->release(s, 0);
+    for (int l = 1; l <= L; l++) {
+        io->params(s, l);
+        io->release(s, l);
+    }
+    io->params(s, H);
+    if (s->tied)
+        io->params(s, 0);
+    io->grads(s, H);
+    if (s->tied)
+        io->grads(s, 0);
+    io->release(s, H);
+    if (s->tied)
+        io->release(s, 0);
+    io->grads_done(s, H);
+    for (int l = L; l >= 1; l--) {
+        io->params(s, l);
+        io->grads(s, l);
+        io->release(s, l);
+        io->grads_done(s, l);
+    }
+    io->grads(s, 0);
+    io->grads_done(s, 0);
+    shard_pass_end(s);
+    shard_drop(s);
+    s->reserving = 0;
+    return s->failed ? -1 : 0;
 }
 
 /* ---- set-up ------------------------------------------------------------------------------ */
@@ -233,12 +314,11 @@ static int set_groups(shard_t *s, int group_size)
     s->S = group_size;
     s->r = rank % group_size;
     s->replica = rank / group_size;
-    if (!(s->group = comm_split(s->world, s->replica, rank)) || !(s->cross = comm_split(s->world, s->r, rank)))
-        return -1;
-    return 0;
+    return comm_split_blocks(s->world, group_size, &s->group, &s->cross);
 }
 
-shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg)
+shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
+                   precision_t prec, int stochastic)
 {
     shard_t *s = calloc(1, sizeof *s);
     if (!s) {
@@ -248,24 +328,26 @@ shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int gro
     s->be = be;
     s->strat = strat;
     s->world = world;
+    s->dt = precision_dtypes(prec);
+    s->stochastic = stochastic;
     if (set_groups(s, group_size) < 0 || ckpt_units(cfg, s->S, &s->units, &s->n_units) < 0)
         goto fail;
-    comm_set_stats(s->world, &s->stats);
-    comm_set_stats(s->group, &s->stats);
-    comm_set_copy(s->world, be->copy);
-    comm_set_copy(s->group, be->copy);
-    if (s->cross) {
-        comm_set_stats(s->cross, &s->stats);
-        comm_set_copy(s->cross, be->copy);
-    }
+    comm_t *comms[3] = {s->world, s->group, s->cross};
+    for (int i = 0; i < 3; i++)
+        if (comms[i]) {
+            comm_set_stats(comms[i], &s->stats);
+            comm_set_backend(comms[i], be);
+        }
     int n = s->n_units;
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
     s->len = calloc((size_t)n, sizeof *s->len);
-    float ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf};
+    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
-        if (!(*arrays[i] = calloc((size_t)n, sizeof(float *))))
+        if (!(*arrays[i] = calloc((size_t)n, sizeof(void *))))
             goto oom;
+    if (s->dt.compute != s->dt.state && !(s->w = calloc((size_t)n, sizeof(void *))))
+        goto oom;
     s->ag_state = calloc((size_t)n, sizeof *s->ag_state);
     s->ag = calloc((size_t)n, sizeof *s->ag);
     s->rs = calloc((size_t)n, sizeof *s->rs);
@@ -277,9 +359,11 @@ shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int gro
         int64_t part = s->units[u].padded / s->S;
         s->lo[u] = sharded(s) ? s->r * part : 0;
         s->len[u] = sharded(s) ? part : s->units[u].padded;
-        size_t bytes = (size_t)s->len[u] * sizeof(float);
-        if (!(s->p[u] = be->alloc(bytes)) || !(s->m[u] = be->alloc(bytes)) || !(s->v[u] = be->alloc(bytes)) ||
-            !(s->g[u] = be->alloc(bytes)))
+        if (!(s->p[u] = bk_alloc(be, sbytes(s, s->len[u]), BK_MEM_WEIGHTS, s->w ? "master weights" : "weights")) ||
+            !(s->m[u] = bk_alloc(be, sbytes(s, s->len[u]), BK_MEM_OPTIM, "AdamW moments")) ||
+            !(s->v[u] = bk_alloc(be, sbytes(s, s->len[u]), BK_MEM_OPTIM, "AdamW moments")) ||
+            !(s->g[u] = bk_alloc(be, gbytes(s, s->len[u]), BK_MEM_GRADS, "gradients")) ||
+            (s->w && !(s->w[u] = bk_alloc(be, cbytes(s, s->len[u]), BK_MEM_WEIGHTS, "the bf16 working copy"))))
             goto fail;
     }
     s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done};
@@ -295,6 +379,7 @@ void shard_free(shard_t *s)
 {
     if (!s)
         return;
+    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf};
     for (int u = 0; u < s->n_units; u++) {
         if (s->ag && s->ag_state) {
             if (s->ag[u].active)
@@ -304,17 +389,15 @@ void shard_free(shard_t *s)
             if (s->rs[u].active)
                 comm_wait(s->group, &s->rs[u]);
         }
-        float **a[] = {s->p, s->m, s->v, s->g, s->full, s->gbuf, s->rsbuf};
-        for (size_t i = 0; i < sizeof a / sizeof *a; i++)
-            if (a[i] && a[i][u])
-                s->be->free(a[i][u]);
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (all[i] && all[i][u])
+                bk_free(s->be, all[i][u]);
     }
     for (int i = 0; i < s->n_pool; i++)
-        s->be->free(s->pool[i].p);
+        bk_free(s->be, s->pool[i].p);
     free(s->pool);
-    float **a[] = {s->p, s->m, s->v, s->g, s->full, s->gbuf, s->rsbuf};
-    for (size_t i = 0; i < sizeof a / sizeof *a; i++)
-        free(a[i]);
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]);
     free(s->lo);
     free(s->len);
     free(s->ag_state);
@@ -342,6 +425,13 @@ const model_io_t *shard_io(shard_t *s) { return &s->io; }
 comm_stats_t *shard_stats(shard_t *s) { return &s->stats; }
 
 /* ---- state -------------------------------------------------------------------------------- */
+
+/* bf16-mixed: the working copy of every owned slice, rounded from the master. */
+static void refresh_working_copy(shard_t *s)
+{
+    for (int u = 0; s->w && u < s->n_units; u++)
+        s->be->convert(s->be, bk_buf(s->w[u], s->dt.compute), bk_buf(s->p[u], s->dt.state), s->len[u]);
+}
 
 int shard_load_weights(shard_t *s, hid_t weights)
 {
@@ -377,74 +467,99 @@ int shard_load_weights(shard_t *s, hid_t weights)
             free(rows);
             free(scratch);
         }
+        void *narrow = rc == 0 && s->dt.state != DT_F32 ? malloc(sbytes(s, s->len[u])) : NULL;
+        if (rc == 0 && s->dt.state != DT_F32 && !narrow) {
+            ftk_err_set("out of memory");
+            rc = -1;
+        }
+        if (narrow)
+            dtype_convert(narrow, s->dt.state, host, DT_F32, (size_t)s->len[u]);
         if (rc == 0)
-            s->be->upload(s->p[u], host, (size_t)s->len[u] * sizeof *host);
+            s->be->upload(s->be, s->p[u], narrow ? narrow : (void *)host, sbytes(s, s->len[u]));
+        free(narrow);
         free(host);
     }
+    if (rc == 0)
+        refresh_working_copy(s);
     return rc;
 }
 
 /* The slice a checkpoint holds: the owned range, or slice r of a whole unit (none). */
 static int64_t slice_at(const shard_t *s, int u) { return sharded(s) ? 0 : (s->units[u].padded / s->S) * s->r; }
 
-int shard_get_slice(shard_t *s, int kind, int unit, float *host)
+int shard_get_slice(shard_t *s, int kind, int unit, void *host)
 {
-    float **src[3] = {s->p, s->m, s->v};
-    s->be->download(host, src[kind][unit] + slice_at(s, unit), (size_t)(s->units[unit].padded / s->S) * sizeof(float));
+    void **src[3] = {s->p, s->m, s->v};
+    s->be->download(s->be, host, (char *)src[kind][unit] + sbytes(s, slice_at(s, unit)),
+                    sbytes(s, s->units[unit].padded / s->S));
     return 0;
 }
 
 int shard_set_state(shard_t *s, const ckpt_state_t *st)
 {
-    float **src[3] = {st->param, st->m, st->v};
-    float **dst[3] = {s->p, s->m, s->v};
+    if (st->dt != s->dt.state) {
+        ftk_err_set("internal: a checkpoint state of %s for a run that stores %s", dtype_name(st->dt),
+                    dtype_name(s->dt.state));
+        return -1;
+    }
+    void **src[3] = {st->param, st->m, st->v};
+    void **dst[3] = {s->p, s->m, s->v};
+    int rc = 0;
     for (int u = 0; u < s->n_units; u++) {
         int64_t part = s->units[u].padded / s->S;
         for (int k = 0; k < 3; k++) {
             if (sharded(s)) {
-                s->be->upload(dst[k][u], src[k][u], (size_t)part * sizeof(float));
+                s->be->upload(s->be, dst[k][u], src[k][u], sbytes(s, part));
                 continue;
             }
-            /* none: every rank read its slice; the whole unit is every rank's slice. */
-            float *tmp = pool_get(s, part);
+            /* none: every rank read its slice; the whole unit is every rank's slice. Every
+             * rank takes part in the gather even when its buffer failed (the others wait). */
+            void *tmp = bk_alloc(s->be, sbytes(s, part), BK_MEM_OTHER, "a checkpoint slice");
             comm_req_t req = {0};
-            s->be->upload(tmp, src[k][u], (size_t)part * sizeof(float));
-            comm_allgather(s->world, tmp, dst[k][u], part, &req);
+            if (!tmp)
+                rc = -1;
+            else
+                s->be->upload(s->be, tmp, src[k][u], sbytes(s, part));
+            comm_allgather(s->world, tmp ? tmp : dst[k][u], dst[k][u], part, s->dt.state, &req);
             comm_wait(s->world, &req);
-            pool_put(s, tmp, part);
+            bk_free(s->be, tmp);
         }
     }
-    return 0;
+    refresh_working_copy(s);
+    return rc;
 }
 
 /* ---- the optimizer step -------------------------------------------------------------------- */
 
 double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
 {
-    const backend_t *be = s->be;
+    backend_t *be = s->be;
     int n = s->n_units;
+    dtype_t gdt = s->dt.grad, sdt = s->dt.state;
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
         for (int u = 0; u < n; u++)
-            comm_allreduce(s->cross, s->g[u], s->len[u], &s->ar[u]);
+            comm_allreduce(s->cross, s->g[u], s->len[u], gdt, &s->ar[u]);
     for (int u = 0; u < n; u++)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
     /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1. */
     double sq = 0;
     for (int u = 0; u < n; u++)
-        sq += be->sumsq(s->g[u], s->len[u]);
+        sq += be->sumsq(be, bk_buf(s->g[u], gdt), s->len[u]);
     if (sharded(s))
         comm_allreduce_f64(s->group, &sq, 1, COMM_SUM);
     double norm = sqrt(sq);
+    float gscale = 1.0f;
     if (t->clip > 0) {
         double coef = t->clip / (norm + 1e-6);
         if (coef < 1.0)
-            for (int u = 0; u < n; u++)
-                be->scale(s->g[u], (float)coef, s->len[u]);
+            gscale = (float)coef;
     }
     shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
-    double bc1 = 1.0 - pow(t->beta1, (double)step), bc2 = 1.0 - pow(t->beta2, (double)step);
+    bk_adamw_t h = {.lr = (float)lr, .b1 = (float)t->beta1, .b2 = (float)t->beta2, .eps = (float)t->eps,
+                    .gscale = gscale, .bc1 = 1.0 - pow(t->beta1, (double)step),
+                    .bc2 = 1.0 - pow(t->beta2, (double)step), .stochastic = s->stochastic};
     for (int u = 0; u < n; u++) {
         int64_t lo = s->lo[u], hi = lo + s->len[u];
         for (int k = 0; k < s->units[u].n_tensors; k++) {
@@ -452,12 +567,16 @@ double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
             int64_t a = x->offset > lo ? x->offset : lo, b = x->offset + x->numel < hi ? x->offset + x->numel : hi;
             if (a >= b)
                 continue;
-            float wd = x->is_norm && !t->decay_norms ? 0.0f : (float)t->weight_decay;
+            h.wd = x->is_norm && !t->decay_norms ? 0.0f : (float)t->weight_decay;
+            /* the rounding bits of an element depend on its tensor and index, not the slicing */
+            h.key = bk_sround_key((uint64_t)t->seed, step, (int64_t)u * 16 + k);
+            h.index0 = a - x->offset;
             int64_t o = a - lo;
-            be->adamw(s->p[u] + o, s->g[u] + o, s->m[u] + o, s->v[u] + o, b - a, (float)lr, (float)t->beta1,
-                      (float)t->beta2, (float)t->eps, wd, bc1, bc2);
+            be->adamw(be, bk_at(bk_buf(s->p[u], sdt), o), bk_at(bk_buf(s->g[u], gdt), o),
+                      bk_at(bk_buf(s->m[u], sdt), o), bk_at(bk_buf(s->v[u], sdt), o), b - a, &h);
         }
-        be->zero(s->g[u], (size_t)s->len[u] * sizeof(float));
+        be->zero(be, s->g[u], gbytes(s, s->len[u]));
     }
+    refresh_working_copy(s);
     return norm;
 }

@@ -1,6 +1,7 @@
 /* shard.h — sharded data parallelism: where each unit's parameters, gradients and AdamW
- * moments live on each rank, and the collectives that move them (DESIGN.md "Sharding
- * strategies"). The model asks for units through model_io_t (model.h); this module answers.
+ * moments live on each rank, and the collectives that move them (docs/design.md
+ * "Sharding strategies"). The model asks for units through model_io_t (model.h); this
+ * module answers. The optimizer step (AdamW on each rank's slices) lives here too.
  *
  * Shard groups. S ranks form a shard group; a unit's flat vector (padded to a multiple of
  * S) is cut into S contiguous slices and group rank r owns slice r: [r·P/S, (r+1)·P/S)
@@ -28,13 +29,22 @@
  *
  * Overlap: when the model asks for a unit, the all-gather of the next unit in the pass's
  * order is issued before returning (prefetch); reduce-scatters are issued as units finish
- * and completed later (at the latest at shard_pass_end()), with comm_test() progressing
- * them at every unit boundary.
+ * and completed later — at most two in flight, the oldest completed when a third starts,
+ * and all at shard_pass_end() — with comm_test() progressing them at every unit
+ * boundary.
  *
- * Memory: whole-unit buffers come from a small pool (a free list by size), so `full`
- * holds about two gathered units and the gradient buffers in flight, never the model.
- * Like a backend op, a pass has no error path: if the pool cannot get a buffer the
- * process aborts (the collectives of the other ranks could not complete anyway).
+ * Precision (precision.h): owned weights and moments are in the mode's state dtype,
+ * gradients in its gradient dtype; what is gathered and what the model reads is in its
+ * compute dtype. bf16-mixed keeps a bf16 working copy of each owned slice beside the fp32
+ * master, refreshed (rounded to nearest even) after every step, and gathers that: half the
+ * bytes. bf16-true stores p, m, v and g in bf16, and AdamW rounds its results
+ * stochastically (bk_adamw_t) unless rounding to nearest was asked for.
+ *
+ * Memory: whole-unit buffers (gathered units, gradients in flight) come from a pool that
+ * shard_reserve() fills before training by replaying a training pass's requests in the
+ * order model.h documents, so a pass never allocates and the memory plan (engine/plan.c)
+ * sees every buffer. Allocations are counted in the backend's classes (weights,
+ * gradients, optimizer state, gathered units).
  *
  * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
  */
@@ -46,15 +56,21 @@
 #include "../kernels/backend.h"
 #include "comm.h"
 #include "model.h"
+#include "precision.h"
 #include "strategy.h"
 
 
 typedef struct shard shard_t;
 
 /* world: every rank; group_size: ranks per shard group for hybrid (0: the ranks of a
- * node); ignored otherwise. Allocates this rank's owned state (zero) on be. */
-shard_t *shard_new(const backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg);
+ * node); ignored otherwise. Allocates this rank's owned state (zero) on be. stochastic:
+ * bf16 stores of AdamW round stochastically (bf16-true; else to nearest even). */
+shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
+                   precision_t prec, int stochastic);
 void shard_free(shard_t *s);
+/* Fills the pool with every whole-unit buffer a training pass and an evaluation pass
+ * take (call after shard_new, before the first pass; no communication). */
+int shard_reserve(shard_t *s);
 
 /* Layout facts. */
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);
@@ -66,14 +82,15 @@ const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
 comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
 
 /* Initial parameters from a weights file: each rank reads only the rows of its slices
- * (whole units for none). */
+ * (whole units for none), rounded to the state dtype. */
 int shard_load_weights(shard_t *s, hid_t weights);
 /* This rank's slice [r·P/S, (r+1)·P/S) of one unit's array (kind 0 parameters, 1 and 2
- * the AdamW moments) into host memory (padded/S floats): a checkpoint is written one
- * array at a time, never a second copy of the state. */
-int shard_get_slice(shard_t *s, int kind, int unit, float *host);
-/* Every unit's slices of parameters and moments from host arrays (ckpt_state_t layout).
- * Under none this gathers whole units from every rank's slice (all ranks call it). */
+ * the AdamW moments) into host memory (padded/S elements of the state dtype): a
+ * checkpoint is written one array at a time, never a second copy of the state. */
+int shard_get_slice(shard_t *s, int kind, int unit, void *host);
+/* Every unit's slices of parameters and moments from host arrays (ckpt_state_t layout,
+ * in the state dtype). Under none this gathers whole units from every rank's slice (all
+ * ranks call it). */
 int shard_set_state(shard_t *s, const ckpt_state_t *st);
 
 /* A pass over one micro-batch: begin (backward: a training pass, else forward only;
@@ -82,8 +99,9 @@ void shard_pass_begin(shard_t *s, int backward, int last);
 void shard_pass_end(shard_t *s);
 
 /* After the step's last pass: completes the gradient all-reduces, clips to the global
- * norm (torch's clip_grad_norm_) and runs AdamW on the owned state, then clears the
- * gradients and drops gathered parameters. Returns the norm before clipping. */
+ * norm (torch's clip_grad_norm_; the coefficient is applied inside AdamW) and runs AdamW
+ * on the owned state, refreshes bf16-mixed's working copy, then clears the gradients and
+ * drops gathered parameters. Returns the norm before clipping. */
 double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr);
 
 /* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */

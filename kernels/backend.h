@@ -129,8 +129,9 @@ typedef struct bk_event bk_event_t;
 /* AdamW's per-call settings (torch.optim.AdamW, decoupled decay), element i:
  *   g = grad[i]·gscale;  p *= 1 − lr·wd;  m = b1·m + (1−b1)·g;  v = b2·v + (1−b2)·g²;
  *   p −= (lr / bc1) · m / (sqrt(v) / sqrt(bc2) + eps)
- * in fp32 from the widened stored values; bc1 = 1 − b1^t, bc2 = 1 − b2^t are computed
- * in double by the caller. gscale carries the gradient clipping coefficient (1: none).
+ * in fp32 from the widened stored values (p's update reads the fp32 m and v, before they
+ * are rounded for storage); bc1 = 1 − b1^t, bc2 = 1 − b2^t are computed in double by
+ * the caller. gscale carries the gradient clipping coefficient (1: none).
  * Storing p, m, v in bf16 rounds each to nearest even, or with stochastic = 1 rounds up
  * with probability equal to the fraction of an ulp that was cut (bk_sround_bf16), from
  * the counter-based bits bk_sround_bits(key, 3·(index0 + i) + w) with w = 0 for p, 1
@@ -153,6 +154,8 @@ struct backend {
     void *alloc_map;   /* bk_alloc()'s record of live allocations */
 
     /* ---- lifetime and memory (bk_alloc/bk_free/backend_free wrap these) ---- */
+    /* Releases the context (backend_free has already freed every live bk_alloc()
+     * allocation, the context's own workspaces included, and frees be afterwards). */
     void (*destroy)(backend_t *be);
     /* Raw allocation: NULL when the device has not the memory (bk_alloc words the error).
      * Need not be zeroed. */

@@ -149,7 +149,9 @@ int main(int argc, char **argv)
         ftk_error("--device %s: need cpu or cuda", device);
         return FTK_EXIT_USAGE;
     }
-    const backend_t *be = strcmp(device, "cuda") ? backend_cpu() : backend_cuda(0);
+    /* static: reachable until exit on every error path (LeakSanitizer) */
+    static backend_t *be;
+    be = strcmp(device, "cuda") ? backend_cpu_new() : backend_cuda_new(0);
     if (!be) {
         ftk_error("--device cuda: %s", ftk_err_msg());
         return FTK_EXIT_USAGE;
@@ -167,7 +169,7 @@ int main(int argc, char **argv)
             return FTK_EXIT_USAGE;
         }
         cfg = man.cfg;
-        if (!(m = model_new(be, &cfg, 0, 0, 0))) {
+        if (!(m = model_new(be, &cfg, PREC_FP32, 0, 0, 0))) {
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_FAIL;
         }
@@ -182,7 +184,7 @@ int main(int argc, char **argv)
         if (rc == 0)
             rc = ckpt_read_params(dir, &man, whole);
         for (int i = 0; i < man.n_units && rc == 0; i++)
-            be->upload(model_unit_param(m, i), whole[i], (size_t)man.units[i].length * sizeof(float));
+            be->upload(be, model_unit_param(m, i).p, whole[i], (size_t)man.units[i].length * sizeof(float));
         for (int i = 0; whole && i < man.n_units; i++)
             free(whole[i]);
         free(whole);
@@ -200,7 +202,7 @@ int main(int argc, char **argv)
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_USAGE;
         }
-        if (!(m = model_new(be, &cfg, 0, 0, 0)) || model_load_weights(m, tf) < 0) {
+        if (!(m = model_new(be, &cfg, PREC_FP32, 0, 0, 0)) || model_load_weights(m, tf) < 0) {
             ftk_error("%s: %s", model_path, ftk_err_msg());
             return FTK_EXIT_FAIL;
         }
@@ -268,7 +270,7 @@ int main(int argc, char **argv)
     int64_t p = 0;
     rc = model_decode(m, kv, ids.v, (int64_t)ids.n, 0, logits);
     if (rc == 0)
-        rc = be->sync();
+        rc = be->sync(be);
     p = (int64_t)ids.n;
     for (int64_t k = 0; rc == 0 && k < max_new; k++) {
         int next = sample(logits, cfg.vocab_size, &r, cand);
@@ -300,7 +302,7 @@ int main(int argc, char **argv)
             break;
         rc = model_decode(m, kv, ids.v + p, 1, p, logits);
         if (rc == 0)
-            rc = be->sync();
+            rc = be->sync(be);
         p++;
     }
     if (rc < 0) {
@@ -321,5 +323,6 @@ int main(int argc, char **argv)
     tok_free(tok);
     model_kv_free(m, kv);
     model_free(m);
+    backend_free(be);
     return FTK_EXIT_OK;
 }

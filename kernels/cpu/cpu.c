@@ -1,6 +1,14 @@
-/* cpu.c — the CPU backend: fp32, OpenMP, BLAS for the matrix products. This is the
- * reference every other backend is checked against, so it is written to be read: one
- * plain loop nest per op, the maths of backend.h and nothing clever.
+/* cpu.c — the CPU backend: OpenMP, BLAS for the matrix products, fp32 and bf16 storage.
+ * This is the reference every other backend is checked against, so it is written to be
+ * read: one plain loop nest per op, the maths of backend.h and nothing clever.
+ *
+ * Dtypes. Every op computes in fp32 on fp32 rows: a bf16 input row is widened into
+ * per-thread scratch first, a bf16 output row is computed in scratch and rounded to
+ * nearest even once when stored (an op that adds into bf16 widens the old row, adds, and
+ * rounds the sum). An f32 buffer is used in place, so the f32 path runs exactly the
+ * arithmetic it ran before bf16 existed: same bits. bf16 products widen tiles of A and B
+ * into the instance's workspace and multiply them with BLAS in fp32 (bf16 × bf16 is exact
+ * in fp32), accumulating each C tile over K in fp32 and rounding it once.
  *
  * Determinism (backend.h): work is split so that every output element is computed by
  * one thread in a fixed order, and reductions across threads (Σx², the loss) sum
@@ -10,44 +18,263 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../libcommon/log.h"
 #include "../backend.h"
+#include "../sround.h"
 
-static void *cpu_alloc(size_t bytes)
+typedef struct {
+    float *ws;     /* BK_CPU_WORKSPACE_BYTES: the A, B and C tiles of bf16 products */
+    char err[512]; /* the first failure, reported by sync() */
+} cpu_ctx_t;
+
+struct bk_stream {
+    int unused;
+};
+struct bk_event {
+    int unused;
+};
+
+static cpu_ctx_t *ctx_of(backend_t *be) { return be->ctx; }
+
+/* Records the first misuse; the op is then skipped (backend.h: no error path in an op). */
+static int bad(backend_t *be, const char *fmt, ...) FTK_PRINTF(2, 3);
+static int bad(backend_t *be, const char *fmt, ...)
 {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) {
-        ftk_err_set("out of memory (%zu bytes)", bytes);
-        return NULL;
+    cpu_ctx_t *c = ctx_of(be);
+    if (!c->err[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->err, sizeof c->err, fmt, ap);
+        va_end(ap);
     }
-    memset(p, 0, bytes);
+    return 1;
+}
+#define FAILED(be) (ctx_of(be)->err[0] != 0)
+
+static int is_fp(dtype_t t) { return t == DT_F32 || t == DT_BF16; }
+/* 0 when every buffer has a dtype the op takes; else records the misuse. */
+static int check_dt(backend_t *be, const char *op, int n, const bk_buf_t *b)
+{
+    if (FAILED(be))
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (!is_fp(b[i].dt))
+            return bad(be, "internal: %s: argument %d has dtype %s", op, i + 1, dtype_name(b[i].dt)), -1;
+    return 0;
+}
+static int same_dt(backend_t *be, const char *op, int n, const bk_buf_t *b)
+{
+    if (check_dt(be, op, n, b) < 0)
+        return -1;
+    for (int i = 1; i < n; i++)
+        if (b[i].dt != b[0].dt)
+            return bad(be, "internal: %s takes one dtype for these arguments (%s and %s)", op, dtype_name(b[0].dt),
+                       dtype_name(b[i].dt)),
+                   -1;
+    return 0;
+}
+
+/* ---- widening and narrowing rows ---------------------------------------------------------- */
+
+static inline float ld(bk_buf_t b, int64_t i)
+{
+    return b.dt == DT_F32 ? ((const float *)b.p)[i] : bf16_to_f32(((const uint16_t *)b.p)[i]);
+}
+static inline void st(bk_buf_t b, int64_t i, float v)
+{
+    if (b.dt == DT_F32)
+        ((float *)b.p)[i] = v;
+    else
+        ((uint16_t *)b.p)[i] = f32_to_bf16(v);
+}
+
+/* Elements [off, off+n) of b as fp32: b itself when it is f32, else widened into tmp. */
+static float *rd(bk_buf_t b, int64_t off, int64_t n, float *tmp)
+{
+    if (b.dt == DT_F32)
+        return (float *)b.p + off;
+    const uint16_t *s = (const uint16_t *)b.p + off;
+    for (int64_t i = 0; i < n; i++)
+        tmp[i] = bf16_to_f32(s[i]);
+    return tmp;
+}
+/* Where to compute elements [off, off+n) of an output: in place for f32, else tmp
+ * (then wr() stores them). */
+static float *wp(bk_buf_t b, int64_t off, float *tmp) { return b.dt == DT_F32 ? (float *)b.p + off : tmp; }
+static void wr(bk_buf_t b, int64_t off, int64_t n, const float *v)
+{
+    if (b.dt == DT_F32)
+        return;
+    uint16_t *d = (uint16_t *)b.p + off;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = f32_to_bf16(v[i]);
+}
+
+/* Per-thread scratch of a few rows: like a kernel's registers, not worth an error path. */
+static float *scratch(int64_t floats)
+{
+    float *p = malloc((size_t)(floats > 0 ? floats : 1) * sizeof *p);
+    if (!p)
+        abort();
     return p;
 }
-static void cpu_free(void *p) { free(p); }
-/* memmove: a world of one's collectives copy through this too (comm_set_copy). */
-static void cpu_copy(void *dst, const void *src, size_t bytes)
+
+/* ---- memory, streams, events ---------------------------------------------------------------- */
+
+static void *cpu_mem_alloc(backend_t *be, size_t bytes)
 {
+    (void)be;
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) ? NULL : p;
+}
+static void cpu_mem_free(backend_t *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+/* memmove: a world of one's collectives copy through this too (comm_set_copy). */
+static void cpu_copy(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
     if (bytes && dst != src)
         memmove(dst, src, bytes);
 }
-static void cpu_zero(void *p, size_t bytes)
+static void cpu_zero(backend_t *be, void *p, size_t bytes)
 {
+    (void)be;
     if (bytes)
         memset(p, 0, bytes);
 }
 
-static int cpu_sync(void) { return 0; }
-
-static void cpu_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
-                       float beta, float *C)
+static int cpu_sync(backend_t *be)
 {
-    if (M == 0 || N == 0)
+    if (!FAILED(be))
+        return 0;
+    ftk_err_set("%s", ctx_of(be)->err);
+    return -1;
+}
+
+static bk_stream_t *cpu_stream_new(backend_t *be)
+{
+    (void)be;
+    bk_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        ftk_err_set("out of memory");
+    return s;
+}
+static void cpu_stream_free(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    free(s);
+}
+static void cpu_set_stream(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+}
+static void *cpu_stream_native(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+    return NULL;
+}
+static bk_event_t *cpu_event_new(backend_t *be)
+{
+    (void)be;
+    bk_event_t *e = calloc(1, sizeof *e);
+    if (!e)
+        ftk_err_set("out of memory");
+    return e;
+}
+static void cpu_event_free(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    free(e);
+}
+/* Every CPU op has finished when it returns: nothing to record or wait for. */
+static void cpu_event_noop(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    (void)e;
+}
+static int cpu_event_sync(backend_t *be, bk_event_t *e)
+{
+    (void)e;
+    return cpu_sync(be);
+}
+
+/* ---- ops ------------------------------------------------------------------------------------- */
+
+static void cpu_convert(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n)
+{
+    bk_buf_t b[2] = {dst, src};
+    if (check_dt(be, "convert", 2, b) < 0 || n <= 0)
         return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+    if (dst.dt == src.dt) {
+        memmove(dst.p, src.p, (size_t)n * dtype_size(dst.dt));
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        st(dst, i, ld(src, i));
+}
+
+/* A tile of op(X) for X stored row-major with row length ld: rows r0.., cols c0.. of the
+ * stored matrix, widened into t (row length cols). */
+static void widen_tile(float *t, bk_buf_t x, int64_t ldx, int64_t r0, int64_t rows, int64_t c0, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            t[r * cols + c] = ld(x, (r0 + r) * ldx + c0 + c);
+}
+
+static void cpu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
+                       bk_buf_t B, float beta, bk_buf_t C)
+{
+    bk_buf_t ab[2] = {A, B};
+    if (same_dt(be, "matmul", 2, ab) < 0 || check_dt(be, "matmul", 1, &C) < 0 || M == 0 || N == 0)
+        return;
+    if (A.dt == DT_F32 && C.dt == DT_F32) {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                    (int)K, alpha, A.p, ta ? (int)M : (int)K, B.p, tb ? (int)K : (int)N, beta, C.p, (int)N);
+        return;
+    }
+    /* Tiles: C[i0.., j0..] accumulates op(A)[i0.., k0..]·op(B)[k0.., j0..] over k0 in fp32,
+     * then is rounded once. */
+    const int64_t T = BK_CPU_TILE;
+    float *at = ctx_of(be)->ws, *bt = at + T * T, *ct = bt + T * T;
+    int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    for (int64_t i0 = 0; i0 < M; i0 += T) {
+        int64_t mt = M - i0 < T ? M - i0 : T;
+        for (int64_t j0 = 0; j0 < N; j0 += T) {
+            int64_t nt = N - j0 < T ? N - j0 : T;
+            for (int64_t r = 0; r < mt; r++)
+                for (int64_t c = 0; c < nt; c++)
+                    ct[r * nt + c] = beta != 0.0f ? beta * ld(C, (i0 + r) * N + j0 + c) : 0.0f;
+            for (int64_t k0 = 0; k0 < K; k0 += T) {
+                int64_t kt = K - k0 < T ? K - k0 : T;
+                if (ta)
+                    widen_tile(at, A, lda, k0, kt, i0, mt); /* stored [K, M] */
+                else
+                    widen_tile(at, A, lda, i0, mt, k0, kt);
+                if (tb)
+                    widen_tile(bt, B, ldb, j0, nt, k0, kt); /* stored [N, K] */
+                else
+                    widen_tile(bt, B, ldb, k0, kt, j0, nt);
+                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)mt,
+                            (int)nt, (int)kt, alpha, at, ta ? (int)mt : (int)kt, bt, tb ? (int)kt : (int)nt, 1.0f, ct,
+                            (int)nt);
+            }
+            for (int64_t r = 0; r < mt; r++)
+                for (int64_t c = 0; c < nt; c++)
+                    st(C, (i0 + r) * N + j0 + c, ct[r * nt + c]);
+        }
+    }
 }
 
 static inline float dot(const float *a, const float *b, int64_t n)
@@ -69,107 +296,177 @@ static inline void axpy(float *y, float a, const float *x, int64_t n)
         y[i] += a * x[i];
 }
 
-static void cpu_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t n, int64_t d)
+static void cpu_embed_fwd(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d)
 {
+    bk_buf_t b[2] = {out, table};
+    if (same_dt(be, "embed_fwd", 2, b) < 0)
+        return;
+    size_t es = dtype_size(out.dt);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * d, table + (int64_t)ids[i] * d, (size_t)d * sizeof(float));
+        memcpy((char *)out.p + (size_t)(i * d) * es, (const char *)table.p + (size_t)((int64_t)ids[i] * d) * es,
+               (size_t)d * es);
 }
 
 /* Columns are split over threads; each thread walks the tokens in order, so repeated ids
  * accumulate in the same order whatever the thread count. */
-static void cpu_embed_bwd(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t d)
+static void cpu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d)
 {
+    bk_buf_t b[2] = {dtable, dout};
+    if (check_dt(be, "embed_bwd", 2, b) < 0)
+        return;
     const int64_t cb = 64;
+    if (dtable.dt == DT_F32 && dout.dt == DT_F32) {
+        float *dt = dtable.p;
+        const float *go = dout.p;
+#pragma omp parallel for schedule(static)
+        for (int64_t c0 = 0; c0 < d; c0 += cb) {
+            int64_t c1 = c0 + cb < d ? c0 + cb : d;
+            for (int64_t i = 0; i < n; i++) {
+                float *row = dt + (int64_t)ids[i] * d;
+                const float *g = go + i * d;
+                for (int64_t c = c0; c < c1; c++)
+                    row[c] += g[c];
+            }
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t c0 = 0; c0 < d; c0 += cb) {
         int64_t c1 = c0 + cb < d ? c0 + cb : d;
-        for (int64_t i = 0; i < n; i++) {
-            float *row = dtable + (int64_t)ids[i] * d;
-            const float *g = dout + i * d;
-            for (int64_t c = c0; c < c1; c++)
-                row[c] += g[c];
-        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = c0; c < c1; c++) {
+                int64_t at = (int64_t)ids[i] * d + c;
+                st(dtable, at, ld(dtable, at) + ld(dout, i * d + c));
+            }
     }
 }
 
-static void cpu_rows_scatter(float *dst, const int32_t *idx, const float *src, int64_t n, int64_t d)
+static void cpu_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d)
 {
+    bk_buf_t b[2] = {dst, src};
+    if (same_dt(be, "rows_scatter", 2, b) < 0)
+        return;
+    size_t es = dtype_size(dst.dt);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
+        memcpy((char *)dst.p + (size_t)((int64_t)idx[i] * d) * es, (const char *)src.p + (size_t)(i * d) * es,
+               (size_t)d * es);
 }
 
-static void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps)
+static void cpu_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
+                            float eps)
 {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        const float *xi = x + i * d;
-        float r = 1.0f / sqrtf(dot(xi, xi, d) / (float)d + eps);
-        rstd[i] = r;
-        for (int64_t j = 0; j < d; j++)
-            out[i * d + j] = (xi[j] * r) * w[j];
+    bk_buf_t b[3] = {out, x, w};
+    if (check_dt(be, "rmsnorm_fwd", 3, b) < 0)
+        return;
+    float *wtmp = scratch(d);
+    const float *wf = rd(w, 0, d, wtmp);
+#pragma omp parallel
+    {
+        float *tx = scratch(d), *to = scratch(d);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const float *xi = rd(x, i * d, d, tx);
+            float *oi = wp(out, i * d, to);
+            float r = 1.0f / sqrtf(dot(xi, xi, d) / (float)d + eps);
+            rstd[i] = r;
+            for (int64_t j = 0; j < d; j++)
+                oi[j] = (xi[j] * r) * wf[j];
+            wr(out, i * d, d, oi);
+        }
+        free(tx);
+        free(to);
     }
+    free(wtmp);
 }
 
 /* y = x·r·w with r = (mean(x²)+eps)^-1/2:
  * dx = r·(dy·w) − r³/d · x · Σ(dy·w·x);  dw = Σ_i dy·x·r. */
-static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
+static void cpu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
                             const float *rstd, int64_t n, int64_t d)
 {
+    bk_buf_t b[5] = {dx, dw, dout, x, w};
+    if (check_dt(be, "rmsnorm_bwd", 5, b) < 0)
+        return;
+    float *wtmp = scratch(d);
+    const float *wf = rd(w, 0, d, wtmp);
 #pragma omp parallel
     {
+        float *tx = scratch(d), *tg = scratch(d), *td = scratch(d);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            const float *xi = x + i * d, *gi = dout + i * d;
+            const float *xi = rd(x, i * d, d, tx), *gi = rd(dout, i * d, d, tg);
+            float *dxi = rd(dx, i * d, d, td);
             float r = rstd[i];
             float acc[8] = {0};
             int64_t j = 0;
             for (; j + 8 <= d; j += 8)
                 for (int l = 0; l < 8; l++)
-                    acc[l] += gi[j + l] * w[j + l] * xi[j + l];
+                    acc[l] += gi[j + l] * wf[j + l] * xi[j + l];
             float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
             for (; j < d; j++)
-                s += gi[j] * w[j] * xi[j];
+                s += gi[j] * wf[j] * xi[j];
             float c = s * r * r * r / (float)d;
             for (j = 0; j < d; j++)
-                dx[i * d + j] += r * gi[j] * w[j] - c * xi[j];
+                dxi[j] += r * gi[j] * wf[j] - c * xi[j];
+            wr(dx, i * d, d, dxi);
         }
         const int64_t cb = 64;
 #pragma omp for schedule(static)
         for (int64_t c0 = 0; c0 < d; c0 += cb) {
             int64_t c1 = c0 + cb < d ? c0 + cb : d;
             float acc[64] = {0};
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t c = c0; c < c1; c++)
-                    acc[c - c0] += dout[i * d + c] * x[i * d + c] * rstd[i];
+            if (dout.dt == DT_F32 && x.dt == DT_F32) {
+                const float *go = dout.p, *xo = x.p;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t c = c0; c < c1; c++)
+                        acc[c - c0] += go[i * d + c] * xo[i * d + c] * rstd[i];
+            } else {
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t c = c0; c < c1; c++)
+                        acc[c - c0] += ld(dout, i * d + c) * ld(x, i * d + c) * rstd[i];
+            }
             for (int64_t c = c0; c < c1; c++)
-                dw[c] += acc[c - c0];
+                st(dw, c, ld(dw, c) + acc[c - c0]);
         }
+        free(tx);
+        free(tg);
+        free(td);
     }
+    free(wtmp);
 }
 
 /* HF: inv_freq_j = 1 / theta^(2j/hd) in float32, angle = pos·inv_freq in float32. */
-static void cpu_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
+static void cpu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
+                     int inverse)
 {
+    if (check_dt(be, "rope", 1, &x) < 0)
+        return;
     int half = hd / 2;
-    float *inv = malloc((size_t)half * sizeof *inv);
-    if (!inv)
-        abort(); /* a few hundred bytes: not worth an error path through every caller */
+    int64_t row = (int64_t)n_head * hd;
+    float *inv = scratch(half);
     for (int j = 0; j < half; j++)
         inv[j] = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        for (int j = 0; j < half; j++) {
-            float a = (float)pos[i] * inv[j];
-            float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
-            for (int h = 0; h < n_head; h++) {
-                float *v = x + (i * n_head + h) * hd;
-                float x1 = v[j], x2 = v[j + half];
-                v[j] = x1 * c - x2 * s;
-                v[j + half] = x2 * c + x1 * s;
+#pragma omp parallel
+    {
+        float *t = x.dt == DT_F32 ? NULL : scratch(row);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float *xi = rd(x, i * row, row, t);
+            for (int j = 0; j < half; j++) {
+                float a = (float)pos[i] * inv[j];
+                float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
+                for (int h = 0; h < n_head; h++) {
+                    float *v = xi + (int64_t)h * hd;
+                    float x1 = v[j], x2 = v[j + half];
+                    v[j] = x1 * c - x2 * s;
+                    v[j + half] = x2 * c + x1 * s;
+                }
             }
+            wr(x, i * row, row, xi);
         }
+        free(t);
     }
     free(inv);
 }
@@ -203,123 +500,205 @@ static float attend_row(const float *q, const float *k, const float *v, int64_t 
     return m + logf(sum);
 }
 
-/* One task per (segment, query head): writes only that head's rows of out and lse. */
-static void cpu_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const int64_t *seg,
-                         int64_t n_seg, int n_head, int n_kv, int hd)
+/* The head slice [rows, hd] of a [*, row_len] bf16 or f32 buffer starting at element off,
+ * as fp32: in place (stride row_len) for f32, else widened into t (stride hd). */
+static const float *head_rows(bk_buf_t b, int64_t off, int64_t rows, int64_t row_len, int hd, float *t,
+                              int64_t *stride)
 {
+    if (b.dt == DT_F32) {
+        *stride = row_len;
+        return (const float *)b.p + off;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < hd; c++)
+            t[r * hd + c] = ld(b, off + r * row_len + c);
+    *stride = hd;
+    return t;
+}
+
+/* One task per (segment, query head): writes only that head's rows of out and lse. */
+static void cpu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v,
+                         const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd)
+{
+    bk_buf_t b[4] = {out, q, k, v};
+    if (same_dt(be, "attn_fwd", 4, b) < 0)
+        return;
     int64_t lmax = max_seg_len(seg, n_seg);
-    int group = n_head / n_kv;
+    int group = n_head / n_kv, wide = q.dt == DT_F32;
     int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
-        float *p = malloc((size_t)lmax * sizeof *p);
-        if (!p)
-            abort();
+        float *p = scratch(lmax);
+        float *tk = wide ? NULL : scratch(lmax * hd), *tv = wide ? NULL : scratch(lmax * hd);
+        float *tq = scratch(hd), *to = scratch(hd);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_seg * n_head; task++) {
-            int64_t s = task / n_head, a = seg[s], len = seg[s + 1] - a;
+            int64_t s = task / n_head, a = seg[s], len = seg[s + 1] - a, kstr;
             int h = (int)(task % n_head), kh = h / group;
-            for (int64_t i = 0; i < len; i++)
-                lse[(a + i) * n_head + h] = attend_row(q + (a + i) * qs + h * hd, k + a * ks + kh * hd,
-                                                       v + a * ks + kh * hd, i + 1, ks, hd, scale, p,
-                                                       out + (a + i) * qs + h * hd);
+            const float *kb = head_rows(k, a * ks + kh * hd, len, ks, hd, tk, &kstr);
+            const float *vb = head_rows(v, a * ks + kh * hd, len, ks, hd, tv, &kstr);
+            for (int64_t i = 0; i < len; i++) {
+                int64_t at = (a + i) * qs + h * hd;
+                const float *qi = rd(q, at, hd, tq);
+                float *oi = wp(out, at, to);
+                lse[(a + i) * n_head + h] = attend_row(qi, kb, vb, i + 1, kstr, hd, scale, p, oi);
+                wr(out, at, hd, oi);
+            }
         }
         free(p);
+        free(tk);
+        free(tv);
+        free(tq);
+        free(to);
     }
 }
 
 /* One task per (segment, key/value head): it owns dk and dv of that head in the segment
  * and dq of the query heads of its group, so no two tasks write the same element.
- * With p = softmax row, D_i = dout_i·out_i: ds_j = p_j (dout_i·v_j − D_i). */
-static void cpu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                         const float *v, const float *out, const float *lse, const int64_t *seg, int64_t n_seg,
-                         int n_head, int n_kv, int hd)
+ * With p = softmax row, D_i = dout_i·out_i: ds_j = p_j (dout_i·v_j − D_i). In bf16, the
+ * task's k, v are widened and its dk, dv accumulate in fp32 scratch, rounded at the end. */
+static void cpu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
+                         bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
+                         int n_kv, int hd)
 {
+    bk_buf_t b[8] = {dq, dk, dv, dout, q, k, v, out};
+    if (same_dt(be, "attn_bwd", 8, b) < 0)
+        return;
     int64_t lmax = max_seg_len(seg, n_seg);
-    int group = n_head / n_kv;
+    int group = n_head / n_kv, wide = q.dt == DT_F32;
     int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
-        float *ds = malloc((size_t)lmax * sizeof *ds);
-        if (!ds)
-            abort();
+        float *ds = scratch(lmax);
+        float *tk = wide ? NULL : scratch(lmax * hd), *tv = wide ? NULL : scratch(lmax * hd);
+        float *tdk = wide ? NULL : scratch(lmax * hd), *tdv = wide ? NULL : scratch(lmax * hd);
+        float *tq = scratch(hd), *tg = scratch(hd), *to = scratch(hd), *tdq = scratch(hd);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_seg * n_kv; task++) {
-            int64_t s = task / n_kv, a = seg[s], len = seg[s + 1] - a;
+            int64_t s = task / n_kv, a = seg[s], len = seg[s + 1] - a, kstr;
             int kh = (int)(task % n_kv);
+            int64_t base = a * ks + kh * hd;
+            const float *kb = head_rows(k, base, len, ks, hd, tk, &kstr);
+            const float *vb = head_rows(v, base, len, ks, hd, tv, &kstr);
+            float *dkb = wide ? (float *)dk.p + base : tdk, *dvb = wide ? (float *)dv.p + base : tdv;
             for (int64_t i = 0; i < len; i++) {
-                memset(dk + (a + i) * ks + kh * hd, 0, (size_t)hd * sizeof(float));
-                memset(dv + (a + i) * ks + kh * hd, 0, (size_t)hd * sizeof(float));
+                memset(dkb + i * kstr, 0, (size_t)hd * sizeof(float));
+                memset(dvb + i * kstr, 0, (size_t)hd * sizeof(float));
             }
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 for (int64_t i = 0; i < len; i++) {
-                    const float *qi = q + (a + i) * qs + h * hd, *gi = dout + (a + i) * qs + h * hd;
+                    int64_t at = (a + i) * qs + h * hd;
+                    const float *qi = rd(q, at, hd, tq), *gi = rd(dout, at, hd, tg), *oi = rd(out, at, hd, to);
                     float l = lse[(a + i) * n_head + h];
-                    float D = dot(gi, out + (a + i) * qs + h * hd, hd);
-                    float *dqi = dq + (a + i) * qs + h * hd;
+                    float D = dot(gi, oi, hd);
+                    float *dqi = wp(dq, at, tdq);
                     memset(dqi, 0, (size_t)hd * sizeof *dqi);
                     for (int64_t j = 0; j <= i; j++) {
-                        const float *kj = k + (a + j) * ks + kh * hd, *vj = v + (a + j) * ks + kh * hd;
+                        const float *kj = kb + j * kstr, *vj = vb + j * kstr;
                         float pj = expf(dot(qi, kj, hd) * scale - l);
                         ds[j] = pj * (dot(gi, vj, hd) - D);
-                        axpy(dv + (a + j) * ks + kh * hd, pj, gi, hd);
+                        axpy(dvb + j * kstr, pj, gi, hd);
                     }
                     for (int64_t j = 0; j <= i; j++) {
-                        axpy(dqi, ds[j] * scale, k + (a + j) * ks + kh * hd, hd);
-                        axpy(dk + (a + j) * ks + kh * hd, ds[j] * scale, qi, hd);
+                        axpy(dqi, ds[j] * scale, kb + j * kstr, hd);
+                        axpy(dkb + j * kstr, ds[j] * scale, qi, hd);
                     }
+                    wr(dq, at, hd, dqi);
                 }
             }
+            if (!wide)
+                for (int64_t i = 0; i < len; i++) {
+                    wr(dk, base + i * ks, hd, dkb + i * hd);
+                    wr(dv, base + i * ks, hd, dvb + i * hd);
+                }
         }
         free(ds);
+        free(tk);
+        free(tv);
+        free(tdk);
+        free(tdv);
+        free(tq);
+        free(tg);
+        free(to);
+        free(tdq);
     }
 }
 
-static void cpu_attn_cached(float *out, const float *q, const float *kc, const float *vc, int64_t n, int64_t p0,
+static void cpu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
                             int n_head, int n_kv, int hd)
 {
-    int group = n_head / n_kv;
-    int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd;
+    bk_buf_t b[4] = {out, q, kc, vc};
+    if (same_dt(be, "attn_cached", 4, b) < 0)
+        return;
+    int group = n_head / n_kv, wide = q.dt == DT_F32;
+    int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd, ctx = p0 + n;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
-        float *p = malloc((size_t)(p0 + n) * sizeof *p);
-        if (!p)
-            abort();
+        float *p = scratch(ctx);
+        float *tk = wide ? NULL : scratch(ctx * hd), *tv = wide ? NULL : scratch(ctx * hd);
+        float *tq = scratch(hd), *to = scratch(hd);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n * n_head; task++) {
-            int64_t i = task / n_head, last = p0 + i;
+            int64_t i = task / n_head, last = p0 + i, kstr;
             int h = (int)(task % n_head), kh = h / group;
-            attend_row(q + i * qs + h * hd, kc + kh * hd, vc + kh * hd, last + 1, ks, hd, scale, p,
-                       out + i * qs + h * hd);
+            const float *kb = head_rows(kc, kh * hd, last + 1, ks, hd, tk, &kstr);
+            const float *vb = head_rows(vc, kh * hd, last + 1, ks, hd, tv, &kstr);
+            int64_t at = i * qs + h * hd;
+            float *oi = wp(out, at, to);
+            attend_row(rd(q, at, hd, tq), kb, vb, last + 1, kstr, hd, scale, p, oi);
+            wr(out, at, hd, oi);
         }
         free(p);
+        free(tk);
+        free(tv);
+        free(tq);
+        free(to);
     }
 }
 
-static void cpu_swiglu_fwd(float *h, const float *g, const float *u, int64_t n)
+static void cpu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n)
 {
+    bk_buf_t b[3] = {h, g, u};
+    if (same_dt(be, "swiglu_fwd", 3, b) < 0)
+        return;
+    if (h.dt == DT_F32) {
+        float *hp = h.p;
+        const float *gp = g.p, *up = u.p;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int64_t i = 0; i < n; i++)
+            hp[i] = gp[i] / (1.0f + expf(-gp[i])) * up[i];
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = ld(g, i);
+        st(h, i, gi / (1.0f + expf(-gi)) * ld(u, i));
+    }
 }
 
 /* silu(g) = g·σ(g); silu'(g) = σ(g)·(1 + g·(1 − σ(g))). */
-static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n)
+static void cpu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n)
 {
+    bk_buf_t b[5] = {dg, du, dh, g, u};
+    if (same_dt(be, "swiglu_bwd", 5, b) < 0)
+        return;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float sg = 1.0f / (1.0f + expf(-g[i]));
-        du[i] = dh[i] * g[i] * sg;
-        dg[i] = dh[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        float gi = ld(g, i), ui = ld(u, i), dhi = ld(dh, i);
+        float sg = 1.0f / (1.0f + expf(-gi));
+        st(du, i, dhi * gi * sg);
+        st(dg, i, dhi * ui * sg * (1.0f + gi * (1.0f - sg)));
     }
 }
 
-static double cpu_xent(float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-                       float grad_scale)
+static double cpu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n,
+                       int64_t V, float grad_scale)
 {
+    if (FAILED(be))
+        return NAN;
     double *row_loss = malloc((size_t)(n ? n : 1) * sizeof *row_loss);
     if (!row_loss)
         abort();
@@ -355,23 +734,38 @@ static double cpu_xent(float *logits, const int32_t *targets, const float *weigh
     return total;
 }
 
-static void cpu_add(float *y, const float *x, int64_t n)
+static void cpu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
 {
+    bk_buf_t b[2] = {y, x};
+    if (check_dt(be, "add", 2, b) < 0)
+        return;
+    if (y.dt == DT_F32 && x.dt == DT_F32) {
+        float *yp = y.p;
+        const float *xp = x.p;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            yp[i] += xp[i];
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        y[i] += x[i];
+        st(y, i, ld(y, i) + ld(x, i));
 }
 
-static void cpu_scale(float *y, float a, int64_t n)
+static void cpu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
 {
+    if (check_dt(be, "scale", 1, &y) < 0)
+        return;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        y[i] *= a;
+        st(y, i, ld(y, i) * a);
 }
 
 #define SUMSQ_BLOCK 65536
-static double cpu_sumsq(const float *x, int64_t n)
+static double cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n)
 {
+    if (check_dt(be, "sumsq", 1, &x) < 0)
+        return NAN;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
     double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
     if (!part)
@@ -380,8 +774,16 @@ static double cpu_sumsq(const float *x, int64_t n)
     for (int64_t b = 0; b < nb; b++) {
         int64_t e = (b + 1) * SUMSQ_BLOCK < n ? (b + 1) * SUMSQ_BLOCK : n;
         double s = 0;
-        for (int64_t i = b * SUMSQ_BLOCK; i < e; i++)
-            s += (double)x[i] * x[i];
+        if (x.dt == DT_F32) {
+            const float *xp = x.p;
+            for (int64_t i = b * SUMSQ_BLOCK; i < e; i++)
+                s += (double)xp[i] * xp[i];
+        } else {
+            for (int64_t i = b * SUMSQ_BLOCK; i < e; i++) {
+                double v = ld(x, i);
+                s += v * v;
+            }
+        }
         part[b] = s;
     }
     double total = 0;
@@ -391,47 +793,103 @@ static double cpu_sumsq(const float *x, int64_t n)
     return total;
 }
 
-static void cpu_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                      float wd, double bc1, double bc2)
+/* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call. */
+static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h, int w)
 {
-    float decay = 1.0f - lr * wd;
-    float step = (float)(lr / bc1);
-    float bc2s = (float)sqrt(bc2);
+    if (b.dt == DT_F32)
+        ((float *)b.p)[i] = v;
+    else if (h->stochastic)
+        ((uint16_t *)b.p)[i] = bk_sround_bf16(v, bk_sround_bits(h->key, 3 * (h->index0 + i) + w));
+    else
+        ((uint16_t *)b.p)[i] = f32_to_bf16(v);
+}
+
+static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
+{
+    bk_buf_t pmv[3] = {p, m, v};
+    if (same_dt(be, "adamw", 3, pmv) < 0 || check_dt(be, "adamw", 1, &g) < 0)
+        return;
+    float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale;
+    float decay = 1.0f - h->lr * h->wd;
+    float step = (float)(h->lr / h->bc1);
+    float bc2s = (float)sqrt(h->bc2);
+    if (p.dt == DT_F32 && g.dt == DT_F32) {
+        float *pp = p.p, *mp = m.p, *vp = v.p;
+        const float *gp = g.p;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float gi = gp[i] * gs;
+            mp[i] = b1 * mp[i] + (1.0f - b1) * gi;
+            vp[i] = b2 * vp[i] + (1.0f - b2) * gi * gi;
+            pp[i] = pp[i] * decay - step * mp[i] / (sqrtf(vp[i]) / bc2s + eps);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i];
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        p[i] = p[i] * decay - step * m[i] / (sqrtf(v[i]) / bc2s + eps);
+        float gi = ld(g, i) * gs;
+        float mi = b1 * ld(m, i) + (1.0f - b1) * gi;
+        float vi = b2 * ld(v, i) + (1.0f - b2) * gi * gi;
+        float pi = ld(p, i) * decay - step * mi / (sqrtf(vi) / bc2s + eps);
+        st_state(p, i, pi, h, 0);
+        st_state(m, i, mi, h, 1);
+        st_state(v, i, vi, h, 2);
     }
 }
 
-static const backend_t cpu_backend = {
-    .name = "cpu",
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .upload = cpu_copy,
-    .download = cpu_copy,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
-    .sync = cpu_sync,
-    .matmul = cpu_matmul,
-    .embed_fwd = cpu_embed_fwd,
-    .embed_bwd = cpu_embed_bwd,
-    .rows_scatter = cpu_rows_scatter,
-    .rmsnorm_fwd = cpu_rmsnorm_fwd,
-    .rmsnorm_bwd = cpu_rmsnorm_bwd,
-    .rope = cpu_rope,
-    .attn_fwd = cpu_attn_fwd,
-    .attn_bwd = cpu_attn_bwd,
-    .attn_cached = cpu_attn_cached,
-    .swiglu_fwd = cpu_swiglu_fwd,
-    .swiglu_bwd = cpu_swiglu_bwd,
-    .xent = cpu_xent,
-    .add = cpu_add,
-    .scale = cpu_scale,
-    .sumsq = cpu_sumsq,
-    .adamw = cpu_adamw,
-};
+static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
-const backend_t *backend_cpu(void) { return &cpu_backend; }
+backend_t *backend_cpu_new(void)
+{
+    backend_t *be = bk_instance_new("cpu", "cpu");
+    cpu_ctx_t *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(c);
+        backend_free(be);
+        if (be)
+            ftk_err_set("out of memory");
+        return NULL;
+    }
+    be->ctx = c;
+    be->destroy = cpu_destroy;
+    be->mem_alloc = cpu_mem_alloc;
+    be->mem_free = cpu_mem_free;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->zero = cpu_zero;
+    be->copy = cpu_copy;
+    be->sync = cpu_sync;
+    be->stream_new = cpu_stream_new;
+    be->stream_free = cpu_stream_free;
+    be->set_stream = cpu_set_stream;
+    be->stream_native = cpu_stream_native;
+    be->event_new = cpu_event_new;
+    be->event_free = cpu_event_free;
+    be->event_record = cpu_event_noop;
+    be->event_wait = cpu_event_noop;
+    be->event_sync = cpu_event_sync;
+    be->convert = cpu_convert;
+    be->matmul = cpu_matmul;
+    be->embed_fwd = cpu_embed_fwd;
+    be->embed_bwd = cpu_embed_bwd;
+    be->rows_scatter = cpu_rows_scatter;
+    be->rmsnorm_fwd = cpu_rmsnorm_fwd;
+    be->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    be->rope = cpu_rope;
+    be->attn_fwd = cpu_attn_fwd;
+    be->attn_bwd = cpu_attn_bwd;
+    be->attn_cached = cpu_attn_cached;
+    be->swiglu_fwd = cpu_swiglu_fwd;
+    be->swiglu_bwd = cpu_swiglu_bwd;
+    be->xent = cpu_xent;
+    be->add = cpu_add;
+    be->scale = cpu_scale;
+    be->sumsq = cpu_sumsq;
+    be->adamw = cpu_adamw;
+    be->rope_qk = NULL; /* the reference runs the sequence */
+    if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
+        backend_free(be);
+        return NULL;
+    }
+    return be;
+}

@@ -2,11 +2,12 @@
  * (tests/ref/model_vs_torch.py). Not a unit test (no test_ prefix): run by hand or by
  * the reference tests.
  *
- *   probe_model WEIGHTS.h5 DATA.h5 OUT.h5 ROW...
+ *   probe_model [--precision fp32|bf16-mixed|bf16-true] WEIGHTS.h5 DATA.h5 OUT.h5 ROW...
  *
  * Builds one batch from the given training rows of DATA.h5 and writes to OUT.h5:
  * /logits [n, vocab] (every position), /loss (mean over the targets), /n_targets, and
- * /grads/<HF tensor name>: the gradient of that mean loss. */
+ * /grads/<HF tensor name>: the gradient of that mean loss, widened to float32 (in the
+ * mode's gradient dtype before that). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +25,17 @@ static int die(const char *what)
 
 int main(int argc, char **argv)
 {
+    precision_t prec = PREC_FP32;
+    if (argc > 2 && !strcmp(argv[1], "--precision")) {
+        if (precision_parse(argv[2], &prec) < 0) {
+            fprintf(stderr, "probe_model: --precision %s: need fp32, bf16-mixed or bf16-true\n", argv[2]);
+            return 2;
+        }
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 5) {
-        fprintf(stderr, "usage: probe_model WEIGHTS.h5 DATA.h5 OUT.h5 ROW...\n");
+        fprintf(stderr, "usage: probe_model [--precision P] WEIGHTS.h5 DATA.h5 OUT.h5 ROW...\n");
         return 2;
     }
     if (h5_init() < 0)
@@ -45,8 +55,8 @@ int main(int argc, char **argv)
     batch_t b = {0};
     if (batch_add_rows(&b, &s, rows, nr) < 0)
         return die("batch");
-    const backend_t *be = backend_cpu();
-    model_t *m = model_new(be, &cfg, 1, b.n, 0);
+    backend_t *be = backend_cpu_new();
+    model_t *m = be ? model_new(be, &cfg, prec, 1, b.n, 0) : NULL;
     if (!m || model_load_weights(m, wf) < 0)
         return die("model");
     float *logits = malloc((size_t)(b.n * cfg.vocab_size) * sizeof *logits);
@@ -66,14 +76,24 @@ int main(int argc, char **argv)
     hid_t g = h5_group_create(out, "grads");
     int nu;
     const ckpt_unit_t *u = model_units(m, &nu);
-    for (int i = 0; i < nu; i++)
+    for (int i = 0; i < nu; i++) {
+        bk_buf_t gb = model_unit_grad(m, i);
+        size_t es = dtype_size(gb.dt);
+        void *raw = malloc((size_t)u[i].padded * es);
+        float *g32 = malloc((size_t)u[i].padded * sizeof *g32);
+        if (!raw || !g32)
+            return die("out of memory");
+        be->download(be, raw, gb.p, (size_t)u[i].padded * es);
+        dtype_convert(g32, DT_F32, raw, gb.dt, (size_t)u[i].padded);
         for (int k = 0; k < u[i].n_tensors; k++) {
             const ckpt_tensor_t *t = &u[i].t[k];
             hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
-            if (h5w_write_tensor(g, t->name, H5T_NATIVE_FLOAT, t->rank, dims, model_unit_grad(m, i) + t->offset,
-                                 NULL, NULL) < 0)
+            if (h5w_write_tensor(g, t->name, H5T_NATIVE_FLOAT, t->rank, dims, g32 + t->offset, NULL, NULL) < 0)
                 return die(t->name);
         }
+        free(raw);
+        free(g32);
+    }
     H5Gclose(g);
     h5_close(out);
     printf("tokens %lld, segments %lld, targets %lld, loss %.9g\n", (long long)b.n, (long long)b.n_seg,
@@ -82,6 +102,7 @@ int main(int argc, char **argv)
     free(rows);
     batch_free(&b);
     model_free(m);
+    backend_free(be);
     tokens_split_free(&s);
     h5_close(df);
     h5_close(wf);

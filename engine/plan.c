@@ -1,0 +1,40 @@
+/* plan.c — the memory plan (plan.h). */
+#include "plan.h"
+
+#include <string.h>
+
+#include "../libcommon/log.h"
+
+/* One dry build on a fresh planning backend; the accounting at its end. */
+static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *mem, int64_t *S)
+{
+    trainer_opts_t o = p->o;
+    o.recompute = recompute;
+    backend_t *be = backend_plan_new(p->device);
+    comm_t *world = be ? comm_plan(p->ranks, rank) : NULL;
+    shard_t *sh = NULL;
+    model_t *m = NULL;
+    int rc = world ? trainer_build(be, world, &p->cfg, &o, o.train.micro_batch * p->max_len, &sh, &m) : -1;
+    if (rc == 0) {
+        *mem = *bk_mem(be);
+        *S = shard_count(sh);
+    }
+    model_free(m);
+    shard_free(sh);
+    comm_finalize(world);
+    backend_free(be);
+    return rc;
+}
+
+int plan_memory(const plan_opts_t *p, int rank, plan_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->rank = rank;
+    bk_mem_t other;
+    int64_t S;
+    if (dry_build(p, rank, p->o.recompute, &out->mem, &out->shard_count) < 0 ||
+        dry_build(p, rank, !p->o.recompute, &other, &S) < 0)
+        return -1;
+    out->acts_other = other.at_peak[BK_MEM_ACTS];
+    return 0;
+}

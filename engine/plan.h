@@ -1,0 +1,36 @@
+/* plan.h — the memory plan of a training job: what each rank's backend will hold, found by
+ * running the code that allocates (trainer_build(): the shards, their pool, the model) on
+ * the planning backend (kernels/backend.h backend_plan_new) in a pretend world of N ranks
+ * (comm_plan). Nothing is read but the model's configuration, nothing is computed or
+ * written, and a device that is not present can be planned for. On the CPU backend the
+ * plan equals the high-water mark a run measures (tests/cli/plan.sh).
+ *
+ * What the plan cannot see: host memory (batches, checkpoint buffers, the CPU backend's
+ * per-op scratch of a few rows per thread), and device scratch a backend grows on first
+ * use (the CUDA backend's segment lists and partial sums: kilobytes to a few MiB).
+ */
+#ifndef FTK_PLAN_H
+#define FTK_PLAN_H
+#include <stdint.h>
+
+#include "trainer.h"
+
+typedef struct {
+    model_config_t cfg;
+    trainer_opts_t o;  /* strategy, group_size, precision, recompute, train.micro_batch */
+    int64_t max_len;   /* tokens per row */
+    int ranks;         /* world size planned for */
+    const char *device; /* "cpu" or "cuda" */
+} plan_opts_t;
+
+typedef struct {
+    int rank;            /* the rank this is for */
+    int64_t shard_count; /* S */
+    bk_mem_t mem;        /* peak and per class at the peak */
+    int64_t acts_other;  /* activations with the other --recompute setting */
+} plan_t;
+
+/* The plan of rank `rank`. 0 or -1 with ftk_err_msg() set (a bad configuration). */
+int plan_memory(const plan_opts_t *p, int rank, plan_t *out);
+
+#endif

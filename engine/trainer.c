@@ -1,0 +1,611 @@
+/* trainer.c — the training job (trainer.h). */
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../formats/h5.h"
+#include "../formats/tokens.h"
+#include "../formats/weights.h"
+#include "../libcommon/log.h"
+#include "../libcommon/timer.h"
+#include "train.h"
+
+typedef struct {
+    hid_t file;
+    tokens_split_t train, val;
+    int64_t max_len, vocab;
+    char set_xxh3[32];
+} data_t;
+
+struct trainer {
+    comm_t *world;
+    int rank, nranks;
+    backend_t *be;
+    trainer_opts_t o;
+    char why[2048]; /* this rank's failure, then the job's (agree) */
+    hid_t wf;
+    data_t data;
+    model_config_t cfg;
+    ckpt_meta_t meta;
+    int64_t R, per_epoch;
+    shard_t *sh;
+    model_t *m;
+    int64_t *perm, *rows;
+    batch_t b;
+};
+
+/* ---- every rank agrees ------------------------------------------------------------------- */
+
+/* Records this rank's failure for agree(); returns code. */
+static int fail(trainer_t *t, int code, const char *fmt, ...) FTK_PRINTF(3, 4);
+static int fail(trainer_t *t, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->why, sizeof t->why, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Every rank calls it with its status; returns the highest code of all ranks, with the
+ * lowest failing rank's message in ftk_err_msg() everywhere. */
+static int agree(trainer_t *t, int code)
+{
+    int who;
+    if (!(code = comm_agree(t->world, code, t->why, sizeof t->why, &who)))
+        return 0;
+    if (t->nranks > 1 && who != 0)
+        ftk_err_set("rank %d: %s", who, t->why);
+    else
+        ftk_err_set("%s", t->why);
+    return code;
+}
+
+/* ---- inputs ------------------------------------------------------------------------------- */
+
+static int open_data(const char *path, data_t *d)
+{
+    memset(d, 0, sizeof *d);
+    d->file = h5_open(path, TOKENS_FORMAT, TOKENS_VERSION, NULL, NULL);
+    if (d->file < 0)
+        return -1;
+    int64_t shards;
+    char *set = NULL;
+    if (h5_attr_get_i64(d->file, "max_len", &d->max_len) < 0 || h5_attr_get_i64(d->file, "vocab_size", &d->vocab) < 0 ||
+        h5_attr_get_i64(d->file, "shard_count", &shards) < 0 || h5_attr_get_str(d->file, "set_xxh3", &set) < 0)
+        return -1;
+    snprintf(d->set_xxh3, sizeof d->set_xxh3, "%s", set);
+    free(set);
+    if (shards != 1) {
+        ftk_err_set("%s is shard of a set of %lld; train on an unsharded file (ftk-pack without --shards)", path,
+                    (long long)shards);
+        return -1;
+    }
+    if (tokens_read_split(d->file, "train", &d->train) < 0 || tokens_read_split(d->file, "val", &d->val) < 0)
+        return -1;
+    return 0;
+}
+
+/* The batch of k rows starting at r0 (of rows[] when given, else of the split itself);
+ * k <= 0: an idle pass (batch_add_idle). */
+static int make_batch(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t r0, int64_t k)
+{
+    batch_clear(b);
+    if (k <= 0)
+        return batch_add_idle(b);
+    int64_t *v = malloc((size_t)k * sizeof *v);
+    if (!v) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < k; i++)
+        v[i] = rows ? rows[r0 + i] : r0 + i;
+    int rc = batch_add_rows(b, s, v, k);
+    free(v);
+    return rc;
+}
+
+static int same_config(const model_config_t *a, const model_config_t *b)
+{
+    return a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
+           a->num_hidden_layers == b->num_hidden_layers && a->num_attention_heads == b->num_attention_heads &&
+           a->num_key_value_heads == b->num_key_value_heads && a->vocab_size == b->vocab_size &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->rms_norm_eps == b->rms_norm_eps &&
+           a->rope_theta == b->rope_theta;
+}
+
+/* The options that define the run must be the checkpoint's. */
+static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
+{
+    const ckpt_train_t *c = &cm->train, *t = &meta->train;
+#define SAME(field, opt)                                                                                             \
+    if (c->field != t->field) {                                                                                      \
+        ftk_err_set("--%s differs from the checkpoint's (%g there, %g here); resume with the same options", opt,     \
+                    (double)c->field, (double)t->field);                                                             \
+        return -1;                                                                                                   \
+    }
+    SAME(lr, "lr")
+    SAME(min_lr, "min-lr")
+    SAME(warmup, "warmup")
+    SAME(total_steps, "steps/--epochs (total steps)")
+    SAME(global_batch, "global-batch")
+    SAME(micro_batch, "micro-batch")
+    SAME(beta1, "beta1")
+    SAME(beta2, "beta2")
+    SAME(eps, "eps")
+    SAME(weight_decay, "weight-decay")
+    SAME(decay_norms, "decay-norms")
+    SAME(clip, "clip")
+    SAME(seed, "seed")
+#undef SAME
+    if (strcmp(c->schedule, t->schedule)) {
+        ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here)", c->schedule, t->schedule);
+        return -1;
+    }
+    if (strcmp(cm->precision, meta->precision)) {
+        ftk_err_set("--precision differs from the checkpoint's (%s there, %s here); resume with the same "
+                    "--precision, or convert the checkpoint first (ftk-reshard --precision %s)",
+                    cm->precision, meta->precision, meta->precision);
+        return -1;
+    }
+    if (strcmp(c->rounding, t->rounding)) {
+        ftk_err_set("--rounding differs from the checkpoint's (%s there, %s here)", c->rounding, t->rounding);
+        return -1;
+    }
+    return 0;
+}
+
+/* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
+ * of checkpoints whose writers died. */
+static int prepare_out_dir(trainer_t *t)
+{
+    const char *out = t->o.out_dir;
+    if (mkdir(out, 0777) < 0 && errno != EEXIST)
+        return fail(t, FTK_EXIT_FAIL, "%s: %s", out, strerror(errno));
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", out);
+    struct stat sb;
+    if (!strcmp(t->o.resume, "none") && stat(latest, &sb) == 0)
+        return fail(t, FTK_EXIT_USAGE,
+                    "%s already holds a run (%s exists): pass --resume auto to continue it, or choose another --out",
+                    out, latest);
+    int n = ckpt_remove_stale(out);
+    if (n > 0)
+        ftk_info("removed %d unfinished checkpoint director%s left in %s by a run that died", n, n == 1 ? "y" : "ies",
+                 out);
+    return 0;
+}
+
+/* ---- building ----------------------------------------------------------------------------- */
+
+int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
+                  int64_t max_tokens, shard_t **sh, model_t **m)
+{
+    *m = NULL;
+    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision, o->stochastic)))
+        return -1;
+    int n_units;
+    const ckpt_unit_t *units = shard_units(*sh, &n_units);
+    if (shard_reserve(*sh) < 0 ||
+        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh)))) {
+        shard_free(*sh);
+        *sh = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+#define CHECK(expr)                                                                                                  \
+    do {                                                                                                             \
+        if ((*code = agree(t, (expr))))                                                                              \
+            goto fail;                                                                                               \
+    } while (0)
+
+trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, int *code)
+{
+    trainer_t *t = calloc(1, sizeof *t);
+    int c = t ? 0 : FTK_EXIT_FAIL;
+    /* Even a failed calloc must take part in the agreement: the other ranks wait for it. */
+    if (!t) {
+        char msg[64] = "out of memory";
+        int who;
+        *code = comm_agree(world, c, msg, sizeof msg, &who);
+        ftk_err_set("%s", msg);
+        return NULL;
+    }
+    t->world = world;
+    t->rank = comm_rank(world);
+    t->nranks = comm_size(world);
+    t->be = be;
+    t->o = *o;
+    t->wf = -1;
+    t->data.file = -1;
+    ckpt_meta_t *meta = &t->meta;
+
+    if ((t->wf = weights_open(o->model_path, &t->cfg)) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
+    else if (open_data(o->data_path, &t->data) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->data_path, ftk_err_msg());
+    else if (t->data.vocab > t->cfg.vocab_size)
+        c = fail(t, FTK_EXIT_USAGE, "%s: token ids up to %lld, but the model's vocabulary has %lld entries",
+                 o->data_path, (long long)t->data.vocab, (long long)t->cfg.vocab_size);
+    else if (t->data.train.n_rows == 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s: no training rows", o->data_path);
+    else if (ckpt_init_hash(t->wf, &t->cfg, meta->init_xxh3) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
+    CHECK(c);
+    t->R = t->data.train.n_rows;
+    t->per_epoch = (t->R + o->train.global_batch - 1) / o->train.global_batch;
+    meta->train = o->train;
+    if (!meta->train.total_steps)
+        meta->train.total_steps = o->epochs * t->per_epoch;
+    snprintf(meta->train.rounding, sizeof meta->train.rounding, "%s",
+             o->precision == PREC_BF16_TRUE && !o->stochastic ? "nearest" : o->precision == PREC_BF16_TRUE ? "stochastic" : "nearest");
+    snprintf(meta->data_file, sizeof meta->data_file, "%s", o->data_path);
+    snprintf(meta->data_set_xxh3, sizeof meta->data_set_xxh3, "%s", t->data.set_xxh3);
+    snprintf(meta->init_file, sizeof meta->init_file, "%s", o->model_path);
+    snprintf(meta->strategy, sizeof meta->strategy, "%s", strategy_name(o->strategy));
+    snprintf(meta->precision, sizeof meta->precision, "%s", precision_name(o->precision));
+    meta->data_rows = t->R;
+    meta->world_size = t->nranks;
+
+    CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
+    CHECK(trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m) < 0
+              ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg())
+              : 0);
+    meta->shard_count = shard_count(t->sh);
+    t->perm = malloc((size_t)t->R * sizeof *t->perm);
+    t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);
+    CHECK(!t->perm || !t->rows ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
+    return t;
+fail:
+    trainer_free(t);
+    return NULL;
+}
+#undef CHECK
+
+void trainer_free(trainer_t *t)
+{
+    if (!t)
+        return;
+    batch_free(&t->b);
+    free(t->perm);
+    free(t->rows);
+    model_free(t->m);
+    shard_free(t->sh);
+    tokens_split_free(&t->data.train);
+    tokens_split_free(&t->data.val);
+    if (t->data.file >= 0)
+        h5_close(t->data.file);
+    if (t->wf >= 0)
+        h5_close(t->wf);
+    free(t);
+}
+
+const ckpt_meta_t *trainer_meta(const trainer_t *t) { return &t->meta; }
+int trainer_done(const trainer_t *t) { return t->meta.step >= t->meta.train.total_steps; }
+int64_t trainer_steps_per_epoch(const trainer_t *t) { return t->per_epoch; }
+int64_t trainer_rows(const trainer_t *t) { return t->R; }
+int64_t trainer_val_rows(const trainer_t *t) { return t->data.val.n_rows; }
+int64_t trainer_n_params(const trainer_t *t) { return model_n_params(&t->cfg); }
+const bk_mem_t *trainer_memory(const trainer_t *t) { return bk_mem(t->be); }
+
+/* ---- checkpoints ----------------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t bytes, xxh3;
+    int64_t code;
+} shard_report_t;
+
+int trainer_save(trainer_t *t)
+{
+    const ckpt_meta_t *meta = &t->meta;
+    ckpt_writer_t w;
+    char dir[4096] = "";
+    int code = 0;
+    if (t->rank == 0) {
+        if (ckpt_begin(&w, t->o.out_dir, meta->step) < 0)
+            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        else
+            snprintf(dir, sizeof dir, "%s", w.dir);
+    }
+    if ((code = agree(t, code)))
+        return code;
+    comm_bcast(t->world, dir, sizeof dir, 0);
+
+    int n_units;
+    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
+    shard_report_t me = {0, 0, 0};
+    if (shard_writes(t->sh)) {
+        /* One array at a time through one unit-sized buffer: saving never doubles the
+         * memory of the state. */
+        ckpt_shard_sum_t sum = {0, 0};
+        int64_t idx = shard_index(t->sh), S = meta->shard_count, most = 0;
+        for (int u = 0; u < n_units; u++)
+            most = units[u].padded / S > most ? units[u].padded / S : most;
+        void *buf = malloc((size_t)most * dtype_size(ckpt_state_dtype(meta->precision)));
+        ckpt_shard_writer_t *sw = buf ? ckpt_shard_create(dir, meta, units, n_units, idx) : NULL;
+        int bad = !sw;
+        if (!buf)
+            ftk_err_set("out of memory");
+        for (int k = 0; k < CKPT_KINDS && !bad; k++)
+            for (int u = 0; u < n_units && !bad; u++)
+                bad = shard_get_slice(t->sh, k, u, buf) < 0 || ckpt_shard_put(sw, k, u, buf) < 0;
+        if (sw && ckpt_shard_finish(sw, idx == 0 ? t->wf : -1, &sum) < 0)
+            bad = 1;
+        if (bad)
+            me.code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        free(buf);
+        me.bytes = sum.bytes;
+        me.xxh3 = sum.xxh3;
+    }
+    /* The writers are ranks 0 … S−1 (replica 0); rank 0 collects their reports. */
+    shard_report_t *all = t->rank == 0 ? calloc((size_t)t->nranks, sizeof *all) : NULL;
+    if (t->rank == 0 && !all)
+        abort(); /* a few bytes per rank */
+    comm_gather(t->world, &me, all, sizeof me, 0);
+    code = (int)me.code;
+    if (t->rank == 0) {
+        ckpt_shard_sum_t *sums = calloc((size_t)meta->shard_count, sizeof *sums);
+        for (int64_t i = 0; i < meta->shard_count && sums; i++) {
+            sums[i].bytes = all[i].bytes;
+            sums[i].xxh3 = all[i].xxh3;
+            code = all[i].code > code ? (int)all[i].code : code;
+        }
+        if (!sums)
+            code = fail(t, FTK_EXIT_FAIL, "out of memory");
+        if (code)
+            ckpt_abort(&w);
+        else if (ckpt_commit(&w, meta, &t->cfg, units, n_units, sums, (int)t->o.keep) < 0)
+            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        free(sums);
+        free(all);
+    }
+    return agree(t, code);
+}
+
+/* This rank's part of a checkpoint (every rank calls it): the manifest checked against
+ * this run, then its shard read and verified into *st — or, when the checkpoint has
+ * another shard count, its new slices read from the old shards. Returns 0 (agreed),
+ * FTK_EXIT_VERIFY (damaged: another checkpoint may do) or FTK_EXIT_USAGE (not this
+ * run's), with why set (not agreed). */
+static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_state_t *st)
+{
+    const ckpt_meta_t *meta = &t->meta;
+    ckpt_manifest_t man;
+    int code = 0;
+    memset(st, 0, sizeof *st);
+    memset(cm, 0, sizeof *cm);
+    if (ckpt_open(ck, &man) < 0)
+        code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+    else
+        *cm = man.meta;
+    if ((code = agree(t, code))) {
+        ckpt_manifest_free(&man); /* opened here if another rank failed (ckpt_open clears it on failure) */
+        return code;
+    }
+    if (!same_config(&man.cfg, &t->cfg) || strcmp(cm->init_xxh3, meta->init_xxh3))
+        code = fail(t, FTK_EXIT_USAGE, "%s is a checkpoint of a run started from other weights (%s) than %s", ck,
+                    cm->init_file, t->o.model_path);
+    else if (strcmp(cm->data_set_xxh3, meta->data_set_xxh3) || cm->data_rows != meta->data_rows)
+        code = fail(t, FTK_EXIT_USAGE, "%s was trained on other data (set %s, %lld rows) than %s (set %s, %lld rows)",
+                    ck, cm->data_set_xxh3, (long long)cm->data_rows, t->o.data_path, meta->data_set_xxh3,
+                    (long long)meta->data_rows);
+    else if (check_resume_options(cm, meta) < 0)
+        code = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
+    else if (cm->shard_count == meta->shard_count) {
+        if (ckpt_read_shard(ck, &man, shard_index(t->sh), 0, st) < 0)
+            code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+    } else {
+        /* Reshard on load: every old shard file is checksummed by one rank (round robin),
+         * then each rank reads only the element ranges overlapping its new slices. */
+        for (int64_t i = t->rank; i < cm->shard_count && !code; i += t->nranks) {
+            hid_t f = ckpt_shard_open(ck, &man, i, 1);
+            if (f < 0)
+                code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+            else
+                h5_close(f);
+        }
+        code = agree(t, code);
+        if (!code && ckpt_read_resliced(ck, &man, meta->shard_count, shard_index(t->sh), 0, st) < 0)
+            code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
+        if (!code)
+            ftk_info("%s: %lld shards (%lld ranks, strategy %s) resliced on load into %lld (%d ranks, strategy %s)",
+                     ck, (long long)cm->shard_count, (long long)cm->world_size, cm->strategy,
+                     (long long)meta->shard_count, t->nranks, meta->strategy);
+    }
+    ckpt_manifest_free(&man);
+    return code;
+}
+
+/* Settles on one checkpoint for every rank and loads it; *found = 0 when there is none. */
+static int resume_from(trainer_t *t, int *found)
+{
+    ckpt_meta_t *meta = &t->meta;
+    char **cand = NULL;
+    size_t n_cand = 0;
+    int code = 0, damaged = 0, is_auto = !strcmp(t->o.resume, "auto");
+    int n_units = t->cfg.num_hidden_layers + 2;
+    *found = 0;
+    if (t->rank == 0) {
+        if (is_auto) {
+            cand = ckpt_list(t->o.out_dir, &n_cand);
+        } else {
+            char *c = ckpt_resolve(t->o.resume);
+            if (!c)
+                code = fail(t, FTK_EXIT_USAGE, "--resume: %s", ftk_err_msg());
+            else if (!(cand = malloc(sizeof *cand))) {
+                free(c);
+                code = fail(t, FTK_EXIT_FAIL, "out of memory");
+            } else
+                cand[n_cand++] = c;
+        }
+    }
+    if ((code = agree(t, code)))
+        return code;
+    int64_t n = (int64_t)n_cand;
+    comm_allreduce_i64(t->world, &n, 1, COMM_MAX);
+    for (int64_t i = 0; i < n; i++) {
+        char ck[4096] = "";
+        if (t->rank == 0)
+            snprintf(ck, sizeof ck, "%s", cand[i]);
+        comm_bcast(t->world, ck, sizeof ck, 0);
+        ckpt_meta_t cm;
+        ckpt_state_t st;
+        code = agree(t, read_checkpoint(t, ck, &cm, &st));
+        if (code == FTK_EXIT_VERIFY && is_auto) {
+            ftk_warn("%s is damaged (%s)%s", ck, t->why, i + 1 < n ? "; trying the one before" : "");
+            ckpt_state_free(&st, n_units);
+            code = 0;
+            damaged++;
+            continue;
+        }
+        if (code) {
+            ftk_err_set("cannot resume: %s", ftk_err_msg());
+            code = FTK_EXIT_USAGE;
+            ckpt_state_free(&st, n_units);
+            break;
+        }
+        int rc = shard_set_state(t->sh, &st) < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0;
+        ckpt_state_free(&st, n_units);
+        if ((code = agree(t, rc)))
+            break;
+        meta->step = cm.step;
+        meta->tokens_seen = cm.tokens_seen;
+        meta->epoch = cm.epoch;
+        meta->rows_consumed = cm.rows_consumed;
+        *found = 1;
+        ftk_info("resuming from %s (step %lld of %lld)", ck, (long long)cm.step, (long long)meta->train.total_steps);
+        break;
+    }
+    if (!code && !*found && damaged) {
+        ftk_err_set("cannot resume: no checkpoint in %s verifies (every one is damaged; see above)", t->o.out_dir);
+        code = FTK_EXIT_USAGE;
+    }
+    for (size_t i = 0; i < n_cand; i++)
+        free(cand[i]);
+    free(cand);
+    return code;
+}
+
+int trainer_resume(trainer_t *t)
+{
+    int found = 0, code;
+    if (strcmp(t->o.resume, "none") && (code = resume_from(t, &found)))
+        return code;
+    if (!found && (code = agree(t, shard_load_weights(t->sh, t->wf) < 0
+                                       ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg())
+                                       : 0)))
+        return code;
+    train_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
+    return 0;
+}
+
+/* ---- training ------------------------------------------------------------------------------- */
+
+int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
+{
+    const tokens_split_t *val = &t->data.val;
+    int64_t mb = t->meta.train.micro_batch, er = t->o.eval_rows;
+    int64_t rows = er > 0 && er < val->n_rows ? er : val->n_rows;
+    int64_t lo = rows * t->rank / t->nranks, hi = rows * (t->rank + 1) / t->nranks;
+    int64_t per = (rows + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
+    double v[3] = {0, 0, 0}; /* loss, targets, errors */
+    char err[1024] = "";
+    for (int64_t p = 0; p < passes; p++) {
+        int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
+        if (make_batch(&t->b, val, NULL, r0, k) < 0) {
+            snprintf(err, sizeof err, "%s", ftk_err_msg());
+            v[2] = 1;
+            make_batch(&t->b, val, NULL, 0, 0); /* keep the collectives in step */
+        }
+        shard_pass_begin(t->sh, 0, 0);
+        v[0] += model_step(t->m, &t->b, 0.0f, NULL);
+        shard_pass_end(t->sh);
+        v[1] += (double)t->b.n_tgt;
+    }
+    shard_drop(t->sh);
+    comm_allreduce_f64(t->world, v, 3, COMM_SUM);
+    *n_tgt = (int64_t)v[1];
+    *loss = v[1] ? v[0] / v[1] : NAN;
+    return agree(t, v[2] ? fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank") : 0);
+}
+
+int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
+{
+    ckpt_meta_t *meta = &t->meta;
+    const ckpt_train_t *tc = &meta->train;
+    const tokens_split_t *tr = &t->data.train;
+    comm_stats_t *stats = shard_stats(t->sh), before = *stats;
+    int64_t G = tc->global_batch, mb = tc->micro_batch;
+    /* The next global batch of the data order; this rank's slice of it. */
+    if (meta->rows_consumed >= t->R) {
+        meta->epoch++;
+        meta->rows_consumed = 0;
+        train_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
+    }
+    int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
+    memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
+    int64_t n_tgt = 0, tokens = 0;
+    for (int64_t i = 0; i < k; i++) {
+        n_tgt += train_row_targets(tr, t->rows[i]);
+        for (int64_t j = tr->row_samples[t->rows[i]]; j < tr->row_samples[t->rows[i] + 1]; j++)
+            tokens += tr->sample_lengths[j];
+    }
+    float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
+    int64_t lo = k * t->rank / t->nranks, hi = k * (t->rank + 1) / t->nranks;
+    int64_t per = (k + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
+    /* loss, stop requested, checkpoint due by the clock, a rank failed */
+    double v[4] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0};
+    char err[1024] = "";
+    for (int64_t p = 0; p < passes; p++) {
+        int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
+        if (make_batch(&t->b, tr, t->rows, r0, kk) < 0) {
+            snprintf(err, sizeof err, "%s", ftk_err_msg());
+            v[3] = 1;
+            make_batch(&t->b, tr, t->rows, 0, 0); /* keep the collectives in step */
+        }
+        shard_pass_begin(t->sh, 1, p + 1 == passes);
+        v[0] += model_step(t->m, &t->b, scale, NULL);
+        shard_pass_end(t->sh);
+    }
+    v[1] = v[1] || (stop && *stop);
+    comm_allreduce_f64(t->world, v, 4, COMM_SUM);
+    if (v[3])
+        return agree(t, fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1,
+                             err[0] ? err : "a batch could not be built on another rank"));
+    double loss = v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
+    int64_t step = meta->step + 1;
+    double lr = train_lr(tc, step);
+    double gnorm = shard_step(t->sh, tc, step, lr);
+    /* A device keeps its first error: stop before a checkpoint could take NaN from it. */
+    int code = agree(t, t->be->sync(t->be) < 0 ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step,
+                                                      ftk_err_msg())
+                                               : 0);
+    if (code)
+        return code;
+    meta->step = step;
+    meta->rows_consumed += k;
+    meta->tokens_seen += tokens;
+    *out = (trainer_step_t){.step = step, .total_steps = tc->total_steps, .loss = loss, .lr = lr,
+                            .grad_norm = gnorm, .tokens = tokens, .tokens_seen = meta->tokens_seen,
+                            .epoch = meta->epoch, .micro_batches = passes, .stop = v[1] > 0, .save_due = v[2] > 0};
+    out->comm.ag_bytes = stats->ag_bytes - before.ag_bytes;
+    out->comm.rs_bytes = stats->rs_bytes - before.rs_bytes;
+    out->comm.ar_bytes = stats->ar_bytes - before.ar_bytes;
+    out->comm.ag_calls = stats->ag_calls - before.ag_calls;
+    out->comm.rs_calls = stats->rs_calls - before.rs_calls;
+    out->comm.ar_calls = stats->ar_calls - before.ar_calls;
+    out->comm.wait_s = stats->wait_s - before.wait_s;
+    if (!isfinite(loss)) {
+        ftk_err_set("step %lld: the loss is %g; stopping without a checkpoint", (long long)step, loss);
+        return FTK_EXIT_FAIL;
+    }
+    return 0;
+}

@@ -1,0 +1,106 @@
+/* trainer.h — the training job: inputs, the sharded model, the step, evaluation, and the
+ * checkpoint save and resume protocol (docs/design.md "Checkpoints"). ftk-train is options,
+ * signals and metrics output around it; the memory plan (plan.h) builds the same objects
+ * through trainer_build().
+ *
+ * Every rank calls every function here, in the same order. Whatever can fail on some
+ * ranks only (an input, a checkpoint shard, a write) is settled by comm_agree(): every
+ * rank returns the same exit code, and ftk_err_msg() holds the lowest failing rank's
+ * message on every rank ("rank N: …" when that is not rank 0 of several). No rank is
+ * left waiting in a collective. Exit codes are libcommon/log.h's FTK_EXIT_*: 0, FTK_EXIT_FAIL
+ * (a runtime failure), FTK_EXIT_USAGE (bad input or options), FTK_EXIT_VERIFY (used inside
+ * resume for a damaged checkpoint).
+ *
+ * Rank 0 reports progress and decisions (resuming from, damaged checkpoint skipped,
+ * leftovers removed) with ftk_info/ftk_warn; a tool silences the other ranks (ftk_quiet).
+ *
+ * The save protocol: rank 0 makes the hidden checkpoint directory (ckpt_begin), every
+ * writing rank writes and fsyncs its shard file there one array at a time, rank 0 gathers
+ * every shard's size and checksum and commits (manifest, rename, latest, --keep) — or
+ * removes the directory if any rank failed. Resume: --resume auto walks the committed
+ * checkpoints newest first; each must match this run (weights, data, options, precision)
+ * and every rank verifies what it reads; a damaged one is reported and the one before is
+ * tried, a checkpoint named explicitly is used or refused. A checkpoint of another shard
+ * count is resliced on load (each old file checksummed once, spread over the ranks).
+ */
+#ifndef FTK_TRAINER_H
+#define FTK_TRAINER_H
+#include <signal.h>
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "comm.h"
+#include "model.h"
+#include "precision.h"
+#include "shard.h"
+#include "strategy.h"
+
+typedef struct {
+    const char *model_path; /* initial weights (weights.h) */
+    const char *data_path;  /* packed tokens (tokens.h) */
+    const char *out_dir;    /* the run directory */
+    const char *resume;     /* "none", "auto", or a checkpoint / run directory */
+    ckpt_train_t train;     /* total_steps 0: `epochs` passes over the training rows */
+    int64_t epochs;
+    strategy_t strategy;
+    int group_size;         /* hybrid: ranks per shard group (0: the node's) */
+    precision_t precision;
+    int stochastic;         /* bf16-true: AdamW rounds stochastically (else to nearest even) */
+    int recompute;
+    int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
+    int64_t keep;           /* checkpoints kept (0: all) */
+} trainer_opts_t;
+
+/* What one step did (the same on every rank unless said). */
+typedef struct {
+    int64_t step, total_steps;
+    double loss, lr, grad_norm;
+    int64_t tokens, tokens_seen, epoch, micro_batches;
+    int stop;          /* some rank asked to stop (agreed) */
+    int save_due;      /* rank 0's clock asked for a checkpoint (agreed) */
+    comm_stats_t comm; /* this rank's communication in the step */
+} trainer_step_t;
+
+typedef struct trainer trainer_t;
+
+/* Opens the inputs, prepares the run directory (rank 0; refuses a directory that holds a
+ * run unless resuming, removes leftovers of dead writers) and builds the shards and the
+ * model on be (which the trainer uses, not owns). Returns NULL with *code and the message
+ * (see above) when any rank failed. */
+trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, int *code);
+void trainer_free(trainer_t *t);
+
+/* The allocations of a training job on be, in the order the trainer makes them: the
+ * shards (this rank's state), their pool (shard_reserve) and the model's activations for
+ * max_tokens tokens. The memory plan runs this on the planning backend. 0 or -1 (the
+ * objects made so far are freed). */
+int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
+                  int64_t max_tokens, shard_t **sh, model_t **m);
+
+/* Continues the run from a checkpoint as o->resume asks, or starts it from the initial
+ * weights (resume "none", or "auto" in a directory without checkpoints). */
+int trainer_resume(trainer_t *t);
+
+/* One optimizer step over the next global batch. *stop (a signal handler's flag; may be
+ * NULL), read before and after the step's passes: this rank was asked to stop; clock_due:
+ * rank 0's clock wants a checkpoint. A non-finite loss is a failure (FTK_EXIT_FAIL;
+ * nothing is saved). */
+int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out);
+
+/* Validation loss over the first eval_rows rows of the val split, spread over the ranks.
+ * *loss is NaN when the split is empty. */
+int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_targets);
+
+/* Writes and commits the checkpoint of the current step. */
+int trainer_save(trainer_t *t);
+
+/* Facts of the run. */
+const ckpt_meta_t *trainer_meta(const trainer_t *t); /* step, data state, options */
+int trainer_done(const trainer_t *t);                 /* the last step is done */
+int64_t trainer_steps_per_epoch(const trainer_t *t);
+int64_t trainer_rows(const trainer_t *t);             /* training rows */
+int64_t trainer_val_rows(const trainer_t *t);
+int64_t trainer_n_params(const trainer_t *t);
+const bk_mem_t *trainer_memory(const trainer_t *t);   /* this rank's backend accounting */
+
+#endif

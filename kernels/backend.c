@@ -1,0 +1,176 @@
+/* backend.c — what every backend shares (backend.h): the instance, bk_alloc()'s
+ * accounting and its record of live allocations (an open-addressing table from address
+ * to size and class: device memory cannot carry a header). */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../libcommon/log.h"
+
+const char *const bk_mem_class_names[BK_MEM_CLASSES] = {"weights",     "gradients", "optimizer state", "gathered units",
+                                                        "activations", "workspaces", "other"};
+
+typedef struct {
+    void *p;
+    size_t bytes;
+    int cls;
+} entry_t;
+
+typedef struct {
+    entry_t *e;
+    size_t cap, used, tomb; /* cap: a power of two */
+} amap_t;
+
+#define TOMB ((void *)1)
+
+static size_t slot_of(const void *p, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return (size_t)h & (cap - 1);
+}
+
+static int amap_grow(amap_t *m)
+{
+    size_t cap = m->cap ? 2 * m->cap : 64;
+    entry_t *e = calloc(cap, sizeof *e);
+    if (!e)
+        return -1;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->e[i].p && m->e[i].p != TOMB) {
+            size_t s = slot_of(m->e[i].p, cap);
+            while (e[s].p)
+                s = (s + 1) & (cap - 1);
+            e[s] = m->e[i];
+        }
+    free(m->e);
+    m->e = e;
+    m->cap = cap;
+    m->tomb = 0;
+    return 0;
+}
+
+static int amap_put(amap_t *m, void *p, size_t bytes, int cls)
+{
+    if (4 * (m->used + m->tomb + 1) > 3 * m->cap && amap_grow(m) < 0)
+        return -1;
+    size_t s = slot_of(p, m->cap);
+    while (m->e[s].p && m->e[s].p != TOMB)
+        s = (s + 1) & (m->cap - 1);
+    if (m->e[s].p == TOMB)
+        m->tomb--;
+    m->e[s] = (entry_t){p, bytes, cls};
+    m->used++;
+    return 0;
+}
+
+static entry_t *amap_find(amap_t *m, const void *p)
+{
+    if (!m->cap)
+        return NULL;
+    size_t s = slot_of(p, m->cap);
+    while (m->e[s].p) {
+        if (m->e[s].p == p)
+            return &m->e[s];
+        s = (s + 1) & (m->cap - 1);
+    }
+    return NULL;
+}
+
+static void human(char *out, size_t n, double bytes)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 4) {
+        bytes /= 1024;
+        i++;
+    }
+    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", bytes, u[i]);
+}
+
+void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what)
+{
+    amap_t *m = be->alloc_map;
+    size_t n = bytes ? bytes : 1;
+    void *p = be->mem_alloc(be, n);
+    if (!p) {
+        char h[32], u[32];
+        human(h, sizeof h, (double)bytes);
+        human(u, sizeof u, (double)be->mem.in_use);
+        ftk_err_set("out of memory on %s allocating %s (%zu bytes = %s; %s already allocated)", be->device, what, bytes,
+                    h, u);
+        return NULL;
+    }
+    if (amap_put(m, p, bytes, (int)cls) < 0) {
+        be->mem_free(be, p);
+        ftk_err_set("out of memory (host) recording an allocation of %s on %s", what, be->device);
+        return NULL;
+    }
+    be->zero(be, p, n);
+    bk_mem_t *a = &be->mem;
+    a->in_use += (int64_t)bytes;
+    a->cls[cls] += (int64_t)bytes;
+    a->allocs++;
+    if (a->in_use > a->peak) {
+        a->peak = a->in_use;
+        memcpy(a->at_peak, a->cls, sizeof a->at_peak);
+    }
+    return p;
+}
+
+void bk_free(backend_t *be, void *p)
+{
+    if (!p)
+        return;
+    entry_t *e = amap_find(be->alloc_map, p);
+    if (e) {
+        be->mem.in_use -= (int64_t)e->bytes;
+        be->mem.cls[e->cls] -= (int64_t)e->bytes;
+        be->mem.allocs--;
+        e->p = TOMB;
+        ((amap_t *)be->alloc_map)->used--;
+        ((amap_t *)be->alloc_map)->tomb++;
+    }
+    be->mem_free(be, p);
+}
+
+const bk_mem_t *bk_mem(const backend_t *be) { return &be->mem; }
+
+backend_t *bk_instance_new(const char *name, const char *device)
+{
+    backend_t *be = calloc(1, sizeof *be);
+    amap_t *m = calloc(1, sizeof *m);
+    if (!be || !m) {
+        free(be);
+        free(m);
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    be->name = name;
+    snprintf(be->device, sizeof be->device, "%s", device);
+    be->alloc_map = m;
+    return be;
+}
+
+void backend_free(backend_t *be)
+{
+    if (!be)
+        return;
+    amap_t *m = be->alloc_map;
+    /* What the owner did not free goes with the instance (before destroy: mem_free may
+     * need the context). */
+    for (size_t i = 0; m && i < m->cap; i++)
+        if (m->e[i].p && m->e[i].p != TOMB)
+            be->mem_free(be, m->e[i].p);
+    if (m)
+        free(m->e);
+    free(m);
+    be->alloc_map = NULL;
+    if (be->destroy)
+        be->destroy(be);
+    free(be);
+}

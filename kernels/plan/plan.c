@@ -1,0 +1,231 @@
+/* plan.c — the planning backend (backend.h backend_plan_new): allocations are counted,
+ * not made, and no op runs, so the code that allocates can be run dry to learn what a
+ * run will take (engine/plan.c) on a machine without the device planned for.
+ *
+ * Addresses handed out are distinct, 256-byte aligned and never mapped: an op or byte
+ * move on them does nothing here, and nothing else may dereference backend memory
+ * (backend.h: only upload/download move bytes to and from the host). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../libcommon/log.h"
+#include "../backend.h"
+
+typedef struct {
+    uintptr_t next; /* the next address to hand out */
+} plan_ctx_t;
+
+struct bk_stream {
+    int unused;
+};
+struct bk_event {
+    int unused;
+};
+
+static void *plan_mem_alloc(backend_t *be, size_t bytes)
+{
+    plan_ctx_t *c = be->ctx;
+    void *p = (void *)c->next;
+    c->next += ((bytes + 255) & ~(uintptr_t)255) + 256;
+    return p;
+}
+static void plan_mem_free(backend_t *be, void *p)
+{
+    (void)be;
+    (void)p;
+}
+static void plan_move(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    (void)dst;
+    (void)src;
+    (void)bytes;
+}
+static void plan_zero(backend_t *be, void *p, size_t bytes)
+{
+    (void)be;
+    (void)p;
+    (void)bytes;
+}
+static int plan_sync(backend_t *be)
+{
+    (void)be;
+    return 0;
+}
+static bk_stream_t *plan_stream_new(backend_t *be)
+{
+    (void)be;
+    bk_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        ftk_err_set("out of memory");
+    return s;
+}
+static void plan_stream_free(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    free(s);
+}
+static void plan_set_stream(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+}
+static void *plan_stream_native(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+    return NULL;
+}
+static bk_event_t *plan_event_new(backend_t *be)
+{
+    (void)be;
+    bk_event_t *e = calloc(1, sizeof *e);
+    if (!e)
+        ftk_err_set("out of memory");
+    return e;
+}
+static void plan_event_free(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    free(e);
+}
+static void plan_event(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    (void)e;
+}
+static int plan_event_sync(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    (void)e;
+    return 0;
+}
+
+/* The ops: nothing runs. */
+static void plan_convert(backend_t *be, bk_buf_t d, bk_buf_t s, int64_t n) { (void)be, (void)d, (void)s, (void)n; }
+static void plan_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
+                        bk_buf_t B, float beta, bk_buf_t C)
+{
+    (void)be, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)B, (void)beta, (void)C;
+}
+static void plan_embed(backend_t *be, bk_buf_t a, const int32_t *ids, bk_buf_t b, int64_t n, int64_t d)
+{
+    (void)be, (void)a, (void)ids, (void)b, (void)n, (void)d;
+}
+static void plan_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
+                             float eps)
+{
+    (void)be, (void)out, (void)rstd, (void)x, (void)w, (void)n, (void)d, (void)eps;
+}
+static void plan_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
+                             const float *rstd, int64_t n, int64_t d)
+{
+    (void)be, (void)dx, (void)dw, (void)dout, (void)x, (void)w, (void)rstd, (void)n, (void)d;
+}
+static void plan_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
+                      int inverse)
+{
+    (void)be, (void)x, (void)pos, (void)n, (void)n_head, (void)hd, (void)theta, (void)inverse;
+}
+static void plan_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v,
+                          const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd)
+{
+    (void)be, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)seg, (void)n_seg, (void)n_head, (void)n_kv,
+        (void)hd;
+}
+static void plan_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
+                          bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
+                          int n_kv, int hd)
+{
+    (void)be, (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)seg,
+        (void)n_seg, (void)n_head, (void)n_kv, (void)hd;
+}
+static void plan_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
+                             int n_head, int n_kv, int hd)
+{
+    (void)be, (void)out, (void)q, (void)kc, (void)vc, (void)n, (void)p0, (void)n_head, (void)n_kv, (void)hd;
+}
+static void plan_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n)
+{
+    (void)be, (void)h, (void)g, (void)u, (void)n;
+}
+static void plan_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n)
+{
+    (void)be, (void)dg, (void)du, (void)dh, (void)g, (void)u, (void)n;
+}
+static double plan_xent(backend_t *be, float *logits, const int32_t *t, const float *w, int64_t n, int64_t V,
+                        float gs)
+{
+    (void)be, (void)logits, (void)t, (void)w, (void)n, (void)V, (void)gs;
+    return 0;
+}
+static void plan_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n) { (void)be, (void)y, (void)x, (void)n; }
+static void plan_scale(backend_t *be, bk_buf_t y, float a, int64_t n) { (void)be, (void)y, (void)a, (void)n; }
+static double plan_sumsq(backend_t *be, bk_buf_t x, int64_t n)
+{
+    (void)be, (void)x, (void)n;
+    return 0;
+}
+static void plan_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
+{
+    (void)be, (void)p, (void)g, (void)m, (void)v, (void)n, (void)h;
+}
+
+static void plan_destroy(backend_t *be) { free(be->ctx); }
+
+backend_t *backend_plan_new(const char *device)
+{
+    int cuda = !strcmp(device, "cuda");
+    if (!cuda && strcmp(device, "cpu")) {
+        ftk_err_set("cannot plan for device %s: need cpu or cuda", device);
+        return NULL;
+    }
+    backend_t *be = bk_instance_new("plan", cuda ? "plan (cuda)" : "plan (cpu)");
+    plan_ctx_t *c = calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(c);
+        backend_free(be);
+        if (be)
+            ftk_err_set("out of memory");
+        return NULL;
+    }
+    c->next = (uintptr_t)1 << 44;
+    be->ctx = c;
+    be->destroy = plan_destroy;
+    be->mem_alloc = plan_mem_alloc;
+    be->mem_free = plan_mem_free;
+    be->upload = be->download = be->copy = plan_move;
+    be->zero = plan_zero;
+    be->sync = plan_sync;
+    be->stream_new = plan_stream_new;
+    be->stream_free = plan_stream_free;
+    be->set_stream = plan_set_stream;
+    be->stream_native = plan_stream_native;
+    be->event_new = plan_event_new;
+    be->event_free = plan_event_free;
+    be->event_record = be->event_wait = plan_event;
+    be->event_sync = plan_event_sync;
+    be->convert = plan_convert;
+    be->matmul = plan_matmul;
+    be->embed_fwd = be->embed_bwd = be->rows_scatter = plan_embed;
+    be->rmsnorm_fwd = plan_rmsnorm_fwd;
+    be->rmsnorm_bwd = plan_rmsnorm_bwd;
+    be->rope = plan_rope;
+    be->attn_fwd = plan_attn_fwd;
+    be->attn_bwd = plan_attn_bwd;
+    be->attn_cached = plan_attn_cached;
+    be->swiglu_fwd = plan_swiglu_fwd;
+    be->swiglu_bwd = plan_swiglu_bwd;
+    be->xent = plan_xent;
+    be->add = plan_add;
+    be->scale = plan_scale;
+    be->sumsq = plan_sumsq;
+    be->adamw = plan_adamw;
+    /* What the planned device's backend allocates when it starts. */
+    if (!bk_alloc(be, cuda ? BK_CUDA_WORKSPACE_BYTES : BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE,
+                  cuda ? "cuBLASLt workspace" : "the bf16 product tiles")) {
+        backend_free(be);
+        return NULL;
+    }
+    return be;
+}
