@@ -396,7 +396,11 @@ int shard_get_slice(shard_t *s, int kind, int unit, float *host)
 
 int shard_set_state(shard_t *s, const ckpt_state_t *st)
 {
-    float **src[3] = {st->param, st->m, st->v};
+    if (st->dt != DT_F32) {
+        ftk_err_set("internal: shard state of %s (the engine holds float32)", dtype_name(st->dt));
+        return -1;
+    }
+    void **src[3] = {st->param, st->m, st->v};
     float **dst[3] = {s->p, s->m, s->v};
     for (int u = 0; u < s->n_units; u++) {
         int64_t part = s->units[u].padded / s->S;

@@ -72,7 +72,8 @@ int shard_load_weights(shard_t *s, hid_t weights);
  * the AdamW moments) into host memory (padded/S floats): a checkpoint is written one
  * array at a time, never a second copy of the state. */
 int shard_get_slice(shard_t *s, int kind, int unit, float *host);
-/* Every unit's slices of parameters and moments from host arrays (ckpt_state_t layout).
+/* Every unit's slices of parameters and moments from host arrays (ckpt_state_t layout,
+ * float32 only: -1 for another st->dt).
  * Under none this gathers whole units from every rank's slice (all ranks call it). */
 int shard_set_state(shard_t *s, const ckpt_state_t *st);
 

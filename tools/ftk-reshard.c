@@ -147,6 +147,8 @@ int main(int argc, char **argv)
     snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
     meta.world_size = ranks;
     meta.shard_count = S2;
+    dtype_t dt2 = ckpt_state_dtype(meta.precision);
+    size_t es = dtype_size(dt2);
     ckpt_unit_t *units2 = NULL;
     int n2;
     if (ckpt_units(&man.cfg, S2, &units2, &n2) < 0) {
@@ -169,7 +171,7 @@ int main(int argc, char **argv)
         maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
         maxpad = units2[u].padded > maxpad ? units2[u].padded : maxpad;
     }
-    float *buf = malloc((size_t)maxpad * sizeof *buf);
+    char *buf = malloc((size_t)maxpad * es);
     if (!in || !out || !sums || !buf) {
         ftk_error("out of memory");
         rc = FTK_EXIT_FAIL;
@@ -218,7 +220,7 @@ int main(int argc, char **argv)
     progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units, "arrays");
     for (int k = 0; k < CKPT_KINDS; k++) {
         for (int u = 0; u < man.n_units; u++) {
-            if (ckpt_read_unit(in, &man, k, u, buf) < 0) {
+            if (ckpt_read_unit(in, &man, k, u, dt2, buf) < 0) {
                 progress_done(&p);
                 ftk_error("%s: %s", dir, ftk_err_msg());
                 rc = FTK_EXIT_USAGE;
@@ -227,11 +229,11 @@ int main(int argc, char **argv)
             /* Elements past the old padding (a larger new padding) are zero; so are the
              * old padding's, which a smaller new padding drops. */
             if (units2[u].padded > man.units[u].padded)
-                memset(buf + man.units[u].padded, 0,
-                       (size_t)(units2[u].padded - man.units[u].padded) * sizeof *buf);
+                memset(buf + (size_t)man.units[u].padded * es, 0,
+                       (size_t)(units2[u].padded - man.units[u].padded) * es);
             int64_t part = units2[u].padded / S2;
             for (int64_t j = 0; j < S2; j++)
-                if (ckpt_shard_put(out[j], k, u, buf + j * part) < 0) {
+                if (ckpt_shard_put(out[j], k, u, buf + (size_t)(j * part) * es) < 0) {
                     progress_done(&p);
                     ftk_error("%s", ftk_err_msg());
                     goto abort;
@@ -262,12 +264,13 @@ int main(int argc, char **argv)
     for (int u = 0; u < man.n_units; u++)
         big = man.units[u].length > big ? man.units[u].length : big;
     double secs = time_now() - t0;
-    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s) -> %lld (%s, %lld rank%s); %.1f MB read, %.1f MB "
-             "written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
+    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s, %s) -> %lld (%s, %lld rank%s, %s); %.1f MB read, "
+             "%.1f MB written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
              run, final_name ? final_name : "", (long long)meta.step, (long long)S, S == 1 ? "" : "s",
-             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", (long long)S2,
-             meta.strategy, (long long)ranks, ranks == 1 ? "" : "s", (double)in_bytes / 1e6,
-             (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3, (double)big * 4 / 1e6);
+             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s",
+             man.meta.precision, (long long)S2, meta.strategy, (long long)ranks, ranks == 1 ? "" : "s",
+             meta.precision, (double)in_bytes / 1e6, (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3,
+             (double)big * 4 / 1e6);
     free(final_name);
     rc = FTK_EXIT_OK;
     goto done;

@@ -404,6 +404,9 @@ static int read_checkpoint(const char *ck, shard_t *sh, const ckpt_meta_t *meta,
                     (long long)meta->data_rows);
     else if (check_resume_options(&cm->train, &meta->train) < 0)
         code = fail(FTK_EXIT_USAGE, "%s", ftk_err_msg());
+    else if (strcmp(cm->precision, meta->precision))
+        code = fail(FTK_EXIT_USAGE, "%s is of precision %s, this run is %s (ftk-reshard --precision converts it)", ck,
+                    cm->precision, meta->precision);
     else if (cm->shard_count == meta->shard_count) {
         if (ckpt_read_shard(ck, &man, shard_index(sh), 0, st) < 0)
             code = fail(FTK_EXIT_VERIFY, "%s", ftk_err_msg());
@@ -660,6 +663,7 @@ static int run(int argc, char **argv)
     snprintf(meta.data_set_xxh3, sizeof meta.data_set_xxh3, "%s", data.set_xxh3);
     snprintf(meta.init_file, sizeof meta.init_file, "%s", model_path);
     snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
+    snprintf(meta.precision, sizeof meta.precision, "fp32");
     meta.data_rows = R;
     meta.train = tc;
     meta.world_size = nranks;
