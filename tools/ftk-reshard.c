@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include "../engine/precision.h"
 #include "../engine/strategy.h"
 #include "../formats/checkpoint.h"
 #include "../libcommon/log.h"
@@ -15,7 +16,7 @@
 #include "../libcommon/progress.h"
 #include "../libcommon/timer.h"
 
-static const char *output, *strategy_opt;
+static const char *output, *strategy_opt, *precision_opt;
 static int64_t ranks, group_size;
 static int force;
 
@@ -26,13 +27,15 @@ static const opt_t options[] = {
     {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid (default: the input's)"},
     {"shard-group-size", 0, OPT_I64, &group_size, "G",
      "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)"},
+    {"precision", 0, OPT_STR, &precision_opt, "P",
+     "fp32 | bf16-mixed | bf16-true: convert the checkpoint to this precision mode (default: the input's)"},
     {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing checkpoint at the output"},
     {0},
 };
 
 static const opt_spec_t spec = {
     .tool = "ftk-reshard",
-    .usage = "CHECKPOINT -o OUT --ranks N [--strategy S] [--shard-group-size G]",
+    .usage = "CHECKPOINT -o OUT --ranks N [--strategy S] [--shard-group-size G] [--precision P]",
     .summary = "Rewrites a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
                "`latest` file) for another number of ranks or another sharding strategy: master\n"
                "weights, both AdamW moments, step, data-order state, seed and schedule carried over,\n"
@@ -42,7 +45,13 @@ static const opt_spec_t spec = {
                "unit's size whatever the model's. Writes under a hidden name, fsyncs, renames, then\n"
                "points RUN/latest at the new checkpoint, like ftk-train.\n"
                "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
-               "reshards on load; this tool is for moving a checkpoint between machines or layouts.",
+               "reshards on load; this tool is for moving a checkpoint between machines or layouts.\n"
+               "--precision converts between precision modes on the way (at any shard count, the\n"
+               "same one included): fp32 <-> bf16-mixed rewrites only the manifest's precision (both\n"
+               "store float32 weights and moments, the same arrays); to bf16-true narrows the weights\n"
+               "and both moments to bfloat16, rounding to nearest even (what PyTorch's .to() does);\n"
+               "from bf16-true widens them to float32 exactly, so bf16-true -> fp32 -> bf16-true gives\n"
+               "back the same bytes.",
     .epilog = "Exit status: 0 written; 1 runtime failure (I/O, memory); 2 bad usage or a damaged or\n"
               "unreadable input (the message names the file and dataset; nothing is written).\n",
     .opts = options,
@@ -147,6 +156,14 @@ int main(int argc, char **argv)
     snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
     meta.world_size = ranks;
     meta.shard_count = S2;
+    precision_t prec;
+    if (precision_opt && precision_parse(precision_opt, &prec) < 0) {
+        ftk_error("--precision %s: expected fp32, bf16-mixed or bf16-true", precision_opt);
+        goto usage;
+    }
+    if (precision_opt)
+        snprintf(meta.precision, sizeof meta.precision, "%s", precision_name(prec));
+    /* Each unit is read as the output's type: ckpt_read_unit converts (exactly when widening). */
     dtype_t dt2 = ckpt_state_dtype(meta.precision);
     size_t es = dtype_size(dt2);
     ckpt_unit_t *units2 = NULL;
