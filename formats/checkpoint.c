@@ -127,6 +127,13 @@ void ckpt_shard_name(char out[32], int64_t index, int64_t count)
 
 const char *const ckpt_kind_names[CKPT_KINDS] = {"param", "adam_m", "adam_v"};
 
+dtype_t ckpt_state_dtype(const char *precision)
+{
+    if (!strcmp(precision, "fp32") || !strcmp(precision, "bf16-mixed"))
+        return DT_F32;
+    return !strcmp(precision, "bf16-true") ? DT_BF16 : DT_INVALID;
+}
+
 int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17])
 {
     buf_t ub = {0};
@@ -146,6 +153,7 @@ struct ckpt_shard_writer {
     const ckpt_unit_t *units;
     int n_units, kind, unit; /* the next array expected */
     int64_t S;
+    dtype_t dt;
     int failed;
 };
 
@@ -153,6 +161,11 @@ ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta,
                                        int n_units, int64_t index)
 {
     char name[32], hex[17];
+    dtype_t dt = ckpt_state_dtype(meta->precision);
+    if (dt == DT_INVALID) {
+        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
+        return NULL;
+    }
     ckpt_shard_writer_t *w = calloc(1, sizeof *w);
     if (!w) {
         ftk_err_set("out of memory");
@@ -163,6 +176,7 @@ ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta,
     w->units = units;
     w->n_units = n_units;
     w->S = meta->shard_count;
+    w->dt = dt;
     if (!(w->path = join(dir, name)) || ckpt_units_hash(units, n_units, hex) < 0) {
         free(w->path);
         free(w);
@@ -180,7 +194,7 @@ ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta,
     return w;
 }
 
-int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const float *data)
+int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
 {
     if (w->failed)
         return -1;
@@ -194,8 +208,16 @@ int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const float *data
         return -1;
     }
     hsize_t dims[1] = {(hsize_t)(w->units[unit].padded / w->S)};
-    if (h5w_write_tensor(w->g, w->units[unit].name, H5T_NATIVE_FLOAT, 1, dims, data, NULL, NULL) < 0)
+    /* A stream rather than h5w_write_tensor() for the bf16 marker; for float32 the two
+     * make the same bytes. */
+    h5w_stream_t *s = h5w_open(w->g, w->units[unit].name, weights_h5type(w->dt), 1, dims, NULL);
+    if (!s || (w->dt == DT_BF16 && h5_attr_set_str(h5w_dataset(s), "dtype", "bfloat16") < 0))
         w->failed = 1;
+    if (s) {
+        h5w_append(s, data, dims[0]);
+        if (h5w_close(s, NULL) < 0)
+            w->failed = 1;
+    }
     if (++w->unit == w->n_units) {
         H5Gclose(w->g);
         w->g = -1;
@@ -270,8 +292,8 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
                   "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld},\n",
                   t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
                   (long long)t->seed);
-    rc |= buf_printf(&b, "  \"precision\": \"fp32\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
-                  meta->strategy, (long long)meta->world_size);
+    rc |= buf_printf(&b, "  \"precision\": \"%s\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
+                  meta->precision, meta->strategy, (long long)meta->world_size);
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
     rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
     rc |= units_json(&b, units, n_units);
@@ -377,6 +399,10 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
     char *cpath = atomic_dir_file(&w->ad, "config.json");
     char *mpath = atomic_dir_file(&w->ad, "manifest.json");
     int rc = cpath && mpath ? 0 : -1;
+    if (rc == 0 && ckpt_state_dtype(meta->precision) == DT_INVALID) { /* never a manifest readers refuse */
+        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
+        rc = -1;
+    }
     if (rc == 0)
         rc = hfconfig_write(&cj, cfg, DT_F32);
     if (rc == 0)
@@ -602,6 +628,7 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         get_f64(t, "beta2", &tr->beta2) < 0 || get_f64(t, "eps", &tr->eps) < 0 ||
         get_f64(t, "weight_decay", &tr->weight_decay) < 0 || get_f64(t, "clip", &tr->clip) < 0 ||
         get_i64(t, "seed", &tr->seed) < 0 || get_str(r, "strategy", m->strategy, sizeof m->strategy) < 0 ||
+        get_str(r, "precision", m->precision, sizeof m->precision) < 0 ||
         get_i64(r, "world_size", &m->world_size) < 0 || get_i64(r, "shard_count", &m->shard_count) < 0 ||
         get_str(c, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, config_sum) < 0)
         return -1;
@@ -610,6 +637,11 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         return -1;
     }
     tr->decay_norms = dn->u.boolean;
+    if (ckpt_state_dtype(m->precision) == DT_INVALID) {
+        ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
+                    m->precision);
+        return -1;
+    }
     if (m->shard_count < 1 || m->shard_count > 99999 || sh->u.arr.n != (size_t)m->shard_count) {
         ftk_err_set("manifest.json: %zu entries in \"shards\" for a shard_count of %lld", sh->u.arr.n,
                     (long long)m->shard_count);
@@ -816,43 +848,80 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
     return f;
 }
 
-int ckpt_shard_read(hid_t f, int kind, const ckpt_unit_t *u, int64_t S, int64_t start, int64_t n, int check,
-                    float *out)
+/* The type a shard dataset is stored in: float32, or bfloat16 as weights.h stores it;
+ * DT_INVALID for anything else (name: what the file says it is, for the message). */
+static dtype_t stored_dtype(hid_t d, char *name, size_t n)
 {
-    char ds[64];
-    int64_t part = u->padded / S;
+    h5_type_name(d, name, n);
+    dtype_t dt = dtype_parse(name);
+    hid_t t = H5Dget_type(d);
+    H5T_class_t c = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
+    size_t size = t < 0 ? 0 : H5Tget_size(t);
+    if (t >= 0)
+        H5Tclose(t);
+    /* the dtype attribute alone does not make a dataset bfloat16: the bytes must be too */
+    if (!((dt == DT_F32 && c == H5T_FLOAT) || (dt == DT_BF16 && c == H5T_INTEGER)) || size != dtype_size(dt))
+        return DT_INVALID;
+    return dt;
+}
+
+int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
+                    dtype_t dt, void *out)
+{
+    char ds[64], tn[32];
+    const ckpt_unit_t *u = &man->units[unit];
+    int64_t part = u->padded / man->meta.shard_count;
+    dtype_t want = ckpt_state_dtype(man->meta.precision);
     snprintf(ds, sizeof ds, "%s/%s", ckpt_kind_names[kind], u->name);
     hsize_t dims[8];
     if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != part) {
-        ftk_err_set("dataset /%s: missing or not %lld float32 values", ds, (long long)part);
+        ftk_err_set("dataset /%s: missing or not %lld values", ds, (long long)part);
         return -1;
     }
-    if (start < 0 || n < 0 || start + n > part || (check && (start || n != part))) {
-        ftk_err_set("internal: elements %lld..%lld of /%s", (long long)start, (long long)(start + n), ds);
+    if (start < 0 || n < 0 || start + n > part || (check && (start || n != part)) || dtype_size(dt) == 0) {
+        ftk_err_set("internal: elements %lld..%lld of /%s as %s", (long long)start, (long long)(start + n), ds,
+                    dtype_name(dt));
         return -1;
     }
-    if (h5r_read_rows(f, ds, H5T_NATIVE_FLOAT, (hsize_t)start, (hsize_t)n, out) < 0)
-        return -1;
-    if (!check)
-        return 0;
-    /* The bytes read against the dataset's xxh3_64 (float32 little-endian is the memory
-     * layout here), so each byte is read once. */
-    uint64_t stored;
+    uint64_t stored = 0;
     hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
-    int ok = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
-    if (d >= 0)
-        H5Dclose(d);
-    if (!ok) {
+    if (d < 0) {
+        ftk_err_set("dataset /%s: cannot open it", ds);
+        return -1;
+    }
+    dtype_t st = stored_dtype(d, tn, sizeof tn);
+    int has_sum = !check || h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
+    H5Dclose(d);
+    if (st != want) {
+        ftk_err_set("dataset /%s: stored as %s, but the manifest's precision %s stores %s", ds, tn,
+                    man->meta.precision, dtype_name(want));
+        return -1;
+    }
+    if (!has_sum) {
         ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
         return -1;
     }
-    uint64_t got = hash_bytes(out, (size_t)n * sizeof(float));
+    size_t bytes = (size_t)n * dtype_size(st);
+    void *raw = st == dt ? out : malloc(bytes ? bytes : 1);
+    if (!raw) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    int rc = h5r_read_rows(f, ds, weights_h5type(st), (hsize_t)start, (hsize_t)n, raw);
+    /* The bytes read against the dataset's xxh3_64 (the stored little-endian layout is
+     * the memory layout here), so each byte is read once. */
+    uint64_t got = rc == 0 && check ? hash_bytes(raw, bytes) : stored;
     if (got != stored) {
         ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds,
                     (unsigned long long)stored, (unsigned long long)got);
-        return -1;
+        rc = -1;
     }
-    return 0;
+    if (raw != out) {
+        if (rc == 0)
+            dtype_convert(out, dt, raw, st, (size_t)n);
+        free(raw);
+    }
+    return rc;
 }
 
 static char *shard_path(const char *dir, const ckpt_manifest_t *man, int64_t i)
@@ -863,15 +932,16 @@ static char *shard_path(const char *dir, const ckpt_manifest_t *man, int64_t i)
 }
 
 /* The first `kinds` arrays of st (param, m, v): per unit, a zeroed slice of
- * units[u].padded / S floats. On failure the caller frees st (ckpt_state_free). */
-static int state_alloc(ckpt_state_t *st, const ckpt_unit_t *units, int n_units, int64_t S, int kinds)
+ * units[u].padded / S elements of dt. On failure the caller frees st (ckpt_state_free). */
+static int state_alloc(ckpt_state_t *st, const ckpt_unit_t *units, int n_units, int64_t S, int kinds, dtype_t dt)
 {
-    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    st->dt = dt;
     for (int k = 0; k < kinds; k++) {
-        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(float *))))
+        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(void *))))
             goto oom;
         for (int u = 0; u < n_units; u++)
-            if (!((*arrays[k])[u] = calloc((size_t)(units[u].padded / S), sizeof(float))))
+            if (!((*arrays[k])[u] = calloc((size_t)(units[u].padded / S), dtype_size(dt))))
                 goto oom;
     }
     return 0;
@@ -888,13 +958,14 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
     hid_t f = ckpt_shard_open(dir, man, index, 1);
     if (f < 0)
         return -1;
-    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
-    if (state_alloc(st, man->units, n_units, S, kinds) < 0)
+    dtype_t dt = ckpt_state_dtype(man->meta.precision);
+    if (state_alloc(st, man->units, n_units, S, kinds, dt) < 0)
         goto out;
     for (int k = 0; k < kinds; k++)
         for (int u = 0; u < n_units; u++)
-            if (ckpt_shard_read(f, k, &man->units[u], S, 0, man->units[u].padded / S, 1, (*arrays[k])[u]) < 0)
+            if (ckpt_shard_read(f, man, k, u, 0, man->units[u].padded / S, 1, dt, (*arrays[k])[u]) < 0)
                 goto out;
     rc = 0;
 out:
@@ -909,11 +980,12 @@ out:
     return rc;
 }
 
-int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, float *out)
+int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out)
 {
     int64_t S = man->meta.shard_count, part = man->units[unit].padded / S;
     for (int64_t i = 0; i < S; i++)
-        if (ckpt_shard_read(files[i], kind, &man->units[unit], S, 0, part, 1, out + i * part) < 0) {
+        if (ckpt_shard_read(files[i], man, kind, unit, 0, part, 1, dt,
+                            (char *)out + (size_t)(i * part) * dtype_size(dt)) < 0) {
             char name[32];
             ckpt_shard_name(name, i, S);
             ftk_err_prefix("%s: ", name);
@@ -947,12 +1019,12 @@ void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man)
     free(files);
 }
 
-int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units)
+int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, dtype_t dt, void **units)
 {
     hid_t *f = ckpt_open_shards(dir, man, 1);
     int rc = f ? 0 : -1;
     for (int u = 0; u < man->n_units && rc == 0; u++)
-        rc = ckpt_read_unit(f, man, 0, u, units[u]);
+        rc = ckpt_read_unit(f, man, 0, u, dt, units[u]);
     ckpt_close_shards(f, man);
     return rc;
 }
@@ -973,21 +1045,23 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
     }
     for (int64_t i = 0; i < S; i++)
         f[i] = -1;
-    float ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
+    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
-    if (state_alloc(st, u2, n_units, S2, kinds) < 0) /* zeros: past the old padding stays 0 */
+    dtype_t dt = ckpt_state_dtype(man->meta.precision);
+    size_t es = dtype_size(dt);
+    if (state_alloc(st, u2, n_units, S2, kinds, dt) < 0) /* zeros: past the old padding stays 0 */
         goto out;
     for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
             const ckpt_unit_t *x = &man->units[u];
             int64_t part = x->padded / S, part2 = u2[u].padded / S2;
             int64_t a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
-            float *dst = (*arrays[k])[u];
+            char *dst = (*arrays[k])[u];
             for (int64_t i = a / part; i < S && i * part < b; i++) {
                 int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
                 if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
                     goto out;
-                if (ckpt_shard_read(f[i], k, x, S, lo - i * part, hi - lo, 0, dst + (lo - a)) < 0) {
+                if (ckpt_shard_read(f[i], man, k, u, lo - i * part, hi - lo, 0, dt, dst + (size_t)(lo - a) * es) < 0) {
                     char *p = shard_path(dir, man, i);
                     if (p)
                         ftk_err_prefix("%s: ", p);
@@ -1011,7 +1085,7 @@ out:
 
 void ckpt_state_free(ckpt_state_t *st, int n_units)
 {
-    float **a[3] = {st->param, st->m, st->v};
+    void **a[3] = {st->param, st->m, st->v};
     for (int k = 0; k < 3; k++) {
         for (int u = 0; a[k] && u < n_units; u++)
             free(a[k][u]);

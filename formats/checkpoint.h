@@ -20,9 +20,19 @@
  * **Shard map.** Parameters are grouped into units in the weights' canonical order:
  * "embed" (model.embed_tokens.weight), "layer.L" for each block (its nine tensors in the
  * order of weights.h) and "head" (model.norm.weight, then lm_head.weight when the head is
- * not tied to the embedding). A unit is one flat float32 vector: its tensors row-major,
- * back to back, zero-padded to `padded`, a multiple of the shard count S. Shard r
- * (0-based) holds elements [r·padded/S, (r+1)·padded/S) of every unit.
+ * not tied to the embedding). A unit is one flat vector of the state dtype (below): its
+ * tensors row-major, back to back, zero-padded to `padded`, a multiple of the shard count
+ * S. Shard r (0-based) holds elements [r·padded/S, (r+1)·padded/S) of every unit.
+ *
+ * **Precision.** The manifest's "precision" is the run's precision mode (engine/precision.h)
+ * and fixes the type of every shard array (ckpt_state_dtype()):
+ *   "fp32"        float32 weights and moments
+ *   "bf16-mixed"  float32 master weights and moments: the very arrays (and shard files) of
+ *                 fp32; only the manifest says that the run computes in bf16
+ *   "bf16-true"   bfloat16 weights and moments
+ * The field has been in version 1 from the start, always "fp32" until precision modes
+ * came, so an older checkpoint reads exactly as before. A reader refuses any other value,
+ * and treats a dataset stored in another type than the precision implies as damage.
  *
  * manifest.json (keys in this order; integers exact, floats with 17 significant digits):
  *   ftk_format "checkpoint", ftk_format_version 1, ftk_version
@@ -37,7 +47,7 @@
  *   train           the training options that define the run (ftk-train --help):
  *                   lr, min_lr, warmup, schedule, total_steps, global_batch, micro_batch,
  *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed
- *   precision       "fp32" (master weights and moments)
+ *   precision       "fp32", "bf16-mixed" or "bf16-true" (Precision, above)
  *   strategy        "full", "grad-op", "none" or "hybrid" (engine/shard.h)
  *   world_size      ranks of the run that wrote it
  *   shard_count     S: slices per unit, one shard file each (the world size, or the
@@ -50,8 +60,11 @@
  * Shard file (HDF5, ftk_format "checkpoint-shard", version 1): root attributes
  * shard_index (1-based), shard_count, step, units_xxh3 (XXH3-64 of the manifest's
  * "units" text, tying the shard to its shard map); datasets /param/UNIT, /adam_m/UNIT,
- * /adam_v/UNIT, float32 [padded/S] each with its xxh3_64; shard 1 also carries
- * /tokenizer/FILE as in weights.h, so a checkpoint alone can be sampled from.
+ * /adam_v/UNIT, [padded/S] each in the state dtype — float32 (H5T_IEEE_F32LE) or bfloat16
+ * (uint16 little-endian with dataset attribute dtype = "bfloat16", as in weights.h) — with
+ * its xxh3_64 over the stored bytes; shard 1 also carries /tokenizer/FILE as in weights.h,
+ * so a checkpoint alone can be sampled from. A shard file does not record the precision
+ * (the manifest does), which keeps fp32 and bf16-mixed shards byte for byte alike.
  *
  * Functions return 0 or -1 with ftk_err_msg() set.
  */
@@ -102,11 +115,18 @@ typedef struct {
     ckpt_train_t train;
     char strategy[16];
     int64_t world_size, shard_count;
+    char precision[16]; /* "fp32" | "bf16-mixed" | "bf16-true" */
 } ckpt_meta_t;
 
-/* One shard's arrays, unit by unit (host memory, padded/S elements each). */
+/* The type a checkpoint of this precision stores its arrays in: DT_F32 for "fp32" and
+ * "bf16-mixed", DT_BF16 for "bf16-true", DT_INVALID for anything else (also the check
+ * that a precision name is one of the three). */
+dtype_t ckpt_state_dtype(const char *precision);
+
+/* One shard's arrays, unit by unit (host memory, padded/S elements of type dt each). */
 typedef struct {
-    float **param, **m, **v;
+    void **param, **m, **v;
+    dtype_t dt;
 } ckpt_state_t;
 void ckpt_state_free(ckpt_state_t *st, int n_units);
 
@@ -145,14 +165,15 @@ void ckpt_abort(ckpt_writer_t *w);
  * (ftk-reshard) writes the same bytes as a training rank; any process writes its shard
  * into the directory ckpt_begin() made (dir: w->dir of the process that called it).
  * ckpt_shard_put() takes the arrays in file order: kind 0 (param) of units 0 … n−1, then
- * kind 1, then kind 2, each padded/S floats (copied; the caller keeps data); an array out
- * of order is an error. ckpt_shard_finish() adds the tokenizer files of tok_src (or -1),
+ * kind 1, then kind 2, each padded/S elements of the state dtype of meta->precision
+ * (ckpt_state_dtype(); copied, the caller keeps data); an array out of order is an error.
+ * ckpt_shard_create() refuses a meta whose precision is not one of the three. ckpt_shard_finish() adds the tokenizer files of tok_src (or -1),
  * closes and fsyncs the file and puts its size and checksum in *sum; it always releases w
  * and reports any earlier failure. The units array must outlive w. */
 typedef struct ckpt_shard_writer ckpt_shard_writer_t;
 ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
                                        int n_units, int64_t index);
-int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const float *data);
+int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data);
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
 
 /* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
@@ -168,7 +189,11 @@ char **ckpt_list(const char *run_dir, size_t *n);
  * (".step-*.tmp.*"); returns how many. Call it only when no writer is running. */
 int ckpt_remove_stale(const char *run_dir);
 
-/* ---- reading ---- */
+/* ---- reading ----
+ * The functions that read arrays into the caller's memory take the type it wants, dt:
+ * the stored type (ckpt_state_dtype(man->meta.precision)) is copied as it is, another is
+ * converted (dtype_convert(): widening exact, narrowing to nearest even). Checksums are
+ * always verified on the bytes as stored. A dataset not of the manifest's type is damage. */
 typedef struct {
     ckpt_meta_t meta;
     model_config_t cfg;
@@ -177,9 +202,9 @@ typedef struct {
     ckpt_shard_sum_t *shards; /* meta.shard_count entries */
 } ckpt_manifest_t;
 
-/* Reads and checks manifest.json and config.json (its checksum, the shard map — every
- * unit and tensor entry — against the model) and that every shard file is there with its
- * recorded size. */
+/* Reads and checks manifest.json (its precision one of the three) and config.json (its
+ * checksum, the shard map — every unit and tensor entry — against the model) and that
+ * every shard file is there with its recorded size. */
 int ckpt_open(const char *dir, ckpt_manifest_t *man);
 void ckpt_manifest_free(ckpt_manifest_t *man);
 /* ckpt_resolve() then ckpt_open(): returns the checkpoint's directory (malloc'd) or NULL. */
@@ -193,23 +218,23 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
 hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify);
 void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man);
-/* Elements [start, start+n) of /KIND/UNIT (kind: 0 param, 1 adam_m, 2 adam_v) of an open
- * shard of an S-shard checkpoint, into out. check (whole dataset only) also compares the
- * bytes read with the dataset's xxh3_64. */
-int ckpt_shard_read(hid_t f, int kind, const ckpt_unit_t *u, int64_t S, int64_t start, int64_t n, int check,
-                    float *out);
-/* A whole unit of one kind (units[unit].padded floats into out) from the S open shards
- * files[0 … S−1], every dataset checked against its xxh3_64. */
-int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, float *out);
-/* Reads shard `index` (opened with verify, every dataset checked) into st
- * (ckpt_state_free()); with params_only the moments are left NULL. */
+/* Elements [start, start+n) of /KIND/UNIT (kind: 0 param, 1 adam_m, 2 adam_v; unit: an
+ * index into man->units) of an open shard of man's checkpoint, as dt into out. check
+ * (whole dataset only) also compares the bytes read with the dataset's xxh3_64. */
+int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
+                    dtype_t dt, void *out);
+/* A whole unit of one kind (units[unit].padded elements of dt into out) from the S open
+ * shards files[0 … S−1], every dataset checked against its xxh3_64. */
+int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out);
+/* Reads shard `index` (opened with verify, every dataset checked) into st in the stored
+ * type (st->dt; ckpt_state_free()); with params_only the moments are left NULL. */
 int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st);
-/* Whole units of parameters (host, units[u].padded floats each, allocated by the
+/* Whole units of parameters (host, units[u].padded elements of dt each, allocated by the
  * caller) from every shard, all verified. */
-int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, float **units);
+int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, dtype_t dt, void **units);
 /* Reshard on load: the slices that shard index2 of a layout of S2 shards holds (the shard
- * map of ckpt_units(cfg, S2)), read from only the element ranges of this checkpoint's
- * shards that overlap them; zeros past the old padding. The shard files' checksums are
+ * map of ckpt_units(cfg, S2)), in the stored type (st->dt), read from only the element
+ * ranges of this checkpoint's shards that overlap them; zeros past the old padding. The shard files' checksums are
  * not recomputed here (a caller verifies each file once, e.g. spread over ranks, with
  * ckpt_shard_open(…, 1)); their attributes are checked. */
 int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,

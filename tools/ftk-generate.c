@@ -173,8 +173,10 @@ int main(int argc, char **argv)
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_FAIL;
         }
-        /* Whole units from every shard (padded for the checkpoint's shard count). */
-        float **whole = calloc((size_t)man.n_units, sizeof *whole);
+        /* Whole units from every shard (padded for the checkpoint's shard count), as float32
+         * whatever the checkpoint's precision: the model computes in float32, and a bf16
+         * checkpoint widens exactly. */
+        void **whole = calloc((size_t)man.n_units, sizeof *whole);
         int rc = whole ? 0 : -1;
         for (int i = 0; i < man.n_units && rc == 0; i++)
             if (!(whole[i] = malloc((size_t)man.units[i].padded * sizeof(float))))
@@ -182,7 +184,7 @@ int main(int argc, char **argv)
         if (rc < 0)
             ftk_err_set("out of memory");
         if (rc == 0)
-            rc = ckpt_read_params(dir, &man, whole);
+            rc = ckpt_read_params(dir, &man, DT_F32, whole);
         for (int i = 0; i < man.n_units && rc == 0; i++)
             be->upload(be, model_unit_param(m, i).p, whole[i], (size_t)man.units[i].length * sizeof(float));
         for (int i = 0; whole && i < man.n_units; i++)

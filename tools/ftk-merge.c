@@ -17,9 +17,9 @@ static int with_optimizer;
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
     {"dtype", 0, OPT_STR, &dtype_opt, "float32|bfloat16|float16",
-     "type of the stored parameters (bf16 and fp16 rounded to nearest even)"},
+     "type of the stored parameters (narrower than the checkpoint's: rounded to nearest even)"},
     {"with-optimizer", 0, OPT_FLAG, &with_optimizer, NULL,
-     "also store both AdamW moments (float32) under /optimizer, tensor by tensor"},
+     "also store both AdamW moments (float32, a bf16 checkpoint's widened) under /optimizer"},
     {"compress", 0, OPT_STR, &compress, "none|zstd|zstd:L", "zstd-compress the tensors (HDF5 filter 32015)"},
     {0},
 };
@@ -33,7 +33,10 @@ static const opt_spec_t spec = {
                "carried along; ready for ftk-export-hf, ftk-generate or another ftk-train. Every\n"
                "shard's file checksum and every dataset's is verified first; one unit is held in\n"
                "memory at a time. With --with-optimizer the file also holds /optimizer/adam_m/NAME\n"
-               "and /optimizer/adam_v/NAME (float32, the parameter's shape) and the step (weights.h).",
+               "and /optimizer/adam_v/NAME (float32, the parameter's shape) and the step (weights.h).\n"
+               "Any precision: fp32 and bf16-mixed checkpoints hold float32 (master) weights, bf16-true\n"
+               "ones bfloat16, which --dtype float32 widens exactly and --dtype bfloat16 copies as\n"
+               "they are; float16 is rounded once, from the stored values.",
     .epilog = "Exit status: 0 written; 1 runtime failure; 2 bad usage or a damaged or unreadable\n"
               "checkpoint (the message names the file and dataset; nothing is written).\n",
     .opts = options,
@@ -47,7 +50,7 @@ typedef struct {
     dtype_t dt;
     int *unit_of, *tensor_of; /* canonical tensor index -> (unit, tensor in unit) */
     int cur_unit, damaged;
-    float *buf; /* the current unit's parameters (largest padded size) */
+    void *buf; /* the current unit's parameters in dt, or moments in float32 (largest padded size) */
 } merge_t;
 
 static dtype_t merge_dtype(void *ctx, size_t i)
@@ -61,8 +64,11 @@ static const void *merge_rows(void *ctx, size_t i, const weights_spec_t *s, dtyp
 {
     merge_t *m = ctx;
     int u = m->unit_of[i];
+    (void)n;
+    (void)scratch;
+    /* The unit read as dt: converted from the stored type once, so bf16 -> f16 rounds once */
     if (u != m->cur_unit) {
-        if (ckpt_read_unit(m->files, m->man, 0, u, m->buf) < 0) {
+        if (ckpt_read_unit(m->files, m->man, 0, u, dt, m->buf) < 0) {
             m->damaged = 1;
             return NULL;
         }
@@ -70,11 +76,7 @@ static const void *merge_rows(void *ctx, size_t i, const weights_spec_t *s, dtyp
     }
     const ckpt_tensor_t *t = &m->man->units[u].t[m->tensor_of[i]];
     int64_t cols = s->rank == 2 ? s->shape[1] : s->shape[0];
-    const float *src = m->buf + t->offset + row0 * cols;
-    if (dt == DT_F32)
-        return src;
-    dtype_convert(scratch, dt, src, DT_F32, (size_t)(n * cols));
-    return scratch;
+    return (const char *)m->buf + (size_t)(t->offset + row0 * cols) * dtype_size(dt);
 }
 
 typedef struct {
@@ -107,7 +109,7 @@ static int merge_extra(void *ctx, hid_t file)
             break;
         }
         for (int u = 0; u < m->man->n_units && rc == 0; u++) {
-            if (ckpt_read_unit(m->files, m->man, k, u, m->buf) < 0) {
+            if (ckpt_read_unit(m->files, m->man, k, u, DT_F32, m->buf) < 0) {
                 m->damaged = 1;
                 rc = -1;
                 break;
@@ -117,7 +119,8 @@ static int merge_extra(void *ctx, hid_t file)
             for (int i = 0; i < x->n_tensors && rc == 0; i++) {
                 const ckpt_tensor_t *t = &x->t[i];
                 hsize_t dims[2] = {(hsize_t)t->shape[0], (hsize_t)t->shape[1]};
-                rc = h5w_write_tensor(gk, t->name, H5T_NATIVE_FLOAT, t->rank, dims, m->buf + t->offset, NULL, NULL);
+                rc = h5w_write_tensor(gk, t->name, H5T_NATIVE_FLOAT, t->rank, dims, (float *)m->buf + t->offset,
+                                      NULL, NULL);
             }
         }
         H5Gclose(gk);
@@ -156,7 +159,7 @@ int main(int argc, char **argv)
     m.tensor_of = calloc(nt, sizeof *m.tensor_of);
     for (int u = 0; u < man.n_units; u++)
         maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
-    m.buf = malloc((size_t)maxpad * sizeof *m.buf);
+    m.buf = malloc((size_t)maxpad * sizeof(float));
     rc = FTK_EXIT_FAIL;
     if (!m.unit_of || !m.tensor_of || !m.buf) {
         ftk_error("out of memory");
@@ -196,9 +199,10 @@ int main(int argc, char **argv)
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    ftk_info("%s: %.2f M parameters (%s) of step %lld from %lld shard%s%s, %.1f MB in %.2f s; peak memory %.1f MB",
+    ftk_info("%s: %.2f M parameters (%s) of step %lld from %lld shard%s (precision %s)%s, %.1f MB in %.2f s; peak "
+             "memory %.1f MB",
              output, (double)model_n_params(&cfg) / 1e6, dtype_name(dt), (long long)man.meta.step, (long long)S,
-             S == 1 ? "" : "s", with_optimizer ? ", with both AdamW moments" : "", (double)bytes / 1e6,
+             S == 1 ? "" : "s", man.meta.precision, with_optimizer ? ", with both AdamW moments" : "", (double)bytes / 1e6,
              time_now() - t0, (double)ru.ru_maxrss / 1e3);
     rc = FTK_EXIT_OK;
 done:

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include "../engine/precision.h"
 #include "../engine/strategy.h"
 #include "../formats/checkpoint.h"
 #include "../libcommon/log.h"
@@ -15,7 +16,7 @@
 #include "../libcommon/progress.h"
 #include "../libcommon/timer.h"
 
-static const char *output, *strategy_opt;
+static const char *output, *strategy_opt, *precision_opt;
 static int64_t ranks, group_size;
 static int force;
 
@@ -26,13 +27,15 @@ static const opt_t options[] = {
     {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid (default: the input's)"},
     {"shard-group-size", 0, OPT_I64, &group_size, "G",
      "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)"},
+    {"precision", 0, OPT_STR, &precision_opt, "P",
+     "fp32 | bf16-mixed | bf16-true: convert the checkpoint to this precision mode (default: the input's)"},
     {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing checkpoint at the output"},
     {0},
 };
 
 static const opt_spec_t spec = {
     .tool = "ftk-reshard",
-    .usage = "CHECKPOINT -o OUT --ranks N [--strategy S] [--shard-group-size G]",
+    .usage = "CHECKPOINT -o OUT --ranks N [--strategy S] [--shard-group-size G] [--precision P]",
     .summary = "Rewrites a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
                "`latest` file) for another number of ranks or another sharding strategy: master\n"
                "weights, both AdamW moments, step, data-order state, seed and schedule carried over,\n"
@@ -42,7 +45,13 @@ static const opt_spec_t spec = {
                "unit's size whatever the model's. Writes under a hidden name, fsyncs, renames, then\n"
                "points RUN/latest at the new checkpoint, like ftk-train.\n"
                "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
-               "reshards on load; this tool is for moving a checkpoint between machines or layouts.",
+               "reshards on load; this tool is for moving a checkpoint between machines or layouts.\n"
+               "--precision converts between precision modes on the way (at any shard count, the\n"
+               "same one included): fp32 <-> bf16-mixed rewrites only the manifest's precision (both\n"
+               "store float32 weights and moments, the same arrays); to bf16-true narrows the weights\n"
+               "and both moments to bfloat16, rounding to nearest even (what PyTorch's .to() does);\n"
+               "from bf16-true widens them to float32 exactly, so bf16-true -> fp32 -> bf16-true gives\n"
+               "back the same bytes.",
     .epilog = "Exit status: 0 written; 1 runtime failure (I/O, memory); 2 bad usage or a damaged or\n"
               "unreadable input (the message names the file and dataset; nothing is written).\n",
     .opts = options,
@@ -147,6 +156,16 @@ int main(int argc, char **argv)
     snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
     meta.world_size = ranks;
     meta.shard_count = S2;
+    precision_t prec;
+    if (precision_opt && precision_parse(precision_opt, &prec) < 0) {
+        ftk_error("--precision %s: expected fp32, bf16-mixed or bf16-true", precision_opt);
+        goto usage;
+    }
+    if (precision_opt)
+        snprintf(meta.precision, sizeof meta.precision, "%s", precision_name(prec));
+    /* Each unit is read as the output's type: ckpt_read_unit converts (exactly when widening). */
+    dtype_t dt2 = ckpt_state_dtype(meta.precision);
+    size_t es = dtype_size(dt2);
     ckpt_unit_t *units2 = NULL;
     int n2;
     if (ckpt_units(&man.cfg, S2, &units2, &n2) < 0) {
@@ -169,7 +188,7 @@ int main(int argc, char **argv)
         maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
         maxpad = units2[u].padded > maxpad ? units2[u].padded : maxpad;
     }
-    float *buf = malloc((size_t)maxpad * sizeof *buf);
+    char *buf = malloc((size_t)maxpad * es);
     if (!in || !out || !sums || !buf) {
         ftk_error("out of memory");
         rc = FTK_EXIT_FAIL;
@@ -218,7 +237,7 @@ int main(int argc, char **argv)
     progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units, "arrays");
     for (int k = 0; k < CKPT_KINDS; k++) {
         for (int u = 0; u < man.n_units; u++) {
-            if (ckpt_read_unit(in, &man, k, u, buf) < 0) {
+            if (ckpt_read_unit(in, &man, k, u, dt2, buf) < 0) {
                 progress_done(&p);
                 ftk_error("%s: %s", dir, ftk_err_msg());
                 rc = FTK_EXIT_USAGE;
@@ -227,11 +246,11 @@ int main(int argc, char **argv)
             /* Elements past the old padding (a larger new padding) are zero; so are the
              * old padding's, which a smaller new padding drops. */
             if (units2[u].padded > man.units[u].padded)
-                memset(buf + man.units[u].padded, 0,
-                       (size_t)(units2[u].padded - man.units[u].padded) * sizeof *buf);
+                memset(buf + (size_t)man.units[u].padded * es, 0,
+                       (size_t)(units2[u].padded - man.units[u].padded) * es);
             int64_t part = units2[u].padded / S2;
             for (int64_t j = 0; j < S2; j++)
-                if (ckpt_shard_put(out[j], k, u, buf + j * part) < 0) {
+                if (ckpt_shard_put(out[j], k, u, buf + (size_t)(j * part) * es) < 0) {
                     progress_done(&p);
                     ftk_error("%s", ftk_err_msg());
                     goto abort;
@@ -262,12 +281,13 @@ int main(int argc, char **argv)
     for (int u = 0; u < man.n_units; u++)
         big = man.units[u].length > big ? man.units[u].length : big;
     double secs = time_now() - t0;
-    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s) -> %lld (%s, %lld rank%s); %.1f MB read, %.1f MB "
-             "written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
+    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s, %s) -> %lld (%s, %lld rank%s, %s); %.1f MB read, "
+             "%.1f MB written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
              run, final_name ? final_name : "", (long long)meta.step, (long long)S, S == 1 ? "" : "s",
-             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", (long long)S2,
-             meta.strategy, (long long)ranks, ranks == 1 ? "" : "s", (double)in_bytes / 1e6,
-             (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3, (double)big * 4 / 1e6);
+             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s",
+             man.meta.precision, (long long)S2, meta.strategy, (long long)ranks, ranks == 1 ? "" : "s",
+             meta.precision, (double)in_bytes / 1e6, (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3,
+             (double)big * 4 / 1e6);
     free(final_name);
     rc = FTK_EXIT_OK;
     goto done;

@@ -41,12 +41,16 @@ static const opt_spec_t spec = {
                "consistent with config.json and the model; every shard file present, of the recorded\n"
                "size and checksum, holding the shard index, count, step and shard map the manifest\n"
                "says; every dataset's checksum; the shard map covering every element of every\n"
-               "parameter exactly once, padding zero; --deep: no NaN/Inf in weights or moments. A run\n"
-               "directory: every committed checkpoint, `latest`, and leftovers of unfinished writes.\n"
+               "parameter exactly once, padding zero; --deep: no NaN/Inf in weights or moments. Every\n"
+               "precision: each dataset of the type the manifest's precision implies (float32, or\n"
+               "bfloat16 for bf16-true), checked on its stored bytes. A run directory: every\n"
+               "committed checkpoint, `latest`, and leftovers of unfinished writes.\n"
                "Prints one OK line per whole file or checkpoint.\n"
                "--compare A B: the same datasets (or, for checkpoints, the same step, data state and\n"
                "every unit's weights and moments, whatever the shard counts) compared value by value;\n"
-               "one line per tensor: identical, or the largest absolute and relative difference.",
+               "one line per tensor: identical, or the largest absolute and relative difference.\n"
+               "Checkpoints of different precisions compare by value, each widened to float32 (a\n"
+               "bf16-true checkpoint against its fp32 origin differs by bf16 rounding: --rtol 2^-8).",
     .epilog = "Exit status: 0 every file whole (--compare: equal within the tolerances), 2 a path is\n"
               "missing or not an ftk file or checkpoint, 3 damaged or different (the message names\n"
               "the file, the dataset and what differs).\n",
@@ -345,7 +349,9 @@ static int check_shard(const char *dir, const ckpt_manifest_t *man, int64_t i, f
         for (int u = 0; u < man->n_units; u++) {
             const ckpt_unit_t *x = &man->units[u];
             int64_t part = x->padded / S, base = i * part;
-            if (ckpt_shard_read(f, k, x, S, 0, part, 1, buf) < 0) {
+            /* as float32 whatever the stored type (bf16 widens exactly, NaN and Inf kept), so
+             * padding and values are checked the same way in every precision */
+            if (ckpt_shard_read(f, man, k, u, 0, part, 1, DT_F32, buf) < 0) {
                 BAD("%s: %s", spath, ftk_err_msg());
                 ds_bad++;
                 continue;
@@ -399,10 +405,10 @@ static int verify_checkpoint(const char *dir)
     for (int64_t i = 0; i < S && bad < 20; i++)
         bad += check_shard(dir, &man, i, buf, &n_ds);
     if (!bad)
-        printf("%s: OK (checkpoint of step %lld: %lld shard%s, strategy %s on %lld rank%s, %d datasets; %lld "
-               "parameters each covered once; checksums%s verified)\n",
+        printf("%s: OK (checkpoint of step %lld: %lld shard%s, strategy %s on %lld rank%s, precision %s, %d "
+               "datasets; %lld parameters each covered once; checksums%s verified)\n",
                dir, (long long)man.meta.step, (long long)S, S == 1 ? "" : "s", man.meta.strategy,
-               (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", n_ds,
+               (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", man.meta.precision, n_ds,
                (long long)model_n_params(&man.cfg), deep ? ", padding and values (no NaN/Inf)" : " and padding");
     free(buf);
     ckpt_manifest_free(&man);
@@ -543,6 +549,9 @@ static int compare_ckpt(const char *pa, const char *pb)
                b->data_set_xxh3, b->init_xxh3);
         diff++;
     }
+    if (strcmp(a->precision, b->precision))
+        printf("precision: %s is %s, %s is %s; compared by value, each widened to float32\n", da, a->precision, db,
+               b->precision);
     int64_t maxpad = 0;
     for (int u = 0; u < ma.n_units; u++) {
         maxpad = ma.units[u].padded > maxpad ? ma.units[u].padded : maxpad;
@@ -562,7 +571,7 @@ static int compare_ckpt(const char *pa, const char *pb)
     }
     for (int k = 0; k < CKPT_KINDS; k++)
         for (int u = 0; u < ma.n_units; u++) {
-            if (ckpt_read_unit(fa, &ma, k, u, ba) < 0 || ckpt_read_unit(fb, &mb, k, u, bb) < 0) {
+            if (ckpt_read_unit(fa, &ma, k, u, DT_F32, ba) < 0 || ckpt_read_unit(fb, &mb, k, u, DT_F32, bb) < 0) {
                 ftk_error("%s", ftk_err_msg());
                 rc = FTK_EXIT_VERIFY;
                 goto out;

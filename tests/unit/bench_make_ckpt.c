@@ -4,7 +4,10 @@
  * train here (a 1.1 B-parameter step needs ~24 GB on one process). The parameters are
  * the weights; the moments are deterministic pseudo-random values of AdamW's magnitudes
  * (m ~ 1e-3, v ~ 1e-6), so they compress and hash like real ones; padding stays zero.
- * Usage: bench_make_ckpt WEIGHTS.h5 RUN_DIR SHARDS */
+ * PRECISION (default fp32) is the manifest's: bf16-true narrows every array to bfloat16
+ * (nearest even), so tests/cli/ckpt.sh also uses it for checkpoints of each precision
+ * written by the library's writer rather than by ftk-reshard.
+ * Usage: bench_make_ckpt WEIGHTS.h5 RUN_DIR SHARDS [PRECISION] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +20,10 @@
 int main(int argc, char **argv)
 {
     ftk_set_tool("bench_make_ckpt");
-    if (argc != 4 || atoll(argv[3]) < 1) {
-        fprintf(stderr, "usage: bench_make_ckpt WEIGHTS.h5 RUN_DIR SHARDS\n");
+    const char *precision = argc == 5 ? argv[4] : "fp32";
+    dtype_t dt = ckpt_state_dtype(precision);
+    if (argc < 4 || argc > 5 || atoll(argv[3]) < 1 || dt == DT_INVALID) {
+        fprintf(stderr, "usage: bench_make_ckpt WEIGHTS.h5 RUN_DIR SHARDS [fp32|bf16-mixed|bf16-true]\n");
         return 2;
     }
     model_config_t cfg;
@@ -36,6 +41,7 @@ int main(int argc, char **argv)
     snprintf(meta.data_set_xxh3, sizeof meta.data_set_xxh3, "0000000000000000");
     snprintf(meta.init_file, sizeof meta.init_file, "%s", argv[1]);
     snprintf(meta.strategy, sizeof meta.strategy, "full");
+    snprintf(meta.precision, sizeof meta.precision, "%s", precision);
     meta.train = (ckpt_train_t){.lr = 2e-4, .min_lr = 6e-5, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                                 .weight_decay = 0.1, .clip = 1, .warmup = 25, .total_steps = 100,
                                 .global_batch = 64, .micro_batch = 4, .seed = 42};
@@ -48,12 +54,13 @@ int main(int argc, char **argv)
     for (int u = 0; u < n_units; u++)
         most = units[u].padded > most ? units[u].padded : most;
     float *buf = calloc((size_t)most, sizeof *buf), *scratch = malloc((size_t)most * sizeof *scratch);
+    uint16_t *narrow = malloc((size_t)most * sizeof *narrow); /* the unit in bf16 (bf16-true) */
     ckpt_shard_writer_t **w = calloc((size_t)S, sizeof *w);
     ckpt_shard_sum_t *sums = calloc((size_t)S, sizeof *sums);
     ckpt_writer_t cw;
     mkdir(argv[2], 0777); /* the run directory; ckpt_begin says why if it is unusable */
-    if (!buf || !scratch || !w || !sums || ckpt_begin(&cw, argv[2], meta.step) < 0) {
-        ftk_error("%s", buf && scratch && w && sums ? ftk_err_msg() : "out of memory");
+    if (!buf || !scratch || !narrow || !w || !sums || ckpt_begin(&cw, argv[2], meta.step) < 0) {
+        ftk_error("%s", buf && scratch && narrow && w && sums ? ftk_err_msg() : "out of memory");
         return 1;
     }
     for (int64_t j = 0; j < S; j++)
@@ -82,8 +89,13 @@ int main(int argc, char **argv)
                     buf[t->offset + e] = k == 1 ? 2e-3f * g : 1e-6f * g * g;
                 }
             }
+            const void *src = buf;
+            if (dt == DT_BF16) {
+                dtype_convert(narrow, DT_BF16, buf, DT_F32, (size_t)x->padded);
+                src = narrow;
+            }
             for (int64_t j = 0; j < S; j++)
-                if (ckpt_shard_put(w[j], k, u, buf + j * (x->padded / S)) < 0) {
+                if (ckpt_shard_put(w[j], k, u, (const char *)src + (size_t)(j * (x->padded / S)) * dtype_size(dt)) < 0) {
                     ftk_error("%s", ftk_err_msg());
                     return 1;
                 }
@@ -100,6 +112,7 @@ int main(int argc, char **argv)
     H5Fclose(wf);
     free(buf);
     free(scratch);
+    free(narrow);
     free(w);
     free(sums);
     free(units);
