@@ -15,6 +15,7 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     shard_t *sh = NULL;
     model_t *m = NULL;
     int rc = world ? trainer_build(be, world, &p->cfg, &o, o.train.micro_batch * p->max_len, &sh, &m) : -1;
+    rc = rc ? -1 : 0;
     if (rc == 0) {
         *mem = *bk_mem(be);
         *S = shard_count(sh);

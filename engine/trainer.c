@@ -154,10 +154,9 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
                     cm->precision, meta->precision, meta->precision);
         return -1;
     }
-    if (strcmp(c->rounding, t->rounding)) {
-        ftk_err_set("--rounding differs from the checkpoint's (%s there, %s here)", c->rounding, t->rounding);
-        return -1;
-    }
+    /* The state is valid for either rounding: a change is allowed (not bit for bit), and said. */
+    if (strcmp(meta->precision, "bf16-true") == 0 && strcmp(c->rounding, t->rounding))
+        ftk_warn("the checkpoint's steps rounded to %s, this run rounds %s (--rounding)", c->rounding, t->rounding);
     return 0;
 }
 
@@ -189,14 +188,14 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
 {
     *m = NULL;
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision, o->stochastic)))
-        return -1;
+        return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
     int n_units;
     const ckpt_unit_t *units = shard_units(*sh, &n_units);
     if (shard_reserve(*sh) < 0 ||
         !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh)))) {
         shard_free(*sh);
         *sh = NULL;
-        return -1;
+        return FTK_EXIT_FAIL;
     }
     return 0;
 }
@@ -246,7 +245,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     if (!meta->train.total_steps)
         meta->train.total_steps = o->epochs * t->per_epoch;
     snprintf(meta->train.rounding, sizeof meta->train.rounding, "%s",
-             o->precision == PREC_BF16_TRUE && !o->stochastic ? "nearest" : o->precision == PREC_BF16_TRUE ? "stochastic" : "nearest");
+             o->precision == PREC_BF16_TRUE && o->stochastic ? "stochastic" : "nearest");
     snprintf(meta->data_file, sizeof meta->data_file, "%s", o->data_path);
     snprintf(meta->data_set_xxh3, sizeof meta->data_set_xxh3, "%s", t->data.set_xxh3);
     snprintf(meta->init_file, sizeof meta->init_file, "%s", o->model_path);
@@ -256,9 +255,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     meta->world_size = t->nranks;
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
-    CHECK(trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m) < 0
-              ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg())
-              : 0);
+    c = trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m);
+    CHECK(c ? fail(t, c, "%s", ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
     t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);
@@ -467,7 +465,9 @@ static int resume_from(trainer_t *t, int *found)
             continue;
         }
         if (code) {
-            ftk_err_set("cannot resume: %s", ftk_err_msg());
+            char m[sizeof t->why];
+            snprintf(m, sizeof m, "%s", ftk_err_msg());
+            ftk_err_set("cannot resume: %s", m);
             code = FTK_EXIT_USAGE;
             ckpt_state_free(&st, n_units);
             break;

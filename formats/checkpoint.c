@@ -289,9 +289,9 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
                   (long long)t->global_batch, (long long)t->micro_batch);
     rc |= buf_printf(&b,
                   "            \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, "
-                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld},\n",
+                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld, \"rounding\": \"%s\"},\n",
                   t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
-                  (long long)t->seed);
+                  (long long)t->seed, t->rounding[0] ? t->rounding : "nearest");
     rc |= buf_printf(&b, "  \"precision\": \"%s\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
                   meta->precision, meta->strategy, (long long)meta->world_size);
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
@@ -637,6 +637,14 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         return -1;
     }
     tr->decay_norms = dn->u.boolean;
+    if (!json_get(t, "rounding"))
+        snprintf(tr->rounding, sizeof tr->rounding, "nearest");
+    else if (get_str(t, "rounding", tr->rounding, sizeof tr->rounding) < 0)
+        return -1;
+    if (strcmp(tr->rounding, "stochastic") && strcmp(tr->rounding, "nearest")) {
+        ftk_err_set("manifest.json: \"rounding\" is \"%s\" (need stochastic or nearest)", tr->rounding);
+        return -1;
+    }
     if (ckpt_state_dtype(m->precision) == DT_INVALID) {
         ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
                     m->precision);

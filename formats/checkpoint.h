@@ -46,7 +46,9 @@
  *   rng             {"seed"}: every random choice of the run derives from it
  *   train           the training options that define the run (ftk-train --help):
  *                   lr, min_lr, warmup, schedule, total_steps, global_batch, micro_batch,
- *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed
+ *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed, rounding
+ *                   ("stochastic" or "nearest": how AdamW rounds bf16 results; a manifest
+ *                   without it is read as "nearest", what fp32 runs wrote)
  *   precision       "fp32", "bf16-mixed" or "bf16-true" (Precision, above)
  *   strategy        "full", "grad-op", "none" or "hybrid" (engine/shard.h)
  *   world_size      ranks of the run that wrote it
@@ -103,6 +105,7 @@ typedef struct {
     int64_t warmup, total_steps, global_batch, micro_batch, seed;
     int decay_norms;
     char schedule[16]; /* cosine | linear | constant */
+    char rounding[16]; /* how bf16 results of AdamW are rounded: stochastic | nearest */
 } ckpt_train_t;
 
 typedef struct {

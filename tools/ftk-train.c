@@ -331,7 +331,13 @@ static int check_values(trainer_opts_t *o)
 
 /* ---- --plan ------------------------------------------------------------------------------------ */
 
-static void gb(char *out, size_t n, int64_t bytes) { snprintf(out, n, "%9.2f GB", (double)bytes / 1e9); }
+static void gb(char *out, size_t n, int64_t bytes)
+{
+    if (bytes >= 1000000000)
+        snprintf(out, n, "%9.2f GB", (double)bytes / 1e9);
+    else
+        snprintf(out, n, "%9.2f MB", (double)bytes / 1e6);
+}
 
 static int run_plan(const trainer_opts_t *o)
 {
@@ -361,7 +367,7 @@ static int run_plan(const trainer_opts_t *o)
         }
     }
     /* Ranks differ only by padding; the table is rank 0's, the largest total is named. */
-    plan_t pl, most = {0};
+    plan_t pl = {0}, most = {0};
     for (int r = 0; r < plan_ranks; r++) {
         plan_t x;
         if (plan_memory(&p, r, &x) < 0) {
@@ -397,7 +403,8 @@ static int run_plan(const trainer_opts_t *o)
     gb(a, sizeof a, c[BK_MEM_OTHER]);
     printf("  other              %s   (batch inputs, the head's logits chunk)\n", a);
     gb(a, sizeof a, pl.mem.peak);
-    printf("  total              %s   (%.2f GiB)\n", a, (double)pl.mem.peak / (1 << 30));
+    printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.mem.peak,
+           (double)pl.mem.peak / (1 << 30));
     if (most.rank != 0) {
         gb(a, sizeof a, most.mem.peak);
         printf("largest rank: %d, total %s\n", most.rank, a);
@@ -444,7 +451,7 @@ static int run(int argc, char **argv)
     } else {
         be = backend_cpu_new();
     }
-    char msg[1024];
+    char msg[8192];
     snprintf(msg, sizeof msg, "--device %s: %s", device, be ? "" : ftk_err_msg());
     if ((code = agree_msg(be ? 0 : FTK_EXIT_USAGE, msg))) {
         backend_free(be);

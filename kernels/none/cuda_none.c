@@ -4,7 +4,7 @@
 #include "../../libcommon/log.h"
 #include "../backend.h"
 
-const backend_t *backend_cuda(int device)
+backend_t *backend_cuda_new(int device)
 {
     (void)device;
     ftk_err_set("this build has no CUDA backend (nvcc was not found when it was built; see the README)");
