@@ -1,6 +1,6 @@
 """Helpers shared by the reference tests: check() prints ok/FAIL and counts, run() runs
 an ftk tool and stops the test when it fails, done() prints the summary and exits."""
-import os, subprocess, sys
+import math, os, subprocess, sys
 
 BIN = None
 fails = 0
@@ -19,3 +19,11 @@ def run(*args):
 def done():
     print(f"{'FAILED' if fails else 'all passed'} ({fails} failures)")
     sys.exit(1 if fails else 0)
+
+
+def lr_at(step, lr, min_lr, warmup, total):
+    """The schedule of `ftk-train --help`, written again: linear warmup, then cosine."""
+    if step <= warmup:
+        return lr * step / warmup
+    p = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * p)) * (lr - min_lr)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ftkref
-from ftkref import check, done, run
+from ftkref import check, done, lr_at, run
 from torch_llama import batch, forward, loss_of, split, weights
 
 BIN, PROBE, DATA, WORK = sys.argv[1:5]
@@ -73,14 +73,6 @@ def probe_compare(label, wpath, dpath, rows):
         compare(f"loss: {label} ({lf:.6f} vs {loss.item():.6f})", [lf], [loss.item()])
         for name, t in W.items():
             compare(f"grad: {label} {name}", f["grads"][name][:], t.grad.numpy())
-
-
-def lr_at(step, lr, min_lr, warmup, total):
-    """The schedule of `ftk-train --help`, written again: linear warmup, then cosine."""
-    if step <= warmup:
-        return lr * step / warmup
-    p = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
-    return min_lr + 0.5 * (1 + math.cos(math.pi * p)) * (lr - min_lr)
 
 
 def adamw_compare(wpath, dpath):

@@ -93,3 +93,48 @@ def forward(cfg, W, ids, pos, seg, head_rows=None):
 def loss_of(logits, tgt):
     keep = tgt >= 0
     return torch.nn.functional.cross_entropy(logits[keep], tgt[keep], reduction="sum") / keep.sum()
+
+
+def forward_lowp(cfg, W, ids, pos, seg, dtype=torch.bfloat16):
+    """The same Llama run the way Hugging Face's LlamaForCausalLM runs in bfloat16: weights and
+    activations in `dtype`, RMSNorm and the attention softmax computed in float32 and rounded
+    back, rotary cos/sin computed in float32 and rounded, logits in `dtype` (the caller takes
+    the loss on logits.float(), as LitGPT and transformers do)."""
+    D, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps, theta = D // H, cfg["rms_norm_eps"], cfg["rope_theta"]
+    n = ids.shape[0]
+    ar = torch.arange(n)
+    allowed = (seg[:, None] == seg[None, :]) & (ar[:, None] >= ar[None, :])
+
+    def rmsf(x, w):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype) * w
+
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    ang = pos.float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+    def rope_lp(x):
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    x = W["model.embed_tokens.weight"][ids]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rmsf(x, W[p + "input_layernorm.weight"])
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(n, H, hd)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(n, KV, hd)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(n, KV, hd)
+        q, k = rope_lp(q), rope_lp(k)
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(hd)
+        s = s.masked_fill(~allowed[None], float("-inf")).softmax(-1, dtype=torch.float32).to(dtype)
+        o = torch.einsum("hij,jhd->ihd", s, v).reshape(n, H * hd)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        h = rmsf(x, W[p + "post_attention_layernorm.weight"])
+        g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+    x = rmsf(x, W["model.norm.weight"])
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    return x @ head.T

@@ -1,0 +1,201 @@
+"""bf16-mixed and bf16-true against PyTorch running the same precision on the CPU.
+
+The PyTorch side runs a Llama the way transformers' LlamaForCausalLM runs in bfloat16
+(tests/ref/torch_llama.py forward_lowp: weights and activations bf16, RMSNorm and softmax
+in float32 rounded back, the loss on float32 logits), trained as people do:
+  bf16-mixed  float32 master weights and AdamW; each step a bf16 copy runs forward and
+              backward, its gradients are taken to float32, clipped and applied in float32
+              (FSDP's MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32), one process);
+  bf16-true   the model in bf16, torch.optim.AdamW on bf16 parameters (LitGPT's
+              precision="bf16-true"): every optimizer result rounded to nearest even.
+
+ 1. Step 1: the loss and every gradient of ftk (probe_model --precision P) against that,
+    and both against the float64 reference: ftk's bf16 error must be of PyTorch's size
+    (bounds below).
+ 2. 30 optimizer steps (every row in every step, so the data order does not matter):
+    ftk-train --precision P against PyTorch in the same precision, loss by loss.
+ 3. bf16-true's distance from the float32 curve over those steps: ftk with stochastic
+    rounding, ftk --rounding nearest, and PyTorch's bf16 AdamW (nearest); reported, and
+    ftk's stochastic rounding must stay within the bound of step 2 from float32.
+
+Errors are relative to the reference's largest magnitude: max|a - b| / max|b|.
+
+usage: precision_vs_torch.py BIN PROBE DATA WORK
+"""
+import json, os, subprocess, sys
+
+import h5py
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ftkref
+from ftkref import check, done, lr_at, run
+from torch_llama import batch, forward, forward_lowp, loss_of, split, weights
+
+BIN, PROBE, DATA, WORK = sys.argv[1:5]
+ftkref.BIN = BIN
+os.makedirs(WORK, exist_ok=True)
+torch.manual_seed(0)
+BF = torch.bfloat16
+
+# Bounds. bf16 has 8 significant bits (relative rounding 2^-9 = 2e-3); a 2-layer model's
+# gradient passes ~20 rounded ops, so gradients of two independent bf16 implementations
+# differ by a few percent of their largest magnitude. ftk's error against float64 must
+# stay within RATIO times PyTorch's own bf16 error (plus a floor for tensors where both
+# are tiny).
+GRAD_REL = 0.06     # ftk bf16 vs PyTorch bf16, per gradient tensor
+RATIO = 2.0         # ftk's error vs float64 <= RATIO x PyTorch's + FLOOR
+FLOOR = 0.01
+LOSS_REL = 0.01     # step-1 loss, and every loss of the 30-step curves (relative)
+STEPS = 30
+HP = dict(lr=3e-3, min_lr=3e-4, warmup=3, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=1.0)
+
+
+def relerr(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    scale = np.abs(b).max()
+    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())
+
+
+def torch_grads(cfg, W, ids, pos, seg, tgt, dtype):
+    P = {k: t.detach().clone().to(dtype).requires_grad_(True) for k, t in W.items()}
+    if dtype == torch.float64:
+        loss = loss_of(forward(cfg, P, ids, pos, seg), tgt)
+    else:
+        loss = loss_of(forward_lowp(cfg, P, ids, pos, seg, dtype).float(), tgt)
+    loss.backward()
+    return loss.item(), {k: p.grad.double().numpy() for k, p in P.items()}
+
+
+def step1(prec, wpath, dpath, rows):
+    out = os.path.join(WORK, f"probe-{prec}.h5")
+    r = subprocess.run([PROBE, "--precision", prec, wpath, dpath, out] + [str(x) for x in rows],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr)
+        raise SystemExit("probe_model failed")
+    cfg, W = weights(wpath, torch.float64)
+    ids, pos, seg, tgt = batch(split(dpath), rows)
+    l64, g64 = torch_grads(cfg, W, ids, pos, seg, tgt, torch.float64)
+    # bf16 weights are the float32 ones rounded (both sides round to nearest even)
+    Wb = {k: t.float().to(BF) for k, t in W.items()}
+    lbf, gbf = torch_grads(cfg, Wb, ids, pos, seg, tgt, BF)
+    worst = (0.0, "")
+    with h5py.File(out, "r") as f:
+        lf = float(f["loss"][0])
+        check(relerr([lf], [lbf]) < LOSS_REL, f"{prec} step 1: loss {lf:.5f} vs PyTorch bf16 {lbf:.5f} "
+              f"(float64 {l64:.5f}; bound {LOSS_REL})")
+        for name in W:
+            got = f["grads"][name][:]
+            e_t = relerr(got, gbf[name])
+            e_f, e_p = relerr(got, g64[name]), relerr(gbf[name], g64[name])
+            worst = max(worst, (e_t, name))
+            check(e_t < GRAD_REL and e_f <= RATIO * e_p + FLOOR,
+                  f"{prec} grad {name}: vs PyTorch bf16 {e_t:.1e}; vs float64: ftk {e_f:.1e}, PyTorch {e_p:.1e}")
+    print(f"note: {prec} step 1: largest gradient difference from PyTorch bf16: {worst[0]:.2e} ({worst[1]})")
+
+
+def ftk_curve(name, wpath, dpath, R, *extra):
+    run_dir = os.path.join(WORK, f"run-{name}")
+    subprocess.run(["rm", "-rf", run_dir])
+    run("ftk-train", "-m", wpath, "-d", dpath, "-o", run_dir, "--steps", str(STEPS), "--global-batch", str(R),
+        "--micro-batch", "2", "--lr", str(HP["lr"]), "--min-lr", str(HP["min_lr"]), "--warmup", str(HP["warmup"]),
+        "--weight-decay", str(HP["wd"]), "--clip", str(HP["clip"]), "--eval-every", "0", "-q", *extra)
+    return [json.loads(l)["loss"] for l in open(os.path.join(run_dir, "metrics.jsonl")) if '"loss"' in l]
+
+
+def torch_curve(mode, W, cfg, ids, pos, seg, tgt):
+    """Losses of STEPS AdamW steps of PyTorch in mode fp32, bf16-mixed or bf16-true."""
+    store = torch.float32 if mode != "bf16-true" else BF
+    P = {k: t.detach().clone().float().to(store).requires_grad_(True) for k, t in W.items()}
+    groups = [{"params": [p for k, p in P.items() if "norm" not in k], "weight_decay": HP["wd"]},
+              {"params": [p for k, p in P.items() if "norm" in k], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=HP["lr"], betas=(HP["b1"], HP["b2"]), eps=HP["eps"])
+    losses = []
+    for step in range(1, STEPS + 1):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, HP["lr"], HP["min_lr"], HP["warmup"], STEPS)
+        opt.zero_grad()
+        if mode == "fp32":
+            loss = loss_of(forward(cfg, P, ids, pos.float(), seg), tgt)
+            loss.backward()
+        elif mode == "bf16-true":
+            loss = loss_of(forward_lowp(cfg, P, ids, pos, seg, BF).float(), tgt)
+            loss.backward()
+        else:  # a bf16 working copy; its gradient back into the float32 master
+            work = {k: p.detach().to(BF).requires_grad_(True) for k, p in P.items()}
+            loss = loss_of(forward_lowp(cfg, work, ids, pos, seg, BF).float(), tgt)
+            loss.backward()
+            for k, p in P.items():
+                p.grad = work[k].grad.float()
+        torch.nn.utils.clip_grad_norm_(list(P.values()), HP["clip"])
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def curve_dist(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+def main():
+    tok = os.path.join(DATA, "llama2-tokenizer", "tokenizer.model")
+    alpaca = os.path.join(DATA, "alpaca", "litgpt_fixture_alpaca.json")
+    if not os.path.exists(tok) or not os.path.exists(alpaca):
+        print("skipped (../shared/data missing)")
+        sys.exit(77)
+    # model_vs_torch.py's small Llama: grouped-query attention, untied head, rope_theta 5000.
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+           "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
+           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+           "initializer_range": 0.05}
+    cpath, wpath, dpath = (os.path.join(WORK, x) for x in ("config.json", "small.h5", "fixture.h5"))
+    json.dump(cfg, open(cpath, "w"))
+    for p in (wpath, dpath):
+        if os.path.exists(p):
+            os.remove(p)
+    run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
+    with h5py.File(wpath, "r+") as f:  # non-unit RMSNorm gains
+        rng = np.random.default_rng(0)
+        for k in f["tensors"]:
+            if "norm" in k:
+                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+    run("ftk-pack", "-t", tok, alpaca, "-o", dpath, "--pack", "--max-len", "96", "--val-count", "0", "-q")
+
+    for prec in ("bf16-mixed", "bf16-true"):
+        step1(prec, wpath, dpath, [0, 1, 2])
+
+    sp = split(dpath)
+    R = len(sp["row_offsets"]) - 1
+    cfgd, W = weights(wpath, torch.float64)
+    ids, pos, seg, tgt = batch(sp, list(range(R)))
+    curves = {"fp32": ftk_curve("fp32", wpath, dpath, R)}
+    for prec in ("bf16-mixed", "bf16-true"):
+        curves[prec] = ftk_curve(prec, wpath, dpath, R, "--precision", prec)
+    curves["bf16-true-nearest"] = ftk_curve("bf16-true-nearest", wpath, dpath, R, "--precision", "bf16-true",
+                                            "--rounding", "nearest")
+    ref = {m: torch_curve(m, W, cfgd, ids, pos, seg, tgt) for m in ("fp32", "bf16-mixed", "bf16-true")}
+    check(curve_dist(curves["fp32"], ref["fp32"]) < 1e-4,
+          f"fp32: {STEPS}-step losses vs PyTorch float32 within 1e-4 ({curve_dist(curves['fp32'], ref['fp32']):.1e})")
+    for prec in ("bf16-mixed", "bf16-true"):
+        d = curve_dist(curves[prec], ref[prec])
+        check(d < LOSS_REL, f"{prec}: {STEPS}-step losses vs PyTorch {prec} within {LOSS_REL} (largest {d:.2e}; "
+              f"first {curves[prec][0]:.4f} vs {ref[prec][0]:.4f}, last {curves[prec][-1]:.4f} vs {ref[prec][-1]:.4f})")
+    d_sr = curve_dist(curves["bf16-true"], curves["fp32"])
+    d_rn = curve_dist(curves["bf16-true-nearest"], curves["fp32"])
+    d_pt = curve_dist(ref["bf16-true"], ref["fp32"])
+    d_mx = curve_dist(curves["bf16-mixed"], curves["fp32"])
+    print(f"note: distance from the fp32 curve over {STEPS} steps (largest relative loss difference): "
+          f"ftk bf16-true stochastic {d_sr:.2e}, ftk bf16-true nearest {d_rn:.2e}, PyTorch bf16-true (nearest) "
+          f"{d_pt:.2e}; ftk bf16-mixed {d_mx:.2e}")
+    print(f"note: final losses: fp32 {curves['fp32'][-1]:.4f}, bf16-mixed {curves['bf16-mixed'][-1]:.4f}, "
+          f"bf16-true stochastic {curves['bf16-true'][-1]:.4f}, nearest {curves['bf16-true-nearest'][-1]:.4f}; "
+          f"PyTorch fp32 {ref['fp32'][-1]:.4f}, bf16-true {ref['bf16-true'][-1]:.4f}")
+    check(d_sr < LOSS_REL, f"ftk bf16-true (stochastic rounding) stays within {LOSS_REL} of the fp32 curve")
+    done()
+
+
+main()
