@@ -9,6 +9,13 @@
 #    file of the original bit for bit;
 #  - ftk-merge: of a 4-rank checkpoint equals the weights of the same run on one process
 #    (within tolerance), of any shard count the same bytes; bf16; --with-optimizer;
+#  - precision modes (fp32, bf16-mixed, bf16-true): checkpoints of each by the library's
+#    writer and by ftk-reshard --precision verify (--deep) and reshard bit for bit; fp32 ->
+#    bf16-true stores PyTorch's nearest-even bf16 of every value (h5py), bf16-true -> fp32 ->
+#    bf16-true and fp32 -> bf16-mixed -> fp32 give back every file; --compare across
+#    precisions by value; ftk-merge and ftk-generate of bf16-true (the values widened);
+#    damage (a flipped bf16 bit, datasets of another type than the manifest's precision, an
+#    unknown precision) named and refused;
 #  - a corruption corpus made from a real checkpoint (a bit flipped in each kind of dataset,
 #    a truncated shard, a missing shard, a shard from another step, a manifest with a wrong
 #    size or checksum, a stale .tmp directory): ftk-verify names each (exit 3), and
@@ -114,6 +121,152 @@ expect "ftk-generate from the checkpoint" 0 "$BIN/ftk-generate" -m "$C" -p "Hell
 same "the same text from the checkpoint and its merge" "$WORK/out" "$WORK/gen-merged"
 expect "ftk-export-hf of merged weights" 0 "$BIN/ftk-export-hf" "$WORK/m4.h5" -o "$WORK/hf"
 check "the export has config.json and safetensors" test -f "$WORK/hf/config.json" -a -f "$WORK/hf/model.safetensors"
+
+# --- precision modes ----------------------------------------------------------------------
+# Checkpoints of each precision from the library's writer (bench_make_ckpt: the initial
+# weights, pseudo-random moments) and from the real run's $C by ftk-reshard --precision;
+# h5py and PyTorch read the bf16 ones independently of ftk (tests/ref/ckpt_precision.py).
+MK="$BIN/../tests/bench_make_ckpt" # the sanitizer build's, beside its bin/
+[ -x "$MK" ] || MK="$ROOT/build/tests/bench_make_ckpt"
+CP="$PY $ROOT/tests/ref/ckpt_precision.py"
+# flip FILE DATASET: one bit of the dataset's stored bytes
+flip() {
+    $PY - "$1" "$2" <<'PYEOF'
+import sys, h5py
+path, ds = sys.argv[1], sys.argv[2]
+with h5py.File(path, "r") as f:
+    off = f[ds].id.get_offset() + 5
+with open(path, "r+b") as g:
+    g.seek(off); b = g.read(1); g.seek(off); g.write(bytes([b[0] ^ 0x10]))
+PYEOF
+}
+for p in fp32 bf16-mixed bf16-true; do
+    P="$WORK/p-$p/step-00000001"
+    expect "$p: a 2-shard checkpoint by the library's writer" 0 "$MK" "$WORK/init.h5" "$WORK/p-$p" 2 $p
+    grep -q "\"precision\": \"$p\"" "$P/manifest.json" && ok "$p: the manifest says so" ||
+        notok "$p: the manifest says so"
+    expect "$p: ftk-verify --deep" 0 "$BIN/ftk-verify" --deep "$WORK/p-$p"
+    grep -q "precision $p, .*padding and values (no NaN/Inf) verified" "$WORK/out" &&
+        ok "$p: ftk-verify reports the precision" || notok "$p: ftk-verify reports the precision"
+    expect "$p: reshard 2 -> 3" 0 "$BIN/ftk-reshard" "$WORK/p-$p" -o "$WORK/p3-$p" -n 3
+    grep -q "\"precision\": \"$p\"" "$WORK/p3-$p/step-00000001/manifest.json" &&
+        ok "$p: resharding keeps the precision" || notok "$p: resharding keeps the precision"
+    expect "$p: ftk-verify --deep of 3 shards" 0 "$BIN/ftk-verify" --deep "$WORK/p3-$p"
+    expect "$p: reshard 3 -> 2" 0 "$BIN/ftk-reshard" "$WORK/p3-$p" -o "$WORK/p2-$p" -n 2
+    if diff -r "$P" "$WORK/p2-$p/step-00000001" >/dev/null; then ok "$p: 2 -> 3 -> 2 bit for bit"; else
+        notok "$p: 2 -> 3 -> 2 bit for bit"
+    fi
+done
+check "bf16-mixed: the fp32 shard files (the same float32 arrays)" cmp -s \
+    "$WORK/p-fp32/step-00000001/shard-00001-of-00002.h5" "$WORK/p-bf16-mixed/step-00000001/shard-00001-of-00002.h5"
+test "$(diff "$WORK/p-fp32/step-00000001/manifest.json" "$WORK/p-bf16-mixed/step-00000001/manifest.json" |
+    grep -c '^[<>]')" = 2 && ok "bf16-mixed: only the manifest's precision differs from fp32" ||
+    notok "bf16-mixed: only the manifest's precision differs from fp32"
+expect "bf16-true: the writer's 2 shards = ftk-reshard --precision of the fp32 ones" 0 "$BIN/ftk-reshard" \
+    "$WORK/p-fp32" -o "$WORK/p-f2t" -n 2 --precision bf16-true
+if diff -r "$WORK/p-bf16-true/step-00000001" "$WORK/p-f2t/step-00000001" >/dev/null; then
+    ok "bf16-true: narrowed by the writer or by ftk-reshard, the same files"
+else notok "bf16-true: narrowed by the writer or by ftk-reshard, the same files"; fi
+
+# the real run's checkpoint converted
+PT="$WORK/pt/step-00000016"
+expect "--precision fp32 -> bf16-true (4 shards)" 0 "$BIN/ftk-reshard" "$C" -o "$WORK/pt" -n 4 --precision bf16-true
+grep -q "(full, 4 ranks, fp32) -> 4 (full, 4 ranks, bf16-true)" "$WORK/err" && ok "ftk-reshard says what it converts" ||
+    notok "ftk-reshard says what it converts"
+expect "bf16-true: ftk-verify --deep" 0 "$BIN/ftk-verify" --deep "$WORK/pt"
+expect "--precision bf16-true -> fp32" 0 "$BIN/ftk-reshard" "$WORK/pt" -o "$WORK/ptf" -n 4 --precision fp32
+expect "--precision fp32 -> bf16-true again" 0 "$BIN/ftk-reshard" "$WORK/ptf" -o "$WORK/ptft" -n 4 --precision bf16-true
+if diff -r "$PT" "$WORK/ptft/step-00000016" >/dev/null; then ok "bf16-true -> fp32 -> bf16-true: every file bit for bit"
+else notok "bf16-true -> fp32 -> bf16-true: every file bit for bit"; fi
+expect "--precision fp32 -> bf16-mixed" 0 "$BIN/ftk-reshard" "$C" -o "$WORK/pm" -n 4 --precision bf16-mixed
+expect "bf16-mixed: ftk-verify --deep" 0 "$BIN/ftk-verify" --deep "$WORK/pm"
+check "fp32 -> bf16-mixed: the same shard files" cmp -s "$C/shard-00003-of-00004.h5" \
+    "$WORK/pm/step-00000016/shard-00003-of-00004.h5"
+expect "--precision bf16-mixed -> fp32" 0 "$BIN/ftk-reshard" "$WORK/pm" -o "$WORK/pmf" -n 4 --precision fp32
+if diff -r "$C" "$WORK/pmf/step-00000016" >/dev/null; then ok "fp32 -> bf16-mixed -> fp32: every file bit for bit"
+else notok "fp32 -> bf16-mixed -> fp32: every file bit for bit"; fi
+expect "--precision bf16-true while resharding 4 -> 3" 0 "$BIN/ftk-reshard" "$C" -o "$WORK/pt3" -n 3 \
+    --precision bf16-true
+expect "bf16-true 4 -> 3 -> 1 -> 4 shards" 0 sh -c "'$BIN/ftk-reshard' '$WORK/pt3' -o '$WORK/pt1' -n 1 &&
+    '$BIN/ftk-reshard' '$WORK/pt1' -o '$WORK/pt4' -n 4"
+if diff -r "$PT" "$WORK/pt4/step-00000016" >/dev/null; then ok "bf16-true: converted while resharding, the same files"
+else notok "bf16-true: converted while resharding, the same files"; fi
+expect "refused: --precision fp16" 2 "$BIN/ftk-reshard" "$C" -o "$WORK/x" -n 4 --precision fp16
+check "refused --precision wrote nothing" test ! -e "$WORK/x"
+
+# --compare across precisions
+expect "--compare fp32 vs its bf16-true: different (exit 3)" 3 "$BIN/ftk-verify" --compare "$C" "$WORK/pt"
+grep -q "precision: .* is fp32, .* is bf16-true; compared by value" "$WORK/out" &&
+    ok "--compare names both precisions" || notok "--compare names both precisions"
+expect "--compare fp32 vs its bf16-true: within bf16 rounding (rtol 2^-8)" 0 "$BIN/ftk-verify" --compare "$C" \
+    "$WORK/pt" --rtol 0.00390625
+expect "--compare bf16-true widened to fp32 vs bf16-true" 0 "$BIN/ftk-verify" --compare "$WORK/ptf" "$WORK/pt"
+tail -n 1 "$WORK/out" | grep -q ": identical$" && ok "... identical values, reported identical" ||
+    notok "... identical values, reported identical"
+expect "--compare bf16-true 3 shards vs 4 shards" 0 "$BIN/ftk-verify" --compare "$WORK/pt3" "$WORK/pt"
+tail -n 1 "$WORK/out" | grep -q ": identical$" && ok "... identical" || notok "... identical"
+expect "--compare fp32 vs bf16-mixed (the same arrays)" 0 "$BIN/ftk-verify" --compare "$C" "$WORK/pm"
+tail -n 1 "$WORK/out" | grep -q ": identical$" && ok "... identical" || notok "... identical"
+
+# merge and generate from bf16-true
+expect "ftk-merge of bf16-true" 0 "$BIN/ftk-merge" "$WORK/pt" -o "$WORK/mpt.h5"
+expect "ftk-merge of bf16-true --with-optimizer" 0 "$BIN/ftk-merge" "$WORK/pt" -o "$WORK/mptopt.h5" --with-optimizer
+expect "the merged bf16-true checkpoint verifies" 0 "$BIN/ftk-verify" --deep "$WORK/mptopt.h5"
+expect "ftk-merge of bf16-true's fp32 widening" 0 "$BIN/ftk-merge" "$WORK/ptf" -o "$WORK/mptf.h5" --with-optimizer
+expect "merge of bf16-true = merge of its fp32 widening (weights and moments)" 0 "$BIN/ftk-verify" --compare \
+    "$WORK/mptopt.h5" "$WORK/mptf.h5"
+expect "ftk-merge --dtype bfloat16 of bf16-true" 0 "$BIN/ftk-merge" "$WORK/pt" -o "$WORK/mptbf.h5" --dtype bfloat16
+expect "... = ftk-merge --dtype bfloat16 of the fp32 original (one nearest-even rounding either way)" 0 \
+    "$BIN/ftk-verify" --compare "$WORK/mptbf.h5" "$WORK/mbf.h5"
+expect "ftk-generate from a bf16-true checkpoint" 0 "$BIN/ftk-generate" -m "$WORK/pt" -p "Hello" -n 8 --greedy
+cp "$WORK/out" "$WORK/gen-bf16"
+expect "ftk-generate from its float32 merge" 0 "$BIN/ftk-generate" -m "$WORK/mpt.h5" -p "Hello" -n 8 --greedy
+same "the same text from the bf16-true checkpoint and its merge" "$WORK/out" "$WORK/gen-bf16"
+
+# damage and refusals
+cp -r "$WORK/pt" "$WORK/ptlie" && sed -i 's/"precision": "bf16-true"/"precision": "fp32"/' \
+    "$WORK/ptlie/step-00000016/manifest.json"
+expect "bf16 datasets under a manifest saying fp32: exit 3" 3 "$BIN/ftk-verify" "$WORK/ptlie"
+grep -q "shard-00001-of-00004.h5: dataset /param/embed: stored as bfloat16, but the manifest's precision fp32" \
+    "$WORK/err" && ok "... names the file and dataset" || notok "... names the file and dataset"
+cp -r "$WORK/ref4/step-00000016" "$WORK/fplie" && sed -i 's/"precision": "fp32"/"precision": "bf16-true"/' \
+    "$WORK/fplie/manifest.json"
+expect "float32 datasets under a manifest saying bf16-true: exit 3" 3 "$BIN/ftk-verify" "$WORK/fplie"
+grep -q "dataset /adam_v/head: stored as float32, but the manifest's precision bf16-true" "$WORK/err" &&
+    ok "... names the dataset" || notok "... names the dataset"
+expect "ftk-merge refuses it (exit 2)" 2 "$BIN/ftk-merge" "$WORK/fplie" -o "$WORK/y.h5"
+cp -r "$WORK/ref4/step-00000016" "$WORK/fp8" && sed -i 's/"precision": "fp32"/"precision": "fp8"/' \
+    "$WORK/fp8/manifest.json"
+expect "a manifest with an unknown precision: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$WORK/fp8"
+grep -q "fp8: manifest.json: precision \"fp8\" is not one this ftk knows" "$WORK/err" &&
+    ok "... names the manifest and the precision" || notok "... names the manifest and the precision"
+expect "... ftk-reshard refuses it (exit 2)" 2 "$BIN/ftk-reshard" "$WORK/fp8" -o "$WORK/y" -n 2
+expect "... ftk-merge refuses it (exit 2)" 2 "$BIN/ftk-merge" "$WORK/fp8" -o "$WORK/y.h5"
+expect "... ftk-generate refuses it (exit 2)" 2 "$BIN/ftk-generate" -m "$WORK/fp8" -p "Hello" -n 2
+check "the refusals wrote nothing" test ! -e "$WORK/y" -a ! -e "$WORK/y.h5"
+if [ $HAVE_H5PY = 1 ] && $PY -c 'import torch' 2>/dev/null; then
+    expect "h5py/PyTorch: fp32 -> bf16-true stores PyTorch's nearest-even bf16 of every value (uint16, dtype attribute)" \
+        0 $CP rounded "$C" "$PT"
+    expect "h5py/PyTorch: the library writer's bf16-true = the nearest-even bf16 of its fp32 twin" 0 $CP rounded \
+        "$WORK/p-fp32/step-00000001" "$WORK/p-bf16-true/step-00000001"
+    expect "h5py: merge of bf16-true = the shards' bf16 values widened (weights and moments)" 0 $CP merged "$PT" \
+        "$WORK/mptopt.h5"
+    cp -r "$WORK/pt" "$WORK/ptbad"
+    flip "$WORK/ptbad/step-00000016/shard-00002-of-00004.h5" param/layer.1
+    expect "bf16-true, a bit flipped in /param/layer.1: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$WORK/ptbad"
+    grep -q "shard-00002-of-00004.h5: dataset /param/layer.1: checksum mismatch" "$WORK/err" && ok "... named" ||
+        notok "... named"
+    expect "... ftk-reshard refuses it (exit 2)" 2 "$BIN/ftk-reshard" "$WORK/ptbad" -o "$WORK/y" -n 2
+    rm -rf "$WORK/ptbad" && cp -r "$WORK/pt" "$WORK/ptbad"
+    flip "$WORK/ptbad/step-00000016/shard-00001-of-00004.h5" adam_v/embed
+    expect "bf16-true, a bit flipped in /adam_v/embed: ftk-merge --with-optimizer refuses it (exit 2)" 2 \
+        "$BIN/ftk-merge" "$WORK/ptbad" -o "$WORK/y.h5" --with-optimizer
+    grep -q "shard-00001-of-00004.h5: file checksum" "$WORK/err" && ok "... named (the file, checked first)" ||
+        notok "... named (the file, checked first)"
+    check "nothing written" test ! -e "$WORK/y" -a ! -e "$WORK/y.h5"
+else
+    echo "skip the h5py/PyTorch checks of bf16 checkpoints (no h5py or torch in $PY)"
+fi
 
 # --- corruption corpus --------------------------------------------------------------------
 # damage KIND: a copy of run4 (steps 8 and 16 on 4 ranks... here ref4) with step 16 damaged.
