@@ -1,9 +1,10 @@
 /* cuda.cu — the CUDA backend (kernels/backend.h, version 2): every op on the GPU in fp32
  * and bf16 storage, matrix products on the tensor cores through cuBLASLt.
  *
- * Products: fp32 operands in bf16 with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF,
- * or exact fp32 with FTK_CUDA_MATMUL=fp32 for checks); bf16 operands with fp32
- * accumulation (CUBLAS_COMPUTE_32F) into an fp32 or bf16 result.
+ * Products: fp32 operands in bf16 with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF;
+ * FTK_CUDA_MATMUL=fp32 for exact fp32, for checks, or =tf32 for TF32, for the benchmark),
+ * read when an instance is made; bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F)
+ * into an fp32 or bf16 result.
  *
  * Design, kept the same as the CPU reference where that decides the result:
  *  - Storage: kernels are templates over each buffer's element type, float or uint16_t
@@ -71,11 +72,12 @@ enum { MAX_PLANS = 256 };
 
 typedef struct {
     backend_t *be;
-    int device, exact;
-    char err[512];      /* first error, "" when none */
-    cudaStream_t def;   /* the instance's default stream */
-    cudaStream_t cur;   /* the current stream: def or one of streams */
-    bk_stream *streams; /* made by stream_new and not yet freed */
+    int device;
+    cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
+    char err[512];                   /* first error, "" when none */
+    cudaStream_t def;                /* the instance's default stream */
+    cudaStream_t cur;                /* the current stream: def or one of streams */
+    bk_stream *streams;              /* made by stream_new and not yet freed */
     bk_event *events;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace, BK_CUDA_WORKSPACE_BYTES */
@@ -576,7 +578,7 @@ static plan_t *plan_for(cuda_t *c, int ta, int tb, int64_t M, int64_t N, int64_t
     p->dab = dab;
     p->dc = dc;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasComputeType_t ct = dab == DT_BF16 || c->exact ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_16BF;
+    cublasComputeType_t ct = dab == DT_BF16 ? CUBLAS_COMPUTE_32F : c->f32_compute;
     cudaDataType_t tab = cuda_type(dab), tc = cuda_type(dc);
     if (ck_lt(c, cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F), "matmul descriptor") < 0 ||
         ck_lt(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") <
@@ -882,47 +884,61 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
 
 /* ---- rotary embedding --------------------------------------------------------------------- */
 
-/* Elements j and j + hd/2 of one head's row v at position pos.
- * HF: inv_freq_j = 1 / theta^(2j/hd) in float32, angle = pos·inv_freq in float32. */
-template <typename T>
-__device__ __forceinline__ void rope_pair(T *v, int32_t pos, int j, int hd, float theta, int inverse)
+/* The rotation of pair j at position pos. HF: inv_freq_j = 1 / theta^(2j/hd) in float32,
+ * angle = pos·inv_freq in float32. Its cosine and sine come from sincospi in double,
+ * rounded to float: that reduction is exact for any angle, where cosf/sinf take a slow
+ * path with local memory past |a| = 105615, and the values are the nearest floats nearly
+ * always (the CPU's glibc cosf/sinf are too). */
+__device__ __forceinline__ void rope_cs(int32_t pos, int j, int hd, float theta, int inverse, float *c, float *s)
 {
-    int half = hd / 2;
     float inv = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
     float a = (float)pos * inv;
-    float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
+    double sd, cd;
+    sincospi((double)a * 0.318309886183790671537767526745, &sd, &cd); /* a / pi */
+    *c = (float)cd;
+    *s = inverse ? -(float)sd : (float)sd;
+}
+
+/* Elements j and j + half of one head's row v. */
+template <typename T> __device__ __forceinline__ void rope_rot(T *v, int j, int half, float c, float s)
+{
     float x1 = ld(v, j), x2 = ld(v, j + half);
     st(v, j, x1 * c - x2 * s);
     st(v, j + half, x2 * c + x1 * s);
 }
 
+/* A thread per (token, pair), the heads in a loop: the angle is the same for all of them,
+ * as in the CPU's loop. */
 template <typename T>
 __global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
 {
     int half = hd / 2;
-    GRID_STRIDE(e, n * n_head * half)
+    GRID_STRIDE(e, n * half)
     {
         int j = (int)(e % half);
-        int64_t ih = e / half, i = ih / n_head;
-        rope_pair(x + ih * hd, pos[i], j, hd, theta, inverse);
+        int64_t i = e / half;
+        float c, s;
+        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        for (int h = 0; h < n_head; h++)
+            rope_rot(x + (i * n_head + h) * hd, j, half, c, s);
     }
 }
 
-/* q's heads then k's, one token's n_head + n_kv rows after another. */
 template <typename TQ, typename TK>
 __global__ void rope_qk_kernel(TQ *q, TK *k, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
                                float theta, int inverse)
 {
-    int half = hd / 2, nh = n_head + n_kv;
-    GRID_STRIDE(e, n * nh * half)
+    int half = hd / 2;
+    GRID_STRIDE(e, n * half)
     {
         int j = (int)(e % half);
-        int64_t ih = e / half, i = ih / nh;
-        int h = (int)(ih - i * nh);
-        if (h < n_head)
-            rope_pair(q + (i * n_head + h) * hd, pos[i], j, hd, theta, inverse);
-        else
-            rope_pair(k + (i * n_kv + (h - n_head)) * hd, pos[i], j, hd, theta, inverse);
+        int64_t i = e / half;
+        float c, s;
+        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        for (int h = 0; h < n_head; h++)
+            rope_rot(q + (i * n_head + h) * hd, j, half, c, s);
+        for (int h = 0; h < n_kv; h++)
+            rope_rot(k + (i * n_kv + h) * hd, j, half, c, s);
     }
 }
 
@@ -933,8 +949,7 @@ static void cu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, in
     if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope", x.dt))
         return;
     on_dt(x.dt, [&](auto t) {
-        rope_kernel<<<blocks_for(n * n_head * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, theta,
-                                                                                inverse);
+        rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, theta, inverse);
     });
     launched(c, "rope");
 }
@@ -947,8 +962,8 @@ static void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos
         return;
     on_dt(q.dt, [&](auto tq) {
         on_dt(k.dt, [&](auto tk) {
-            rope_qk_kernel<<<blocks_for(n * (n_head + n_kv) * (hd / 2), 256), 256, 0, c->cur>>>(
-                AS(tq, q), AS(tk, k), pos, n, n_head, n_kv, hd, theta, inverse);
+            rope_qk_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(tq, q), AS(tk, k), pos, n, n_head,
+                                                                              n_kv, hd, theta, inverse);
         });
     });
     launched(c, "rope_qk");
@@ -1537,6 +1552,16 @@ static backend_t *fail_new(backend_t *be, const char *msg)
 
 extern "C" backend_t *backend_cuda_new(int device)
 {
+    const char *mm = getenv("FTK_CUDA_MATMUL");
+    cublasComputeType_t f32_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (mm && !strcmp(mm, "fp32"))
+        f32_compute = CUBLAS_COMPUTE_32F;
+    else if (mm && !strcmp(mm, "tf32"))
+        f32_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    else if (mm && *mm) {
+        ftk_err_set("FTK_CUDA_MATMUL=%s: expected fp32 or tf32", mm);
+        return NULL;
+    }
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -1566,8 +1591,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->be = be;
     c->device = device;
     c->seg_n = -1;
-    const char *mm = getenv("FTK_CUDA_MATMUL");
-    c->exact = mm && !strcmp(mm, "fp32");
+    c->f32_compute = f32_compute;
 
     be->destroy = cu_destroy;
     be->mem_alloc = cu_mem_alloc;
