@@ -284,13 +284,11 @@ static void *cu_mem_alloc(backend_t *be, size_t bytes)
     return p;
 }
 
-/* Also after destroy (ctx NULL): what the caller still held is freed after the instance. */
 static void cu_mem_free(backend_t *be, void *p)
 {
     if (!p)
         return;
-    if (be->ctx)
-        enter(be);
+    enter(be);
     cudaFree(p);
 }
 
@@ -1496,23 +1494,22 @@ static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_
 
 /* ---- the instance ---------------------------------------------------------------------------- */
 
-/* Frees what the instance made; also after a creation that stopped half-way. */
+/* Frees what the instance made but memory: backend_free has already freed every live
+ * bk_alloc() allocation, the workspace and scratch included (backend.h). Also after a
+ * creation that stopped half-way. */
 static void cu_destroy(backend_t *be)
 {
     cuda_t *c = (cuda_t *)be->ctx;
     if (!c)
         return;
     enter(be);
-    /* the streams' work may still use scratch, plans and the workspace */
+    /* the streams' work may still use the plans */
     if (c->def)
         cudaStreamSynchronize(c->def);
     for (bk_stream *s = c->streams; s; s = s->next)
         cudaStreamSynchronize(s->s);
     for (int i = 0; i < c->n_plans; i++)
         plan_release(&c->plans[i]);
-    bk_free(be, c->ws);
-    bk_free(be, c->seg);
-    bk_free(be, c->tmp);
     if (c->seg_host)
         cudaFreeHost(c->seg_host);
     while (c->events) {
