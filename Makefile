@@ -58,6 +58,7 @@ CUDA_BINS :=
 ifneq ($(SAN),1)
 ifneq ($(NVCC),)
 NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90 \
              -Xcompiler -Wall,-Wextra,-Werror
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))

@@ -1,25 +1,33 @@
-/* cuda.cu — the CUDA backend (kernels/backend.h): every op on the GPU, fp32 storage,
- * matrix products on the tensor cores through cuBLASLt in bf16 with fp32 accumulation
- * (CUBLAS_COMPUTE_32F_FAST_16BF, or exact fp32 with FTK_CUDA_MATMUL=fp32 for checks).
+/* cuda.cu — the CUDA backend (kernels/backend.h, version 2): every op on the GPU in fp32
+ * and bf16 storage, matrix products on the tensor cores through cuBLASLt.
  *
- * This is the first, plain version: it implements the interface the model is written
- * against and is meant to be checked op by op against the CPU reference on a GPU
- * (tests/gpu/test_ops.c). Storage in bf16 (the precision modes of DESIGN.md), fused
- * kernels and tensor-core attention come after it has been measured; see the README's
- * CUDA section for what has and has not been run.
+ * Products: fp32 operands in bf16 with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16BF;
+ * FTK_CUDA_MATMUL=fp32 for exact fp32, for checks, or =tf32 for TF32, for the benchmark),
+ * read when an instance is made; bf16 operands with fp32 accumulation (CUBLAS_COMPUTE_32F)
+ * into an fp32 or bf16 result.
  *
  * Design, kept the same as the CPU reference where that decides the result:
+ *  - Storage: kernels are templates over each buffer's element type, float or uint16_t
+ *    (bf16's bits). They widen what they read (exact), compute in fp32 and round each
+ *    stored value once to nearest even with the bit arithmetic of formats/dtype.h
+ *    f32_to_bf16 (the hardware conversion makes a different NaN), so a bf16 result is
+ *    the CPU's wherever the fp32 value is.
  *  - Determinism (backend.h): no atomics. Reductions over rows (RMSNorm's dw, the loss,
  *    Σx²) sum fixed partitions and then the partial sums in order; the embedding's
  *    backward gives each thread a column and walks the tokens in order, like the CPU.
  *  - Attention: one warp per (query row, head), keys visited in order with an online
- *    softmax, so no score matrix is materialised; the backward recomputes the
- *    probabilities from the saved log-sum-exp, one warp per query row for dq and one
- *    per key row for dk and dv (a key/value head sums its query heads in order).
- *  - All work goes to the legacy default stream, so uploads and downloads (synchronous
- *    cudaMemcpy) order themselves against the kernels without events.
+ *    softmax in fp32, so no score matrix is materialised and probabilities are never
+ *    rounded; the backward recomputes them from the saved log-sum-exp, one warp per query
+ *    row for dq and one per key row for dk and dv (a key/value head sums its query heads
+ *    in order).
+ *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
+ *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
+ *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
+ *    instance's device current, so instances on several devices share a thread.
+ *  - Streams: every kernel, product and copy goes to the current stream; upload and
+ *    download wait for it (the host buffer is free, or filled, when they return).
  *  - Ops have no error path (backend.h): the first CUDA error is kept, later ops are
- *    skipped, and sync() reports it. Scratch buffers grow on demand.
+ *    skipped, and sync() reports it.
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -34,67 +42,159 @@ extern "C" {
 #include "../../libcommon/log.h"
 #include "../backend.h"
 }
+#include "../sround.h"
 
 /* ---- state and errors ------------------------------------------------------------------ */
 
-static struct {
-    int ready, device, exact;
+struct bk_stream {
+    cudaStream_t s;
+    bk_stream *next;
+};
+
+struct bk_event {
+    cudaEvent_t e;
+    bk_event *next;
+};
+
+/* A product's descriptors and the heuristic's algorithm, made once per shape and kept
+ * (the model asks for a few dozen shapes). */
+typedef struct {
+    int valid, ta, tb, beta0;
+    dtype_t dab, dc;
+    uint32_t align; /* the pointers' common alignment: the algorithm may rely on it */
+    int64_t M, N, K, lda;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} plan_t;
+
+enum { MAX_PLANS = 256 };
+
+typedef struct {
+    backend_t *be;
+    int device;
+    cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
+    char err[512];                   /* first error, "" when none */
+    cudaStream_t def;                /* the instance's default stream */
+    cudaStream_t cur;                /* the current stream: def or one of streams */
+    bk_stream *streams;              /* made by stream_new and not yet freed */
+    bk_event *events;
     cublasLtHandle_t lt;
-    void *ws;
-    size_t ws_bytes;
-    char err[512]; /* first error, "" when none */
-    /* scratch, grown on demand */
-    int64_t *seg;
+    void *ws; /* cuBLASLt workspace, BK_CUDA_WORKSPACE_BYTES */
+    plan_t plans[MAX_PLANS];
+    int n_plans, evict;
+    /* Scratch, one per instance, in use by one stream at a time (scratch_claim): the
+     * workspace, the segment list, and tmp (partial sums, attention's D, a product's fp32
+     * rows, an overlapping copy's staging). seg and tmp are allocated through bk_alloc
+     * when an op first needs them and grown on demand, so they are not in the memory
+     * plan's creation-time figure. */
+    cudaStream_t scr_owner; /* the stream that used scratch last; NULL: scr_ev marks it */
+    cudaEvent_t scr_ev;
+    int64_t *seg; /* the segment list of the last attention, on the device */
     size_t seg_cap;
-    float *dsum; /* attention backward: dout·out per (row, head) */
-    size_t dsum_cap;
-    double *part; /* per-row or per-block partial sums */
-    size_t part_cap;
-    float *colpart; /* column partial sums (RMSNorm dw) */
-    size_t colpart_cap;
-} g;
+    int64_t *seg_host; /* pinned copy of it, the source of its upload */
+    size_t seg_host_cap;
+    int64_t seg_n;      /* its n_seg; -1 when none */
+    cudaEvent_t seg_ev; /* after the upload from seg_host */
+    void *tmp;
+    size_t tmp_cap;
+} cuda_t;
 
-static int failed(void) { return g.err[0] != 0; }
+static int failed(cuda_t *c) { return c->err[0] != 0; }
 
-static void note_err(const char *what, const char *detail)
+static void note_err(cuda_t *c, const char *what, const char *detail)
 {
-    if (!failed())
-        snprintf(g.err, sizeof g.err, "CUDA: %s: %s", what, detail);
+    if (!failed(c))
+        snprintf(c->err, sizeof c->err, "CUDA device %d: %s: %s", c->device, what, detail);
 }
 
-static int ck(cudaError_t e, const char *what)
+static int ck(cuda_t *c, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
-    note_err(what, cudaGetErrorString(e));
+    note_err(c, what, cudaGetErrorString(e));
     return -1;
 }
 
-static int ck_lt(cublasStatus_t s, const char *what)
+static int ck_lt(cuda_t *c, cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return 0;
     char b[64];
     snprintf(b, sizeof b, "cuBLAS status %d", (int)s);
-    note_err(what, b);
+    note_err(c, what, b);
     return -1;
 }
 
-static void launched(const char *kernel) { ck(cudaGetLastError(), kernel); }
+static void launched(cuda_t *c, const char *kernel) { ck(c, cudaGetLastError(), kernel); }
 
-/* Grows a device scratch buffer to at least bytes. */
-static int grow(void **p, size_t *cap, size_t bytes, const char *what)
+/* The instance behind be, its device made current (another instance may have changed it). */
+static cuda_t *enter(backend_t *be)
 {
-    if (bytes <= *cap)
-        return 0;
-    cudaFree(*p);
-    *p = NULL;
-    *cap = 0;
-    if (ck(cudaMalloc(p, bytes), what) < 0)
-        return -1;
-    *cap = bytes;
+    cuda_t *c = (cuda_t *)be->ctx;
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess || d != c->device)
+        ck(c, cudaSetDevice(c->device), "selecting the device");
+    return c;
+}
+
+static int dt_ok(cuda_t *c, const char *op, dtype_t dt)
+{
+    if (dt == DT_F32 || dt == DT_BF16)
+        return 1;
+    char b[64];
+    snprintf(b, sizeof b, "dtype %s not taken", dtype_name(dt));
+    note_err(c, op, b);
     return 0;
 }
+
+/* Calls f with a null pointer of dt's storage type (float, or uint16_t for bf16): the
+ * kernels are templates over their buffers' types and this picks the instance. AS casts
+ * a buffer to the type picked. */
+template <typename F> static void on_dt(dtype_t dt, F &&f)
+{
+    if (dt == DT_BF16)
+        f((uint16_t *)NULL);
+    else
+        f((float *)NULL);
+}
+#define AS(tag, buf) ((decltype(tag))(buf).p)
+
+/* Scratch is shared by the instance's streams: the stream about to use it waits (on the
+ * device) for the one that used it last. */
+static void scratch_claim(cuda_t *c)
+{
+    if (c->scr_owner == c->cur)
+        return;
+    if (c->scr_owner)
+        ck(c, cudaEventRecord(c->scr_ev, c->scr_owner), "scratch event");
+    ck(c, cudaStreamWaitEvent(c->cur, c->scr_ev, 0), "scratch event");
+    c->scr_owner = c->cur;
+}
+
+/* Grows a scratch buffer to at least bytes; after scratch_claim. */
+static void *scratch(cuda_t *c, void **p, size_t *cap, size_t bytes, const char *what)
+{
+    if (bytes <= *cap)
+        return *p;
+    if (failed(c))
+        return NULL;
+    /* Kernels issued earlier may still read it; they all come before the current stream's
+     * tail (scratch_claim). */
+    if (ck(c, cudaStreamSynchronize(c->cur), what) < 0)
+        return NULL;
+    bk_free(c->be, *p);
+    *p = NULL;
+    *cap = 0;
+    if (!(*p = bk_alloc(c->be, bytes, BK_MEM_WORKSPACE, what))) {
+        note_err(c, what, ftk_err_msg());
+        return NULL;
+    }
+    *cap = bytes;
+    return *p;
+}
+
+static void *tmp_for(cuda_t *c, size_t bytes) { return scratch(c, &c->tmp, &c->tmp_cap, bytes, "CUDA scratch"); }
 
 /* Blocks for a grid-stride loop over n elements. */
 static unsigned blocks_for(int64_t n, int threads)
@@ -105,8 +205,26 @@ static unsigned blocks_for(int64_t n, int threads)
     return (unsigned)(b > 0 ? b : 1);
 }
 
-#define GRID_STRIDE(i, n)                                                                                            \
+#define GRID_STRIDE(i, n)                                                                                           \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- element access ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const uint16_t *p, int64_t i) { return __uint_as_float((uint32_t)p[i] << 16); }
+
+/* formats/dtype.h f32_to_bf16: nearest even; NaN keeps its sign and becomes quiet. */
+__device__ __forceinline__ uint16_t f32_to_bf16_dev(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ void st(float *p, int64_t i, float x) { p[i] = x; }
+__device__ __forceinline__ void st(uint16_t *p, int64_t i, float x) { p[i] = f32_to_bf16_dev(x); }
 
 /* ---- reductions inside a block ---------------------------------------------------------- */
 
@@ -153,81 +271,268 @@ __device__ float block_max(float v, float *sh)
     return t;
 }
 
-/* ---- memory ------------------------------------------------------------------------------ */
+/* ---- memory, copies, streams, events ------------------------------------------------------ */
 
-static void *cu_alloc(size_t bytes)
+static void *cu_mem_alloc(backend_t *be, size_t bytes)
 {
+    enter(be);
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
-    if (e == cudaSuccess)
-        e = cudaMemset(p, 0, bytes ? bytes : 256);
-    if (e != cudaSuccess) {
-        cudaFree(p);
-        cudaGetLastError(); /* an allocation failure is reported here, not kept */
-        ftk_err_set("CUDA: out of device memory (%zu bytes): %s", bytes, cudaGetErrorString(e));
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is the caller's to report (bk_alloc), not kept */
         return NULL;
     }
     return p;
 }
 
-static void cu_free(void *p) { cudaFree(p); }
-
-static void cu_upload(void *dst, const void *src, size_t bytes)
+static void cu_mem_free(backend_t *be, void *p)
 {
-    if (bytes && !failed())
-        ck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+    if (!p)
+        return;
+    enter(be);
+    cudaFree(p);
 }
 
-static void cu_download(void *dst, const void *src, size_t bytes)
+static void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes)
 {
+    cuda_t *c = enter(be);
+    if (!bytes || failed(c))
+        return;
+    /* Waiting makes the host buffer free on return whatever memory it is (pinned memory
+     * would otherwise be read later). */
+    if (ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->cur), "upload") == 0)
+        ck(c, cudaStreamSynchronize(c->cur), "upload");
+}
+
+static void cu_download(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_t *c = enter(be);
     if (!bytes)
         return;
-    if (failed() || ck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download") < 0)
+    if (failed(c) || ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->cur), "download") < 0 ||
+        ck(c, cudaStreamSynchronize(c->cur), "download") < 0)
         memset(dst, 0xff, bytes); /* NaN where floats: a failed run cannot look healthy */
 }
 
-static void cu_zero(void *p, size_t bytes)
+static void cu_zero(backend_t *be, void *p, size_t bytes)
 {
-    if (bytes && !failed())
-        ck(cudaMemsetAsync(p, 0, bytes, 0), "zero");
+    cuda_t *c = enter(be);
+    if (bytes && !failed(c))
+        ck(c, cudaMemsetAsync(p, 0, bytes, c->cur), "zero");
 }
 
-static void cu_copy(void *dst, const void *src, size_t bytes)
+/* Overlapping regions go through scratch in chunks, front to back when dst is below src
+ * and back to front otherwise, so no chunk overwrites source bytes not yet copied
+ * (cudaMemcpy leaves overlap undefined). */
+static void copy_bytes(cuda_t *c, void *dst, const void *src, size_t bytes, const char *what)
 {
-    if (bytes && !failed() && dst != src)
-        ck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy");
+    if (!bytes || failed(c) || dst == src)
+        return;
+    const char *s = (const char *)src;
+    char *d = (char *)dst;
+    if (d + bytes <= s || s + bytes <= d) {
+        ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->cur), what);
+        return;
+    }
+    scratch_claim(c);
+    size_t ch = bytes < BK_CUDA_WORKSPACE_BYTES ? bytes : BK_CUDA_WORKSPACE_BYTES;
+    char *t = (char *)tmp_for(c, ch);
+    if (!t)
+        return;
+    for (size_t done = 0; done < bytes && !failed(c); done += ch) {
+        size_t len = bytes - done < ch ? bytes - done : ch, off = d < s ? done : bytes - done - len;
+        if (ck(c, cudaMemcpyAsync(t, s + off, len, cudaMemcpyDeviceToDevice, c->cur), what) == 0)
+            ck(c, cudaMemcpyAsync(d + off, t, len, cudaMemcpyDeviceToDevice, c->cur), what);
+    }
 }
 
-static int cu_sync(void)
+static void cu_copy(backend_t *be, void *dst, const void *src, size_t bytes)
 {
-    if (!failed())
-        ck(cudaDeviceSynchronize(), "synchronize");
-    if (!failed())
-        ck(cudaGetLastError(), "a kernel");
-    if (failed()) {
-        ftk_err_set("%s", g.err);
+    copy_bytes(enter(be), dst, src, bytes, "copy");
+}
+
+static int cu_sync(backend_t *be)
+{
+    cuda_t *c = enter(be);
+    if (!failed(c))
+        ck(c, cudaStreamSynchronize(c->def), "synchronize");
+    for (bk_stream *s = c->streams; s && !failed(c); s = s->next)
+        ck(c, cudaStreamSynchronize(s->s), "synchronize");
+    if (!failed(c))
+        ck(c, cudaGetLastError(), "a kernel");
+    if (failed(c)) {
+        ftk_err_set("%s", c->err);
         return -1;
     }
     return 0;
 }
 
+/* Streams do not block on the legacy default stream: other libraries' work there does
+ * not order ours. */
+static bk_stream_t *cu_stream_new(backend_t *be)
+{
+    cuda_t *c = enter(be);
+    bk_stream *s = (bk_stream *)calloc(1, sizeof *s);
+    if (!s) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    cudaError_t e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        ftk_err_set("CUDA device %d: creating a stream: %s", c->device, cudaGetErrorString(e));
+        free(s);
+        return NULL;
+    }
+    s->next = c->streams;
+    c->streams = s;
+    return s;
+}
+
+static void stream_release(cuda_t *c, bk_stream *s)
+{
+    if (c->cur == s->s)
+        c->cur = c->def;
+    if (c->scr_owner == s->s) { /* later scratch users wait for what it has queued */
+        ck(c, cudaEventRecord(c->scr_ev, s->s), "scratch event");
+        c->scr_owner = NULL;
+    }
+    cudaStreamDestroy(s->s); /* work already queued on it still runs */
+    free(s);
+}
+
+static void cu_stream_free(backend_t *be, bk_stream_t *s)
+{
+    cuda_t *c = enter(be);
+    for (bk_stream **pp = &c->streams; s && *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            stream_release(c, s);
+            return;
+        }
+}
+
+static void cu_set_stream(backend_t *be, bk_stream_t *s)
+{
+    cuda_t *c = (cuda_t *)be->ctx;
+    c->cur = s ? s->s : c->def;
+}
+
+static void *cu_stream_native(backend_t *be, bk_stream_t *s)
+{
+    cuda_t *c = (cuda_t *)be->ctx;
+    return s ? (void *)s->s : (void *)c->def;
+}
+
+static bk_event_t *cu_event_new(backend_t *be)
+{
+    cuda_t *c = enter(be);
+    bk_event *ev = (bk_event *)calloc(1, sizeof *ev);
+    if (!ev) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        ftk_err_set("CUDA device %d: creating an event: %s", c->device, cudaGetErrorString(e));
+        free(ev);
+        return NULL;
+    }
+    ev->next = c->events;
+    c->events = ev;
+    return ev;
+}
+
+static void cu_event_free(backend_t *be, bk_event_t *ev)
+{
+    cuda_t *c = enter(be);
+    for (bk_event **pp = &c->events; ev && *pp; pp = &(*pp)->next)
+        if (*pp == ev) {
+            *pp = ev->next;
+            cudaEventDestroy(ev->e);
+            free(ev);
+            return;
+        }
+}
+
+static void cu_event_record(backend_t *be, bk_event_t *ev)
+{
+    cuda_t *c = enter(be);
+    if (!failed(c))
+        ck(c, cudaEventRecord(ev->e, c->cur), "event record");
+}
+
+static void cu_event_wait(backend_t *be, bk_event_t *ev)
+{
+    cuda_t *c = enter(be);
+    if (!failed(c))
+        ck(c, cudaStreamWaitEvent(c->cur, ev->e, 0), "event wait");
+}
+
+static int cu_event_sync(backend_t *be, bk_event_t *ev)
+{
+    cuda_t *c = enter(be);
+    if (!failed(c))
+        ck(c, cudaEventSynchronize(ev->e), "event synchronize");
+    if (failed(c)) {
+        ftk_err_set("%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- conversion, scaling ------------------------------------------------------------------ */
+
+template <typename TD, typename TS> __global__ void convert_kernel(TD *dst, const TS *src, int64_t n)
+{
+    GRID_STRIDE(i, n) st(dst, i, ld(src, i));
+}
+
+/* y *= a (0·NaN is NaN, as on the CPU). */
+template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n)
+{
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) * a);
+}
+
+/* C = beta·C of a product with K = 0: beta = 0 overwrites, as BLAS does. */
+template <typename T> __global__ void scale_c_kernel(T *y, float a, int64_t n)
+{
+    GRID_STRIDE(i, n) st(y, i, a == 0.0f ? 0.0f : ld(y, i) * a);
+}
+
+static void cu_convert(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "convert", dst.dt) || !dt_ok(c, "convert", src.dt))
+        return;
+    if (dst.dt == src.dt) {
+        copy_bytes(c, dst.p, src.p, (size_t)n * dtype_size(dst.dt), "convert");
+        return;
+    }
+    on_dt(dst.dt, [&](auto td) {
+        on_dt(src.dt,
+              [&](auto ts) { convert_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(td, dst), AS(ts, src), n); });
+    });
+    launched(c, "convert");
+}
+
 /* ---- matrix products (cuBLASLt) --------------------------------------------------------- */
 
 /* Row-major C[M,N] = op(A)·op(B) is column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLAS gets B
- * as its first operand. A plan (descriptors and the heuristic's algorithm) is made once
- * per shape and kept; the model asks for a few dozen shapes. */
-typedef struct {
-    int ta, tb, beta0;
-    uint32_t align; /* the pointers' common alignment: the algorithm may rely on it */
-    int64_t M, N, K;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-} plan_t;
+ * as its first operand. */
 
-enum { MAX_PLANS = 256 };
-static plan_t plans[MAX_PLANS];
-static int n_plans;
+static void plan_release(plan_t *p)
+{
+    if (p->la)
+        cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb)
+        cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc)
+        cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
 
 /* Model tensors sit at offsets inside unit vectors, so pointers are not all 256-byte
  * aligned (cuBLASLt's default assumption): the heuristic is told the real alignment. */
@@ -235,52 +540,63 @@ static uint32_t align_of(const void *a, const void *b, const void *c)
 {
     uintptr_t x = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
     uint32_t al = 256;
-    while (al > 4 && (x & (al - 1)))
+    while (al > 2 && (x & (al - 1)))
         al >>= 1;
     return al;
 }
 
-static plan_t *plan_for(int ta, int tb, int64_t M, int64_t N, int64_t K, int beta0, uint32_t align)
+static cudaDataType_t cuda_type(dtype_t dt) { return dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+/* lda: A's leading dimension, M or K unless a product is cut into row blocks. */
+static plan_t *plan_for(cuda_t *c, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t lda, int beta0,
+                        uint32_t align, dtype_t dab, dtype_t dc)
 {
-    for (int i = 0; i < n_plans; i++) {
-        plan_t *p = &plans[i];
-        if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->beta0 == beta0 &&
-            p->align == align)
+    for (int i = 0; i < c->n_plans; i++) {
+        plan_t *p = &c->plans[i];
+        if (p->valid && p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->lda == lda &&
+            p->beta0 == beta0 && p->align == align && p->dab == dab && p->dc == dc)
             return p;
     }
-    static int evict;
-    plan_t *p = &plans[n_plans < MAX_PLANS ? n_plans : evict];
-    if (n_plans == MAX_PLANS) { /* more shapes than a model uses: replace the oldest */
-        cublasLtMatrixLayoutDestroy(p->la);
-        cublasLtMatrixLayoutDestroy(p->lb);
-        cublasLtMatrixLayoutDestroy(p->lc);
-        cublasLtMatmulDescDestroy(p->op);
-        evict = (evict + 1) % MAX_PLANS;
-        n_plans--;
+    plan_t *p; /* more shapes than a model uses: replace the oldest */
+    if (c->n_plans < MAX_PLANS)
+        p = &c->plans[c->n_plans++];
+    else {
+        p = &c->plans[c->evict];
+        c->evict = (c->evict + 1) % MAX_PLANS;
     }
-    memset(p, 0, sizeof *p);
+    plan_release(p);
     p->ta = ta;
     p->tb = tb;
     p->M = M;
     p->N = N;
     p->K = K;
+    p->lda = lda;
     p->beta0 = beta0;
     p->align = align;
+    p->dab = dab;
+    p->dc = dc;
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasComputeType_t ct = g.exact ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_16BF;
-    if (ck_lt(cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F), "matmul descriptor") < 0 ||
-        ck_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") < 0 ||
-        ck_lt(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB") < 0 ||
+    cublasComputeType_t ct = dab == DT_BF16 ? CUBLAS_COMPUTE_32F : c->f32_compute;
+    cudaDataType_t tab = cuda_type(dab), tc = cuda_type(dc);
+    if (ck_lt(c, cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F), "matmul descriptor") < 0 ||
+        ck_lt(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") <
+            0 ||
+        ck_lt(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB") <
+            0 ||
         /* first operand: B, stored [N,K] when tb (ld K) else [K,N] (ld N), column-major view */
-        ck_lt(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, tb ? K : N, tb ? N : K, tb ? K : N), "layout B") < 0 ||
-        ck_lt(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, ta ? M : K, ta ? K : M, ta ? M : K), "layout A") < 0 ||
-        ck_lt(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, M, N), "layout C") < 0)
+        ck_lt(c, cublasLtMatrixLayoutCreate(&p->la, tab, tb ? K : N, tb ? N : K, tb ? K : N), "layout B") < 0 ||
+        ck_lt(c, cublasLtMatrixLayoutCreate(&p->lb, tab, ta ? M : K, ta ? K : M, lda), "layout A") < 0 ||
+        ck_lt(c, cublasLtMatrixLayoutCreate(&p->lc, tc, N, M, N), "layout C") < 0) {
+        plan_release(p);
         return NULL;
+    }
     cublasLtMatmulPreference_t pref;
-    if (ck_lt(cublasLtMatmulPreferenceCreate(&pref), "preference") < 0)
+    if (ck_lt(c, cublasLtMatmulPreferenceCreate(&pref), "preference") < 0) {
+        plan_release(p);
         return NULL;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g.ws_bytes,
-                                         sizeof g.ws_bytes);
+    }
+    size_t ws_bytes = BK_CUDA_WORKSPACE_BYTES;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
     const cublasLtMatmulPreferenceAttributes_t al[] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -288,45 +604,82 @@ static plan_t *plan_for(int ta, int tb, int64_t M, int64_t N, int64_t K, int bet
         cublasLtMatmulPreferenceSetAttribute(pref, al[i], &align, sizeof align);
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (ck_lt(s, "algorithm heuristic") < 0)
+    if (ck_lt(c, s, "algorithm heuristic") < 0) {
+        plan_release(p);
         return NULL;
+    }
     if (!found) {
-        note_err("matmul", "cuBLASLt has no algorithm for this shape");
+        note_err(c, "matmul", "cuBLASLt has no algorithm for this shape");
+        plan_release(p);
         return NULL;
     }
     p->algo = h.algo;
-    n_plans++;
+    p->valid = 1;
     return p;
 }
 
-__global__ void scale_kernel(float *y, float a, int64_t n)
+/* One cuBLASLt call; after scratch_claim (the workspace). */
+static void gemm(cuda_t *c, int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t lda, float alpha, const void *A,
+                 const void *B, float beta, void *C, dtype_t dab, dtype_t dc)
 {
-    GRID_STRIDE(i, n) y[i] = a == 0.0f ? 0.0f : y[i] * a;
+    plan_t *p = plan_for(c, ta, tb, M, N, K, lda, beta == 0.0f, align_of(A, B, C), dab, dc);
+    if (p)
+        ck_lt(c,
+              cublasLtMatmul(c->lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->ws,
+                             BK_CUDA_WORKSPACE_BYTES, c->cur),
+              "matmul");
 }
 
-static void cu_matmul(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
-                      float beta, float *C)
+/* c[i] = t[i] + beta·c[i], the bf16 result of an fp32 product made in t. */
+template <typename T> __global__ void add_product_kernel(T *c, const float *t, float beta, int64_t n)
 {
-    if (M == 0 || N == 0 || failed())
+    GRID_STRIDE(i, n) st(c, i, beta == 0.0f ? t[i] : t[i] + beta * ld(c, i));
+}
+
+static void cu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
+                      bk_buf_t B, float beta, bk_buf_t C)
+{
+    cuda_t *c = enter(be);
+    if (M == 0 || N == 0 || failed(c) || !dt_ok(c, "matmul", A.dt) || !dt_ok(c, "matmul", C.dt))
         return;
-    if (K == 0) { /* cuBLASLt wants k >= 1; C = beta·C */
-        scale_kernel<<<blocks_for(M * N, 256), 256>>>(C, beta, M * N);
-        launched("scale");
+    if (A.dt != B.dt) {
+        note_err(c, "matmul", "A and B of different dtypes");
         return;
     }
-    plan_t *p = plan_for(ta, tb, M, N, K, beta == 0.0f, align_of(A, B, C));
-    if (!p)
+    if (K == 0) { /* cuBLASLt wants k >= 1; C = beta·C */
+        on_dt(C.dt,
+              [&](auto tc) { scale_c_kernel<<<blocks_for(M * N, 256), 256, 0, c->cur>>>(AS(tc, C), beta, M * N); });
+        launched(c, "matmul (k = 0)");
         return;
-    ck_lt(cublasLtMatmul(g.lt, p->op, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, g.ws,
-                         g.ws_bytes, 0),
-          "matmul");
+    }
+    scratch_claim(c);
+    if (A.dt == DT_BF16 || C.dt == DT_F32) {
+        gemm(c, ta, tb, M, N, K, ta ? M : K, alpha, A.p, B.p, beta, C.p, A.dt, C.dt);
+        return;
+    }
+    /* fp32 operands into bf16: cuBLASLt has no such type combination, so the product is
+     * made in fp32 rows of scratch (blocks of at most the workspace's size) and added into
+     * C, rounded once. */
+    int64_t rows = (int64_t)(BK_CUDA_WORKSPACE_BYTES / sizeof(float)) / N;
+    rows = rows < 1 ? 1 : rows > M ? M : rows;
+    float *t = (float *)tmp_for(c, (size_t)rows * N * sizeof(float));
+    if (!t)
+        return;
+    for (int64_t m0 = 0; m0 < M && !failed(c); m0 += rows) {
+        int64_t mr = M - m0 < rows ? M - m0 : rows;
+        const float *a = (const float *)A.p + (ta ? m0 : m0 * K);
+        gemm(c, ta, tb, mr, N, K, ta ? M : K, alpha, a, B.p, 0.0f, t, DT_F32, DT_F32);
+        add_product_kernel<<<blocks_for(mr * N, 256), 256, 0, c->cur>>>((uint16_t *)C.p + m0 * N, t, beta, mr * N);
+        launched(c, "matmul (bf16 result)");
+    }
 }
 
 /* ---- embedding, rows ---------------------------------------------------------------------- */
 
-__global__ void embed_fwd_kernel(float *out, const int32_t *ids, const float *table, int64_t n, int64_t d)
+template <typename T>
+__global__ void embed_fwd_kernel(T *out, const int32_t *ids, const T *table, int64_t n, int64_t d)
 {
     GRID_STRIDE(e, n * d)
     {
@@ -335,17 +688,22 @@ __global__ void embed_fwd_kernel(float *out, const int32_t *ids, const float *ta
     }
 }
 
-/* A thread per column, tokens in order: repeated ids add in the CPU's order. */
-__global__ void embed_bwd_kernel(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t d)
+/* A thread per column, tokens in order: repeated ids add in the CPU's order, and a bf16
+ * table rounds each sum as it is stored, as the CPU does. */
+template <typename TT, typename TD>
+__global__ void embed_bwd_kernel(TT *dtable, const int32_t *ids, const TD *dout, int64_t n, int64_t d)
 {
     int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d)
         return;
-    for (int64_t i = 0; i < n; i++)
-        dtable[(int64_t)ids[i] * d + j] += dout[i * d + j];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t = (int64_t)ids[i] * d + j;
+        st(dtable, t, ld(dtable, t) + ld(dout, i * d + j));
+    }
 }
 
-__global__ void rows_scatter_kernel(float *dst, const int32_t *idx, const float *src, int64_t n, int64_t d)
+template <typename T>
+__global__ void rows_scatter_kernel(T *dst, const int32_t *idx, const T *src, int64_t n, int64_t d)
 {
     GRID_STRIDE(e, n * d)
     {
@@ -354,70 +712,99 @@ __global__ void rows_scatter_kernel(float *dst, const int32_t *idx, const float 
     }
 }
 
-static void cu_embed_fwd(float *out, const int32_t *ids, const float *table, int64_t n, int64_t d)
+static int same_dt(cuda_t *c, const char *op, dtype_t a, dtype_t b)
 {
-    if (n * d == 0 || failed())
-        return;
-    embed_fwd_kernel<<<blocks_for(n * d, 256), 256>>>(out, ids, table, n, d);
-    launched("embed_fwd");
+    if (!dt_ok(c, op, a) || !dt_ok(c, op, b))
+        return 0;
+    if (a != b) {
+        note_err(c, op, "buffers of different dtypes");
+        return 0;
+    }
+    return 1;
 }
 
-static void cu_embed_bwd(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t d)
+static void cu_embed_fwd(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d)
 {
-    if (n * d == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n * d == 0 || failed(c) || !same_dt(c, "embed_fwd", out.dt, table.dt))
         return;
-    embed_bwd_kernel<<<(unsigned)((d + 127) / 128), 128>>>(dtable, ids, dout, n, d);
-    launched("embed_bwd");
+    on_dt(out.dt, [&](auto t) {
+        embed_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, c->cur>>>(AS(t, out), ids, AS(t, table), n, d);
+    });
+    launched(c, "embed_fwd");
 }
 
-static void cu_rows_scatter(float *dst, const int32_t *idx, const float *src, int64_t n, int64_t d)
+static void cu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d)
 {
-    if (n * d == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n * d == 0 || failed(c) || !dt_ok(c, "embed_bwd", dtable.dt) || !dt_ok(c, "embed_bwd", dout.dt))
         return;
-    rows_scatter_kernel<<<blocks_for(n * d, 256), 256>>>(dst, idx, src, n, d);
-    launched("rows_scatter");
+    on_dt(dtable.dt, [&](auto tt) {
+        on_dt(dout.dt, [&](auto td) {
+            embed_bwd_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tt, dtable), ids, AS(td, dout), n,
+                                                                              d);
+        });
+    });
+    launched(c, "embed_bwd");
+}
+
+static void cu_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d)
+{
+    cuda_t *c = enter(be);
+    if (n * d == 0 || failed(c) || !same_dt(c, "rows_scatter", dst.dt, src.dt))
+        return;
+    on_dt(dst.dt, [&](auto t) {
+        rows_scatter_kernel<<<blocks_for(n * d, 256), 256, 0, c->cur>>>(AS(t, dst), idx, AS(t, src), n, d);
+    });
+    launched(c, "rows_scatter");
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------ */
 
-__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int64_t d, float eps)
+template <typename TO, typename TX, typename TW>
+__global__ void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *w, int64_t d, float eps)
 {
     __shared__ float sh[32];
     int64_t i = blockIdx.x;
-    const float *xi = x + i * d;
+    const TX *xi = x + i * d;
     float s = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        s += xi[j] * xi[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float xj = ld(xi, j);
+        s += xj * xj;
+    }
     s = block_sum(s, sh);
     float r = 1.0f / sqrtf(s / (float)d + eps);
     if (threadIdx.x == 0)
         rstd[i] = r;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        out[i * d + j] = (xi[j] * r) * w[j];
+        st(out, i * d + j, (ld(xi, j) * r) * ld(w, j));
 }
 
 /* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
-__global__ void rmsnorm_bwd_dx_kernel(float *dx, const float *dout, const float *x, const float *w,
-                                      const float *rstd, int64_t d)
+template <typename TDX, typename TG, typename TX, typename TW>
+__global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, const TW *w, const float *rstd,
+                                      int64_t d)
 {
     __shared__ float sh[32];
     int64_t i = blockIdx.x;
-    const float *xi = x + i * d, *gi = dout + i * d;
+    const TX *xi = x + i * d;
+    const TG *gi = dout + i * d;
     float s = 0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        s += gi[j] * w[j] * xi[j];
+        s += ld(gi, j) * ld(w, j) * ld(xi, j);
     s = block_sum(s, sh);
     float r = rstd[i], c = s * r * r * r / (float)d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        dx[i * d + j] += r * gi[j] * w[j] - c * xi[j];
+        st(dx, i * d + j, ld(dx, i * d + j) + (r * ld(gi, j) * ld(w, j) - c * ld(xi, j)));
 }
 
 /* dw = Σ_i dy·x·r: rows cut into fixed chunks (blockIdx.y), a thread per column, then
  * the chunks summed in order. */
 enum { COL_CHUNKS = 64 };
 
-__global__ void rmsnorm_bwd_dw_part_kernel(float *part, const float *dout, const float *x, const float *rstd,
-                                           int64_t n, int64_t d)
+template <typename TG, typename TX>
+__global__ void rmsnorm_bwd_dw_part_kernel(float *part, const TG *dout, const TX *x, const float *rstd, int64_t n,
+                                           int64_t d)
 {
     int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d)
@@ -425,11 +812,11 @@ __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const float *dout, const
     int64_t per = (n + COL_CHUNKS - 1) / COL_CHUNKS, a = blockIdx.y * per, b = a + per < n ? a + per : n;
     float acc = 0;
     for (int64_t i = a; i < b; i++)
-        acc += dout[i * d + j] * x[i * d + j] * rstd[i];
+        acc += ld(dout, i * d + j) * ld(x, i * d + j) * rstd[i];
     part[(int64_t)blockIdx.y * d + j] = acc;
 }
 
-__global__ void colsum_add_kernel(float *dw, const float *part, int64_t d)
+template <typename T> __global__ void colsum_add_kernel(T *dw, const float *part, int64_t d)
 {
     int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d)
@@ -437,59 +824,147 @@ __global__ void colsum_add_kernel(float *dw, const float *part, int64_t d)
     float acc = 0;
     for (int c = 0; c < COL_CHUNKS; c++)
         acc += part[(int64_t)c * d + j];
-    dw[j] += acc;
+    st(dw, j, ld(dw, j) + acc);
 }
 
-static void cu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t n, int64_t d, float eps)
+static void cu_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
+                           float eps)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "rmsnorm_fwd", out.dt) || !dt_ok(c, "rmsnorm_fwd", x.dt) ||
+        !dt_ok(c, "rmsnorm_fwd", w.dt))
         return;
-    rmsnorm_fwd_kernel<<<(unsigned)n, 256>>>(out, rstd, x, w, d, eps);
-    launched("rmsnorm_fwd");
+    on_dt(out.dt, [&](auto to) {
+        on_dt(x.dt, [&](auto tx) {
+            on_dt(w.dt, [&](auto tw) {
+                rmsnorm_fwd_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(to, out), rstd, AS(tx, x), AS(tw, w), d, eps);
+            });
+        });
+    });
+    launched(c, "rmsnorm_fwd");
 }
 
-static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
+static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
                            const float *rstd, int64_t n, int64_t d)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "rmsnorm_bwd", dx.dt) || !dt_ok(c, "rmsnorm_bwd", dw.dt) ||
+        !dt_ok(c, "rmsnorm_bwd", dout.dt) || !dt_ok(c, "rmsnorm_bwd", x.dt) || !dt_ok(c, "rmsnorm_bwd", w.dt))
         return;
-    rmsnorm_bwd_dx_kernel<<<(unsigned)n, 256>>>(dx, dout, x, w, rstd, d);
-    launched("rmsnorm_bwd");
-    if (grow((void **)&g.colpart, &g.colpart_cap, (size_t)COL_CHUNKS * d * sizeof(float), "scratch") < 0)
+    on_dt(dx.dt, [&](auto tdx) {
+        on_dt(dout.dt, [&](auto tg) {
+            on_dt(x.dt, [&](auto tx) {
+                on_dt(w.dt, [&](auto tw) {
+                    rmsnorm_bwd_dx_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(tdx, dx), AS(tg, dout), AS(tx, x),
+                                                                           AS(tw, w), rstd, d);
+                });
+            });
+        });
+    });
+    launched(c, "rmsnorm_bwd");
+    if (failed(c))
+        return;
+    scratch_claim(c);
+    float *part = (float *)tmp_for(c, (size_t)COL_CHUNKS * d * sizeof(float));
+    if (!part)
         return;
     dim3 grid((unsigned)((d + 127) / 128), COL_CHUNKS);
-    rmsnorm_bwd_dw_part_kernel<<<grid, 128>>>(g.colpart, dout, x, rstd, n, d);
-    launched("rmsnorm_bwd dw");
-    colsum_add_kernel<<<(unsigned)((d + 127) / 128), 128>>>(dw, g.colpart, d);
-    launched("rmsnorm_bwd dw sum");
+    on_dt(dout.dt, [&](auto tg) {
+        on_dt(x.dt, [&](auto tx) {
+            rmsnorm_bwd_dw_part_kernel<<<grid, 128, 0, c->cur>>>(part, AS(tg, dout), AS(tx, x), rstd, n, d);
+        });
+    });
+    launched(c, "rmsnorm_bwd dw");
+    on_dt(dw.dt,
+          [&](auto tw) { colsum_add_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tw, dw), part, d); });
+    launched(c, "rmsnorm_bwd dw sum");
 }
 
 /* ---- rotary embedding --------------------------------------------------------------------- */
 
-/* HF: inv_freq_j = 1 / theta^(2j/hd) in float32, angle = pos·inv_freq in float32. */
-__global__ void rope_kernel(float *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
+/* The rotation of pair j at position pos. HF: inv_freq_j = 1 / theta^(2j/hd) in float32,
+ * angle = pos·inv_freq in float32. Its cosine and sine come from sincospi in double,
+ * rounded to float: that reduction is exact for any angle, where cosf/sinf take a slow
+ * path with local memory past |a| = 105615, and the values are the nearest floats nearly
+ * always (the CPU's glibc cosf/sinf are too). */
+__device__ __forceinline__ void rope_cs(int32_t pos, int j, int hd, float theta, int inverse, float *c, float *s)
+{
+    float inv = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+    float a = (float)pos * inv;
+    double sd, cd;
+    sincospi((double)a * 0.318309886183790671537767526745, &sd, &cd); /* a / pi */
+    *c = (float)cd;
+    *s = inverse ? -(float)sd : (float)sd;
+}
+
+/* Elements j and j + half of one head's row v. */
+template <typename T> __device__ __forceinline__ void rope_rot(T *v, int j, int half, float c, float s)
+{
+    float x1 = ld(v, j), x2 = ld(v, j + half);
+    st(v, j, x1 * c - x2 * s);
+    st(v, j + half, x2 * c + x1 * s);
+}
+
+/* A thread per (token, pair), the heads in a loop: the angle is the same for all of them,
+ * as in the CPU's loop. */
+template <typename T>
+__global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
 {
     int half = hd / 2;
-    GRID_STRIDE(e, n * n_head * half)
+    GRID_STRIDE(e, n * half)
     {
         int j = (int)(e % half);
-        int64_t ih = e / half, i = ih / n_head;
-        float inv = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
-        float a = (float)pos[i] * inv;
-        float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
-        float *v = x + ih * hd;
-        float x1 = v[j], x2 = v[j + half];
-        v[j] = x1 * c - x2 * s;
-        v[j + half] = x2 * c + x1 * s;
+        int64_t i = e / half;
+        float c, s;
+        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        for (int h = 0; h < n_head; h++)
+            rope_rot(x + (i * n_head + h) * hd, j, half, c, s);
     }
 }
 
-static void cu_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
+template <typename TQ, typename TK>
+__global__ void rope_qk_kernel(TQ *q, TK *k, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
+                               float theta, int inverse)
 {
-    if (n == 0 || failed())
+    int half = hd / 2;
+    GRID_STRIDE(e, n * half)
+    {
+        int j = (int)(e % half);
+        int64_t i = e / half;
+        float c, s;
+        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        for (int h = 0; h < n_head; h++)
+            rope_rot(q + (i * n_head + h) * hd, j, half, c, s);
+        for (int h = 0; h < n_kv; h++)
+            rope_rot(k + (i * n_kv + h) * hd, j, half, c, s);
+    }
+}
+
+static void cu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
+                    int inverse)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope", x.dt))
         return;
-    rope_kernel<<<blocks_for(n * n_head * (hd / 2), 256), 256>>>(x, pos, n, n_head, hd, theta, inverse);
-    launched("rope");
+    on_dt(x.dt, [&](auto t) {
+        rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, theta, inverse);
+    });
+    launched(c, "rope");
+}
+
+static void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
+                       int hd, float theta, int inverse)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope_qk", q.dt) || !dt_ok(c, "rope_qk", k.dt))
+        return;
+    on_dt(q.dt, [&](auto tq) {
+        on_dt(k.dt, [&](auto tk) {
+            rope_qk_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(tq, q), AS(tk, k), pos, n, n_head,
+                                                                              n_kv, hd, theta, inverse);
+        });
+    });
+    launched(c, "rope_qk");
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -497,44 +972,44 @@ static void cu_rope(float *x, const int32_t *pos, int64_t n, int n_head, int hd,
 /* A warp holds a row of hd ≤ 32·ATT_PER_LANE values, lane l owning l, l+32, … */
 enum { ATT_PER_LANE = 8, ATT_WARPS = 4 };
 
-__device__ void row_load(float *r, const float *src, int hd, int lane, float scale)
+template <typename T> __device__ void row_load(float *r, const T *src, int hd, int lane)
 {
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++) {
         int c = lane + 32 * t;
-        r[t] = c < hd ? src[c] * scale : 0.0f;
+        r[t] = c < hd ? ld(src, c) : 0.0f;
     }
 }
 
-__device__ float row_dot(const float *r, const float *src, int hd, int lane)
+template <typename T> __device__ float row_dot(const float *r, const T *src, int hd, int lane)
 {
     float s = 0;
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++) {
         int c = lane + 32 * t;
         if (c < hd)
-            s += r[t] * src[c];
+            s += r[t] * ld(src, c);
     }
     return warp_sum(s);
 }
 
-__device__ void row_axpy(float *acc, float a, const float *src, int hd, int lane)
+template <typename T> __device__ void row_axpy(float *acc, float a, const T *src, int hd, int lane)
 {
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++) {
         int c = lane + 32 * t;
         if (c < hd)
-            acc[t] += a * src[c];
+            acc[t] += a * ld(src, c);
     }
 }
 
-__device__ void row_store(float *dst, const float *r, int hd, int lane, float scale)
+template <typename T> __device__ void row_store(T *dst, const float *r, int hd, int lane, float scale)
 {
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++) {
         int c = lane + 32 * t;
         if (c < hd)
-            dst[c] = r[t] * scale;
+            st(dst, c, r[t] * scale);
     }
 }
 
@@ -553,13 +1028,14 @@ __device__ int64_t seg_start(const int64_t *seg, int64_t n_seg, int64_t i, int64
     return seg[lo];
 }
 
-/* One query row against keys k0 … k0+nk-1 (row stride ks), online softmax; returns the
- * log-sum-exp of the scaled scores and writes the output row. */
-__device__ float attend_warp(const float *q, const float *k, const float *v, int64_t nk, int64_t ks, int hd,
-                             float scale, float *o, int lane)
+/* One query row against keys k0 … k0+nk-1 (row stride ks), online softmax in fp32;
+ * returns the log-sum-exp of the scaled scores and writes the output row. */
+template <typename T>
+__device__ float attend_warp(const T *q, const T *k, const T *v, int64_t nk, int64_t ks, int hd, float scale, T *o,
+                             int lane)
 {
     float qr[ATT_PER_LANE], acc[ATT_PER_LANE];
-    row_load(qr, q, hd, lane, 1.0f);
+    row_load(qr, q, hd, lane);
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++)
         acc[t] = 0;
@@ -582,9 +1058,9 @@ __device__ float attend_warp(const float *q, const float *k, const float *v, int
 /* Training (seg != NULL): query i sees the keys of its segment up to itself, and its
  * log-sum-exp is kept. Decoding (seg == NULL, lse == NULL): query i sits at position
  * p0 + i of one cached sequence and sees keys 0 … p0 + i. */
-__global__ void attn_fwd_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                                const int64_t *seg, int64_t n_seg, int64_t p0, int64_t n, int n_head, int n_kv,
-                                int hd)
+template <typename T>
+__global__ void attn_fwd_kernel(T *out, float *lse, const T *q, const T *k, const T *v, const int64_t *seg,
+                                int64_t n_seg, int64_t p0, int64_t n, int n_head, int n_kv, int hd)
 {
     int lane = threadIdx.x & 31;
     int64_t i = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
@@ -602,9 +1078,10 @@ __global__ void attn_fwd_kernel(float *out, float *lse, const float *q, const fl
 
 /* dq_i = scale·Σ_j ds_ij k_j with ds_ij = p_ij (dout_i·v_j − D_i), D_i = dout_i·out_i;
  * also keeps D_i for the key-side kernel. */
-__global__ void attn_bwd_dq_kernel(float *dq, float *dsum, const float *dout, const float *q, const float *k,
-                                   const float *v, const float *out, const float *lse, const int64_t *seg,
-                                   int64_t n_seg, int64_t n, int n_head, int n_kv, int hd)
+template <typename T>
+__global__ void attn_bwd_dq_kernel(T *dq, float *dsum, const T *dout, const T *q, const T *k, const T *v,
+                                   const T *out, const float *lse, const int64_t *seg, int64_t n_seg, int64_t n,
+                                   int n_head, int n_kv, int hd)
 {
     int lane = threadIdx.x & 31;
     int64_t i = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
@@ -616,8 +1093,8 @@ __global__ void attn_bwd_dq_kernel(float *dq, float *dsum, const float *dout, co
     int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     float qr[ATT_PER_LANE], gr[ATT_PER_LANE], acc[ATT_PER_LANE];
-    row_load(qr, q + i * qs + h * hd, hd, lane, 1.0f);
-    row_load(gr, dout + i * qs + h * hd, hd, lane, 1.0f);
+    row_load(qr, q + i * qs + h * hd, hd, lane);
+    row_load(gr, dout + i * qs + h * hd, hd, lane);
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++)
         acc[t] = 0;
@@ -625,7 +1102,7 @@ __global__ void attn_bwd_dq_kernel(float *dq, float *dsum, const float *dout, co
     if (lane == 0)
         dsum[i * n_head + h] = D;
     for (int64_t j = a; j <= i; j++) {
-        const float *kj = k + j * ks + kh * hd, *vj = v + j * ks + kh * hd;
+        const T *kj = k + j * ks + kh * hd, *vj = v + j * ks + kh * hd;
         float p = expf(row_dot(qr, kj, hd, lane) * scale - l);
         float ds = p * (row_dot(gr, vj, hd, lane) - D);
         row_axpy(acc, ds * scale, kj, hd, lane);
@@ -634,9 +1111,10 @@ __global__ void attn_bwd_dq_kernel(float *dq, float *dsum, const float *dout, co
 }
 
 /* dk_j = scale·Σ_{h in group} Σ_{i >= j} ds_ij q_i, dv_j = Σ Σ p_ij dout_i. */
-__global__ void attn_bwd_dkv_kernel(float *dk, float *dv, const float *dsum, const float *dout, const float *q,
-                                    const float *k, const float *v, const float *lse, const int64_t *seg,
-                                    int64_t n_seg, int64_t n, int n_head, int n_kv, int hd)
+template <typename T>
+__global__ void attn_bwd_dkv_kernel(T *dk, T *dv, const float *dsum, const T *dout, const T *q, const T *k,
+                                    const T *v, const float *lse, const int64_t *seg, int64_t n_seg, int64_t n,
+                                    int n_head, int n_kv, int hd)
 {
     int lane = threadIdx.x & 31;
     int64_t j = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
@@ -648,14 +1126,14 @@ __global__ void attn_bwd_dkv_kernel(float *dk, float *dv, const float *dsum, con
     int64_t qs = (int64_t)n_head * hd, ks = (int64_t)n_kv * hd;
     float scale = 1.0f / sqrtf((float)hd);
     float kr[ATT_PER_LANE], vr[ATT_PER_LANE], dka[ATT_PER_LANE], dva[ATT_PER_LANE];
-    row_load(kr, k + j * ks + kh * hd, hd, lane, 1.0f);
-    row_load(vr, v + j * ks + kh * hd, hd, lane, 1.0f);
+    row_load(kr, k + j * ks + kh * hd, hd, lane);
+    row_load(vr, v + j * ks + kh * hd, hd, lane);
 #pragma unroll
     for (int t = 0; t < ATT_PER_LANE; t++)
         dka[t] = dva[t] = 0;
     for (int h = kh * group; h < (kh + 1) * group; h++)
         for (int64_t i = j; i < end; i++) {
-            const float *qi = q + i * qs + h * hd, *gi = dout + i * qs + h * hd;
+            const T *qi = q + i * qs + h * hd, *gi = dout + i * qs + h * hd;
             float p = expf(row_dot(kr, qi, hd, lane) * scale - lse[i * n_head + h]);
             float ds = p * (row_dot(vr, gi, hd, lane) - dsum[i * n_head + h]);
             row_axpy(dva, p, gi, hd, lane);
@@ -665,98 +1143,161 @@ __global__ void attn_bwd_dkv_kernel(float *dk, float *dv, const float *dsum, con
     row_store(dv + j * ks + kh * hd, dva, hd, lane, 1.0f);
 }
 
-static int attn_args_ok(int hd)
+static int attn_args_ok(cuda_t *c, const char *op, int hd, int n_head, int n_kv)
 {
-    if (hd > 32 * ATT_PER_LANE || hd % 2) {
-        note_err("attention", "head dimension over 256 or odd");
+    if (hd > 32 * ATT_PER_LANE || hd % 2 || hd <= 0) {
+        note_err(c, op, "head dimension over 256 or odd");
+        return 0;
+    }
+    if (n_kv <= 0 || n_head % n_kv) {
+        note_err(c, op, "query heads not a multiple of key/value heads");
         return 0;
     }
     return 1;
 }
 
-static const int64_t *upload_seg(const int64_t *seg, int64_t n_seg)
+/* The segment list on the device; after scratch_claim. A model's layers all attend over
+ * one micro-batch's segments, so a list equal to the last one is not uploaded again. */
+static const int64_t *upload_seg(cuda_t *c, const int64_t *seg, int64_t n_seg)
 {
     size_t bytes = (size_t)(n_seg + 1) * sizeof *seg;
-    if (grow((void **)&g.seg, &g.seg_cap, bytes, "scratch") < 0 ||
-        ck(cudaMemcpy(g.seg, seg, bytes, cudaMemcpyHostToDevice), "segments") < 0)
+    if (c->seg_n == n_seg && !memcmp(c->seg_host, seg, bytes))
+        return c->seg;
+    c->seg_n = -1;
+    /* seg_host is the source of the last upload, which may not have run yet */
+    if (ck(c, cudaEventSynchronize(c->seg_ev), "segments") < 0)
         return NULL;
-    return g.seg;
+    if (bytes > c->seg_host_cap) {
+        cudaFreeHost(c->seg_host);
+        c->seg_host = NULL;
+        c->seg_host_cap = 0;
+        if (ck(c, cudaMallocHost((void **)&c->seg_host, bytes), "segments (pinned host memory)") < 0)
+            return NULL;
+        c->seg_host_cap = bytes;
+    }
+    if (!scratch(c, (void **)&c->seg, &c->seg_cap, bytes, "attention segments"))
+        return NULL;
+    memcpy(c->seg_host, seg, bytes);
+    if (ck(c, cudaMemcpyAsync(c->seg, c->seg_host, bytes, cudaMemcpyHostToDevice, c->cur), "segments") < 0 ||
+        ck(c, cudaEventRecord(c->seg_ev, c->cur), "segments") < 0)
+        return NULL;
+    c->seg_n = n_seg;
+    return c->seg;
 }
 
-static void cu_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const int64_t *seg,
-                        int64_t n_seg, int n_head, int n_kv, int hd)
+static void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v,
+                        const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd)
 {
+    cuda_t *c = enter(be);
     int64_t n = seg[n_seg];
-    if (n == 0 || failed() || !attn_args_ok(hd))
+    if (n == 0 || failed(c) || !attn_args_ok(c, "attn_fwd", hd, n_head, n_kv) ||
+        !same_dt(c, "attn_fwd", out.dt, q.dt) || !same_dt(c, "attn_fwd", k.dt, q.dt) ||
+        !same_dt(c, "attn_fwd", v.dt, q.dt))
         return;
-    const int64_t *ds = upload_seg(seg, n_seg);
+    scratch_claim(c);
+    const int64_t *ds = upload_seg(c, seg, n_seg);
     if (!ds)
         return;
     dim3 grid((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_head);
-    attn_fwd_kernel<<<grid, 32 * ATT_WARPS>>>(out, lse, q, k, v, ds, n_seg, 0, n, n_head, n_kv, hd);
-    launched("attn_fwd");
+    on_dt(q.dt, [&](auto t) {
+        attn_fwd_kernel<<<grid, 32 * ATT_WARPS, 0, c->cur>>>(AS(t, out), lse, AS(t, q), AS(t, k), AS(t, v), ds,
+                                                             n_seg, 0, n, n_head, n_kv, hd);
+    });
+    launched(c, "attn_fwd");
 }
 
-static void cu_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                        const float *v, const float *out, const float *lse, const int64_t *seg, int64_t n_seg,
-                        int n_head, int n_kv, int hd)
+static void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
+                        bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
+                        int n_kv, int hd)
 {
+    cuda_t *c = enter(be);
     int64_t n = seg[n_seg];
-    if (n == 0 || failed() || !attn_args_ok(hd))
+    const char *op = "attn_bwd";
+    if (n == 0 || failed(c) || !attn_args_ok(c, op, hd, n_head, n_kv) || !same_dt(c, op, dq.dt, q.dt) ||
+        !same_dt(c, op, dk.dt, q.dt) || !same_dt(c, op, dv.dt, q.dt) || !same_dt(c, op, dout.dt, q.dt) ||
+        !same_dt(c, op, k.dt, q.dt) || !same_dt(c, op, v.dt, q.dt) || !same_dt(c, op, out.dt, q.dt))
         return;
-    const int64_t *ds = upload_seg(seg, n_seg);
-    if (!ds || grow((void **)&g.dsum, &g.dsum_cap, (size_t)n * n_head * sizeof(float), "scratch") < 0)
+    scratch_claim(c);
+    const int64_t *ds = upload_seg(c, seg, n_seg);
+    float *dsum = (float *)tmp_for(c, (size_t)n * n_head * sizeof(float));
+    if (!ds || !dsum)
         return;
     dim3 gq((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_head);
-    attn_bwd_dq_kernel<<<gq, 32 * ATT_WARPS>>>(dq, g.dsum, dout, q, k, v, out, lse, ds, n_seg, n, n_head, n_kv, hd);
-    launched("attn_bwd dq");
     dim3 gk((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_kv);
-    attn_bwd_dkv_kernel<<<gk, 32 * ATT_WARPS>>>(dk, dv, g.dsum, dout, q, k, v, lse, ds, n_seg, n, n_head, n_kv, hd);
-    launched("attn_bwd dk dv");
+    on_dt(q.dt, [&](auto t) {
+        attn_bwd_dq_kernel<<<gq, 32 * ATT_WARPS, 0, c->cur>>>(AS(t, dq), dsum, AS(t, dout), AS(t, q), AS(t, k),
+                                                              AS(t, v), AS(t, out), lse, ds, n_seg, n, n_head, n_kv,
+                                                              hd);
+        launched(c, "attn_bwd dq");
+        attn_bwd_dkv_kernel<<<gk, 32 * ATT_WARPS, 0, c->cur>>>(AS(t, dk), AS(t, dv), dsum, AS(t, dout), AS(t, q),
+                                                               AS(t, k), AS(t, v), lse, ds, n_seg, n, n_head, n_kv,
+                                                               hd);
+        launched(c, "attn_bwd dk dv");
+    });
 }
 
-static void cu_attn_cached(float *out, const float *q, const float *kc, const float *vc, int64_t n, int64_t p0,
+static void cu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
                            int n_head, int n_kv, int hd)
 {
-    if (n == 0 || failed() || !attn_args_ok(hd))
+    cuda_t *c = enter(be);
+    const char *op = "attn_cached";
+    if (n == 0 || failed(c) || !attn_args_ok(c, op, hd, n_head, n_kv) || !same_dt(c, op, out.dt, q.dt) ||
+        !same_dt(c, op, kc.dt, q.dt) || !same_dt(c, op, vc.dt, q.dt))
         return;
     dim3 grid((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_head);
-    attn_fwd_kernel<<<grid, 32 * ATT_WARPS>>>(out, NULL, q, kc, vc, NULL, 0, p0, n, n_head, n_kv, hd);
-    launched("attn_cached");
+    on_dt(q.dt, [&](auto t) {
+        attn_fwd_kernel<<<grid, 32 * ATT_WARPS, 0, c->cur>>>(AS(t, out), NULL, AS(t, q), AS(t, kc), AS(t, vc), NULL,
+                                                             0, p0, n, n_head, n_kv, hd);
+    });
+    launched(c, op);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------- */
 
-__global__ void swiglu_fwd_kernel(float *h, const float *g_, const float *u, int64_t n)
-{
-    GRID_STRIDE(i, n) h[i] = g_[i] / (1.0f + expf(-g_[i])) * u[i];
-}
-
-__global__ void swiglu_bwd_kernel(float *dg, float *du, const float *dh, const float *g_, const float *u, int64_t n)
+template <typename T> __global__ void swiglu_fwd_kernel(T *h, const T *g_, const T *u, int64_t n)
 {
     GRID_STRIDE(i, n)
     {
-        float sg = 1.0f / (1.0f + expf(-g_[i]));
-        float d = dh[i], gi = g_[i];
-        du[i] = d * gi * sg;
-        dg[i] = d * u[i] * sg * (1.0f + gi * (1.0f - sg));
+        float gi = ld(g_, i);
+        st(h, i, gi / (1.0f + expf(-gi)) * ld(u, i));
     }
 }
 
-static void cu_swiglu_fwd(float *h, const float *g_, const float *u, int64_t n)
+template <typename T>
+__global__ void swiglu_bwd_kernel(T *dg, T *du, const T *dh, const T *g_, const T *u, int64_t n)
 {
-    if (n == 0 || failed())
-        return;
-    swiglu_fwd_kernel<<<blocks_for(n, 256), 256>>>(h, g_, u, n);
-    launched("swiglu_fwd");
+    GRID_STRIDE(i, n)
+    {
+        float gi = ld(g_, i), d = ld(dh, i);
+        float sg = 1.0f / (1.0f + expf(-gi));
+        st(du, i, d * gi * sg);
+        st(dg, i, d * ld(u, i) * sg * (1.0f + gi * (1.0f - sg)));
+    }
 }
 
-static void cu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g_, const float *u, int64_t n)
+static void cu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g_, bk_buf_t u, int64_t n)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !same_dt(c, "swiglu_fwd", h.dt, g_.dt) || !same_dt(c, "swiglu_fwd", u.dt, g_.dt))
         return;
-    swiglu_bwd_kernel<<<blocks_for(n, 256), 256>>>(dg, du, dh, g_, u, n);
-    launched("swiglu_bwd");
+    on_dt(h.dt, [&](auto t) {
+        swiglu_fwd_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, h), AS(t, g_), AS(t, u), n);
+    });
+    launched(c, "swiglu_fwd");
+}
+
+static void cu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g_, bk_buf_t u, int64_t n)
+{
+    cuda_t *c = enter(be);
+    const char *op = "swiglu_bwd";
+    if (n == 0 || failed(c) || !same_dt(c, op, dg.dt, g_.dt) || !same_dt(c, op, du.dt, g_.dt) ||
+        !same_dt(c, op, dh.dt, g_.dt) || !same_dt(c, op, u.dt, g_.dt))
+        return;
+    on_dt(g_.dt, [&](auto t) {
+        swiglu_bwd_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, dg), AS(t, du), AS(t, dh), AS(t, g_),
+                                                                  AS(t, u), n);
+    });
+    launched(c, op);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
@@ -808,173 +1349,303 @@ __global__ void sum_in_order_kernel(double *out, const double *v, int64_t n)
     *out = t;
 }
 
-/* Σ of g.part[1 … n] in order, on the device, brought back; NaN after an error. */
-static double sum_parts(int64_t n, const char *what)
+/* Σ of part[1 … n] in order, on the device, brought back; NaN after an error. */
+static double sum_parts(cuda_t *c, double *part, int64_t n, const char *what)
 {
-    sum_in_order_kernel<<<1, 1>>>(g.part, g.part + 1, n);
-    launched(what);
+    sum_in_order_kernel<<<1, 1, 0, c->cur>>>(part, part + 1, n);
+    launched(c, what);
     double total = NAN;
-    if (!failed())
-        ck(cudaMemcpy(&total, g.part, sizeof total, cudaMemcpyDeviceToHost), what);
-    return failed() ? NAN : total;
+    if (!failed(c) && ck(c, cudaMemcpyAsync(&total, part, sizeof total, cudaMemcpyDeviceToHost, c->cur), what) == 0)
+        ck(c, cudaStreamSynchronize(c->cur), what);
+    return failed(c) ? NAN : total;
 }
 
-static double cu_xent(float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-                      float grad_scale)
+static double cu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n,
+                      int64_t V, float grad_scale)
 {
-    if (n == 0 || failed())
-        return failed() ? NAN : 0.0;
-    if (grow((void **)&g.part, &g.part_cap, (size_t)(n + 1) * sizeof(double), "scratch") < 0)
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c))
+        return failed(c) ? NAN : 0.0;
+    scratch_claim(c);
+    double *part = (double *)tmp_for(c, (size_t)(n + 1) * sizeof(double));
+    if (!part)
         return NAN;
-    xent_kernel<<<(unsigned)n, 256>>>(logits, g.part + 1, targets, weights, V, grad_scale);
-    launched("xent");
-    return sum_parts(n, "xent sum");
+    xent_kernel<<<(unsigned)n, 256, 0, c->cur>>>(logits, part + 1, targets, weights, V, grad_scale);
+    launched(c, "xent");
+    return sum_parts(c, part, n, "xent sum");
 }
 
 /* ---- vectors, the optimizer ---------------------------------------------------------------- */
 
-__global__ void add_kernel(float *y, const float *x, int64_t n) { GRID_STRIDE(i, n) y[i] += x[i]; }
-__global__ void mul_kernel(float *y, float a, int64_t n) { GRID_STRIDE(i, n) y[i] *= a; }
+template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n)
+{
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) + ld(x, i));
+}
 
 /* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
 enum { SUMSQ_BLOCK = 65536 };
-__global__ void sumsq_part_kernel(double *part, const float *x, int64_t n)
+template <typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
 {
     __shared__ double sh[32];
     int64_t a = (int64_t)blockIdx.x * SUMSQ_BLOCK, b = a + SUMSQ_BLOCK < n ? a + SUMSQ_BLOCK : n;
     double s = 0;
-    for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x)
-        s += (double)x[i] * x[i];
+    for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x) {
+        double xi = ld(x, i);
+        s += xi * xi;
+    }
     s = block_sum(s, sh);
     if (threadIdx.x == 0)
         part[blockIdx.x] = s;
 }
 
-__global__ void adamw_kernel(float *p, const float *g_, float *m, float *v, int64_t n, float b1, float b2, float eps,
-                             float decay, float step, float bc2s)
+/* bk_adamw_t's values as the kernel uses them (fp32, derived on the host as the CPU does). */
+typedef struct {
+    float b1, b2, omb1, omb2, eps, decay, step, bc2s, gscale;
+    int stochastic;
+    uint64_t key;
+    int64_t index0;
+} adamw_args_t;
+
+/* The AdamW store of state w (0 p, 1 m, 2 v) of element i. */
+__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, int) { p[i] = x; }
+__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, int w)
+{
+    p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
+}
+
+/* backend.h's formula operation by operation, rounded as written (no FMA contraction). */
+template <typename TP, typename TG>
+__global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a)
 {
     GRID_STRIDE(i, n)
     {
-        float gi = g_[i];
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step * mi / (sqrtf(vi) / bc2s + eps);
+        float gi = __fmul_rn(ld(g_, i), a.gscale);
+        float mi = __fadd_rn(__fmul_rn(a.b1, ld(m, i)), __fmul_rn(a.omb1, gi));
+        float vi = __fadd_rn(__fmul_rn(a.b2, ld(v, i)), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
+        float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2s), a.eps);
+        float pi = __fsub_rn(__fmul_rn(ld(p, i), a.decay), __fdiv_rn(__fmul_rn(a.step, mi), den));
+        st_adamw(p, i, pi, a, 0);
+        st_adamw(m, i, mi, a, 1);
+        st_adamw(v, i, vi, a, 2);
     }
 }
 
-static void cu_add(float *y, const float *x, int64_t n)
+static void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "add", y.dt) || !dt_ok(c, "add", x.dt))
         return;
-    add_kernel<<<blocks_for(n, 256), 256>>>(y, x, n);
-    launched("add");
+    on_dt(y.dt, [&](auto ty) {
+        on_dt(x.dt, [&](auto tx) { add_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(ty, y), AS(tx, x), n); });
+    });
+    launched(c, "add");
 }
 
-static void cu_scale(float *y, float a, int64_t n)
+static void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "scale", y.dt))
         return;
-    mul_kernel<<<blocks_for(n, 256), 256>>>(y, a, n);
-    launched("scale");
+    on_dt(y.dt, [&](auto t) { mul_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, y), a, n); });
+    launched(c, "scale");
 }
 
-static double cu_sumsq(const float *x, int64_t n)
+static double cu_sumsq(backend_t *be, bk_buf_t x, int64_t n)
 {
-    if (n == 0 || failed())
-        return failed() ? NAN : 0.0;
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "sumsq", x.dt))
+        return failed(c) ? NAN : 0.0;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
-    if (grow((void **)&g.part, &g.part_cap, (size_t)(nb + 1) * sizeof(double), "scratch") < 0)
+    scratch_claim(c);
+    double *part = (double *)tmp_for(c, (size_t)(nb + 1) * sizeof(double));
+    if (!part)
         return NAN;
-    sumsq_part_kernel<<<(unsigned)nb, 256>>>(g.part + 1, x, n);
-    launched("sumsq");
-    return sum_parts(nb, "sumsq sum");
+    on_dt(x.dt, [&](auto t) { sumsq_part_kernel<<<(unsigned)nb, 256, 0, c->cur>>>(part + 1, AS(t, x), n); });
+    launched(c, "sumsq");
+    return sum_parts(c, part, nb, "sumsq sum");
 }
 
-static void cu_adamw(float *p, const float *g_, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                     float wd, double bc1, double bc2)
+static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
 {
-    if (n == 0 || failed())
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
+        !dt_ok(c, "adamw", g_.dt))
         return;
-    float decay = 1.0f - lr * wd, step = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
-    adamw_kernel<<<blocks_for(n, 256), 256>>>(p, g_, m, v, n, b1, b2, eps, decay, step, bc2s);
-    launched("adamw");
+    adamw_args_t a;
+    a.b1 = h->b1;
+    a.b2 = h->b2;
+    a.omb1 = 1.0f - h->b1;
+    a.omb2 = 1.0f - h->b2;
+    a.eps = h->eps;
+    a.decay = 1.0f - h->lr * h->wd;
+    a.step = (float)(h->lr / h->bc1);
+    a.bc2s = (float)sqrt(h->bc2);
+    a.gscale = h->gscale;
+    a.stochastic = h->stochastic;
+    a.key = h->key;
+    a.index0 = h->index0;
+    on_dt(p.dt, [&](auto tp) {
+        on_dt(g_.dt, [&](auto tg) {
+            adamw_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a);
+        });
+    });
+    launched(c, "adamw");
 }
 
-/* ---- the table ------------------------------------------------------------------------------ */
+/* ---- the instance ---------------------------------------------------------------------------- */
 
-static backend_t cuda_backend;
-
-static int init(int device)
+/* Frees what the instance made but memory: backend_free has already freed every live
+ * bk_alloc() allocation, the workspace and scratch included (backend.h). Also after a
+ * creation that stopped half-way. */
+static void cu_destroy(backend_t *be)
 {
+    cuda_t *c = (cuda_t *)be->ctx;
+    if (!c)
+        return;
+    enter(be);
+    /* the streams' work may still use the plans */
+    if (c->def)
+        cudaStreamSynchronize(c->def);
+    for (bk_stream *s = c->streams; s; s = s->next)
+        cudaStreamSynchronize(s->s);
+    for (int i = 0; i < c->n_plans; i++)
+        plan_release(&c->plans[i]);
+    if (c->seg_host)
+        cudaFreeHost(c->seg_host);
+    while (c->events) {
+        bk_event *e = c->events;
+        c->events = e->next;
+        cudaEventDestroy(e->e);
+        free(e);
+    }
+    while (c->streams) {
+        bk_stream *s = c->streams;
+        c->streams = s->next;
+        cudaStreamDestroy(s->s);
+        free(s);
+    }
+    if (c->scr_ev)
+        cudaEventDestroy(c->scr_ev);
+    if (c->seg_ev)
+        cudaEventDestroy(c->seg_ev);
+    if (c->def)
+        cudaStreamDestroy(c->def);
+    if (c->lt)
+        cublasLtDestroy(c->lt);
+    cudaGetLastError();
+    free(c);
+    be->ctx = NULL;
+}
+
+/* Fails the creation of be: the message survives backend_free. */
+static backend_t *fail_new(backend_t *be, const char *msg)
+{
+    char m[512];
+    snprintf(m, sizeof m, "%s", msg);
+    backend_free(be);
+    ftk_err_set("%s", m);
+    return NULL;
+}
+
+extern "C" backend_t *backend_cuda_new(int device)
+{
+    const char *mm = getenv("FTK_CUDA_MATMUL");
+    cublasComputeType_t f32_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (mm && !strcmp(mm, "fp32"))
+        f32_compute = CUBLAS_COMPUTE_32F;
+    else if (mm && !strcmp(mm, "tf32"))
+        f32_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    else if (mm && *mm) {
+        ftk_err_set("FTK_CUDA_MATMUL=%s: expected fp32 or tf32", mm);
+        return NULL;
+    }
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         ftk_err_set("no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
         cudaGetLastError();
-        return -1;
+        return NULL;
     }
     if (device < 0 || device >= count) {
         ftk_err_set("CUDA device %d asked for, %d present", device, count);
-        return -1;
+        return NULL;
     }
-    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+    cudaDeviceProp prop;
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        cudaGetLastError();
         ftk_err_set("CUDA device %d: %s", device, cudaGetErrorString(e));
-        return -1;
+        return NULL;
     }
-    const char *mm = getenv("FTK_CUDA_MATMUL");
-    g.exact = mm && !strcmp(mm, "fp32");
-    g.ws_bytes = (size_t)32 << 20;
-    if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS) {
-        ftk_err_set("CUDA device %d: cuBLASLt could not start", device);
-        return -1;
-    }
-    if ((e = cudaMalloc(&g.ws, g.ws_bytes)) != cudaSuccess) {
-        ftk_err_set("CUDA device %d: workspace: %s", device, cudaGetErrorString(e));
-        return -1;
-    }
-    memset(&cuda_backend, 0, sizeof cuda_backend);
-    cuda_backend.name = "cuda";
-    cuda_backend.alloc = cu_alloc;
-    cuda_backend.free = cu_free;
-    cuda_backend.upload = cu_upload;
-    cuda_backend.download = cu_download;
-    cuda_backend.zero = cu_zero;
-    cuda_backend.copy = cu_copy;
-    cuda_backend.sync = cu_sync;
-    cuda_backend.matmul = cu_matmul;
-    cuda_backend.embed_fwd = cu_embed_fwd;
-    cuda_backend.embed_bwd = cu_embed_bwd;
-    cuda_backend.rows_scatter = cu_rows_scatter;
-    cuda_backend.rmsnorm_fwd = cu_rmsnorm_fwd;
-    cuda_backend.rmsnorm_bwd = cu_rmsnorm_bwd;
-    cuda_backend.rope = cu_rope;
-    cuda_backend.attn_fwd = cu_attn_fwd;
-    cuda_backend.attn_bwd = cu_attn_bwd;
-    cuda_backend.attn_cached = cu_attn_cached;
-    cuda_backend.swiglu_fwd = cu_swiglu_fwd;
-    cuda_backend.swiglu_bwd = cu_swiglu_bwd;
-    cuda_backend.xent = cu_xent;
-    cuda_backend.add = cu_add;
-    cuda_backend.scale = cu_scale;
-    cuda_backend.sumsq = cu_sumsq;
-    cuda_backend.adamw = cu_adamw;
-    g.device = device;
-    g.ready = 1;
-    return 0;
-}
+    char name[96];
+    snprintf(name, sizeof name, "cuda:%d (%.72s)", device, prop.name);
+    backend_t *be = bk_instance_new("cuda", name);
+    if (!be)
+        return NULL;
+    cuda_t *c = (cuda_t *)calloc(1, sizeof *c);
+    if (!c)
+        return fail_new(be, "out of memory");
+    be->ctx = c;
+    c->be = be;
+    c->device = device;
+    c->seg_n = -1;
+    c->f32_compute = f32_compute;
 
-extern "C" const backend_t *backend_cuda(int device)
-{
-    if (g.ready) {
-        if (device != g.device) {
-            ftk_err_set("the CUDA backend is already on device %d (asked for %d)", g.device, device);
-            return NULL;
-        }
-        return &cuda_backend;
+    be->destroy = cu_destroy;
+    be->mem_alloc = cu_mem_alloc;
+    be->mem_free = cu_mem_free;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->zero = cu_zero;
+    be->copy = cu_copy;
+    be->sync = cu_sync;
+    be->stream_new = cu_stream_new;
+    be->stream_free = cu_stream_free;
+    be->set_stream = cu_set_stream;
+    be->stream_native = cu_stream_native;
+    be->event_new = cu_event_new;
+    be->event_free = cu_event_free;
+    be->event_record = cu_event_record;
+    be->event_wait = cu_event_wait;
+    be->event_sync = cu_event_sync;
+    be->convert = cu_convert;
+    be->matmul = cu_matmul;
+    be->embed_fwd = cu_embed_fwd;
+    be->embed_bwd = cu_embed_bwd;
+    be->rows_scatter = cu_rows_scatter;
+    be->rmsnorm_fwd = cu_rmsnorm_fwd;
+    be->rmsnorm_bwd = cu_rmsnorm_bwd;
+    be->rope = cu_rope;
+    be->attn_fwd = cu_attn_fwd;
+    be->attn_bwd = cu_attn_bwd;
+    be->attn_cached = cu_attn_cached;
+    be->swiglu_fwd = cu_swiglu_fwd;
+    be->swiglu_bwd = cu_swiglu_bwd;
+    be->xent = cu_xent;
+    be->add = cu_add;
+    be->scale = cu_scale;
+    be->sumsq = cu_sumsq;
+    be->adamw = cu_adamw;
+    be->rope_qk = cu_rope_qk;
+
+    char m[256];
+    if ((e = cudaStreamCreateWithFlags(&c->def, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->scr_ev, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->seg_ev, cudaEventDisableTiming)) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(m, sizeof m, "CUDA device %d: %s", device, cudaGetErrorString(e));
+        return fail_new(be, m);
     }
-    return init(device) < 0 ? NULL : &cuda_backend;
+    c->cur = c->scr_owner = c->def;
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        c->lt = NULL;
+        snprintf(m, sizeof m, "CUDA device %d: cuBLASLt could not start", device);
+        return fail_new(be, m);
+    }
+    if (!(c->ws = bk_alloc(be, BK_CUDA_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "cuBLASLt workspace")))
+        return fail_new(be, ftk_err_msg());
+    if (cu_sync(be) < 0) /* the workspace's zeroing, or anything else that failed */
+        return fail_new(be, ftk_err_msg());
+    return be;
 }
 
 extern "C" int backend_cuda_devices(void)

@@ -1,4 +1,4 @@
-/* cuda_none.c — backend_cuda() in a build without nvcc (and in the sanitizer build):
+/* cuda_none.c — backend_cuda_new() in a build without nvcc (and in the sanitizer build):
  * the tools that take --device link this instead of kernels/cuda/, so they build and
  * say why there is no GPU path rather than failing to link. */
 #include "../../libcommon/log.h"

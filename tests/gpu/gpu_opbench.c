@@ -1,6 +1,9 @@
 /* gpu_opbench.c — the CUDA backend's ops at Llama-2-7B's shapes (8 rows of 512 tokens):
  * each memory-bound op's achieved bandwidth as a fraction of a device-to-device copy
- * measured in the same run, attention's and the matrix products' TFLOP/s.
+ * measured in the same run, in fp32 and, where the op has one, bf16 storage; attention's
+ * and the matrix products' TFLOP/s, the products with bf16 operands, and with fp32
+ * operands in bf16 (the default), TF32 and exact fp32 (FTK_CUDA_MATMUL, one backend
+ * instance each).
  *
  * Bytes are the fewest an op must move (each input read once, each output written
  * once); time is the median of 9 timed batches of repetitions after a warm-up, measured on
@@ -16,12 +19,24 @@
 #include "../../libcommon/log.h"
 #include "../../libcommon/timer.h"
 
-static const backend_t *G;
 static double copy_bw;
 
-static void *dev_rnd(int64_t n, float scale)
+static void fail(void)
 {
+    fprintf(stderr, "gpu_opbench: %s\n", ftk_err_msg());
+    exit(1);
+}
+
+/* n random values in [-scale, scale] of type dt on be. */
+static bk_buf_t dev_rnd(backend_t *be, int64_t n, float scale, dtype_t dt)
+{
+    size_t es = dtype_size(dt);
     float *h = malloc((size_t)n * sizeof *h);
+    uint16_t *hb = dt == DT_BF16 ? malloc((size_t)n * sizeof *hb) : NULL;
+    if (!h || (dt == DT_BF16 && !hb)) {
+        ftk_err_set("out of host memory");
+        fail();
+    }
     uint64_t s = 0x2545f4914f6cdd1dULL ^ (uint64_t)n;
     for (int64_t i = 0; i < n; i++) {
         s ^= s << 13;
@@ -29,13 +44,22 @@ static void *dev_rnd(int64_t n, float scale)
         s ^= s << 17;
         h[i] = (float)(((double)(s >> 11) / 9007199254740992.0 * 2 - 1) * scale);
     }
-    void *d = G->alloc((size_t)n * sizeof *h);
-    if (!d) {
-        fprintf(stderr, "gpu_opbench: %s\n", ftk_err_msg());
-        exit(1);
-    }
-    G->upload(d, h, (size_t)n * sizeof *h);
+    for (int64_t i = 0; hb && i < n; i++)
+        hb[i] = f32_to_bf16(h[i]);
+    void *d = bk_alloc(be, (size_t)n * es, BK_MEM_OTHER, "benchmark input");
+    if (!d)
+        fail();
+    be->upload(be, d, hb ? (const void *)hb : (const void *)h, (size_t)n * es);
+    free(hb);
     free(h);
+    return bk_buf(d, dt);
+}
+
+static void *dev_alloc(backend_t *be, size_t bytes)
+{
+    void *d = bk_alloc(be, bytes, BK_MEM_OTHER, "benchmark input");
+    if (!d)
+        fail();
     return d;
 }
 
@@ -45,18 +69,19 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Median seconds of one call of op(ctx). */
+/* Median seconds of one call of op(ctx) on be. */
 typedef void (*op_fn)(void *ctx);
-static double time_op(op_fn op, void *ctx)
+static double time_op(backend_t *be, op_fn op, void *ctx)
 {
     int reps = 1;
     op(ctx);
-    G->sync();
+    if (be->sync(be) < 0)
+        fail();
     for (;;) { /* batches of at least 20 ms */
         double t0 = time_now();
         for (int i = 0; i < reps; i++)
             op(ctx);
-        G->sync();
+        be->sync(be);
         if (time_now() - t0 > 0.02 || reps >= 1 << 14)
             break;
         reps *= 2;
@@ -66,9 +91,11 @@ static double time_op(op_fn op, void *ctx)
         double t0 = time_now();
         for (int i = 0; i < reps; i++)
             op(ctx);
-        G->sync();
+        be->sync(be);
         t[k] = (time_now() - t0) / reps;
     }
+    if (be->sync(be) < 0)
+        fail();
     qsort(t, 9, sizeof *t, cmp_d);
     return t[4];
 }
@@ -76,45 +103,193 @@ static double time_op(op_fn op, void *ctx)
 static void row_bw(const char *name, double s, double bytes)
 {
     double bw = bytes / s;
-    printf("%-28s %9.3f ms %8.0f GB/s %6.1f%% of copy\n", name, s * 1e3, bw / 1e9, 100 * bw / copy_bw);
+    printf("%-40s %9.3f ms %8.0f GB/s %6.1f%% of copy\n", name, s * 1e3, bw / 1e9, 100 * bw / copy_bw);
 }
 
 static void row_flops(const char *name, double s, double flops)
 {
-    printf("%-28s %9.3f ms %8.1f TFLOP/s\n", name, s * 1e3, flops / s / 1e12);
+    printf("%-40s %9.3f ms %8.1f TFLOP/s\n", name, s * 1e3, flops / s / 1e12);
 }
 
 /* ---- the ops at the benchmark's shapes ---- */
 enum { N = 4096, D = 4096, F = 11008, H = 32, HD = 128, V = 32000, XC = 256 };
+static const int64_t nf = (int64_t)N * F, nd = (int64_t)N * D, nq = (int64_t)N * H * HD;
 static const int64_t seg[] = {0, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096};
-static struct {
-    float *a, *b, *c, *x, *y, *w, *r, *q, *k, *v, *o, *lse, *dq, *dk, *dv, *p, *m, *vv, *logits, *wts;
-    int32_t *ids, *pos, *tgt;
-} t;
 
-static void op_copy(void *c) { G->copy(t.b, t.a, (size_t)N * F * 4); (void)c; }
-static void op_embed(void *c) { G->embed_fwd(t.y, t.ids, t.w, N, D); (void)c; }
-static void op_rms_fwd(void *c) { G->rmsnorm_fwd(t.y, t.r, t.x, t.w, N, D, 1e-5f); (void)c; }
-static void op_rms_bwd(void *c) { G->rmsnorm_bwd(t.y, t.c, t.x, t.x, t.w, t.r, N, D); (void)c; }
-static void op_rope(void *c) { G->rope(t.q, t.pos, N, H, HD, 10000.0f, 0); (void)c; }
-static void op_swiglu_fwd(void *c) { G->swiglu_fwd(t.c, t.a, t.b, (int64_t)N * F); (void)c; }
-static void op_swiglu_bwd(void *c) { G->swiglu_bwd(t.c, t.p, t.a, t.b, t.a, (int64_t)N * F); (void)c; }
-static void op_add(void *c) { G->add(t.b, t.a, (int64_t)N * F); (void)c; }
-static void op_sumsq(void *c) { G->sumsq(t.a, (int64_t)N * F); (void)c; }
+/* The buffers of one storage dtype; a and b are also the weight [F, D] and its product. */
+typedef struct {
+    backend_t *be;
+    dtype_t dt;
+    bk_buf_t a, b, c, m, v, x, y, w, q, k, vv, o, dq, dk, dv;
+    float *lse;
+    bk_adamw_t h;
+} set_t;
+
+static set_t S[2]; /* fp32, bf16 storage; on one instance */
+static float *rstd, *logits, *wts;
+static int32_t *ids, *pos, *tgt;
+static bk_buf_t dw32; /* an fp32 gradient [F, D] for the bf16 weight-gradient product */
+
+/* fp32 operands on the instances made with FTK_CUDA_MATMUL=tf32 and =fp32 */
+typedef struct {
+    backend_t *be;
+    bk_buf_t x, w, y;
+} mm_t;
+
+static void op_copy(void *c)
+{
+    set_t *s = c;
+    s->be->copy(s->be, s->b.p, s->a.p, (size_t)nf * 4);
+}
+static void op_to_bf16(void *c)
+{
+    (void)c;
+    S[0].be->convert(S[0].be, S[1].b, S[0].a, nf);
+}
+static void op_to_f32(void *c)
+{
+    (void)c;
+    S[0].be->convert(S[0].be, S[0].b, S[1].a, nf);
+}
+static void op_embed(void *c)
+{
+    set_t *s = c;
+    s->be->embed_fwd(s->be, s->y, ids, s->w, N, D);
+}
+static void op_rms_fwd(void *c)
+{
+    set_t *s = c;
+    s->be->rmsnorm_fwd(s->be, s->y, rstd, s->x, s->w, N, D, 1e-5f);
+}
+static void op_rms_bwd(void *c)
+{
+    set_t *s = c;
+    s->be->rmsnorm_bwd(s->be, s->y, s->c, s->x, s->x, s->w, rstd, N, D);
+}
+static void op_rope(void *c)
+{
+    set_t *s = c;
+    s->be->rope(s->be, s->q, pos, N, H, HD, 10000.0f, 0);
+}
+static void op_rope_qk(void *c)
+{
+    set_t *s = c;
+    s->be->rope_qk(s->be, s->q, s->k, pos, N, H, H, HD, 10000.0f, 0);
+}
+static void op_swiglu_fwd(void *c)
+{
+    set_t *s = c;
+    s->be->swiglu_fwd(s->be, s->c, s->a, s->b, nf);
+}
+static void op_swiglu_bwd(void *c)
+{
+    set_t *s = c;
+    s->be->swiglu_bwd(s->be, s->c, s->m, s->a, s->b, s->a, nf);
+}
+static void op_add(void *c)
+{
+    set_t *s = c;
+    s->be->add(s->be, s->b, s->a, nf);
+}
+static void op_scale(void *c)
+{
+    set_t *s = c;
+    s->be->scale(s->be, s->b, 1.0f, nf);
+}
+static void op_sumsq(void *c)
+{
+    set_t *s = c;
+    s->be->sumsq(s->be, s->a, nf);
+}
 static void op_adamw(void *c)
 {
-    G->adamw(t.a, t.b, t.p, t.vv, (int64_t)N * F, 1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5, 0.3);
-    (void)c;
+    set_t *s = c;
+    s->be->adamw(s->be, s->a, s->b, s->m, s->v, nf, &s->h);
 }
-static void op_xent(void *c) { G->xent(t.logits, t.tgt, t.wts, XC, V, 1.0f); (void)c; }
-static void op_attn_fwd(void *c) { G->attn_fwd(t.o, t.lse, t.q, t.k, t.v, seg, 8, H, H, HD); (void)c; }
+static void op_xent(void *c)
+{
+    set_t *s = c;
+    s->be->xent(s->be, logits, tgt, wts, XC, V, 1.0f);
+}
+static void op_attn_fwd(void *c)
+{
+    set_t *s = c;
+    s->be->attn_fwd(s->be, s->o, s->lse, s->q, s->k, s->vv, seg, 8, H, H, HD);
+}
 static void op_attn_bwd(void *c)
 {
-    G->attn_bwd(t.dq, t.dk, t.dv, t.o, t.q, t.k, t.v, t.o, t.lse, seg, 8, H, H, HD);
-    (void)c;
+    set_t *s = c;
+    s->be->attn_bwd(s->be, s->dq, s->dk, s->dv, s->o, s->q, s->k, s->vv, s->o, s->lse, seg, 8, H, H, HD);
 }
-static void op_mm_up(void *c) { G->matmul(0, 1, N, F, D, 1, t.x, t.a, 0, t.b); (void)c; }
-static void op_mm_wgrad(void *c) { G->matmul(1, 0, F, D, N, 1, t.b, t.x, 1, t.a); (void)c; }
+/* x·Wᵀ [N, D]·[F, D]ᵀ: the MLP's up projection; C of the operands' dtype */
+static void op_mm_up(void *c)
+{
+    set_t *s = c;
+    s->be->matmul(s->be, 0, 1, N, F, D, 1, s->x, s->a, 0, s->b);
+}
+static void op_mm_up_fp32(void *c)
+{
+    mm_t *t = c;
+    t->be->matmul(t->be, 0, 1, N, F, D, 1, t->x, t->w, 0, t->y);
+}
+/* dW += dyᵀ·x [F, N]·[N, D]: into fp32 (the gradient of fp32 and bf16-mixed) */
+static void op_mm_wgrad(void *c)
+{
+    set_t *s = c;
+    s->be->matmul(s->be, 1, 0, F, D, N, 1, s->b, s->x, 1, s->dt == DT_F32 ? s->a : dw32);
+}
+
+static void fill(set_t *s, backend_t *be, dtype_t dt)
+{
+    s->be = be;
+    s->dt = dt;
+    s->a = dev_rnd(be, nf, 1, dt);
+    s->b = dev_rnd(be, nf, 1, dt);
+    s->c = dev_rnd(be, nf, 1, dt);
+    s->m = dev_rnd(be, nf, 1e-3f, dt);
+    s->v = dev_rnd(be, nf, 1e-6f, dt); /* squares are positive: |x| enough for AdamW's sqrt */
+    s->x = dev_rnd(be, nd, 1, dt);
+    s->y = dev_rnd(be, nd, 1, dt);
+    s->w = dev_rnd(be, (int64_t)V * D, 1, dt); /* embedding table; its first D: norm weights */
+    s->q = dev_rnd(be, nq, 1, dt);
+    s->k = dev_rnd(be, nq, 1, dt);
+    s->vv = dev_rnd(be, nq, 1, dt);
+    s->o = dev_rnd(be, nq, 1, dt);
+    s->dq = dev_rnd(be, nq, 1, dt);
+    s->dk = dev_rnd(be, nq, 1, dt);
+    s->dv = dev_rnd(be, nq, 1, dt);
+    s->lse = dev_rnd(be, (int64_t)N * H, 1, DT_F32).p;
+    bk_adamw_t h = {.lr = 1e-5f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .wd = 0.1f, .gscale = 1.0f,
+                    .bc1 = 0.5, .bc2 = 0.3, .key = 0x5eed};
+    s->h = h;
+    /* a consistent lse for the backward */
+    be->attn_fwd(be, s->o, s->lse, s->q, s->k, s->vv, seg, 8, H, H, HD);
+}
+
+/* An instance whose fp32 products use FTK_CUDA_MATMUL=mode. */
+static void mm_instance(mm_t *t, const char *mode)
+{
+    setenv("FTK_CUDA_MATMUL", mode, 1);
+    t->be = backend_cuda_new(0);
+    unsetenv("FTK_CUDA_MATMUL");
+    if (!t->be)
+        fail();
+    t->x = dev_rnd(t->be, nd, 1, DT_F32);
+    t->w = dev_rnd(t->be, nf, 1, DT_F32);
+    t->y = dev_rnd(t->be, nf, 1, DT_F32);
+}
+
+static const char *const dt_label[2] = {"fp32", "bf16"};
+
+/* One row per storage dtype: name, the op, and the elements it must move. */
+static void rows_bw(const char *name, op_fn op, double elems)
+{
+    for (int k = 0; k < 2; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %s", name, dt_label[k]);
+        row_bw(label, time_op(S[k].be, op, &S[k]), elems * (double)dtype_size(S[k].dt));
+    }
+}
 
 int main(void)
 {
@@ -123,76 +298,82 @@ int main(void)
         printf("skipped (no GPU)\n");
         return 77;
     }
-    if (!(G = backend_cuda(0))) {
-        fprintf(stderr, "gpu_opbench: %s\n", ftk_err_msg());
-        return 1;
-    }
-    int64_t nf = (int64_t)N * F, nd = (int64_t)N * D;
-    t.a = dev_rnd(nf, 1);
-    t.b = dev_rnd(nf, 1);
-    t.c = dev_rnd(nf, 1);
-    t.p = dev_rnd(nf, 1e-3f);
-    t.vv = dev_rnd(nf, 1e-6f); /* squares are positive: |x| enough for AdamW's sqrt */
-    t.x = dev_rnd(nd, 1);
-    t.y = dev_rnd(nd, 1);
-    t.w = dev_rnd((int64_t)V * D, 1); /* embedding table; its first D: norm weights */
-    t.r = dev_rnd(N, 1);
-    t.q = dev_rnd((int64_t)N * H * HD, 1);
-    t.k = dev_rnd((int64_t)N * H * HD, 1);
-    t.v = dev_rnd((int64_t)N * H * HD, 1);
-    t.o = dev_rnd((int64_t)N * H * HD, 1);
-    t.lse = dev_rnd((int64_t)N * H, 1);
-    t.dq = dev_rnd((int64_t)N * H * HD, 1);
-    t.dk = dev_rnd((int64_t)N * H * HD, 1);
-    t.dv = dev_rnd((int64_t)N * H * HD, 1);
-    t.logits = dev_rnd((int64_t)XC * V, 4);
-    t.wts = dev_rnd(XC, 1);
+    unsetenv("FTK_CUDA_MATMUL"); /* the first instance's fp32 products: the default, bf16 */
+    backend_t *G = backend_cuda_new(0);
+    if (!G)
+        fail();
+    fill(&S[0], G, DT_F32);
+    fill(&S[1], G, DT_BF16);
+    dw32 = dev_rnd(G, nf, 1, DT_F32);
+    rstd = dev_rnd(G, N, 1, DT_F32).p;
+    logits = dev_rnd(G, (int64_t)XC * V, 4, DT_F32).p;
+    wts = dev_alloc(G, XC * sizeof(float));
     int32_t *h = malloc((size_t)N * sizeof *h);
+    if (!h) {
+        ftk_err_set("out of host memory");
+        fail();
+    }
     for (int i = 0; i < N; i++)
         h[i] = (i * 7919) % V;
-    t.ids = G->alloc(N * 4);
-    t.tgt = G->alloc(N * 4);
-    G->upload(t.ids, h, N * 4);
-    G->upload(t.tgt, h, XC * 4);
+    ids = dev_alloc(G, N * 4);
+    tgt = dev_alloc(G, N * 4);
+    G->upload(G, ids, h, N * 4);
+    G->upload(G, tgt, h, XC * 4);
     for (int i = 0; i < N; i++)
         h[i] = i % 512;
-    t.pos = G->alloc(N * 4);
-    G->upload(t.pos, h, N * 4);
+    pos = dev_alloc(G, N * 4);
+    G->upload(G, pos, h, N * 4);
     free(h);
     float ones[XC];
     for (int i = 0; i < XC; i++)
         ones[i] = 1;
-    G->upload(t.wts, ones, sizeof ones);
-    G->attn_fwd(t.o, t.lse, t.q, t.k, t.v, seg, 8, H, H, HD); /* a consistent lse for the backward */
-    if (G->sync() < 0) {
-        fprintf(stderr, "gpu_opbench: %s\n", ftk_err_msg());
-        return 1;
-    }
+    G->upload(G, wts, ones, sizeof ones);
+    mm_t tf32, fp32;
+    mm_instance(&tf32, "tf32");
+    mm_instance(&fp32, "fp32");
+    if (G->sync(G) < 0)
+        fail();
 
-    printf("CUDA ops at Llama-2-7B shapes: %d tokens (8 rows of 512), D %d, F %d, %d heads of %d, V %d\n", N, D, F,
-           H, HD, V);
-    double s = time_op(op_copy, NULL);
+    printf("CUDA ops on %s at Llama-2-7B shapes: %d tokens (8 rows of 512), D %d, F %d, %d heads of %d, V %d\n",
+           G->device, N, D, F, H, HD, V);
+    double s = time_op(G, op_copy, &S[0]);
     copy_bw = 2.0 * nf * 4 / s;
     row_bw("device-to-device copy", s, 2.0 * nf * 4);
-    row_bw("embed_fwd", time_op(op_embed, NULL), 2.0 * nd * 4);
-    row_bw("rmsnorm_fwd", time_op(op_rms_fwd, NULL), 2.0 * nd * 4);
-    row_bw("rmsnorm_bwd (dx and dw)", time_op(op_rms_bwd, NULL), 4.0 * nd * 4);
-    row_bw("rope (q)", time_op(op_rope, NULL), 2.0 * N * H * HD * 4);
-    row_bw("swiglu_fwd", time_op(op_swiglu_fwd, NULL), 3.0 * nf * 4);
-    row_bw("swiglu_bwd", time_op(op_swiglu_bwd, NULL), 5.0 * nf * 4);
-    row_bw("add", time_op(op_add, NULL), 3.0 * nf * 4);
-    row_bw("sumsq", time_op(op_sumsq, NULL), 1.0 * nf * 4);
-    row_bw("adamw", time_op(op_adamw, NULL), 7.0 * nf * 4);
-    row_bw("xent (256 rows, gradient)", time_op(op_xent, NULL), 2.0 * XC * V * 4);
+    row_bw("convert fp32 -> bf16", time_op(G, op_to_bf16, NULL), 6.0 * nf);
+    row_bw("convert bf16 -> fp32", time_op(G, op_to_f32, NULL), 6.0 * nf);
+    rows_bw("embed_fwd", op_embed, 2.0 * nd);
+    rows_bw("rmsnorm_fwd", op_rms_fwd, 2.0 * nd);
+    rows_bw("rmsnorm_bwd (dx and dw)", op_rms_bwd, 4.0 * nd);
+    rows_bw("rope (q)", op_rope, 2.0 * nq);
+    rows_bw("rope_qk (q and k)", op_rope_qk, 4.0 * nq);
+    rows_bw("swiglu_fwd", op_swiglu_fwd, 3.0 * nf);
+    rows_bw("swiglu_bwd", op_swiglu_bwd, 5.0 * nf);
+    rows_bw("add", op_add, 3.0 * nf);
+    rows_bw("scale", op_scale, 2.0 * nf);
+    rows_bw("sumsq", op_sumsq, 1.0 * nf);
+    rows_bw("adamw (nearest)", op_adamw, 7.0 * nf);
+    S[1].h.stochastic = 1;
+    row_bw("adamw (stochastic) bf16", time_op(G, op_adamw, &S[1]), 7.0 * nf * 2);
+    row_bw("xent (256 rows, gradient) fp32", time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
     /* causal pairs: 8 rows of 512: 8·512·513/2 per head */
-    double pairs = 8.0 * 512 * 513 / 2 * H;
-    row_flops("attn_fwd (4·pairs·hd)", time_op(op_attn_fwd, NULL), 4 * pairs * HD);
-    row_flops("attn_bwd (8·pairs·hd)", time_op(op_attn_bwd, NULL), 8 * pairs * HD);
-    row_flops("matmul x·Wᵀ [4096x11008x4096]", time_op(op_mm_up, NULL), 2.0 * N * F * D);
-    row_flops("matmul dW += dyᵀ·x", time_op(op_mm_wgrad, NULL), 2.0 * N * F * D);
-    if (G->sync() < 0) {
-        fprintf(stderr, "gpu_opbench: %s\n", ftk_err_msg());
-        return 1;
+    double pairs = 8.0 * 512 * 513 / 2 * H, mm = 2.0 * N * F * D;
+    for (int k = 0; k < 2; k++) {
+        char label[64];
+        snprintf(label, sizeof label, "attn_fwd (4·pairs·hd) %s", dt_label[k]);
+        row_flops(label, time_op(G, op_attn_fwd, &S[k]), 4 * pairs * HD);
+        snprintf(label, sizeof label, "attn_bwd (8·pairs·hd) %s", dt_label[k]);
+        row_flops(label, time_op(G, op_attn_bwd, &S[k]), 8 * pairs * HD);
     }
+    row_flops("matmul x·Wᵀ [4096x11008x4096] bf16", time_op(G, op_mm_up, &S[1]), mm);
+    row_flops("matmul x·Wᵀ fp32 in bf16 (default)", time_op(G, op_mm_up, &S[0]), mm);
+    row_flops("matmul x·Wᵀ fp32 in TF32", time_op(tf32.be, op_mm_up_fp32, &tf32), mm);
+    row_flops("matmul x·Wᵀ fp32 exact", time_op(fp32.be, op_mm_up_fp32, &fp32), mm);
+    row_flops("matmul dW += dyᵀ·x bf16 into fp32", time_op(G, op_mm_wgrad, &S[1]), mm);
+    row_flops("matmul dW += dyᵀ·x fp32 in bf16", time_op(G, op_mm_wgrad, &S[0]), mm);
+    if (G->sync(G) < 0)
+        fail();
+    backend_free(fp32.be);
+    backend_free(tf32.be);
+    backend_free(G);
     return 0;
 }
