@@ -118,6 +118,12 @@ $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
 
+# The op table (tests/ops) is shared by test_ops (CPU) and gpu_ops (CUDA against CPU).
+OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o
+$(O)/tests/test_ops: $(O)/tests/unit/test_ops.o $(OPS_TABLE_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
+
 # The zstd filter as an HDF5 plugin: HDF5_PLUGIN_PATH=$(O)/plugin lets h5py/h5dump read
 # compressed ftk files. Built from the same source as the in-process filter.
 $(O)/plugin/h5zstd.o: formats/h5zstd.c
@@ -134,6 +140,9 @@ $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
+$(O)/tests/gpu_ops: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 endif
