@@ -39,11 +39,15 @@ static uint64_t SEED = 20261123u; /* FTK_SEED=N runs every check on other inputs
 
 /* The bound on ops_compare()'s max_rel (|got − ref| / (|ref| + rms(ref))) between output o of
  * a bf16 configuration and the same output of the fp32 run on the same inputs.
- *  - Every CPU op computes in fp32 from inputs widened exactly, in the same order in both
- *    paths (cpu.c: f32 buffers are used in place, bf16 rows widened into scratch), so an
- *    f32 output (rstd, lse, an f32 accumulator of bf16 inputs) is identical: 0. A bf16 one
- *    is the fp32 result rounded once to nearest: within u = 2^-8 of |ref|, and exactly
- *    f32_to_bf16(ref) (checked apart: same_arithmetic()).
+ *  - convert, embed_fwd, rows_scatter, rmsnorm_fwd/bwd, rope, attn_fwd/bwd/cached,
+ *    swiglu_fwd/bwd, add, scale, adamw (nearest): the CPU computes in fp32 from inputs
+ *    widened exactly, in the same order in both paths (cpu.c: f32 buffers are used in
+ *    place, bf16 rows widened into scratch), so an f32 output (rstd, lse, rmsnorm's f32
+ *    dw, add's f32 y, adamw's f32 states) is identical: 0. A bf16 one is the fp32 result
+ *    rounded once to nearest: within u = 2^-8 of |ref| (copies and gathers of bf16 values:
+ *    0 in fact), and exactly f32_to_bf16(ref) (checked apart: same_arithmetic()).
+ *  - sumsq: double sums of the same values in the same order: identical (xent takes fp32
+ *    logits only).
  *  - embed_bwd rounds the sum of each add into a bf16 dtable: a row that collects r tokens
  *    is rounded r times, each time by at most u of a partial sum. Partial sums of these
  *    random-signed terms (a random walk from the initial row) are of the size of |ref| +
