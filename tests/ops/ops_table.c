@@ -374,18 +374,19 @@ static void run_embed(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
 {
     backend_t *be = R->be;
     int64_t n = c->n, d = c->d, V = c->V;
-    int32_t *ids = keep_host(R, ops_rand_ids(&R->rng, n, V));
-    if (c->op == OP_ROWS_SCATTER) { /* the first n of a random permutation */
-        int32_t *perm = keep_host(R, ops_xmalloc((size_t)V * sizeof *perm));
+    int32_t *ids;
+    if (c->op == OP_ROWS_SCATTER) { /* distinct: the first n of a random permutation */
+        ids = keep_host(R, ops_xmalloc((size_t)V * sizeof *ids));
         for (int64_t i = 0; i < V; i++)
-            perm[i] = (int32_t)i;
+            ids[i] = (int32_t)i;
         for (int64_t i = V - 1; i > 0; i--) {
             int64_t j = (int64_t)(ops_urand(&R->rng) * (double)(i + 1));
-            int32_t t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
+            int32_t t = ids[i];
+            ids[i] = ids[j];
+            ids[j] = t;
         }
-        ids = perm;
+    } else {
+        ids = keep_host(R, ops_rand_ids(&R->rng, n, V));
     }
     const int32_t *d_ids = put_raw(R, ids, (size_t)n * sizeof *ids);
     if (c->op == OP_EMBED_FWD) {

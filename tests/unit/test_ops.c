@@ -247,6 +247,7 @@ struct fd {
     int64_t len[3];
     float *e[3];       /* a direction for each */
     float *w;          /* the weights of the outputs in L */
+    int32_t *ids;      /* embed's ids, xent's targets */
     double (*loss)(fd_t *f, float *const *x); /* L at inputs x; sets T */
     double T;          /* Σ|w·y| of the last evaluation: the size of L's terms */
     float *scratch[3]; /* x + t·e */
@@ -328,6 +329,7 @@ static void fd_free(fd_t *f)
         free(f->scratch[i]);
     }
     free(f->w);
+    free(f->ids);
 }
 
 /* A forward op's output on be, downloaded: the upload/run/download of the losses below. */
@@ -389,13 +391,12 @@ static void fd_matmul(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
 }
 
 /* embed: L(table) = Σ w·table[ids]; the gradient by embed_bwd into zeros. */
-static int32_t *fd_ids;
 static double embed_loss(fd_t *f, float *const *x)
 {
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
     bk_buf_t T = up(be, x[0], c->V * c->d), O = up(be, f->w, c->n * c->d);
-    int32_t *ids = ops_put_raw(be, fd_ids, (size_t)c->n * sizeof *ids);
+    int32_t *ids = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *ids);
     be->embed_fwd(be, O, ids, T, c->n, c->d);
     float *y = down(be, O, c->n * c->d);
     double L = wdot(f, y, c->n * c->d);
@@ -408,16 +409,15 @@ static void fd_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
     fd_t f = {.be = be, .c = c, .loss = embed_loss};
     fd_input(&f, rng, "table", c->V * c->d, 1);
     f.w = ops_rand(rng, c->n * c->d, 1, 1);
-    fd_ids = ops_rand_ids(rng, c->n, c->V);
+    f.ids = ops_rand_ids(rng, c->n, c->V);
     float *zero = calloc((size_t)(c->V * c->d), sizeof *zero);
     bk_buf_t dT = up(be, zero, c->V * c->d), dO = up(be, f.w, c->n * c->d);
-    int32_t *ids = ops_put_raw(be, fd_ids, (size_t)c->n * sizeof *ids);
+    int32_t *ids = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *ids);
     be->embed_bwd(be, dT, ids, dO, c->n, c->d);
     float *g[1] = {down(be, dT, c->V * c->d)};
     fd_check(&f, g);
     free(g[0]);
     free(zero);
-    free(fd_ids);
     bk_free(be, dT.p), bk_free(be, dO.p), bk_free(be, ids);
     fd_free(&f);
 }
@@ -533,13 +533,12 @@ static void fd_swiglu(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
 }
 
 /* xent: L(logits) = the loss; its gradient is what xent leaves in the logits at grad_scale 1. */
-static int32_t *fd_tgt;
 static double xent_loss(fd_t *f, float *const *x)
 {
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
     bk_buf_t X = up(be, x[0], c->n * c->V), W = up(be, f->w, c->n);
-    int32_t *t = ops_put_raw(be, fd_tgt, (size_t)c->n * sizeof *t);
+    int32_t *t = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *t);
     double L = be->xent(be, X.p, t, W.p, c->n, c->V, 0);
     f->T = fabs(L);
     bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
@@ -552,13 +551,13 @@ static void fd_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
     f.w = ops_xmalloc((size_t)c->n * sizeof *f.w);
     for (int64_t i = 0; i < c->n; i++)
         f.w[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? 0.5f : 1.0f;
-    fd_tgt = ops_rand_ids(rng, c->n, c->V);
+    f.ids = ops_rand_ids(rng, c->n, c->V);
     bk_buf_t X = up(be, f.x[0], c->n * c->V), W = up(be, f.w, c->n);
-    int32_t *t = ops_put_raw(be, fd_tgt, (size_t)c->n * sizeof *t);
+    int32_t *t = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *t);
     be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f);
     float *g[1] = {down(be, X, c->n * c->V)};
     fd_check(&f, g);
-    free(g[0]), free(fd_tgt);
+    free(g[0]);
     bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
     fd_free(&f);
 }
@@ -630,8 +629,8 @@ static void test_fd(backend_t *be)
             break;
         }
     }
-    printf("backward ops against finite differences of the forward (fp32; error relative to sum |g.e|, "
-           "bound %.2e):\n",
+    printf("backward ops against finite differences of the forward (fp32; error relative to sum |g.e| + "
+           "sum |w.y|, bound %.2e):\n",
            FD_BOUND);
     static const char *const in_names[OP_COUNT][3] = {
         [OP_MATMUL] = {"dA", "dB"},        [OP_EMBED_BWD] = {"dtable"}, [OP_RMSNORM_BWD] = {"dx", "dw"},
