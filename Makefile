@@ -68,18 +68,21 @@ endif
 endif
 
 # The tools that take --device link the CUDA backend, or its stub where there is none.
+# Without CUDA the GPU op test is still compiled (not linked), so it keeps up with the headers.
 DEVICE_BINS := $(BINDIR)/ftk-train $(BINDIR)/ftk-generate
 ifneq ($(CUDA_BINS),)
 DEVICE_OBJ  := $(CUDA_OBJ)
 DEVICE_LIBS := $(CUDA_LIBS) -lstdc++
+GPU_CHECK   :=
 else
 DEVICE_OBJ  := $(O)/kernels/none/cuda_none.o
 DEVICE_LIBS :=
+GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
 endif
 
 .SECONDARY:
 .PHONY: all deps deps-build test check demo bench asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS)
+all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -119,6 +122,12 @@ $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
 
+# The op table (tests/ops) is shared by test_ops (CPU) and gpu_ops (CUDA against CPU).
+OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o
+$(O)/tests/test_ops: $(O)/tests/unit/test_ops.o $(OPS_TABLE_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
+
 # The zstd filter as an HDF5 plugin: HDF5_PLUGIN_PATH=$(O)/plugin lets h5py/h5dump read
 # compressed ftk files. Built from the same source as the in-process filter.
 $(O)/plugin/h5zstd.o: formats/h5zstd.c
@@ -135,6 +144,9 @@ $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
+$(O)/tests/gpu_ops: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 endif

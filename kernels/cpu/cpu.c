@@ -233,6 +233,8 @@ static void widen_tile(float *t, bk_buf_t x, int64_t ldx, int64_t r0, int64_t ro
             t[r * cols + c] = ld(x, (r0 + r) * ldx + c0 + c);
 }
 
+#define MM_STRIP 64 /* rows of a bf16 product's tile per BLAS call */
+
 static void cpu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
                        bk_buf_t B, float beta, bk_buf_t C)
 {
@@ -266,9 +268,16 @@ static void cpu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int6
                     widen_tile(bt, B, ldb, j0, nt, k0, kt); /* stored [N, K] */
                 else
                     widen_tile(bt, B, ldb, k0, kt, j0, nt);
-                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)mt,
-                            (int)nt, (int)kt, alpha, at, ta ? (int)mt : (int)kt, bt, tb ? (int)kt : (int)nt, 1.0f, ct,
-                            (int)nt);
+                /* One BLAS call per fixed strip of rows, from inside a parallel loop: a threaded
+                 * BLAS (OpenBLAS) then runs each call on one thread, so the bits do not depend
+                 * on the thread count as they would if BLAS split one tile its own way. */
+#pragma omp parallel for schedule(static)
+                for (int64_t r0 = 0; r0 < mt; r0 += MM_STRIP) {
+                    int64_t rs = mt - r0 < MM_STRIP ? mt - r0 : MM_STRIP;
+                    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                                (int)rs, (int)nt, (int)kt, alpha, ta ? at + r0 : at + r0 * kt, ta ? (int)mt : (int)kt,
+                                bt, tb ? (int)kt : (int)nt, 1.0f, ct + r0 * nt, (int)nt);
+                }
             }
             for (int64_t r = 0; r < mt; r++)
                 for (int64_t c = 0; c < nt; c++)

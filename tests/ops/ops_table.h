@@ -1,0 +1,155 @@
+/* ops_table.h — one table of backend op cases (kernels/backend.h), iterated by two
+ * programs: tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
+ * determinism, finite differences) and tests/gpu/gpu_ops.c (the CUDA backend against the
+ * CPU one). In the manner of llm.c's and ggml's test-backend-ops: a case is an op and a
+ * shape; ops_run() makes its inputs on the host from a seed, uploads them, runs the op on
+ * the backend it is given and downloads every output widened to float. The same seed gives
+ * the same inputs on every backend and in every dtype configuration, so two runs can be
+ * compared element by element.
+ *
+ * Shapes are chosen to break kernels, not to be realistic: token counts that are not a
+ * multiple of 4, one-token segments and several segments per batch, head dims 64/80/96/128,
+ * grouped-query heads (n_head / n_kv = 4 and 2), ragged widths (d = 100, 1000), matrix
+ * products with M, N, K above 256 and not multiples of it (the CPU's bf16 tiles are 256)
+ * in every transposition, beta 0 and 1. They are small enough that the whole table runs
+ * in seconds on one core, also under AddressSanitizer.
+ *
+ * Dtype configurations (ops_cfg_t). Which buffers are bf16 in each, per op:
+ *   OPS_F32     every buffer f32: the reference the others are compared with.
+ *   OPS_BF16    every buffer the op lets be bf16 is bf16 (bf16-true).
+ *   OPS_MIXED   bf16 inputs into an f32 accumulator (bf16-mixed's gradients):
+ *               matmul A, B bf16, C f32; embed_bwd dout bf16, dtable f32; rmsnorm_bwd
+ *               dx, dout, x, w bf16, dw f32; add y f32 += x bf16; convert bf16 -> f32;
+ *               adamw p, m, v f32 with g bf16.
+ *   OPS_NARROW  f32 inputs into a bf16 result: matmul A, B f32, C bf16; embed_bwd dout
+ *               f32, dtable bf16; add y bf16 += x f32; convert f32 -> bf16; adamw p, m, v
+ *               bf16 with g f32.
+ * rstd and lse are f32 always, and xent takes f32 logits only.
+ *
+ * Inputs: uniform random values, rounded to bf16 unless `full` is set (then f32 buffers
+ * get arbitrary f32 values), so that the f32 and the bf16 paths see the same numbers.
+ * Inputs that must be consistent with each other are computed on the host in double from
+ * the values as stored: rmsnorm_bwd's rstd, attn_bwd's out and lse. Outputs that an op
+ * overwrites start as NaN, so an element it forgets to write is caught.
+ *
+ * Helpers here exit(1) with a message when memory runs out (they are test code). */
+#ifndef FTK_OPS_TABLE_H
+#define FTK_OPS_TABLE_H
+#include <stdint.h>
+
+#include "../../kernels/backend.h"
+
+typedef enum {
+    OP_CONVERT,
+    OP_MATMUL,
+    OP_EMBED_FWD,
+    OP_EMBED_BWD,
+    OP_ROWS_SCATTER,
+    OP_RMSNORM_FWD,
+    OP_RMSNORM_BWD,
+    OP_ROPE,
+    OP_ATTN_FWD,
+    OP_ATTN_BWD,
+    OP_ATTN_CACHED,
+    OP_SWIGLU_FWD,
+    OP_SWIGLU_BWD,
+    OP_XENT,
+    OP_ADD,
+    OP_SCALE,
+    OP_SUMSQ,
+    OP_ADAMW,
+    OP_COUNT
+} ops_op_t;
+extern const char *const ops_op_names[OP_COUNT];
+
+typedef enum { OPS_F32, OPS_BF16, OPS_MIXED, OPS_NARROW, OPS_NCFG } ops_cfg_t;
+extern const char *const ops_cfg_names[OPS_NCFG];
+#define OPS_CFG(c) (1u << (c))
+
+/* One case: the op and the fields of the shape it uses (the rest stay 0). */
+typedef struct {
+    ops_op_t op;
+    unsigned cfgs;          /* OPS_CFG() bits: the dtype configurations it runs in */
+    int64_t n, d;           /* tokens (elements for pointwise ops), row width */
+    int64_t M, N, K;        /* matmul */
+    int ta, tb;
+    float alpha, beta;      /* matmul; alpha is scale's factor too */
+    int64_t V;              /* rows of an embedding table / rows_scatter's dst; xent's vocabulary */
+    int n_head, n_kv, hd;   /* rope (n_head heads of hd), attention */
+    const int64_t *seg;     /* attn_fwd/bwd: n_seg + 1 segment starts, seg[n_seg] = n */
+    int64_t n_seg;
+    int64_t p0;             /* attn_cached: cached positions before the n new queries */
+    float theta;            /* rope */
+    int inverse;
+    int32_t pos_step;       /* rope: pos[i] = (i * pos_step) % 4096 (0: i) */
+    float grad_scale;       /* xent (0: loss only, logits untouched) */
+    int step, stochastic;   /* adamw: optimizer step t, stochastic rounding of bf16 states */
+    float wd, gscale;       /* adamw: weight decay, gradient scale (0 means 1) */
+    int64_t index0;         /* adamw */
+    int64_t offset;         /* every buffer a view this many elements into its allocation, as
+                             * tensors inside a unit are: pointers only 2- or 4-byte aligned */
+} ops_case_t;
+
+extern const ops_case_t ops_table[];
+extern const int ops_table_len;
+
+/* A case's name with its shape, e.g. "matmul 300x260x270 ta=1 tb=0 beta=1". */
+void ops_case_name(const ops_case_t *c, char *out, size_t size);
+
+#define OPS_MAX_OUT 4
+typedef struct {
+    const char *name; /* "C", "dq", … */
+    float *v;         /* n values, widened from dt */
+    int64_t n;
+    dtype_t dt;       /* the dtype the op stored them in */
+    int rounds;       /* how often the op may round an element to dt (embed_bwd: once per add) */
+} ops_out_t;
+
+typedef struct {
+    int n_out;
+    ops_out_t out[OPS_MAX_OUT];
+    int has_scalar; /* xent's loss, sumsq */
+    double scalar;
+} ops_result_t;
+
+/* Runs case c in configuration cfg (which c must list) on be: 0, or -1 with ftk_err_msg()
+ * set when be->sync() reports a failure (r is then freed). */
+int ops_run(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, int full, ops_result_t *r);
+void ops_result_free(ops_result_t *r);
+
+/* ---- comparing two runs --------------------------------------------------------------- */
+
+typedef struct {
+    double max_rel;  /* max_i |got − ref| / (|ref_i| + rms(ref)) */
+    double norm_rel; /* ‖got − ref‖ / ‖ref‖ (‖got − ref‖ when ref is 0) */
+    int64_t nan;     /* elements that are NaN in either (unwritten outputs) */
+    int64_t worst;   /* where max_rel is reached */
+    int64_t differ;  /* elements whose bits differ */
+} ops_err_t;
+ops_err_t ops_compare(const float *ref, const float *got, int64_t n);
+
+/* ---- helpers for the programs' own checks -------------------------------------------- */
+
+typedef struct {
+    uint64_t s;
+} ops_rng_t;
+void ops_rng_seed(ops_rng_t *r, uint64_t seed);
+double ops_urand(ops_rng_t *r); /* [0, 1) */
+/* n uniform values in (-scale, scale), rounded to bf16 when round_bf16 (malloc'd). */
+float *ops_rand(ops_rng_t *r, int64_t n, float scale, int round_bf16);
+int32_t *ops_rand_ids(ops_rng_t *r, int64_t n, int64_t range);
+void *ops_xmalloc(size_t bytes); /* exits on failure */
+
+/* A new buffer of n elements of dt on be holding host[0..n) rounded to dt; host is
+ * rounded in place, so it holds what the backend holds. */
+bk_buf_t ops_put(backend_t *be, dtype_t dt, float *host, int64_t n);
+/* A new buffer of n elements of dt on be, every one NaN. */
+bk_buf_t ops_nan(backend_t *be, dtype_t dt, int64_t n);
+/* Device memory holding a copy of host bytes (ids, positions, weights). */
+void *ops_put_raw(backend_t *be, const void *host, size_t bytes);
+/* b's n elements, widened to float (malloc'd). */
+float *ops_get(backend_t *be, bk_buf_t b, int64_t n);
+/* x rounded to nearest even bf16 and widened back. */
+float ops_round_bf16(float x);
+
+#endif

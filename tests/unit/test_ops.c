@@ -1,0 +1,1121 @@
+/* test_ops — the CPU backend op by op (kernels/cpu/cpu.c against kernels/backend.h):
+ *  - every case of the op table (tests/ops/ops_table.h) in every dtype configuration it
+ *    lists against its fp32 run on the same inputs, with the bounds of bound_vs_f32();
+ *  - every run gives the same bits twice and with 1 and 2 OpenMP threads (except fp32
+ *    matmul, which is BLAS's);
+ *  - every backward op against finite differences of its forward (fd_*);
+ *  - adamw against the header's formula in double, its bf16 rounding (nearest, and
+ *    stochastic: unbiased, two neighbours only, slicing- and thread-independent);
+ *  - convert round trips; add, scale, sumsq in mixed dtypes against the host;
+ *  - streams and events; bk_alloc() accounting and its error; the planning backend.
+ * Prints one summary line per op with the worst error seen. Exit 0 pass, 1 fail. */
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/backend.h"
+#include "../../kernels/sround.h"
+#include "../../libcommon/log.h"
+#include "../ops/ops_table.h"
+#include "test.h"
+
+#ifdef __SANITIZE_ADDRESS__
+/* An impossible allocation must come back NULL as it does without the sanitizer (which
+ * would otherwise report it and stop). */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+#endif
+
+static uint64_t SEED = 20261123u; /* FTK_SEED=N runs every check on other inputs */
+/* bf16's unit roundoff: rounding to nearest errs by at most 2^-8 of the value (8 bits of
+ * significand, the leading one included). */
+#define U_BF16 (1.0 / 256)
+#define EPS32 (1.0 / 16777216) /* 2^-24, fp32's */
+
+/* ---- the table: bf16 against fp32, determinism ------------------------------------------- */
+
+/* The bound on ops_compare()'s max_rel (|got − ref| / (|ref| + rms(ref))) between output o of
+ * a bf16 configuration and the same output of the fp32 run on the same inputs.
+ *  - convert, embed_fwd, rows_scatter, rmsnorm_fwd/bwd, rope, attn_fwd/bwd/cached,
+ *    swiglu_fwd/bwd, add, scale, adamw (nearest): the CPU computes in fp32 from inputs
+ *    widened exactly, in the same order in both paths (cpu.c: f32 buffers are used in
+ *    place, bf16 rows widened into scratch), so an f32 output (rstd, lse, rmsnorm's f32
+ *    dw, add's f32 y, adamw's f32 states) is identical: 0. A bf16 one is the fp32 result
+ *    rounded once to nearest: within u = 2^-8 of |ref| (copies and gathers of bf16 values:
+ *    0 in fact), and exactly f32_to_bf16(ref) (checked apart: same_arithmetic()).
+ *  - sumsq: double sums of the same values in the same order: identical (xent takes fp32
+ *    logits only).
+ *  - embed_bwd rounds the sum of each add into a bf16 dtable: a row that collects r tokens
+ *    is rounded r times, each time by at most u of a partial sum. Partial sums of these
+ *    random-signed terms (a random walk from the initial row) are of the size of |ref| +
+ *    rms(ref), not bounded by it: r·u is a typical worst case, not a proof (over 200 seeds
+ *    the largest error seen was 0.76 of it, at r = 2).
+ *  - adamw with stochastic rounding stores one of the two neighbours: less than one ulp,
+ *    2u.
+ *  - matmul: the fp32 path is one BLAS call, the bf16 path (bf16 A and B, or a bf16 C)
+ *    multiplies 256-tiles and sums over K tiles in its own fp32 tile: two fp32 sums of K
+ *    products in different orders. Their difference is of the order √K·2^-24 of rms(C)
+ *    (random rounding errors); the bound K·2^-24 leaves a factor √K, plus u when C is bf16.
+ */
+static double bound_vs_f32(const ops_case_t *c, const ops_out_t *o)
+{
+    double b = 0;
+    if (o->dt == DT_BF16)
+        b = (c->op == OP_ADAMW && c->stochastic ? 2 : o->rounds) * U_BF16;
+    if (c->op == OP_MATMUL)
+        b += (double)c->K * EPS32;
+    return b;
+}
+
+/* Whether a bf16 output of this case is exactly f32_to_bf16 of the fp32 run's (one
+ * rounding of the same fp32 arithmetic, see above). */
+static int same_arithmetic(const ops_case_t *c, const ops_out_t *o)
+{
+    return o->rounds == 1 && c->op != OP_MATMUL && !(c->op == OP_ADAMW && c->stochastic);
+}
+
+typedef struct {
+    int cases, runs, exact_runs, exact_ok, det_runs, det_ok, scalar_runs, scalar_ok;
+    double worst, worst_bound; /* the largest err/bound ratio seen, as err and bound */
+    double worst_f32;          /* the largest error of an f32 output against the fp32 run */
+    char worst_where[160];
+} op_stats_t;
+
+static op_stats_t stats[OP_COUNT];
+
+static int same_bits(const ops_result_t *a, const ops_result_t *b)
+{
+    if (a->n_out != b->n_out || a->has_scalar != b->has_scalar ||
+        (a->has_scalar && memcmp(&a->scalar, &b->scalar, sizeof a->scalar)))
+        return 0;
+    for (int i = 0; i < a->n_out; i++)
+        if (a->out[i].n != b->out[i].n || memcmp(a->out[i].v, b->out[i].v, (size_t)a->out[i].n * sizeof(float)))
+            return 0;
+    return 1;
+}
+
+static void run_or_die(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, ops_result_t *r)
+{
+    if (ops_run(be, c, cfg, seed, 0, r) < 0) {
+        fprintf(stderr, "%s: %s\n", ops_op_names[c->op], ftk_err_msg());
+        exit(1);
+    }
+}
+
+/* Compares run r of configuration cfg with the fp32 run f of the same case. */
+static void against_f32(const ops_case_t *c, ops_cfg_t cfg, const ops_result_t *f, const ops_result_t *r)
+{
+    op_stats_t *s = &stats[c->op];
+    char name[128];
+    ops_case_name(c, name, sizeof name);
+    if (r->has_scalar) { /* sumsq: double sums of the same values in the same order */
+        s->scalar_runs++;
+        s->scalar_ok += r->scalar == f->scalar;
+        CHECK(r->scalar == f->scalar);
+        if (r->scalar != f->scalar)
+            fprintf(stderr, "  %s [%s]: %.17g vs fp32 %.17g\n", name, ops_cfg_names[cfg], r->scalar, f->scalar);
+    }
+    for (int i = 0; i < r->n_out; i++) {
+        const ops_out_t *o = &r->out[i];
+        ops_err_t e = ops_compare(f->out[i].v, o->v, o->n);
+        double b = bound_vs_f32(c, o);
+        int ok = e.nan == 0 && e.max_rel <= b;
+        CHECK(ok);
+        if (!ok)
+            fprintf(stderr, "  %s [%s] %s: error %.3e at %lld (bound %.3e), %lld NaN\n", name, ops_cfg_names[cfg],
+                    o->name, e.max_rel, (long long)e.worst, b, (long long)e.nan);
+        if (o->dt == DT_F32 && e.max_rel > s->worst_f32)
+            s->worst_f32 = e.max_rel;
+        double ratio = b > 0 ? e.max_rel / b : e.max_rel > 0 ? INFINITY : 0;
+        double cur = s->worst_bound > 0 ? s->worst / s->worst_bound : 0;
+        if (o->dt == DT_BF16 && (ratio > cur || s->worst_bound == 0)) {
+            s->worst = e.max_rel;
+            s->worst_bound = b;
+            snprintf(s->worst_where, sizeof s->worst_where, "%s [%s] %s", name, ops_cfg_names[cfg], o->name);
+        }
+        if (o->dt == DT_BF16 && same_arithmetic(c, o)) {
+            int64_t bad = 0;
+            for (int64_t j = 0; j < o->n; j++)
+                bad += f32_to_bf16(f->out[i].v[j]) != f32_to_bf16(o->v[j]);
+            s->exact_runs++;
+            s->exact_ok += bad == 0;
+            CHECK(bad == 0);
+            if (bad)
+                fprintf(stderr, "  %s [%s] %s: %lld elements are not the fp32 result rounded\n", name,
+                        ops_cfg_names[cfg], o->name, (long long)bad);
+        }
+    }
+}
+
+static void test_table(backend_t *be)
+{
+    for (int k = 0; k < ops_table_len; k++) {
+        const ops_case_t *c = &ops_table[k];
+        uint64_t seed = SEED + 1000003u * (uint64_t)k;
+        op_stats_t *s = &stats[c->op];
+        char name[128];
+        ops_case_name(c, name, sizeof name);
+        s->cases++;
+        ops_result_t f;
+        run_or_die(be, c, OPS_F32, seed, &f);
+        for (int cfg = 0; cfg < OPS_NCFG; cfg++) {
+            if (!(c->cfgs & OPS_CFG(cfg)))
+                continue;
+            ops_result_t r, again, one;
+            if (cfg == OPS_F32)
+                r = f;
+            else
+                run_or_die(be, c, cfg, seed, &r);
+            s->runs++;
+            /* every output written (NaN-poisoned before) */
+            for (int i = 0; i < r.n_out; i++)
+                if (ops_compare(r.out[i].v, r.out[i].v, r.out[i].n).nan) {
+                    CHECK(!"an output holds NaN");
+                    fprintf(stderr, "  %s [%s] %s: NaN (unwritten?)\n", name, ops_cfg_names[cfg], r.out[i].name);
+                }
+            if (cfg != OPS_F32)
+                against_f32(c, (ops_cfg_t)cfg, &f, &r);
+            /* determinism: twice on 2 threads, then on 1 */
+            run_or_die(be, c, (ops_cfg_t)cfg, seed, &again);
+            int blas = c->op == OP_MATMUL && cfg == OPS_F32;
+            omp_set_num_threads(1);
+            run_or_die(be, c, (ops_cfg_t)cfg, seed, &one);
+            omp_set_num_threads(2);
+            int det = same_bits(&r, &again) && (blas || same_bits(&r, &one));
+            s->det_runs++;
+            s->det_ok += det;
+            CHECK(det);
+            if (!det)
+                fprintf(stderr, "  %s [%s]: different bits (second run: %s, 1 thread: %s)\n", name,
+                        ops_cfg_names[cfg], same_bits(&r, &again) ? "same" : "DIFFERENT",
+                        same_bits(&r, &one) ? "same" : "DIFFERENT");
+            ops_result_free(&again);
+            ops_result_free(&one);
+            if (cfg != OPS_F32)
+                ops_result_free(&r);
+        }
+        ops_result_free(&f);
+    }
+    printf("bf16 against fp32 on the same inputs (error: max |bf16 - f32| / (|f32| + rms), u = 2^-8):\n");
+    for (int op = 0; op < OP_COUNT; op++) {
+        op_stats_t *s = &stats[op];
+        if (!s->cases)
+            continue;
+        char line[256];
+        int len = snprintf(line, sizeof line, "  %-12s %2d cases %3d runs:", ops_op_names[op], s->cases, s->runs);
+        if (s->worst_bound > 0)
+            len += snprintf(line + len, sizeof line - (size_t)len, " bf16 outputs worst %.3f u (bound %.3f u),",
+                            s->worst / U_BF16, s->worst_bound / U_BF16);
+        if (s->exact_runs)
+            len += snprintf(line + len, sizeof line - (size_t)len, " = f32_to_bf16(fp32) %d/%d,", s->exact_ok,
+                            s->exact_runs);
+        if (s->scalar_runs)
+            len += snprintf(line + len, sizeof line - (size_t)len, " scalar identical %d/%d,", s->scalar_ok,
+                            s->scalar_runs);
+        printf("%s f32 outputs worst %.2e; same bits twice and on 1|2 threads %d/%d\n", line, s->worst_f32,
+               s->det_ok, s->det_runs);
+        if (s->worst > 0)
+            printf("  %-12s   worst at %s\n", "", s->worst_where);
+    }
+}
+
+/* ---- finite differences -------------------------------------------------------------------- */
+
+/* Each backward op against central differences of its forward, in fp32 on the CPU backend:
+ * the scalar L = Σ w·y over the forward's output (the loss itself for xent) is evaluated
+ * in double at x ± h·e for a random direction e of each input in turn, and the derivative
+ * (L(x+he) − L(x−he)) / 2h at h = 2^-7 and 2^-8 is Richardson-extrapolated (truncation
+ * O(h^4), below 2^-28 here). The directions take bf16 values in ±[0.5, 1), so x ± h·e is
+ * exact in fp32 for the bf16-valued inputs. The error against the analytic Σ g·e is taken
+ * relative to S + T: S = Σ|g·e| (the size of the derivative's terms), T = Σ|w·y| (of L's).
+ * What remains is the forward's fp32 rounding divided by the step: outputs within k·2^-24
+ * of their terms make |ΔL| ≤ k·2^-24·T, and (4·d(h/2) − d(h))/3 amplifies ΔL by at most
+ * 3/h = 384, so the error is at most k·2.3e-5. The bound 2^-12 allows k = 10. A wrong
+ * gradient, even in one segment or one head of many, errs by a fraction of S. */
+#define FD_BOUND (1.0 / 4096)
+
+typedef struct fd fd_t;
+struct fd {
+    backend_t *be;
+    const ops_case_t *c;
+    int n_in;
+    const char *in_name[3];
+    float *x[3]; /* the inputs, host */
+    int64_t len[3];
+    float *e[3];       /* a direction for each */
+    float *w;          /* the weights of the outputs in L */
+    int32_t *ids;      /* embed's ids, xent's targets */
+    double (*loss)(fd_t *f, float *const *x); /* L at inputs x; sets T */
+    double T;          /* Σ|w·y| of the last evaluation: the size of L's terms */
+    float *scratch[3]; /* x + t·e */
+};
+
+typedef struct {
+    double worst;
+    int n;
+} fd_stats_t;
+static fd_stats_t fd_stats[OP_COUNT][3];
+
+/* Σ w·y, and Σ|w·y| into f->T. */
+static double wdot(fd_t *f, const float *y, int64_t n)
+{
+    double s = 0, t = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)f->w[i] * y[i];
+        t += fabs((double)f->w[i] * y[i]);
+    }
+    f->T = t;
+    return s;
+}
+
+static double loss_at(fd_t *f, int in, float t)
+{
+    float *x[3];
+    for (int i = 0; i < f->n_in; i++)
+        x[i] = f->x[i];
+    for (int64_t j = 0; j < f->len[in]; j++)
+        f->scratch[in][j] = f->x[in][j] + t * f->e[in][j];
+    x[in] = f->scratch[in];
+    return f->loss(f, x);
+}
+
+/* Checks the gradients g[i] of every input against finite differences along f->e[i]. */
+static void fd_check(fd_t *f, float *const *g)
+{
+    char name[128];
+    ops_case_name(f->c, name, sizeof name);
+    const float h = 1.0f / 128;
+    for (int i = 0; i < f->n_in; i++) {
+        double d1 = (loss_at(f, i, h) - loss_at(f, i, -h)) / (2.0 * h);
+        double d2 = (loss_at(f, i, h / 2) - loss_at(f, i, -h / 2)) / (double)h;
+        double fd = (4 * d2 - d1) / 3, an = 0, S = 0;
+        for (int64_t j = 0; j < f->len[i]; j++) {
+            an += (double)g[i][j] * f->e[i][j];
+            S += fabs((double)g[i][j] * f->e[i][j]);
+        }
+        double rel = fabs(fd - an) / (S + f->T);
+        CHECK(rel <= FD_BOUND);
+        if (rel > FD_BOUND)
+            fprintf(stderr, "  %s d%s: finite differences %.9g, backward %.9g (error %.3e of %.3e)\n", name,
+                    f->in_name[i], fd, an, rel, S);
+        fd_stats_t *s = &fd_stats[f->c->op][i];
+        s->n++;
+        s->worst = rel > s->worst ? rel : s->worst;
+    }
+}
+
+/* Inputs and directions for f: input i of len values of scale sc. */
+static void fd_input(fd_t *f, ops_rng_t *rng, const char *name, int64_t len, float sc)
+{
+    int i = f->n_in++;
+    f->in_name[i] = name;
+    f->len[i] = len;
+    f->x[i] = ops_rand(rng, len, sc, 1);
+    f->e[i] = ops_xmalloc((size_t)len * sizeof(float));
+    f->scratch[i] = ops_xmalloc((size_t)len * sizeof(float));
+    for (int64_t j = 0; j < len; j++) {
+        float u = (float)ops_urand(rng);
+        f->e[i][j] = ops_round_bf16((u < 0.5f ? -1.0f : 1.0f) * (0.5f + 0.49f * (float)ops_urand(rng)));
+    }
+}
+static void fd_free(fd_t *f)
+{
+    for (int i = 0; i < f->n_in; i++) {
+        free(f->x[i]);
+        free(f->e[i]);
+        free(f->scratch[i]);
+    }
+    free(f->w);
+    free(f->ids);
+}
+
+/* A forward op's output on be, downloaded: the upload/run/download of the losses below. */
+static bk_buf_t up(backend_t *be, const float *x, int64_t n)
+{
+    bk_buf_t b = bk_buf(bk_alloc(be, (size_t)n * sizeof(float), BK_MEM_OTHER, "a test buffer"), DT_F32);
+    if (!b.p) {
+        fprintf(stderr, "%s\n", ftk_err_msg());
+        exit(1);
+    }
+    be->upload(be, b.p, x, (size_t)n * sizeof(float));
+    return b;
+}
+static float *down(backend_t *be, bk_buf_t b, int64_t n) { return ops_get(be, b, n); }
+
+/* matmul: L(A, B) = Σ w·(alpha·op(A)·op(B) + beta·C0); the gradients through the other
+ * three transpositions: dA = alpha·dC·op(B)ᵀ (stored as A is, so (alpha·op(B)·dCᵀ) when
+ * ta), dB = alpha·op(A)ᵀ·dC (alpha·dCᵀ·op(A) when tb). */
+static double mm_loss(fd_t *f, float *const *x)
+{
+    const ops_case_t *c = f->c;
+    backend_t *be = f->be;
+    bk_buf_t A = up(be, x[0], c->M * c->K), B = up(be, x[1], c->K * c->N), C = up(be, f->scratch[2], c->M * c->N);
+    be->matmul(be, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, B, c->beta, C);
+    float *y = down(be, C, c->M * c->N);
+    double L = wdot(f, y, c->M * c->N);
+    free(y);
+    bk_free(be, A.p);
+    bk_free(be, B.p);
+    bk_free(be, C.p);
+    return L;
+}
+static void fd_matmul(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    fd_t f = {.be = be, .c = c, .loss = mm_loss};
+    int64_t M = c->M, N = c->N, K = c->K;
+    fd_input(&f, rng, "A", M * K, 1);
+    fd_input(&f, rng, "B", K * N, 1);
+    f.w = ops_rand(rng, M * N, 1, 1);
+    f.scratch[2] = ops_rand(rng, M * N, 1, 1); /* C0, not perturbed */
+    bk_buf_t A = up(be, f.x[0], M * K), B = up(be, f.x[1], K * N), dC = up(be, f.w, M * N);
+    bk_buf_t dA = up(be, f.e[0], M * K), dB = up(be, f.e[1], K * N); /* overwritten: beta 0 */
+    if (c->ta) /* A is [K, M]: dA = op(B)·dCᵀ */
+        be->matmul(be, c->tb, 1, K, M, N, c->alpha, B, dC, 0, dA);
+    else
+        be->matmul(be, 0, !c->tb, M, K, N, c->alpha, dC, B, 0, dA);
+    if (c->tb) /* B is [N, K]: dB = dCᵀ·op(A) */
+        be->matmul(be, 1, c->ta, N, K, M, c->alpha, dC, A, 0, dB);
+    else
+        be->matmul(be, !c->ta, 0, K, N, M, c->alpha, A, dC, 0, dB);
+    float *g[2] = {down(be, dA, M * K), down(be, dB, K * N)};
+    fd_check(&f, g);
+    free(g[0]);
+    free(g[1]);
+    free(f.scratch[2]);
+    f.scratch[2] = NULL;
+    bk_free(be, A.p), bk_free(be, B.p), bk_free(be, dC.p), bk_free(be, dA.p), bk_free(be, dB.p);
+    fd_free(&f);
+}
+
+/* embed: L(table) = Σ w·table[ids]; the gradient by embed_bwd into zeros. */
+static double embed_loss(fd_t *f, float *const *x)
+{
+    const ops_case_t *c = f->c;
+    backend_t *be = f->be;
+    bk_buf_t T = up(be, x[0], c->V * c->d), O = up(be, f->w, c->n * c->d);
+    int32_t *ids = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *ids);
+    be->embed_fwd(be, O, ids, T, c->n, c->d);
+    float *y = down(be, O, c->n * c->d);
+    double L = wdot(f, y, c->n * c->d);
+    free(y);
+    bk_free(be, T.p), bk_free(be, O.p), bk_free(be, ids);
+    return L;
+}
+static void fd_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    fd_t f = {.be = be, .c = c, .loss = embed_loss};
+    fd_input(&f, rng, "table", c->V * c->d, 1);
+    f.w = ops_rand(rng, c->n * c->d, 1, 1);
+    f.ids = ops_rand_ids(rng, c->n, c->V);
+    float *zero = calloc((size_t)(c->V * c->d), sizeof *zero);
+    bk_buf_t dT = up(be, zero, c->V * c->d), dO = up(be, f.w, c->n * c->d);
+    int32_t *ids = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *ids);
+    be->embed_bwd(be, dT, ids, dO, c->n, c->d);
+    float *g[1] = {down(be, dT, c->V * c->d)};
+    fd_check(&f, g);
+    free(g[0]);
+    free(zero);
+    bk_free(be, dT.p), bk_free(be, dO.p), bk_free(be, ids);
+    fd_free(&f);
+}
+
+/* rmsnorm: L(x, w) = Σ dout·rmsnorm(x, w); dx and dw by rmsnorm_bwd into zeros. */
+static double rms_loss(fd_t *f, float *const *x)
+{
+    const ops_case_t *c = f->c;
+    backend_t *be = f->be;
+    int64_t n = c->n, d = c->d;
+    bk_buf_t X = up(be, x[0], n * d), W = up(be, x[1], d), O = up(be, f->w, n * d), R = up(be, f->w, n);
+    be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
+    float *y = down(be, O, n * d);
+    double L = wdot(f, y, n * d);
+    free(y);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, O.p), bk_free(be, R.p);
+    return L;
+}
+static void fd_rmsnorm(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    int64_t n = c->n, d = c->d;
+    fd_t f = {.be = be, .c = c, .loss = rms_loss};
+    fd_input(&f, rng, "x", n * d, 2);
+    fd_input(&f, rng, "w", d, 0.5f);
+    for (int64_t j = 0; j < d; j++)
+        f.x[1][j] = ops_round_bf16(1.0f + f.x[1][j]);
+    f.w = ops_rand(rng, n * d, 1, 1);
+    float *zero = calloc((size_t)(n * d), sizeof *zero);
+    bk_buf_t X = up(be, f.x[0], n * d), W = up(be, f.x[1], d), O = up(be, zero, n * d), R = up(be, zero, n);
+    bk_buf_t dO = up(be, f.w, n * d), dX = up(be, zero, n * d), dW = up(be, zero, d);
+    be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
+    be->rmsnorm_bwd(be, dX, dW, dO, X, W, R.p, n, d);
+    float *g[2] = {down(be, dX, n * d), down(be, dW, d)};
+    fd_check(&f, g);
+    free(g[0]), free(g[1]), free(zero);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, O.p), bk_free(be, R.p), bk_free(be, dO.p), bk_free(be, dX.p),
+        bk_free(be, dW.p);
+    fd_free(&f);
+}
+
+/* attention: L(q, k, v) = Σ dout·attn(q, k, v); dq, dk, dv by attn_bwd from the forward's
+ * out and lse. */
+static double attn_loss_out(fd_t *f, float *const *x, float *out_host, float *lse_host)
+{
+    const ops_case_t *c = f->c;
+    backend_t *be = f->be;
+    int64_t n = c->seg[c->n_seg], qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
+    bk_buf_t Q = up(be, x[0], qn), K = up(be, x[1], kn), V = up(be, x[2], kn), O = up(be, f->w, qn);
+    bk_buf_t L = up(be, f->w, n * c->n_head);
+    be->attn_fwd(be, O, L.p, Q, K, V, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
+    float *y = down(be, O, qn);
+    double s = wdot(f, y, qn);
+    if (out_host) {
+        memcpy(out_host, y, (size_t)qn * sizeof *y);
+        be->download(be, lse_host, L.p, (size_t)(n * c->n_head) * sizeof(float));
+    }
+    free(y);
+    bk_free(be, Q.p), bk_free(be, K.p), bk_free(be, V.p), bk_free(be, O.p), bk_free(be, L.p);
+    return s;
+}
+static double attn_loss(fd_t *f, float *const *x) { return attn_loss_out(f, x, NULL, NULL); }
+static void fd_attn(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    int64_t n = c->seg[c->n_seg], qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
+    fd_t f = {.be = be, .c = c, .loss = attn_loss};
+    fd_input(&f, rng, "q", qn, 2);
+    fd_input(&f, rng, "k", kn, 1);
+    fd_input(&f, rng, "v", kn, 1);
+    f.w = ops_rand(rng, qn, 1, 1);
+    float *ho = ops_xmalloc((size_t)qn * sizeof *ho), *hl = ops_xmalloc((size_t)(n * c->n_head) * sizeof *hl);
+    attn_loss_out(&f, f.x, ho, hl);
+    bk_buf_t Q = up(be, f.x[0], qn), K = up(be, f.x[1], kn), V = up(be, f.x[2], kn), O = up(be, ho, qn);
+    bk_buf_t L = up(be, hl, n * c->n_head), dO = up(be, f.w, qn);
+    bk_buf_t dQ = up(be, ho, qn), dK = up(be, f.x[1], kn), dV = up(be, f.x[2], kn); /* overwritten */
+    be->attn_bwd(be, dQ, dK, dV, dO, Q, K, V, O, L.p, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
+    float *g[3] = {down(be, dQ, qn), down(be, dK, kn), down(be, dV, kn)};
+    fd_check(&f, g);
+    free(g[0]), free(g[1]), free(g[2]), free(ho), free(hl);
+    bk_buf_t all[] = {Q, K, V, O, L, dO, dQ, dK, dV};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        bk_free(be, all[i].p);
+    fd_free(&f);
+}
+
+/* swiglu: L(g, u) = Σ dh·silu(g)·u. */
+static double swiglu_loss(fd_t *f, float *const *x)
+{
+    backend_t *be = f->be;
+    int64_t n = f->c->n;
+    bk_buf_t G = up(be, x[0], n), U = up(be, x[1], n), H = up(be, f->w, n);
+    be->swiglu_fwd(be, H, G, U, n);
+    float *y = down(be, H, n);
+    double L = wdot(f, y, n);
+    free(y);
+    bk_free(be, G.p), bk_free(be, U.p), bk_free(be, H.p);
+    return L;
+}
+static void fd_swiglu(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    int64_t n = c->n;
+    fd_t f = {.be = be, .c = c, .loss = swiglu_loss};
+    fd_input(&f, rng, "g", n, 6);
+    fd_input(&f, rng, "u", n, 2);
+    f.w = ops_rand(rng, n, 1, 1);
+    bk_buf_t G = up(be, f.x[0], n), U = up(be, f.x[1], n), dH = up(be, f.w, n), dG = up(be, f.w, n),
+             dU = up(be, f.w, n);
+    be->swiglu_bwd(be, dG, dU, dH, G, U, n);
+    float *g[2] = {down(be, dG, n), down(be, dU, n)};
+    fd_check(&f, g);
+    free(g[0]), free(g[1]);
+    bk_free(be, G.p), bk_free(be, U.p), bk_free(be, dH.p), bk_free(be, dG.p), bk_free(be, dU.p);
+    fd_free(&f);
+}
+
+/* xent: L(logits) = the loss; its gradient is what xent leaves in the logits at grad_scale 1. */
+static double xent_loss(fd_t *f, float *const *x)
+{
+    const ops_case_t *c = f->c;
+    backend_t *be = f->be;
+    bk_buf_t X = up(be, x[0], c->n * c->V), W = up(be, f->w, c->n);
+    int32_t *t = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *t);
+    double L = be->xent(be, X.p, t, W.p, c->n, c->V, 0);
+    f->T = fabs(L);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
+    return L;
+}
+static void fd_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    fd_t f = {.be = be, .c = c, .loss = xent_loss};
+    fd_input(&f, rng, "logits", c->n * c->V, 8);
+    f.w = ops_xmalloc((size_t)c->n * sizeof *f.w);
+    for (int64_t i = 0; i < c->n; i++)
+        f.w[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? 0.5f : 1.0f;
+    f.ids = ops_rand_ids(rng, c->n, c->V);
+    bk_buf_t X = up(be, f.x[0], c->n * c->V), W = up(be, f.w, c->n);
+    int32_t *t = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *t);
+    be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f);
+    float *g[1] = {down(be, X, c->n * c->V)};
+    fd_check(&f, g);
+    free(g[0]);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
+    fd_free(&f);
+}
+
+/* rope is linear: its inverse must be its transpose, ⟨R a, b⟩ = ⟨a, Rᵀ b⟩, both sides in
+ * double from fp32 outputs, each within a few 2^-24 of Σ|terms|: bound 2^-20 of Σ|a·Rᵀb|.
+ * And the inverse undoes it: Rᵀ(R x) within a few 2^-24 of |x| + rms: bound 2^-20. */
+static double rope_worst_t, rope_worst_rt;
+static void fd_rope(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
+{
+    int64_t n = c->n, w = (int64_t)c->n_head * c->hd;
+    float *a = ops_rand(rng, n * w, 2, 1), *b = ops_rand(rng, n * w, 2, 1);
+    int32_t *pos = ops_xmalloc((size_t)n * sizeof *pos);
+    for (int64_t i = 0; i < n; i++)
+        pos[i] = (int32_t)((i * (c->pos_step ? c->pos_step : 1)) % 4096);
+    int32_t *dpos = ops_put_raw(be, pos, (size_t)n * sizeof *pos);
+    bk_buf_t A = up(be, a, n * w), B = up(be, b, n * w);
+    be->rope(be, A, dpos, n, c->n_head, c->hd, c->theta, c->inverse);
+    be->rope(be, B, dpos, n, c->n_head, c->hd, c->theta, !c->inverse);
+    float *ra = down(be, A, n * w), *rb = down(be, B, n * w);
+    double lhs = 0, rhs = 0, S = 0;
+    for (int64_t i = 0; i < n * w; i++) {
+        lhs += (double)ra[i] * b[i];
+        rhs += (double)a[i] * rb[i];
+        S += fabs((double)a[i] * rb[i]);
+    }
+    double rel = fabs(lhs - rhs) / S;
+    rope_worst_t = rel > rope_worst_t ? rel : rope_worst_t;
+    CHECK(rel <= 1.0 / (1 << 20));
+    be->rope(be, A, dpos, n, c->n_head, c->hd, c->theta, !c->inverse); /* back to a */
+    float *back = down(be, A, n * w);
+    ops_err_t e = ops_compare(a, back, n * w);
+    rope_worst_rt = e.max_rel > rope_worst_rt ? e.max_rel : rope_worst_rt;
+    CHECK(e.nan == 0 && e.max_rel <= 1.0 / (1 << 20));
+    free(a), free(b), free(pos), free(ra), free(rb), free(back);
+    bk_free(be, dpos), bk_free(be, A.p), bk_free(be, B.p);
+}
+
+static void test_fd(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xfd);
+    for (int k = 0; k < ops_table_len; k++) {
+        const ops_case_t *c = &ops_table[k];
+        switch (c->op) {
+        case OP_MATMUL:
+            fd_matmul(be, c, &rng);
+            break;
+        case OP_EMBED_BWD:
+            fd_embed(be, c, &rng);
+            break;
+        case OP_RMSNORM_BWD:
+            fd_rmsnorm(be, c, &rng);
+            break;
+        case OP_ATTN_BWD:
+            fd_attn(be, c, &rng);
+            break;
+        case OP_SWIGLU_BWD:
+            fd_swiglu(be, c, &rng);
+            break;
+        case OP_XENT:
+            if (c->grad_scale != 0.0f)
+                fd_xent(be, c, &rng);
+            break;
+        case OP_ROPE:
+            fd_rope(be, c, &rng);
+            break;
+        default:
+            break;
+        }
+    }
+    printf("backward ops against finite differences of the forward (fp32; error relative to sum |g.e| + "
+           "sum |w.y|, bound %.2e):\n",
+           FD_BOUND);
+    static const char *const in_names[OP_COUNT][3] = {
+        [OP_MATMUL] = {"dA", "dB"},        [OP_EMBED_BWD] = {"dtable"}, [OP_RMSNORM_BWD] = {"dx", "dw"},
+        [OP_ATTN_BWD] = {"dq", "dk", "dv"}, [OP_SWIGLU_BWD] = {"dg", "du"}, [OP_XENT] = {"dlogits"}};
+    for (int op = 0; op < OP_COUNT; op++) {
+        if (!fd_stats[op][0].n)
+            continue;
+        printf("  %-12s %2d cases:", ops_op_names[op], fd_stats[op][0].n);
+        for (int i = 0; i < 3 && fd_stats[op][i].n; i++)
+            printf(" %s %.2e", in_names[op][i], fd_stats[op][i].worst);
+        printf("\n");
+    }
+    printf("  %-12s inverse = transpose: worst %.2e, inverse(forward(x)) = x: worst %.2e (bounds 2^-20 = %.2e)\n",
+           "rope", rope_worst_t, rope_worst_rt, 1.0 / (1 << 20));
+}
+
+/* ---- adamw ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t n;
+    float *p, *g, *m, *v;
+} adam_in_t;
+
+static adam_in_t adam_inputs(ops_rng_t *rng, int64_t n, int round)
+{
+    adam_in_t a = {n, ops_rand(rng, n, 1, round), ops_rand(rng, n, 1e-2f, round), ops_rand(rng, n, 1e-3f, round),
+                   ops_rand(rng, n, 1e-5f, round)};
+    for (int64_t i = 0; i < n; i++)
+        a.v[i] = fabsf(a.v[i]);
+    return a;
+}
+static void adam_free(adam_in_t *a) { free(a->p), free(a->g), free(a->m), free(a->v); }
+
+/* Runs adamw on copies of a in dtypes st (p, m, v) and gt (g); results widened into out[3]. */
+static void adam_run(backend_t *be, const adam_in_t *a, dtype_t st, dtype_t gt, const bk_adamw_t *h, float *out[3])
+{
+    int64_t n = a->n;
+    float *t[4];
+    for (int i = 0; i < 4; i++)
+        t[i] = ops_xmalloc((size_t)n * sizeof(float));
+    memcpy(t[0], a->p, (size_t)n * 4), memcpy(t[1], a->g, (size_t)n * 4), memcpy(t[2], a->m, (size_t)n * 4),
+        memcpy(t[3], a->v, (size_t)n * 4);
+    bk_buf_t P = ops_put(be, st, t[0], n), G = ops_put(be, gt, t[1], n), M = ops_put(be, st, t[2], n),
+             V = ops_put(be, st, t[3], n);
+    be->adamw(be, P, G, M, V, n, h);
+    out[0] = ops_get(be, P, n), out[1] = ops_get(be, M, n), out[2] = ops_get(be, V, n);
+    for (int i = 0; i < 4; i++)
+        free(t[i]);
+    bk_free(be, P.p), bk_free(be, G.p), bk_free(be, M.p), bk_free(be, V.p);
+}
+
+static bk_adamw_t adam_h(int step, float wd, float gscale)
+{
+    bk_adamw_t h = {.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .wd = wd, .gscale = gscale,
+                    .bc1 = 1.0 - pow(0.9f, step), .bc2 = 1.0 - pow(0.95f, step)};
+    return h;
+}
+
+/* f32 states against the header's formula evaluated in double from the same fp32
+ * hyper-parameters. fp32 evaluation rounds a handful of times per state; each rounding errs
+ * by at most 2^-24 of the terms it combines, so the bound is k·2^-24 of the sum of the
+ * terms' magnitudes: m = b1·m + (1−b1)·g·gs (4 roundings: k = 4), v (g² and gs: k = 6),
+ * p = p·(1−lr·wd) − (lr/bc1)·m/(√v/√bc2 + eps) (the decay, the step, m's error carried
+ * through the quotient, √, /, +, −: k = 12). */
+static void test_adamw_formula(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xada);
+    const struct {
+        int step;
+        float wd, gs;
+    } set[] = {{1, 0.1f, 1.0f}, {10, 0.0f, 0.5f}, {1000, 0.01f, 0.25f}};
+    double worst[3] = {0};
+    const double k[3] = {12, 4, 6};
+    for (size_t s = 0; s < sizeof set / sizeof *set; s++) {
+        adam_in_t a = adam_inputs(&rng, 4099, 0);
+        bk_adamw_t h = adam_h(set[s].step, set[s].wd, set[s].gs);
+        float *out[3];
+        adam_run(be, &a, DT_F32, DT_F32, &h, out);
+        for (int64_t i = 0; i < a.n; i++) {
+            double b1 = h.b1, b2 = h.b2, lr = h.lr, g = (double)a.g[i] * h.gscale;
+            double m = b1 * a.m[i] + (1 - b1) * g, v = b2 * a.v[i] + (1 - b2) * g * g;
+            double den = sqrt(v) / sqrt(h.bc2) + h.eps, decay = 1 - lr * h.wd;
+            double p = a.p[i] * decay - lr / h.bc1 * m / den;
+            double ref[3] = {p, m, v};
+            double mag[3] = {fabs(a.p[i] * decay) + lr / h.bc1 * (fabs(b1 * a.m[i]) + fabs((1 - b1) * g)) / den,
+                             fabs(b1 * a.m[i]) + fabs((1 - b1) * g), b2 * a.v[i] + (1 - b2) * g * g};
+            for (int w = 0; w < 3; w++) {
+                double e = fabs(out[w][i] - ref[w]) / (EPS32 * mag[w]);
+                worst[w] = e > worst[w] ? e : worst[w];
+            }
+        }
+        for (int w = 0; w < 3; w++)
+            free(out[w]);
+        adam_free(&a);
+    }
+    for (int w = 0; w < 3; w++)
+        CHECK(worst[w] <= k[w]);
+    printf("adamw f32 against the formula in double: worst p %.2f, m %.2f, v %.2f (bounds 12, 4, 6) x 2^-24 of "
+           "the terms\n",
+           worst[0], worst[1], worst[2]);
+}
+
+/* bf16 states, nearest: each state is f32_to_bf16 of the fp32 result on the same inputs
+ * (g bf16 or f32). */
+static void test_adamw_nearest(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xbf16);
+    adam_in_t a = adam_inputs(&rng, 3001, 1);
+    bk_adamw_t h = adam_h(5, 0.1f, 1.0f);
+    int64_t bad = 0;
+    for (int gbf = 0; gbf < 2; gbf++) {
+        float *ref[3], *out[3];
+        adam_run(be, &a, DT_F32, DT_F32, &h, ref);
+        adam_run(be, &a, DT_BF16, gbf ? DT_BF16 : DT_F32, &h, out);
+        for (int w = 0; w < 3; w++) {
+            for (int64_t i = 0; i < a.n; i++)
+                bad += f32_to_bf16(ref[w][i]) != f32_to_bf16(out[w][i]) || out[w][i] != ops_round_bf16(out[w][i]);
+            free(ref[w]), free(out[w]);
+        }
+    }
+    CHECK(bad == 0);
+    printf("adamw bf16 states, nearest: %s f32_to_bf16 of the fp32 result (g f32 and bf16)\n",
+           bad ? "NOT" : "exactly");
+    adam_free(&a);
+}
+
+/* The bf16 values either side of x: truncated toward zero, and the next away from zero. */
+static void neighbours(float x, float *lo, float *hi)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    *lo = bf16_to_f32((uint16_t)(u >> 16));
+    *hi = bf16_to_f32((uint16_t)((u >> 16) + 1));
+}
+
+/* Stochastic rounding: for inputs whose fp32 results x fall between two bf16 neighbours,
+ * the states over 1024 elements (each its own bits) × 16 keys are only those neighbours, and
+ * their mean is within 4 standard errors (ulp·√(f(1−f)/N), f the fraction of an ulp cut)
+ * of x; the result does not depend on splitting the call or the thread count. */
+static void test_adamw_stochastic(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0x5e);
+    const int64_t n = 1024;
+    const int keys = 16;
+    double worst_z = 0;
+    int64_t outside = 0, tested = 0;
+    for (int set = 0; set < 4; set++) {
+        adam_in_t one = adam_inputs(&rng, 1, 1), a = adam_inputs(&rng, n, 1);
+        for (int64_t i = 0; i < n; i++)
+            a.p[i] = one.p[0], a.g[i] = one.g[0], a.m[i] = one.m[0], a.v[i] = one.v[0];
+        bk_adamw_t h = adam_h(3, 0.1f, 1.0f);
+        float *x[3];
+        adam_run(be, &one, DT_F32, DT_F32, &h, x);
+        double sum[3] = {0};
+        h.stochastic = 1;
+        for (int k = 0; k < keys; k++) {
+            h.key = bk_sround_key(SEED, k, set);
+            float *out[3];
+            adam_run(be, &a, DT_BF16, DT_BF16, &h, out);
+            for (int w = 0; w < 3; w++) {
+                float lo, hi;
+                neighbours(x[w][0], &lo, &hi);
+                for (int64_t i = 0; i < n; i++) {
+                    outside += out[w][i] != lo && out[w][i] != hi;
+                    sum[w] += out[w][i];
+                }
+                free(out[w]);
+            }
+        }
+        for (int w = 0; w < 3; w++) {
+            float lo, hi, xv = x[w][0];
+            neighbours(xv, &lo, &hi);
+            double f = ((double)xv - lo) / ((double)hi - lo), N = (double)n * keys;
+            if (f <= 0) /* exactly representable: nothing to round */
+                continue;
+            double se = fabs((double)hi - lo) * sqrt(f * (1 - f) / N), z = fabs(sum[w] / N - xv) / se;
+            worst_z = z > worst_z ? z : worst_z;
+            tested++;
+        }
+        for (int w = 0; w < 3; w++)
+            free(x[w]);
+        adam_free(&one);
+        adam_free(&a);
+    }
+    CHECK(outside == 0);
+    CHECK(tested >= 8 && worst_z <= 4);
+    printf("adamw stochastic rounding: %lld states x %d draws, none outside the two neighbours (%lld), mean within "
+           "%.2f standard errors (bound 4)\n",
+           (long long)tested, (int)(n * keys), (long long)outside, worst_z);
+
+    /* slicing and threads */
+    adam_in_t a = adam_inputs(&rng, 1001, 1);
+    bk_adamw_t h = adam_h(7, 0.1f, 1.0f);
+    h.stochastic = 1;
+    h.key = bk_sround_key(SEED, 7, 5);
+    h.index0 = 500;
+    float *whole[3], *one_thread[3];
+    adam_run(be, &a, DT_BF16, DT_BF16, &h, whole);
+    omp_set_num_threads(1);
+    adam_run(be, &a, DT_BF16, DT_BF16, &h, one_thread);
+    omp_set_num_threads(2);
+    /* two calls: [0, 400) at index0 500, [400, 1001) at index0 900, on views of one buffer */
+    float *t[4] = {a.p, a.g, a.m, a.v};
+    bk_buf_t B[4];
+    for (int i = 0; i < 4; i++) {
+        float *c = ops_xmalloc((size_t)a.n * sizeof *c);
+        memcpy(c, t[i], (size_t)a.n * sizeof *c);
+        B[i] = ops_put(be, DT_BF16, c, a.n);
+        free(c);
+    }
+    be->adamw(be, B[0], B[1], B[2], B[3], 400, &h);
+    bk_adamw_t h2 = h;
+    h2.index0 = 900;
+    be->adamw(be, bk_at(B[0], 400), bk_at(B[1], 400), bk_at(B[2], 400), bk_at(B[3], 400), a.n - 400, &h2);
+    float *split[3] = {ops_get(be, B[0], a.n), ops_get(be, B[2], a.n), ops_get(be, B[3], a.n)};
+    int same_split = 1, same_threads = 1;
+    for (int w = 0; w < 3; w++) {
+        same_split &= !memcmp(whole[w], split[w], (size_t)a.n * sizeof(float));
+        same_threads &= !memcmp(whole[w], one_thread[w], (size_t)a.n * sizeof(float));
+        free(whole[w]), free(split[w]), free(one_thread[w]);
+    }
+    for (int i = 0; i < 4; i++)
+        bk_free(be, B[i].p);
+    CHECK(same_split);
+    CHECK(same_threads);
+    printf("adamw stochastic rounding: one call and two with index0 offsets %s, 1 and 2 threads %s\n",
+           same_split ? "same bits" : "DIFFERENT", same_threads ? "same bits" : "DIFFERENT");
+    adam_free(&a);
+}
+
+/* ---- convert, add, scale, sumsq ---------------------------------------------------------------- */
+
+static void test_convert(backend_t *be)
+{
+    /* f32 -> bf16: random values of every magnitude, ties both ways, specials */
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xc0);
+    const int64_t n = 4096;
+    uint32_t *bits = ops_xmalloc((size_t)n * sizeof *bits);
+    for (int64_t i = 0; i < n; i++)
+        bits[i] = (uint32_t)(ops_urand(&rng) * 4294967296.0);
+    for (int64_t i = 0; i < 64; i++) /* ties: half an ulp cut, even and odd kept bits */
+        bits[i] = (bits[i] & 0xffff0000u) | 0x8000u;
+    const uint32_t special[] = {0, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f7fffffu, 0x00000001u,
+                                0x807fffffu, 0x7f7f8000u, 0x3f808000u, 0x3f818000u, 0xffffffffu};
+    memcpy(bits + 64, special, sizeof special);
+    float *src = (float *)bits;
+    uint16_t *got = ops_xmalloc((size_t)n * sizeof *got);
+    void *d32 = ops_put_raw(be, src, (size_t)n * 4), *d16 = ops_put_raw(be, got, (size_t)n * 2);
+    be->convert(be, bk_buf(d16, DT_BF16), bk_buf(d32, DT_F32), n);
+    be->download(be, got, d16, (size_t)n * 2);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int nan_ok = isnan(src[i]) && isnan(bf16_to_f32(got[i]));
+        bad += got[i] != f32_to_bf16(src[i]) && !nan_ok;
+    }
+    CHECK(bad == 0);
+    /* back to f32: exactly the widened bf16 */
+    float *back = ops_xmalloc((size_t)n * sizeof *back);
+    be->convert(be, bk_buf(d32, DT_F32), bk_buf(d16, DT_BF16), n);
+    be->download(be, back, d32, (size_t)n * 4);
+    int64_t bad2 = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad2 += memcmp(&back[i], &(float){bf16_to_f32(got[i])}, 4) != 0;
+    CHECK(bad2 == 0);
+    bk_free(be, d32), bk_free(be, d16);
+    free(got), free(back);
+
+    /* every bf16 pattern -> f32 -> bf16: the identity (NaN stays NaN) */
+    uint16_t *all = ops_xmalloc(65536 * sizeof *all), *rt = ops_xmalloc(65536 * sizeof *rt);
+    for (int i = 0; i < 65536; i++)
+        all[i] = (uint16_t)i;
+    void *a16 = ops_put_raw(be, all, 65536 * 2), *a32 = bk_alloc(be, 65536 * 4, BK_MEM_OTHER, "round trip");
+    void *b16 = bk_alloc(be, 65536 * 2, BK_MEM_OTHER, "round trip");
+    be->convert(be, bk_buf(a32, DT_F32), bk_buf(a16, DT_BF16), 65536);
+    be->convert(be, bk_buf(b16, DT_BF16), bk_buf(a32, DT_F32), 65536);
+    be->download(be, rt, b16, 65536 * 2);
+    int64_t bad3 = 0;
+    for (int i = 0; i < 65536; i++) {
+        int nan = isnan(bf16_to_f32(all[i]));
+        bad3 += nan ? !isnan(bf16_to_f32(rt[i])) : rt[i] != all[i];
+    }
+    CHECK(bad3 == 0);
+    /* same-dtype converts are copies */
+    void *c16 = bk_alloc(be, 65536 * 2, BK_MEM_OTHER, "copy"), *c32 = bk_alloc(be, 65536 * 4, BK_MEM_OTHER, "copy");
+    be->convert(be, bk_buf(c16, DT_BF16), bk_buf(a16, DT_BF16), 65536);
+    be->convert(be, bk_buf(c32, DT_F32), bk_buf(a32, DT_F32), 65536);
+    uint16_t *h16 = ops_xmalloc(65536 * 2);
+    uint32_t *h32 = ops_xmalloc(65536 * 4), *w32 = ops_xmalloc(65536 * 4);
+    be->download(be, h16, c16, 65536 * 2);
+    be->download(be, h32, c32, 65536 * 4);
+    be->download(be, w32, a32, 65536 * 4);
+    CHECK(!memcmp(h16, all, 65536 * 2));
+    CHECK(!memcmp(h32, w32, 65536 * 4));
+    printf("convert: f32->bf16 = f32_to_bf16 (ties, specials) %s, ->f32 exact %s, all 65536 bf16 ->f32->bf16 %s, "
+           "copies %s\n",
+           bad ? "FAIL" : "ok", bad2 ? "FAIL" : "ok", bad3 ? "FAIL" : "ok",
+           !memcmp(h16, all, 65536 * 2) && !memcmp(h32, w32, 65536 * 4) ? "ok" : "FAIL");
+    bk_free(be, a16), bk_free(be, a32), bk_free(be, b16), bk_free(be, c16), bk_free(be, c32);
+    free(all), free(rt), free(h16), free(h32), free(w32), free(bits);
+}
+
+/* add and scale compute in fp32 and round once to y's dtype: bit-exact against the host;
+ * sumsq sums squares in double (blocks, then their sums): within n·2^-52 relative. */
+static void test_pointwise_mixed(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xadd);
+    const int64_t n = 70001;
+    const dtype_t dts[2] = {DT_F32, DT_BF16};
+    int64_t bad = 0;
+    double worst_sq = 0;
+    for (int yi = 0; yi < 2; yi++)
+        for (int xi = 0; xi < 2; xi++) {
+            float *y = ops_rand(&rng, n, 3, 0), *x = ops_rand(&rng, n, 3, 0);
+            bk_buf_t Y = ops_put(be, dts[yi], y, n), X = ops_put(be, dts[xi], x, n);
+            be->add(be, Y, X, n);
+            float *r = ops_get(be, Y, n);
+            for (int64_t i = 0; i < n; i++) {
+                float want = y[i] + x[i];
+                bad += r[i] != (dts[yi] == DT_BF16 ? ops_round_bf16(want) : want);
+            }
+            be->scale(be, Y, -0.37f, n);
+            float *s = ops_get(be, Y, n);
+            for (int64_t i = 0; i < n; i++) {
+                float want = r[i] * -0.37f;
+                bad += s[i] != (dts[yi] == DT_BF16 ? ops_round_bf16(want) : want);
+            }
+            double ss = be->sumsq(be, X, n), want = 0;
+            for (int64_t i = 0; i < n; i++)
+                want += (double)x[i] * x[i];
+            double rel = fabs(ss - want) / want;
+            worst_sq = rel > worst_sq ? rel : worst_sq;
+            CHECK(rel <= (double)n * DBL_EPSILON);
+            free(y), free(x), free(r), free(s);
+            bk_free(be, Y.p), bk_free(be, X.p);
+        }
+    CHECK(bad == 0);
+    printf("add, scale in the 4 dtype pairs: %lld elements differ from fp32-then-round; sumsq: worst %.2e (bound "
+           "n*2^-52 = %.2e)\n",
+           (long long)bad, worst_sq, (double)n * DBL_EPSILON);
+}
+
+/* ---- streams, events, memory, the planning backend --------------------------------------- */
+
+static void test_streams(backend_t *be)
+{
+    bk_stream_t *s = be->stream_new(be);
+    bk_event_t *e = be->event_new(be);
+    CHECK(s != NULL && e != NULL);
+    CHECK(be->stream_native(be, s) == NULL && be->stream_native(be, NULL) == NULL);
+    float y[5] = {1, 2, 3, 4, 5}, x[5] = {10, 20, 30, 40, 50}, r[5];
+    bk_buf_t Y = bk_buf(ops_put_raw(be, y, sizeof y), DT_F32), X = bk_buf(ops_put_raw(be, x, sizeof x), DT_F32);
+    be->set_stream(be, s);
+    be->add(be, Y, X, 5);
+    be->event_record(be, e);
+    be->set_stream(be, NULL);
+    be->event_wait(be, e);
+    be->add(be, Y, X, 5); /* the second add sees the first: ops have finished when they return */
+    CHECK(be->event_sync(be, e) == 0);
+    CHECK(be->sync(be) == 0);
+    be->download(be, r, Y.p, sizeof r);
+    CHECK(r[0] == 21 && r[4] == 105);
+    be->event_free(be, e);
+    be->stream_free(be, s);
+    bk_free(be, Y.p), bk_free(be, X.p);
+    printf("streams and events: valid handles, ops in issue order, sync 0\n");
+}
+
+static void test_alloc(void)
+{
+    backend_t *be = backend_cpu_new();
+    CHECK(be != NULL);
+    if (!be)
+        return;
+    const bk_mem_t *m = bk_mem(be);
+    const int64_t W = (int64_t)BK_CPU_WORKSPACE_BYTES;
+    CHECK(m->in_use == W && m->peak == W && m->cls[BK_MEM_WORKSPACE] == W && m->allocs == 1);
+    char *a = bk_alloc(be, 1000, BK_MEM_WEIGHTS, "a"), *b = bk_alloc(be, 3000, BK_MEM_GRADS, "b");
+    CHECK(a && b);
+    int zero = 1;
+    for (int i = 0; i < 3000 && b; i++)
+        zero &= b[i] == 0;
+    CHECK(zero); /* bk_alloc() memory is zeroed */
+    CHECK(m->in_use == W + 4000 && m->peak == W + 4000 && m->cls[BK_MEM_WEIGHTS] == 1000 &&
+          m->cls[BK_MEM_GRADS] == 3000 && m->allocs == 3);
+    bk_free(be, a);
+    void *c = bk_alloc(be, 500, BK_MEM_ACTS, "c");
+    CHECK(m->in_use == W + 3500 && m->peak == W + 4000 && m->cls[BK_MEM_WEIGHTS] == 0 && m->cls[BK_MEM_ACTS] == 500);
+    CHECK(m->at_peak[BK_MEM_WEIGHTS] == 1000 && m->at_peak[BK_MEM_GRADS] == 3000 && m->at_peak[BK_MEM_ACTS] == 0 &&
+          m->at_peak[BK_MEM_WORKSPACE] == W);
+    void *d = bk_alloc(be, 5000, BK_MEM_OPTIM, "d");
+    CHECK(m->peak == W + 8500 && m->at_peak[BK_MEM_OPTIM] == 5000 && m->at_peak[BK_MEM_WEIGHTS] == 0 &&
+          m->at_peak[BK_MEM_ACTS] == 500 && m->allocs == 4);
+    bk_free(be, NULL); /* a no-op */
+    /* impossible: NULL, the message, the accounting unchanged */
+    size_t huge = (size_t)1 << 62;
+    void *x = bk_alloc(be, huge, BK_MEM_ACTS, "the impossible block");
+    char want[128];
+    snprintf(want, sizeof want, "out of memory on cpu allocating the impossible block (%zu bytes", huge);
+    CHECK(x == NULL && strstr(ftk_err_msg(), want) == ftk_err_msg());
+    CHECK(m->in_use == W + 8500 && m->allocs == 4 && m->peak == W + 8500);
+    printf("bk_alloc: in_use/peak/per class/at_peak ok; 2^62 bytes: \"%s\"\n", ftk_err_msg());
+    (void)c, (void)d;
+    backend_free(be); /* frees b, c, d and the workspace: the leak check would see them otherwise */
+}
+
+static void test_plan(void)
+{
+    const char *dev[2] = {"cpu", "cuda"};
+    const size_t ws[2] = {BK_CPU_WORKSPACE_BYTES, BK_CUDA_WORKSPACE_BYTES};
+    for (int k = 0; k < 2; k++) {
+        backend_t *be = backend_plan_new(dev[k]);
+        CHECK(be != NULL);
+        if (!be)
+            continue;
+        const bk_mem_t *m = bk_mem(be);
+        CHECK(m->in_use == (int64_t)ws[k] && m->cls[BK_MEM_WORKSPACE] == (int64_t)ws[k]);
+        int64_t tb = (int64_t)1 << 40;
+        void *p = bk_alloc(be, (size_t)tb, BK_MEM_WEIGHTS, "a terabyte");
+        void *q = bk_alloc(be, 1000, BK_MEM_ACTS, "q");
+        CHECK(p && q && p != q && m->in_use == (int64_t)ws[k] + tb + 1000 && m->cls[BK_MEM_WEIGHTS] == tb);
+        bk_free(be, p);
+        CHECK(m->in_use == (int64_t)ws[k] + 1000 && m->peak == (int64_t)ws[k] + tb + 1000);
+        /* ops do nothing: they would fault on these never-mapped addresses otherwise */
+        float host[4] = {1, 2, 3, 4};
+        int64_t seg[2] = {0, 4};
+        bk_buf_t Q = bk_buf(q, DT_F32), H = bk_buf(q, DT_BF16);
+        be->upload(be, q, host, sizeof host);
+        be->download(be, host, q, sizeof host);
+        CHECK(host[0] == 1 && host[3] == 4);
+        be->zero(be, q, 16), be->copy(be, q, q, 16);
+        be->convert(be, H, Q, 4);
+        be->matmul(be, 0, 1, 300, 300, 300, 1, Q, Q, 0, H);
+        be->embed_fwd(be, Q, q, Q, 4, 1), be->embed_bwd(be, Q, q, Q, 4, 1), be->rows_scatter(be, Q, q, Q, 4, 1);
+        be->rmsnorm_fwd(be, Q, q, Q, Q, 4, 1, 1e-5f), be->rmsnorm_bwd(be, Q, Q, Q, Q, Q, q, 4, 1);
+        be->rope(be, Q, q, 4, 1, 2, 1e4f, 0);
+        be->attn_fwd(be, Q, q, Q, Q, Q, seg, 1, 1, 1, 2);
+        be->attn_bwd(be, Q, Q, Q, Q, Q, Q, Q, Q, q, seg, 1, 1, 1, 2);
+        be->attn_cached(be, Q, Q, Q, Q, 1, 3, 1, 1, 2);
+        be->swiglu_fwd(be, Q, Q, Q, 4), be->swiglu_bwd(be, Q, Q, Q, Q, Q, 4);
+        be->add(be, Q, Q, 4), be->scale(be, Q, 2, 4);
+        bk_adamw_t h = adam_h(1, 0, 1);
+        be->adamw(be, Q, Q, Q, Q, 4, &h);
+        CHECK(be->xent(be, q, q, q, 4, 1, 1) == 0 && be->sumsq(be, Q, 4) == 0 && be->sync(be) == 0);
+        bk_stream_t *s = be->stream_new(be);
+        bk_event_t *e = be->event_new(be);
+        CHECK(s && e);
+        be->set_stream(be, s), be->event_record(be, e), be->event_wait(be, e);
+        CHECK(be->event_sync(be, e) == 0);
+        be->event_free(be, e), be->stream_free(be, s);
+        backend_free(be);
+    }
+    CHECK(backend_plan_new("tpu") == NULL && strstr(ftk_err_msg(), "tpu"));
+    printf("planning backend (cpu, cuda): creation workspace counted, 1 TiB counted not allocated, ops do nothing\n");
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    ftk_set_tool("test_ops");
+    if (getenv("FTK_SEED"))
+        SEED = strtoull(getenv("FTK_SEED"), NULL, 10);
+    printf("seed %llu (FTK_SEED=N for others)\n", (unsigned long long)SEED);
+    omp_set_num_threads(2);
+    backend_t *be = backend_cpu_new();
+    if (!be) {
+        fprintf(stderr, "backend_cpu_new: %s\n", ftk_err_msg());
+        return 1;
+    }
+    test_table(be);
+    test_fd(be);
+    test_adamw_formula(be);
+    test_adamw_nearest(be);
+    test_adamw_stochastic(be);
+    test_convert(be);
+    test_pointwise_mixed(be);
+    test_streams(be);
+    CHECK(bk_mem(be)->allocs == 1); /* every test freed what it allocated: only the workspace */
+    CHECK(be->sync(be) == 0);
+    backend_free(be);
+    test_alloc();
+    test_plan();
+    TEST_END();
+}
