@@ -85,9 +85,11 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
     run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
     run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
+    run ref/precision-vs-torch "$PY" tests/ref/precision_vs_torch.py bin build/tests/probe_model "$DATA" \
+        "$WORK/precision-ref"
     run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
 else
-    for n in dist-equivalence model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
