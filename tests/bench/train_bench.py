@@ -1,5 +1,6 @@
 """Training speed on the CPU: ftk-train against PyTorch, same model, data, batch and threads,
-measured in the same run.
+measured in the same run; then ftk's bf16 modes against its fp32 (the cost of bf16
+emulation on a CPU), with PyTorch's bf16 on the same CPU for scale.
 
 The PyTorch side is the model of tests/ref/model_vs_torch.py in float32 (eager, autograd,
 explicit attention with a block-diagonal causal mask for the packed samples: torch 1.13 has
@@ -47,15 +48,19 @@ sh(os.path.join(BIN, "ftk-init"), "-q", "--config", cpath, "-o", wpath)
 sh(os.path.join(BIN, "ftk-pack"), "-q", "-t", tok, alpaca, "-o", dpath, "--pack", "--max-len", str(MAXLEN),
    "--val-count", "0")
 
-# --- ftk ---------------------------------------------------------------------------------
-sh("rm", "-rf", run)
-sh(os.path.join(BIN, "ftk-train"), "-q", "-m", wpath, "-d", dpath, "-o", run, "--steps", str(STEPS + 1),
-   "--global-batch", str(G), "--micro-batch", str(B), "--schedule", "constant",
-   "--warmup", "0", "--eval-every", "0", "-j", str(threads))
-m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
-ftk_time = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
-ftk_tokens = sum(x["tokens"] for x in m[1:])
-ftk_tps = ftk_tokens / ftk_time
+# --- ftk, in each precision mode ---------------------------------------------------------------
+def ftk_tps_of(precision):
+    sh("rm", "-rf", run)
+    sh(os.path.join(BIN, "ftk-train"), "-q", "-m", wpath, "-d", dpath, "-o", run, "--steps", str(STEPS + 1),
+       "--global-batch", str(G), "--micro-batch", str(B), "--schedule", "constant",
+       "--warmup", "0", "--eval-every", "0", "-j", str(threads), "--precision", precision)
+    m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
+    return sum(x["tokens"] for x in m[1:]) / (m[-1]["elapsed_s"] - m[0]["elapsed_s"])
+
+
+ftk_tps = ftk_tps_of("fp32")
+ftk_mixed = ftk_tps_of("bf16-mixed")
+ftk_true = ftk_tps_of("bf16-true")
 
 # --- PyTorch on the same rows --------------------------------------------------------------
 from torch_llama import batch, forward, loss_of, split, weights  # noqa: E402
@@ -103,8 +108,42 @@ def torch_run(targets_only):
 torch_all = torch_run(False)
 torch_tgt = torch_run(True)
 
+# PyTorch's bf16 on the same CPU, for scale: the model in bf16 run the way transformers runs
+# it (torch_llama.forward_lowp), AdamW on bf16 parameters (bf16-true).
+from torch_llama import forward_lowp  # noqa: E402
+
+pb = {k: t.detach().to(torch.bfloat16).requires_grad_(True) for k, t in W.items()}
+optb = torch.optim.AdamW(list(pb.values()), lr=2e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def torch_bf16_run():
+    t0, tokens = None, 0
+    for s, rows in enumerate(steps_rows):
+        if s == 1:
+            t0 = time.perf_counter()
+        optb.zero_grad()
+        n_tgt = sum(int(sp["loss_mask"][sp["row_offsets"][r]:sp["row_offsets"][r + 1]].sum()) for r in rows)
+        for i in range(0, G, B):
+            ids, pos, seg, tgt = batch(sp, rows[i:i + B], torch.float32)
+            keep = tgt >= 0
+            logits = forward_lowp(cfg, pb, ids, pos, seg)[keep].float()
+            (torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / n_tgt).backward()
+            if s >= 1:
+                tokens += sum(int(sp["sample_lengths"][sp["row_samples"][r]:sp["row_samples"][r + 1]].sum())
+                              for r in rows[i:i + B])
+        torch.nn.utils.clip_grad_norm_(list(pb.values()), 1.0)
+        optb.step()
+    return tokens / (time.perf_counter() - t0)
+
+
+torch_bf16 = torch_bf16_run()
+
 print(f"train (CPU, {threads} threads, {sum(v.numel() for v in W.values()) / 1e6:.1f} M parameters, "
       f"global batch {G} x {MAXLEN} tokens, micro batch {B}, {STEPS} steps):")
 print(f"  ftk-train (head on target rows only)              {ftk_tps:10.0f} tokens/s")
 print(f"  PyTorch {torch.__version__} eager, head on every position  {torch_all:10.0f} tokens/s   ftk / PyTorch {ftk_tps / torch_all:.2f}x")
 print(f"  PyTorch {torch.__version__} eager, head on target rows only  {torch_tgt:10.0f} tokens/s   ftk / PyTorch {ftk_tps / torch_tgt:.2f}x")
+print(f"  ftk-train --precision bf16-mixed                   {ftk_mixed:10.0f} tokens/s   vs ftk fp32 {ftk_mixed / ftk_tps:.2f}x")
+print(f"  ftk-train --precision bf16-true                    {ftk_true:10.0f} tokens/s   vs ftk fp32 {ftk_true / ftk_tps:.2f}x")
+print(f"  PyTorch {torch.__version__} eager bf16 (model.to(bf16))      {torch_bf16:10.0f} tokens/s   ftk bf16-true / PyTorch bf16 {ftk_true / torch_bf16:.2f}x")
+print("  (bf16 on this CPU is emulated: stored as 16 bits, widened to fp32 for arithmetic; the ratios above are its cost)")
