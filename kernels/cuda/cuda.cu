@@ -350,15 +350,16 @@ static void cu_copy(backend_t *be, void *dst, const void *src, size_t bytes)
     copy_bytes(enter(be), dst, src, bytes, "copy");
 }
 
+/* Waits for every stream also after a failure (a dtype refused, an allocation that failed):
+ * work queued before it still runs, and the caller may free or read what it uses once
+ * sync() returns. The first error stays the one reported. */
 static int cu_sync(backend_t *be)
 {
     cuda_t *c = enter(be);
-    if (!failed(c))
-        ck(c, cudaStreamSynchronize(c->def), "synchronize");
-    for (bk_stream *s = c->streams; s && !failed(c); s = s->next)
+    ck(c, cudaStreamSynchronize(c->def), "synchronize");
+    for (bk_stream *s = c->streams; s; s = s->next)
         ck(c, cudaStreamSynchronize(s->s), "synchronize");
-    if (!failed(c))
-        ck(c, cudaGetLastError(), "a kernel");
+    ck(c, cudaGetLastError(), "a kernel");
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;
@@ -472,8 +473,7 @@ static void cu_event_wait(backend_t *be, bk_event_t *ev)
 static int cu_event_sync(backend_t *be, bk_event_t *ev)
 {
     cuda_t *c = enter(be);
-    if (!failed(c))
-        ck(c, cudaEventSynchronize(ev->e), "event synchronize");
+    ck(c, cudaEventSynchronize(ev->e), "event synchronize"); /* waits also after a failure, as sync() */
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;
