@@ -350,15 +350,16 @@ static void cu_copy(backend_t *be, void *dst, const void *src, size_t bytes)
     copy_bytes(enter(be), dst, src, bytes, "copy");
 }
 
+/* Waits for every stream also after a failure (a dtype refused, an allocation that failed):
+ * work queued before it still runs, and the caller may free or read what it uses once
+ * sync() returns. The first error stays the one reported. */
 static int cu_sync(backend_t *be)
 {
     cuda_t *c = enter(be);
-    if (!failed(c))
-        ck(c, cudaStreamSynchronize(c->def), "synchronize");
-    for (bk_stream *s = c->streams; s && !failed(c); s = s->next)
+    ck(c, cudaStreamSynchronize(c->def), "synchronize");
+    for (bk_stream *s = c->streams; s; s = s->next)
         ck(c, cudaStreamSynchronize(s->s), "synchronize");
-    if (!failed(c))
-        ck(c, cudaGetLastError(), "a kernel");
+    ck(c, cudaGetLastError(), "a kernel");
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;
@@ -472,8 +473,7 @@ static void cu_event_wait(backend_t *be, bk_event_t *ev)
 static int cu_event_sync(backend_t *be, bk_event_t *ev)
 {
     cuda_t *c = enter(be);
-    if (!failed(c))
-        ck(c, cudaEventSynchronize(ev->e), "event synchronize");
+    ck(c, cudaEventSynchronize(ev->e), "event synchronize"); /* waits also after a failure, as sync() */
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;
@@ -882,19 +882,41 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
 
 /* ---- rotary embedding --------------------------------------------------------------------- */
 
-/* The rotation of pair j at position pos. HF: inv_freq_j = 1 / theta^(2j/hd) in float32,
- * angle = pos·inv_freq in float32. Its cosine and sine come from sincospi in double,
- * rounded to float: that reduction is exact for any angle, where cosf/sinf take a slow
- * path with local memory past |a| = 105615, and the values are the nearest floats nearly
- * always (the CPU's glibc cosf/sinf are too). */
-__device__ __forceinline__ void rope_cs(int32_t pos, int j, int hd, float theta, int inverse, float *c, float *s)
+/* The rotation of pair j at position pos, from inv = inv_freq_j. HF: inv_freq_j =
+ * 1 / theta^(2j/hd) in float32, angle = pos·inv_freq in float32. The inverse frequencies
+ * are computed on the host with the CPU backend's expression (rope_freqs: the same libm
+ * powf, so the same floats; the device's powf may differ by an ulp or more, and at
+ * position p an ulp of inv_freq moves the angle by p ulps). The angle's cosine and sine
+ * come from sincospi in double, rounded to float: that reduction is exact for any angle,
+ * where cosf/sinf take a slow path with local memory past |a| = 105615, and the values are
+ * the nearest floats nearly always (the CPU's glibc cosf/sinf are too). */
+__device__ __forceinline__ void rope_cs(float inv, int32_t pos, int inverse, float *c, float *s)
 {
-    float inv = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
     float a = (float)pos * inv;
     double sd, cd;
     sincospi((double)a * 0.318309886183790671537767526745, &sd, &cd); /* a / pi */
     *c = (float)cd;
     *s = inverse ? -(float)sd : (float)sd;
+}
+
+/* The inverse frequencies of a head dimension up to 2·ROPE_MAX_HALF, passed by value. */
+enum { ROPE_MAX_HALF = 256 };
+typedef struct {
+    float v[ROPE_MAX_HALF];
+} rope_freq_t;
+
+/* cpu.c cpu_rope's table, same expression, same powf. 0 (and the error kept) when hd is
+ * larger than the table. */
+static int rope_freqs(cuda_t *c, const char *op, int hd, float theta, rope_freq_t *f)
+{
+    int half = hd / 2;
+    if (half > ROPE_MAX_HALF) {
+        note_err(c, op, "head dimension over 512");
+        return 0;
+    }
+    for (int j = 0; j < half; j++)
+        f->v[j] = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+    return 1;
 }
 
 /* Elements j and j + half of one head's row v. */
@@ -908,7 +930,8 @@ template <typename T> __device__ __forceinline__ void rope_rot(T *v, int j, int 
 /* A thread per (token, pair), the heads in a loop: the angle is the same for all of them,
  * as in the CPU's loop. */
 template <typename T>
-__global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse)
+__global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int hd, const rope_freq_t f,
+                            int inverse)
 {
     int half = hd / 2;
     GRID_STRIDE(e, n * half)
@@ -916,7 +939,7 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int
         int j = (int)(e % half);
         int64_t i = e / half;
         float c, s;
-        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        rope_cs(f.v[j], pos[i], inverse, &c, &s);
         for (int h = 0; h < n_head; h++)
             rope_rot(x + (i * n_head + h) * hd, j, half, c, s);
     }
@@ -924,7 +947,7 @@ __global__ void rope_kernel(T *x, const int32_t *pos, int64_t n, int n_head, int
 
 template <typename TQ, typename TK>
 __global__ void rope_qk_kernel(TQ *q, TK *k, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
-                               float theta, int inverse)
+                               const rope_freq_t f, int inverse)
 {
     int half = hd / 2;
     GRID_STRIDE(e, n * half)
@@ -932,7 +955,7 @@ __global__ void rope_qk_kernel(TQ *q, TK *k, const int32_t *pos, int64_t n, int 
         int j = (int)(e % half);
         int64_t i = e / half;
         float c, s;
-        rope_cs(pos[i], j, hd, theta, inverse, &c, &s);
+        rope_cs(f.v[j], pos[i], inverse, &c, &s);
         for (int h = 0; h < n_head; h++)
             rope_rot(q + (i * n_head + h) * hd, j, half, c, s);
         for (int h = 0; h < n_kv; h++)
@@ -944,10 +967,11 @@ static void cu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, in
                     int inverse)
 {
     cuda_t *c = enter(be);
-    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope", x.dt))
+    rope_freq_t f;
+    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope", x.dt) || !rope_freqs(c, "rope", hd, theta, &f))
         return;
     on_dt(x.dt, [&](auto t) {
-        rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, theta, inverse);
+        rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, f, inverse);
     });
     launched(c, "rope");
 }
@@ -956,12 +980,14 @@ static void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos
                        int hd, float theta, int inverse)
 {
     cuda_t *c = enter(be);
-    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope_qk", q.dt) || !dt_ok(c, "rope_qk", k.dt))
+    rope_freq_t f;
+    if (n == 0 || hd < 2 || failed(c) || !dt_ok(c, "rope_qk", q.dt) || !dt_ok(c, "rope_qk", k.dt) ||
+        !rope_freqs(c, "rope_qk", hd, theta, &f))
         return;
     on_dt(q.dt, [&](auto tq) {
         on_dt(k.dt, [&](auto tk) {
             rope_qk_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(tq, q), AS(tk, k), pos, n, n_head,
-                                                                              n_kv, hd, theta, inverse);
+                                                                              n_kv, hd, f, inverse);
         });
     });
     launched(c, "rope_qk");

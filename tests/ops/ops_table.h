@@ -22,8 +22,8 @@
  *               dx, dout, x, w bf16, dw f32; add y f32 += x bf16; convert bf16 -> f32;
  *               adamw p, m, v f32 with g bf16.
  *   OPS_NARROW  f32 inputs into a bf16 result: matmul A, B f32, C bf16; embed_bwd dout
- *               f32, dtable bf16; add y bf16 += x f32; convert f32 -> bf16; adamw p, m, v
- *               bf16 with g f32.
+ *               f32, dtable bf16; rmsnorm_bwd dx, dout, x, w f32, dw bf16; add y bf16 +=
+ *               x f32; convert f32 -> bf16; adamw p, m, v bf16 with g f32.
  * rstd and lse are f32 always, and xent takes f32 logits only.
  *
  * Inputs: uniform random values, rounded to bf16 unless `full` is set (then f32 buffers
