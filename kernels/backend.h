@@ -41,7 +41,10 @@
  *    over micro-batches); those that produce an activation gradient say whether they
  *    add or overwrite.
  *  - Host-side arguments (scalars, segment lists on the host) are marked; everything else
- *    is the backend's memory.
+ *    is the backend's memory. upload and download block the host: when they return, the
+ *    host buffer may be reused (upload) or holds the data (download).
+ *  - A backend's own limits (the CUDA backend's attention takes head dims up to 256) are
+ *    failures like any other: recorded, and reported at sync().
  *  - Ops do not fail: shapes and dtypes are the caller's contract (engine/model.c checks
  *    the configuration once). Like a kernel launch, an op has no error path: a backend
  *    records its first failure (a device error, a dtype the op does not take), skips
@@ -265,7 +268,9 @@ struct backend {
 /* ---- every backend (kernels/backend.c) ---- */
 
 /* Zeroed device memory for `what` (named in the error), counted under cls; NULL with
- * "out of memory on DEVICE allocating WHAT (N bytes)". */
+ * "out of memory on DEVICE allocating WHAT (N bytes)". The zeroing is ordered on the
+ * current stream: a buffer first used on another stream waits for an event recorded
+ * after the allocation. */
 void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what);
 void bk_free(backend_t *be, void *p); /* NULL is a no-op */
 const bk_mem_t *bk_mem(const backend_t *be);
