@@ -106,6 +106,8 @@ endif
 
 $(O)/engine/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 $(MPI_BINS): LIBS += $(MPI_LIBS)
+# The trainer's unit test drives engine/trainer.c, hence comm_mpi.c (a world of one at run time).
+$(O)/tests/test_trainer: LIBS += $(MPI_LIBS)
 $(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
 $(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
 $(DEVICE_BINS): $(DEVICE_OBJ)
