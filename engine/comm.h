@@ -72,7 +72,8 @@ void comm_set_stats(comm_t *c, comm_stats_t *s);
  * (without one, memmove). MPI ranks need host memory (the CPU backend's). */
 void comm_set_backend(comm_t *c, backend_t *be);
 
-/* full[p·n] = the n-element parts of every rank, in rank order. */
+/* full[p·n] = the n-element parts of every rank, in rank order; a part that already sits
+ * at its place in full (part == full + rank·n) is gathered in place. */
 int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req);
 /* part[n] = Σ over ranks of their full[rank·n … rank·n + n). */
 int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req);

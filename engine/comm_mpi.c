@@ -244,7 +244,10 @@ int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t d
         self_copy(c, full, part, (size_t)n * dtype_size(dt));
         return 0;
     }
-    MPI_Iallgather(part, (int)n, mpi_type(dt), full, (int)n, mpi_type(dt), c->c, req_of(req));
+    /* A part already at its place in full is gathered in place. */
+    int in_place = (const char *)part == (const char *)full + (size_t)(c->rank * n) * dtype_size(dt);
+    MPI_Iallgather(in_place ? MPI_IN_PLACE : part, (int)n, mpi_type(dt), full, (int)n, mpi_type(dt), c->c,
+                   req_of(req));
     req->active = 1;
     return 0;
 }

@@ -512,17 +512,15 @@ int shard_set_state(shard_t *s, const ckpt_state_t *st)
                 s->be->upload(s->be, dst[k][u], src[k][u], sbytes(s, part));
                 continue;
             }
-            /* none: every rank read its slice; the whole unit is every rank's slice. Every
-             * rank takes part in the gather even when its buffer failed (the others wait). */
-            void *tmp = bk_alloc(s->be, sbytes(s, part), BK_MEM_OTHER, "a checkpoint slice");
+            /* none: every rank read its slice; the whole unit is every rank's slice. The slice
+             * goes to its place in the unit and is gathered in place: no extra buffer, so a
+             * resumed run takes no more memory than the plan. */
+            void *mine = (char *)dst[k][u] + sbytes(s, part * s->r);
             comm_req_t req = {0};
-            if (!tmp)
+            s->be->upload(s->be, mine, src[k][u], sbytes(s, part));
+            if (comm_allgather(s->world, mine, dst[k][u], part, s->dt.state, &req) < 0)
                 rc = -1;
-            else
-                s->be->upload(s->be, tmp, src[k][u], sbytes(s, part));
-            comm_allgather(s->world, tmp ? tmp : dst[k][u], dst[k][u], part, s->dt.state, &req);
             comm_wait(s->world, &req);
-            bk_free(s->be, tmp);
         }
     }
     refresh_working_copy(s);

@@ -1,4 +1,4 @@
-/* strategy.h — the sharding strategies' names (DESIGN.md "Sharding strategies"), apart
+/* strategy.h — the sharding strategies' names (docs/design.md "Sharding strategies"), apart
  * from engine/shard so that tools without MPI (ftk-reshard) can parse and print them. */
 #ifndef FTK_STRATEGY_H
 #define FTK_STRATEGY_H

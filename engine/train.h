@@ -2,7 +2,7 @@
  * (shard.h, which runs AdamW on each rank's slices): the data order and the learning-rate
  * schedule.
  *
- * Data order (DESIGN.md): the rows of an epoch are visited in the permutation
+ * Data order (docs/design.md "Data order"): the rows of an epoch are visited in the permutation
  * train_order(seed, epoch); a global batch is the next global_batch rows of it (the last
  * batch of an epoch may be shorter), whatever the number of processes. The data state
  * is therefore (epoch, rows consumed) and nothing else.

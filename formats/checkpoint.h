@@ -40,7 +40,7 @@
  *   tokens_seen     training tokens (real, not padding) consumed
  *   data            {"file", "set_xxh3", "n_rows", "epoch", "rows_consumed"}: the data
  *                   order state — rows_consumed rows of epoch `epoch`'s permutation
- *                   are done (DESIGN.md "Data order")
+ *                   are done (docs/design.md "Data order")
  *   init            {"file", "xxh3"}: the weights the run started from; xxh3 combines
  *                   their tensors' xxh3_64 checksums in canonical order (ckpt_init_hash())
  *   rng             {"seed"}: every random choice of the run derives from it

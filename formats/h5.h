@@ -1,4 +1,4 @@
-/* h5.h — the HDF5 conventions every ftk file follows (DESIGN.md "File format conventions").
+/* h5.h — the HDF5 conventions every ftk file follows (docs/design.md "File format conventions").
  *
  * ## On disk
  *  - Root attributes `ftk_format` (string: "tokens", "weights", "checkpoint-shard", …) and

@@ -1,7 +1,7 @@
 /* hash.h — XXH3-64 helpers (libxxhash), the checksum of every ftk dataset and file.
  *
  * The value is XXH3_64bits with seed 0 over the logical bytes, little-endian, row-major
- * (DESIGN.md). Printed as 16 lowercase hex digits.
+ * (docs/design.md "File format conventions"). Printed as 16 lowercase hex digits.
  */
 #ifndef FTK_HASH_H
 #define FTK_HASH_H

@@ -7,7 +7,7 @@
  *    and returns -1 or NULL. The caller reads it with ftk_err_msg() (thread-local, valid
  *    until the next ftk_err_set() on the same thread) and decides what to do.
  *
- * Exit codes shared by all tools (DESIGN.md "CLI conventions").
+ * Exit codes shared by all tools (docs/design.md "Preemption and exit codes").
  */
 #ifndef FTK_LOG_H
 #define FTK_LOG_H
