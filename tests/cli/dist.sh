@@ -2,7 +2,8 @@
 # CLI tests of distributed training (real MPI ranks on this machine, mpirun --oversubscribe):
 #  - bit-exact resume at the same world size and strategy: stopped by --stop-after, by
 #    SIGTERM to one rank, by SIGUSR1 to mpirun; identical losses and byte-identical shard
-#    files (weights and both AdamW moments) against the uninterrupted run;
+#    files (weights and both AdamW moments) against the uninterrupted run; also in
+#    bf16-true and bf16-mixed (--stop-after; SIGTERM to one rank in bf16-true);
 #  - crash safety: kill -9 of one rank, and of every rank, at random instants (also while
 #    a checkpoint is being written), then --resume auto: the run continues from the newest
 #    committed checkpoint and ends on the same bits as the uninterrupted run;
@@ -49,12 +50,18 @@ grep -q "NCCL" "$WORK/err" && ok "message names NCCL" || notok "message names NC
 check "nothing written" test ! -e "$WORK/cuda2"
 
 # --- bit-exact resume -------------------------------------------------------------------
-for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none"; do
+# fp32 with every strategy; the bf16 modes with the strategies whose collectives they change
+# most (bf16-true: bf16 gathers and reduce-scatters; bf16-mixed: bf16 gathers of the working
+# copy, float32 reductions, the copy refreshed once per step under grad-op's held units).
+for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none" "2 full --precision bf16-true" \
+    "2 grad-op --precision bf16-mixed"; do
     set -- $cfg
     np=$1 strat=$2
     shift 2
-    tag="$np ranks, $strat"
-    R="$WORK/ref-$np-$strat"
+    prec=
+    [ "${1:-}" = --precision ] && prec=$2
+    tag="$np ranks, $strat${prec:+, $prec}"
+    R="$WORK/ref-$np-$strat${prec:+-$prec}"
     expect "$tag: 12 steps uninterrupted" 0 $TO $MPI -np "$np" $T -q -o "$R" --steps 12 --save-every 4 \
         --strategy "$strat" "$@"
     expect "$tag: --stop-after 5: exit 75" 75 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 \
@@ -67,6 +74,8 @@ for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none"; do
     same_shards "$tag: resumed checkpoint byte-identical (every shard, manifest)" "$R.b" "$R" 12
 done
 R2="$WORK/ref-2-full"
+check "2 ranks, full: bf16-true's checkpoint is not fp32's" sh -c "! diff -r -q '$R2/step-00000012' \
+    '$R2-bf16-true/step-00000012' >/dev/null"
 # --save-every-minutes: rank 0's clock, agreed by all ranks (0.0005 min = 30 ms: about every step).
 expect "--save-every-minutes on 2 ranks" 0 $TO $MPI -np 2 $T -q -o "$WORK/minutes" --steps 6 --save-every-minutes 0.0005
 check "--save-every-minutes: checkpoints before the end ($(ls "$WORK/minutes" | grep -c '^step-') of them)" \
@@ -77,26 +86,39 @@ check "4 ranks, hybrid: one replica group wrote 2 shards" \
 
 if [ "$KILLS" -gt 0 ]; then
     # SIGTERM to one rank at a random instant: every rank stops at the same step boundary.
+    # sigterm_one TAG NP RUN REF OPTIONS...: 40 steps of $L with OPTIONS, the last rank
+    # signalled, resumed; the end byte-identical to REF's (the same options, uninterrupted).
+    sigterm_one() {
+        stag=$1 snp=$2 run=$3 sref=$4
+        shift 4
+        $MPI -np "$snp" $L -o "$run" --save-every 20 "$@" >"$WORK/out" 2>"$WORK/err" &
+        mp=$!
+        sleep "$(awk 'BEGIN { srand(); printf "%.2f", 1.2 + rand() * 1.5 }')"
+        victim=$(ranks_of $mp | tail -n 1)
+        [ -n "$victim" ] && kill -TERM "$victim"
+        $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
+        wait $mp
+        rc=$?
+        if [ $rc -eq 75 ]; then
+            ok "$stag: SIGTERM to one of $snp ranks: all stop with a checkpoint, exit 75 ($(cat "$run/latest"))"
+            expect "$stag: SIGTERM: --resume auto" 0 $TO $MPI -np "$snp" $L -o "$run" --save-every 20 "$@" \
+                --resume auto
+        elif [ $rc -eq 0 ]; then
+            ok "$stag: SIGTERM arrived after the run ended (machine fast): nothing to resume"
+        else
+            notok "$stag: SIGTERM to one rank: exit $rc, expected 75"
+        fi
+        same_shards "$stag: after SIGTERM + resume: byte-identical to the uninterrupted run" "$run" "$sref" 40
+    }
     expect "3 ranks, grad-op, 40 steps of stories260K's shape uninterrupted" 0 $TO $MPI -np 3 $L -o "$WORK/lref3" \
         --save-every 20 --strategy grad-op
-    $MPI -np 3 $L -o "$WORK/term" --save-every 20 --strategy grad-op >"$WORK/out" 2>"$WORK/err" &
-    mp=$!
-    sleep "$(awk 'BEGIN { srand(); printf "%.2f", 1.2 + rand() * 1.5 }')"
-    victim=$(ranks_of $mp | tail -n 1)
-    [ -n "$victim" ] && kill -TERM "$victim"
-    $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
-    wait $mp
-    rc=$?
-    if [ $rc -eq 75 ]; then
-        ok "SIGTERM to one of 3 ranks: all stop with a checkpoint, exit 75 ($(cat "$WORK/term/latest"))"
-        expect "SIGTERM: --resume auto" 0 $TO $MPI -np 3 $L -o "$WORK/term" --save-every 20 --strategy grad-op \
-            --resume auto
-    elif [ $rc -eq 0 ]; then
-        ok "SIGTERM arrived after the run ended (machine fast): nothing to resume"
-    else
-        notok "SIGTERM to one rank: exit $rc, expected 75"
-    fi
-    same_shards "after SIGTERM + resume: byte-identical to the uninterrupted run" "$WORK/term" "$WORK/lref3" 40
+    sigterm_one "3 ranks, grad-op" 3 "$WORK/term" "$WORK/lref3" --strategy grad-op
+    expect "2 ranks, full, bf16-true, 40 steps of stories260K's shape uninterrupted" 0 $TO $MPI -np 2 $L \
+        -o "$WORK/lref2t" --save-every 20 --precision bf16-true
+    sigterm_one "2 ranks, full, bf16-true" 2 "$WORK/term2t" "$WORK/lref2t" --precision bf16-true
+    losses "$WORK/term2t" >"$WORK/lb"
+    losses "$WORK/lref2t" >"$WORK/la"
+    same "2 ranks, full, bf16-true: after SIGTERM + resume: losses identical at every step" "$WORK/lb" "$WORK/la"
 
     # --- the preemption pipeline --------------------------------------------------------------
     # 100 steps (about 4 s here) so that the first signal, 1.2-2 s after a start, always lands

@@ -6,6 +6,11 @@
 #    N more: identical losses at every step and byte-identical checkpoint shards
 #    (weights, both AdamW moments); the same through a real SIGTERM at a random instant,
 #    and through kill -9 with --resume auto falling back to the last committed checkpoint;
+#  - the same bit-exact resume (--stop-after, SIGTERM after a random number of steps) in
+#    bf16-mixed and bf16-true, on tiny's shape; resuming in another --precision refused
+#    (exit 2, naming --precision and ftk-reshard --precision), accepted after ftk-reshard
+#    --precision fp32; --rounding nearest on a stochastic bf16-true run resumes with a
+#    warning naming --rounding;
 #  - refusals: inconsistent resume options, another run's directory, damaged checkpoint,
 #    vocabulary mismatch — each exit 2 with a message, no checkpoint written;
 #  - learning: loss goes down on the demo data; generate from a run directory.
@@ -137,6 +142,89 @@ if [ -f "$WORK/stories.h5" ]; then # same shape as init.h5, other weights
     grep -q "started from other weights" "$WORK/err" && ok "message says other weights" ||
         notok "message says other weights"
 fi
+
+# --- the bf16 modes: bit-exact resume; resuming in another precision or rounding ---------------
+# The checks of fp32's above, per mode, on tiny's shape (2 blocks, untied: the same code at a
+# fifth of the cost; the sanitizer build runs this too). One thread per run (the CPU
+# backend's bits do not depend on the thread count), so that a busy machine does not
+# stretch the runs.
+"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/tiny.h5"
+B="$BIN/ftk-train -m $WORK/tiny.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 3 --lr 2e-3 --warmup 2 --eval-every 4 -q -j1"
+SH=shard-00001-of-00001.h5
+expect "tiny, fp32: 12 steps" 0 $B --steps 12 --save-every 4 -o "$WORK/fp32-a"
+for prec in bf16-mixed bf16-true; do
+    P="$B --precision $prec --steps 12 --save-every 4"
+    W="$WORK/$prec"
+    expect "$prec: 12 steps in one go" 0 $P -o "$W-a"
+    grep -q "\"precision\": \"$prec\"" "$W-a/step-00000012/manifest.json" && ok "$prec: the manifest says $prec" ||
+        notok "$prec: the manifest says $prec"
+    check "$prec: other weights than the fp32 run's" \
+        sh -c "! cmp -s '$W-a/step-00000012/$SH' '$WORK/fp32-a/step-00000012/$SH'"
+    expect "$prec: stop after 5 steps: exit 75" 75 $P -o "$W-b" --stop-after 5
+    # Another precision is refused (fp32 when --precision is not given), naming the way out.
+    other=bf16-true
+    [ $prec = bf16-true ] && other=fp32
+    expect "$prec: resume with --precision $other: refused" 2 $P -o "$W-b" --resume auto --precision $other
+    grep -q -- "--precision differs.*($prec there, $other here).*ftk-reshard --precision $other" "$WORK/err" &&
+        ok "message names --precision and ftk-reshard --precision" ||
+        notok "message names --precision and ftk-reshard --precision"
+    expect "$prec: resume without --precision (fp32): refused" 2 $B --steps 12 --save-every 4 -o "$W-b" \
+        --resume auto
+    grep -q -- "--precision differs.*ftk-reshard --precision fp32" "$WORK/err" &&
+        ok "message names --precision and ftk-reshard --precision fp32" ||
+        notok "message names --precision and ftk-reshard --precision fp32"
+    check "$prec: refused resumes wrote nothing (latest still step 5)" test "$(cat "$W-b/latest")" = step-00000005
+    if [ $prec = bf16-true ]; then
+        # Resuming with the other rounding: the state is valid for both; allowed, with a warning.
+        cp -r "$W-b" "$W-n"
+        expect "bf16-true: resume a stochastic run with --rounding nearest" 0 $P -o "$W-n" --resume auto \
+            --rounding nearest
+        grep -q "warning: .*rounded to stochastic.*rounds nearest (--rounding)" "$WORK/err" &&
+            ok "warning names --rounding" || notok "warning names --rounding"
+        check "bf16-true: nearest rounding gave other weights than stochastic" \
+            sh -c "! cmp -s '$W-n/step-00000012/$SH' '$W-a/step-00000012/$SH'"
+        # Converted to fp32 (widened exactly), the checkpoint resumes as an fp32 run.
+        expect "ftk-reshard bf16-true-b/latest --ranks 1 --precision fp32" 0 "$BIN/ftk-reshard" -q "$W-b/latest" \
+            -o "$W-f" --ranks 1 --precision fp32
+        expect "the converted checkpoint resumes with fp32" 0 $B --steps 12 --save-every 4 -o "$W-f" \
+            --resume auto
+        check "fp32 continuation: step 12, manifest says fp32" sh -c "test \"\$(cat '$W-f/latest')\" = step-00000012 &&
+            grep -q '\"precision\": \"fp32\"' '$W-f/step-00000012/manifest.json'"
+    fi
+    expect "$prec: resume auto: 7 more steps" 0 $P -o "$W-b" --resume auto
+    losses "$W-a" >"$WORK/la"
+    losses "$W-b" >"$WORK/lb"
+    same "$prec: resumed run: identical loss, lr, grad norm at every step" "$WORK/lb" "$WORK/la"
+    vals "$W-a" >"$WORK/va"
+    vals "$W-b" >"$WORK/vb"
+    same "$prec: resumed run: identical validation losses" "$WORK/vb" "$WORK/va"
+    same "$prec: resumed run: final shard byte-identical" "$W-b/step-00000012/$SH" "$W-a/step-00000012/$SH"
+    same "$prec: resumed run: same manifest" "$W-b/step-00000012/manifest.json" "$W-a/step-00000012/manifest.json"
+
+    # SIGTERM after a random number (1-8) of steps, whatever the machine's speed: the run is
+    # watched through its metrics.
+    $P -o "$W-c" --save-every 100 >/dev/null 2>&1 &
+    pid=$!
+    k=$(awk 'BEGIN { srand(); printf "%d", 1 + rand() * 8 }')
+    while kill -0 $pid 2>/dev/null && [ "$(cat "$W-c/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -lt "$k" ]; do
+        sleep 0.02
+    done
+    kill -TERM $pid 2>/dev/null
+    wait $pid
+    rc=$?
+    if [ $rc -eq 75 ]; then
+        ok "$prec: SIGTERM: exit 75 at step $(cat "$W-c/latest")"
+        expect "$prec: SIGTERM: resume auto" 0 $P -o "$W-c" --save-every 100 --resume auto
+    elif [ $rc -eq 0 ]; then
+        ok "$prec: SIGTERM arrived after the run ended (machine fast): nothing to resume"
+    else
+        notok "$prec: SIGTERM: exit $rc, expected 75"
+    fi
+    same "$prec: after SIGTERM + resume: final shard byte-identical" "$W-c/step-00000012/$SH" \
+        "$W-a/step-00000012/$SH"
+    losses "$W-c" >"$WORK/lc"
+    same "$prec: after SIGTERM + resume: identical losses" "$WORK/lc" "$WORK/la"
+done
 
 # Bad usage and inputs.
 expect "no --data: exit 2" 2 "$BIN/ftk-train" -m "$WORK/init.h5" -o "$WORK/x"

@@ -1,0 +1,129 @@
+#!/bin/sh
+# CLI tests of the memory plan, ftk-train --plan (engine/plan.h):
+#  - the plan is what a run measures: for every precision mode x strategy (full, grad-op,
+#    none, hybrid with --shard-group-size 2) on 2 ranks, full on 1 rank, grad-op on 3, and
+#    full --recompute on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
+#    2-step run with the same options, exactly (stories260K's shape; tiny's untied one on 2
+#    ranks, full);
+#  - --recompute swaps the activations row and its "with/without --recompute" figure;
+#  - --plan writes nothing (no run directory even with --out) and needs no --out, and
+#    --device cuda plans without a GPU;
+#  - Llama-2-7B on one 80 GB GPU (micro-batch 4 x 512 tokens, --recompute): bf16-true fits,
+#    bf16-mixed does not (its float32 master weights and moments alone are 12 bytes per
+#    parameter, 81 GB), and the weights and optimizer rows are the modes' bytes per parameter;
+#  - bad usage exits 2 with a message.
+# Usage: tests/cli/plan.sh BIN_DIR WORK_DIR [quick]   (quick: every plan, but runs to measure
+#        only for one strategy per mode, 2 ranks: full, none, grad-op; the sanitizer build's pass)
+set -u
+BIN=$1 WORK=$2 QUICK=${3:-}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+need_mpi
+
+"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
+    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
+# stories260K's shape (5 blocks, tied embeddings: full and grad-op differ in what they hold)
+# and tiny's (2 blocks, untied).
+"$BIN/ftk-init" -q --preset stories260k --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/s260.h5"
+"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/tiny.h5"
+OPTS="-d $WORK/demo.h5 --micro-batch 2 --global-batch 7"
+P="$BIN/ftk-train --plan -m $WORK/s260.h5 $OPTS"
+T="$BIN/ftk-train $OPTS --steps 2 --eval-every 1 -q -j1"
+
+# total FILE: the plan's total in bytes; row FILE NAME: a row's first figure, as printed.
+total() { sed -n 's/^  total .*(\([0-9]*\) bytes,.*/\1/p' "$1"; }
+row() { sed -n "s/^  $2  *\([0-9.]* [MG]B\).*/\1/p" "$1"; }
+peak() { sed -n 's/.*"mem_peak_bytes": \([0-9]*\)}$/\1/p' "$1/metrics.jsonl" | tail -n 1; }
+
+# --- the plan equals the run's high-water mark ------------------------------------------------
+for prec in fp32 bf16-mixed bf16-true; do
+    for cfg in "s260 2 full" "s260 2 grad-op" "s260 2 none" "s260 2 hybrid --shard-group-size 2" "s260 1 full" \
+        "s260 3 grad-op" "s260 2 full --recompute" "tiny 2 full"; do
+        set -- $cfg
+        model=$1 np=$2
+        shift 2
+        tag="$prec, $model, $np rank$([ "$np" = 1 ] || echo s), $*"
+        id=$(echo "$prec-$model-$np-$*" | tr -d ' ')
+        expect "$tag: --plan" 0 $BIN/ftk-train --plan -m "$WORK/$model.h5" $OPTS --ranks "$np" --precision "$prec" \
+            --strategy "$@"
+        cp "$WORK/out" "$WORK/$id.plan"
+        want=$(total "$WORK/$id.plan")
+        if [ -n "$QUICK" ]; then
+            case "$prec $cfg" in "fp32 s260 2 full" | "bf16-mixed s260 2 none" | "bf16-true s260 2 grad-op") ;;
+                *) continue ;;
+            esac
+        fi
+        expect "$tag: 2 steps" 0 $TO $MPI -np "$np" $T -m "$WORK/$model.h5" -o "$WORK/$id" --precision "$prec" \
+            --strategy "$@"
+        got=$(peak "$WORK/$id")
+        check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
+            test -n "$want" -a "$want" = "$got"
+    done
+done
+
+# --- --recompute: the activations row and its alternative swap --------------------------------
+a=$(sed -n 's/^  activations  *\([0-9.]* MB\)   (with --recompute: *\([0-9.]* MB\))$/\1 \2/p' "$WORK/fp32-s260-2-full.plan")
+b=$(sed -n 's/^  activations  *\([0-9.]* MB\)   (without --recompute: *\([0-9.]* MB\))$/\2 \1/p' \
+    "$WORK/fp32-s260-2-full--recompute.plan")
+check "--recompute: activations row and alternative ($a) swap ($b), and shrink" \
+    sh -c "test -n '$a' -a '$a' = '$b' && echo '$a' | awk '{ exit !(\$3 < \$1) }'"
+for prec in fp32 bf16-mixed bf16-true; do
+    w1=$(grep -v activations "$WORK/$prec-s260-2-full.plan" | grep -v total | grep -v 'memory plan')
+    w2=$(grep -v activations "$WORK/$prec-s260-2-full--recompute.plan" | grep -v total | grep -v 'memory plan')
+    check "$prec: --recompute changes only the activations row and the total" test "$w1" = "$w2"
+done
+g1=$(row "$WORK/fp32-s260-2-full.plan" 'gathered units')
+g2=$(row "$WORK/fp32-s260-2-grad-op.plan" 'gathered units')
+check "grad-op holds more gathered units ($g2) than full ($g1)" awk "BEGIN { exit !(${g2% *} > ${g1% *}) }"
+
+# --- --plan writes nothing, needs no --out, plans cuda without a GPU ------------------------------
+expect "--plan with --out: exit 0" 0 $P -o "$WORK/planned"
+check "--plan with --out: no run directory" test ! -e "$WORK/planned"
+expect "--plan --device cuda (no GPU needed)" 0 $P --device cuda --precision bf16-true
+grep -q "device cuda" "$WORK/out" && test -n "$(total "$WORK/out")" && ok "--device cuda: a plan with a total" ||
+    notok "--device cuda: a plan with a total"
+
+# --- Llama-2-7B on an 80 GB GPU -----------------------------------------------------------------
+B7="$BIN/ftk-train --plan --preset llama2-7b --max-len 512 --micro-batch 4 --recompute --device cuda"
+n7=6738415616 # parameters of Llama-2-7B
+for prec in bf16-true bf16-mixed; do
+    expect "7B, 1 rank, $prec: --plan" 0 $B7 --precision "$prec"
+    cp "$WORK/out" "$WORK/7b-$prec.plan"
+    echo "     $prec: total $(row "$WORK/7b-$prec.plan" total), weights $(row "$WORK/7b-$prec.plan" weights)," \
+        "optimizer $(row "$WORK/7b-$prec.plan" 'optimizer state')"
+done
+t=$(total "$WORK/7b-bf16-true.plan")
+check "7B bf16-true, micro-batch 4 x 512, --recompute: under 80 GB on 1 rank ($t bytes)" \
+    test -n "$t" -a "${t:-0}" -lt 80000000000
+t=$(total "$WORK/7b-bf16-mixed.plan")
+check "7B bf16-mixed: over 80 GB on 1 rank ($t bytes)" test -n "$t" -a "${t:-0}" -gt 80000000000
+# The rows in GB (2 decimals) against bytes per parameter: bf16-true 2 (weights) and 4
+# (moments); bf16-mixed 4 + 2 (master and working copy) and 8.
+near() { awk -v g="$1" -v b="$2" -v n=$n7 'BEGIN { d = g - b * n / 1e9; exit !(g + 0 > 0 && d * d < 0.006 ^ 2) }'; }
+check "7B bf16-true: weights 2 bytes/parameter" near "$(row "$WORK/7b-bf16-true.plan" weights)" 2
+check "7B bf16-true: optimizer state 4 bytes/parameter" \
+    near "$(row "$WORK/7b-bf16-true.plan" 'optimizer state')" 4
+check "7B bf16-mixed: weights 6 bytes/parameter" near "$(row "$WORK/7b-bf16-mixed.plan" weights)" 6
+check "7B bf16-mixed: optimizer state 8 bytes/parameter" \
+    near "$(row "$WORK/7b-bf16-mixed.plan" 'optimizer state')" 8
+
+# --- bad usage: exit 2 with a message ------------------------------------------------------------
+msg() { # msg NAME PATTERN: stderr says PATTERN
+    grep -q -- "$2" "$WORK/err" && ok "$1: message '$2'" || { notok "$1: message '$2'"; head -n 3 "$WORK/err"; }
+}
+expect "--plan without --model or --preset: exit 2" 2 "$BIN/ftk-train" --plan --max-len 128
+msg "neither" "exactly one of --model and --preset"
+expect "--plan with both --model and --preset: exit 2" 2 "$BIN/ftk-train" --plan -m "$WORK/tiny.h5" \
+    --preset tiny --max-len 128
+msg "both" "exactly one of --model and --preset"
+expect "--plan without --data or --max-len: exit 2" 2 "$BIN/ftk-train" --plan -m "$WORK/tiny.h5"
+msg "no length" "give --data or --max-len"
+expect "--plan --ranks 0: exit 2" 2 $P --ranks 0
+msg "--ranks 0" "--ranks >= 1"
+expect "--plan --preset unknown: exit 2" 2 "$BIN/ftk-train" --plan --preset unknown --max-len 128
+msg "unknown preset" "unknown"
+expect "--ranks without --plan: exit 2" 2 $T -m "$WORK/tiny.h5" -o "$WORK/x" --ranks 2
+msg "--ranks without --plan" "are for --plan"
+check "no run directory left by refused runs" test ! -e "$WORK/x"
+finish
