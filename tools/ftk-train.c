@@ -381,9 +381,10 @@ static int run_plan(const trainer_opts_t *o)
     }
     const int64_t *c = pl.mem.at_peak;
     char a[32], b2[32];
-    printf("memory plan: %s (%.3f B parameters), %d rank%s, strategy %s (%lld shards), precision %s, micro-batch %lld "
+    double np = (double)model_n_params(&p.cfg);
+    printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shards), precision %s, micro-batch %lld "
            "x %lld tokens%s, device %s\n",
-           what, (double)model_n_params(&p.cfg) / 1e9, plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
+           what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
            (long long)pl.shard_count, precision_arg, (long long)micro_batch, (long long)p.max_len,
            recompute ? ", --recompute" : "", device);
     printf("per rank (rank 0):\n");

@@ -4,7 +4,7 @@ ranks and of the node on 2) against the single-process run of the same mode: the
 and validation losses at every step, and the final weights and AdamW moments (read from
 the shard files with h5py, bf16 widened, reassembled from the manifest's shard map, not
 by ftk) within the mode's bounds below. Each step's reported communication volume must
-equal DESIGN.md's formulas for the strategy exactly, computed here from the manifest's
+equal docs/design.md's formulas for the strategy exactly, computed here from the manifest's
 padded unit sizes and the mode's bytes per element (all-gather, reduce-scatter,
 all-reduce): fp32 4, 4, 4; bf16-mixed 2, 4, 4; bf16-true 2, 2, 2.
 
@@ -134,8 +134,8 @@ ELEM = {"fp32": (4, 4, 4), "bf16-mixed": (2, 4, 4), "bf16-true": (2, 2, 2)}
 
 
 def expected_volume(man, strategy, ranks, group, micro, mode):
-    """Bytes per rank per step (DESIGN.md): AG and RS (1-1/p)*N*b, AR 2(1-1/p)*N*b, with the
-    mode's element sizes b."""
+    """Bytes per rank per step (docs/design.md "Sharding strategies"): AG and RS (1-1/p)*N*b,
+    AR 2(1-1/p)*N*b, with the mode's element sizes b."""
     bag, brs, bar = ELEM[mode]
     P = [u["padded"] for u in man["units"]]
     S = group if strategy == "hybrid" else ranks
@@ -212,7 +212,7 @@ for mode in MODES:
                 if any(abs(g - w) > 1e-6 * max(1.0, w) for g, w in zip(got, want)):
                     bad.append((l["step"], got, want))
             l0 = loss[0]
-            check(not bad, f"{name}: comm volume per step = DESIGN.md's formulas with {mode}'s element sizes "
+            check(not bad, f"{name}: comm volume per step = docs/design.md's formulas with {mode}'s element sizes "
                   f"(step 1: all-gather {l0['comm']['allgather_bytes']:.0f} B, reduce-scatter "
                   f"{l0['comm']['reduce_scatter_bytes']:.0f} B, all-reduce {l0['comm']['allreduce_bytes']:.0f} B, "
                   f"{l0['micro_batches']} micro-batches)" + (f"; mismatches {bad[:2]}" if bad else ""))
