@@ -140,6 +140,77 @@ void bk_free(backend_t *be, void *p)
 
 const bk_mem_t *bk_mem(const backend_t *be) { return &be->mem; }
 
+/* ---- streams and events of a backend whose ops have finished when they return ---- */
+
+struct bk_stream {
+    int unused;
+};
+struct bk_event {
+    int unused;
+};
+
+static bk_stream_t *host_stream_new(backend_t *be)
+{
+    (void)be;
+    bk_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        ftk_err_set("out of memory");
+    return s;
+}
+static void host_stream_free(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    free(s);
+}
+static void host_set_stream(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+}
+static void *host_stream_native(backend_t *be, bk_stream_t *s)
+{
+    (void)be;
+    (void)s;
+    return NULL;
+}
+static bk_event_t *host_event_new(backend_t *be)
+{
+    (void)be;
+    bk_event_t *e = calloc(1, sizeof *e);
+    if (!e)
+        ftk_err_set("out of memory");
+    return e;
+}
+static void host_event_free(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    free(e);
+}
+/* Nothing to record or wait for: every op issued before has finished. */
+static void host_event_noop(backend_t *be, bk_event_t *e)
+{
+    (void)be;
+    (void)e;
+}
+static int host_event_sync(backend_t *be, bk_event_t *e)
+{
+    (void)e;
+    return be->sync(be);
+}
+
+void bk_host_streams(backend_t *be)
+{
+    be->stream_new = host_stream_new;
+    be->stream_free = host_stream_free;
+    be->set_stream = host_set_stream;
+    be->stream_native = host_stream_native;
+    be->event_new = host_event_new;
+    be->event_free = host_event_free;
+    be->event_record = host_event_noop;
+    be->event_wait = host_event_noop;
+    be->event_sync = host_event_sync;
+}
+
 backend_t *bk_instance_new(const char *name, const char *device)
 {
     backend_t *be = calloc(1, sizeof *be);

@@ -280,6 +280,9 @@ void backend_free(backend_t *be);
 /* For implementations: a new instance with the generic parts set (device and accounting);
  * NULL with ftk_err_msg() set. */
 backend_t *bk_instance_new(const char *name, const char *device);
+/* For implementations whose ops have finished when they return (the CPU, planning): the
+ * stream and event entries as valid handles that do nothing; event_sync is sync(). */
+void bk_host_streams(backend_t *be);
 
 /* ---- the backends ---- */
 

@@ -32,13 +32,6 @@ typedef struct {
     char err[512]; /* the first failure, reported by sync() */
 } cpu_ctx_t;
 
-struct bk_stream {
-    int unused;
-};
-struct bk_event {
-    int unused;
-};
-
 static cpu_ctx_t *ctx_of(backend_t *be) { return be->ctx; }
 
 /* Records the first misuse; the op is then skipped (backend.h: no error path in an op). */
@@ -124,7 +117,7 @@ static float *scratch(int64_t floats)
     return p;
 }
 
-/* ---- memory, streams, events ---------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------- */
 
 static void *cpu_mem_alloc(backend_t *be, size_t bytes)
 {
@@ -157,55 +150,6 @@ static int cpu_sync(backend_t *be)
         return 0;
     ftk_err_set("%s", ctx_of(be)->err);
     return -1;
-}
-
-static bk_stream_t *cpu_stream_new(backend_t *be)
-{
-    (void)be;
-    bk_stream_t *s = calloc(1, sizeof *s);
-    if (!s)
-        ftk_err_set("out of memory");
-    return s;
-}
-static void cpu_stream_free(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    free(s);
-}
-static void cpu_set_stream(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    (void)s;
-}
-static void *cpu_stream_native(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    (void)s;
-    return NULL;
-}
-static bk_event_t *cpu_event_new(backend_t *be)
-{
-    (void)be;
-    bk_event_t *e = calloc(1, sizeof *e);
-    if (!e)
-        ftk_err_set("out of memory");
-    return e;
-}
-static void cpu_event_free(backend_t *be, bk_event_t *e)
-{
-    (void)be;
-    free(e);
-}
-/* Every CPU op has finished when it returns: nothing to record or wait for. */
-static void cpu_event_noop(backend_t *be, bk_event_t *e)
-{
-    (void)be;
-    (void)e;
-}
-static int cpu_event_sync(backend_t *be, bk_event_t *e)
-{
-    (void)e;
-    return cpu_sync(be);
 }
 
 /* ---- ops ------------------------------------------------------------------------------------- */
@@ -868,15 +812,7 @@ backend_t *backend_cpu_new(void)
     be->zero = cpu_zero;
     be->copy = cpu_copy;
     be->sync = cpu_sync;
-    be->stream_new = cpu_stream_new;
-    be->stream_free = cpu_stream_free;
-    be->set_stream = cpu_set_stream;
-    be->stream_native = cpu_stream_native;
-    be->event_new = cpu_event_new;
-    be->event_free = cpu_event_free;
-    be->event_record = cpu_event_noop;
-    be->event_wait = cpu_event_noop;
-    be->event_sync = cpu_event_sync;
+    bk_host_streams(be); /* every op has finished when it returns */
     be->convert = cpu_convert;
     be->matmul = cpu_matmul;
     be->embed_fwd = cpu_embed_fwd;

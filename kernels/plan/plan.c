@@ -15,13 +15,6 @@ typedef struct {
     uintptr_t next; /* the next address to hand out */
 } plan_ctx_t;
 
-struct bk_stream {
-    int unused;
-};
-struct bk_event {
-    int unused;
-};
-
 static void *plan_mem_alloc(backend_t *be, size_t bytes)
 {
     plan_ctx_t *c = be->ctx;
@@ -52,55 +45,6 @@ static int plan_sync(backend_t *be)
     (void)be;
     return 0;
 }
-static bk_stream_t *plan_stream_new(backend_t *be)
-{
-    (void)be;
-    bk_stream_t *s = calloc(1, sizeof *s);
-    if (!s)
-        ftk_err_set("out of memory");
-    return s;
-}
-static void plan_stream_free(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    free(s);
-}
-static void plan_set_stream(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    (void)s;
-}
-static void *plan_stream_native(backend_t *be, bk_stream_t *s)
-{
-    (void)be;
-    (void)s;
-    return NULL;
-}
-static bk_event_t *plan_event_new(backend_t *be)
-{
-    (void)be;
-    bk_event_t *e = calloc(1, sizeof *e);
-    if (!e)
-        ftk_err_set("out of memory");
-    return e;
-}
-static void plan_event_free(backend_t *be, bk_event_t *e)
-{
-    (void)be;
-    free(e);
-}
-static void plan_event(backend_t *be, bk_event_t *e)
-{
-    (void)be;
-    (void)e;
-}
-static int plan_event_sync(backend_t *be, bk_event_t *e)
-{
-    (void)be;
-    (void)e;
-    return 0;
-}
-
 /* The ops: nothing runs. */
 static void plan_convert(backend_t *be, bk_buf_t d, bk_buf_t s, int64_t n) { (void)be, (void)d, (void)s, (void)n; }
 static void plan_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
@@ -197,14 +141,7 @@ backend_t *backend_plan_new(const char *device)
     be->upload = be->download = be->copy = plan_move;
     be->zero = plan_zero;
     be->sync = plan_sync;
-    be->stream_new = plan_stream_new;
-    be->stream_free = plan_stream_free;
-    be->set_stream = plan_set_stream;
-    be->stream_native = plan_stream_native;
-    be->event_new = plan_event_new;
-    be->event_free = plan_event_free;
-    be->event_record = be->event_wait = plan_event;
-    be->event_sync = plan_event_sync;
+    bk_host_streams(be);
     be->convert = plan_convert;
     be->matmul = plan_matmul;
     be->embed_fwd = be->embed_bwd = be->rows_scatter = plan_embed;

@@ -10,10 +10,8 @@ real (non-padding) tokens per second.
 
 usage: train_bench.py BIN DATA WORK [STEPS]
 """
-import json, math, os, subprocess, sys, time
+import json, os, subprocess, sys, time
 
-import h5py
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
@@ -63,7 +61,7 @@ ftk_mixed = ftk_tps_of("bf16-mixed")
 ftk_true = ftk_tps_of("bf16-true")
 
 # --- PyTorch on the same rows --------------------------------------------------------------
-from torch_llama import batch, forward, loss_of, split, weights  # noqa: E402
+from torch_llama import batch, forward, split, weights  # noqa: E402
 
 torch.set_default_dtype(torch.float32)
 cfg, W = weights(wpath, torch.float32)
@@ -79,34 +77,33 @@ R = len(sp["row_offsets"]) - 1
 steps_rows = [list(range((s * G) % R, (s * G) % R + G)) for s in range(STEPS + 1)]
 
 
-def torch_run(targets_only):
-    """Tokens/s of PyTorch over the steps; targets_only: the head and loss on target rows only
-    (as ftk does), else on every position (as transformers and LitGPT do)."""
+def torch_run(P, optim, logits_of):
+    """Tokens/s of PyTorch over the steps, the logits of a micro-batch's target positions
+    from logits_of(P, ids, pos, seg, keep)."""
     t0, tokens = None, 0
     for s, rows in enumerate(steps_rows):
         if s == 1:
             t0 = time.perf_counter()
-        opt.zero_grad()
+        optim.zero_grad()
         n_tgt = sum(int(sp["loss_mask"][sp["row_offsets"][r]:sp["row_offsets"][r + 1]].sum()) for r in rows)
         for i in range(0, G, B):
             ids, pos, seg, tgt = batch(sp, rows[i:i + B], torch.float32)
             keep = tgt >= 0
-            if targets_only:
-                logits = forward(cfg, params, ids, pos, seg, head_rows=keep)
-            else:
-                logits = forward(cfg, params, ids, pos, seg)[keep]
-            loss = torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / n_tgt
+            logits = logits_of(P, ids, pos, seg, keep)
+            loss = torch.nn.functional.cross_entropy(logits.float(), tgt[keep], reduction="sum") / n_tgt
             loss.backward()
             if s >= 1:
                 tokens += sum(int(sp["sample_lengths"][sp["row_samples"][r]:sp["row_samples"][r + 1]].sum())
                               for r in rows[i:i + B])
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        opt.step()
+        torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+        optim.step()
     return tokens / (time.perf_counter() - t0)
 
 
-torch_all = torch_run(False)
-torch_tgt = torch_run(True)
+# The head and loss on every position (as transformers and LitGPT do), then on target rows
+# only (as ftk does).
+torch_all = torch_run(params, opt, lambda P, ids, pos, seg, keep: forward(cfg, P, ids, pos, seg)[keep])
+torch_tgt = torch_run(params, opt, lambda P, ids, pos, seg, keep: forward(cfg, P, ids, pos, seg, head_rows=keep))
 
 # PyTorch's bf16 on the same CPU, for scale: the model in bf16 run the way transformers runs
 # it (torch_llama.forward_lowp), AdamW on bf16 parameters (bf16-true).
@@ -114,29 +111,7 @@ from torch_llama import forward_lowp  # noqa: E402
 
 pb = {k: t.detach().to(torch.bfloat16).requires_grad_(True) for k, t in W.items()}
 optb = torch.optim.AdamW(list(pb.values()), lr=2e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-
-
-def torch_bf16_run():
-    t0, tokens = None, 0
-    for s, rows in enumerate(steps_rows):
-        if s == 1:
-            t0 = time.perf_counter()
-        optb.zero_grad()
-        n_tgt = sum(int(sp["loss_mask"][sp["row_offsets"][r]:sp["row_offsets"][r + 1]].sum()) for r in rows)
-        for i in range(0, G, B):
-            ids, pos, seg, tgt = batch(sp, rows[i:i + B], torch.float32)
-            keep = tgt >= 0
-            logits = forward_lowp(cfg, pb, ids, pos, seg)[keep].float()
-            (torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / n_tgt).backward()
-            if s >= 1:
-                tokens += sum(int(sp["sample_lengths"][sp["row_samples"][r]:sp["row_samples"][r + 1]].sum())
-                              for r in rows[i:i + B])
-        torch.nn.utils.clip_grad_norm_(list(pb.values()), 1.0)
-        optb.step()
-    return tokens / (time.perf_counter() - t0)
-
-
-torch_bf16 = torch_bf16_run()
+torch_bf16 = torch_run(pb, optb, lambda P, ids, pos, seg, keep: forward_lowp(cfg, P, ids, pos, seg)[keep])
 
 print(f"train (CPU, {threads} threads, {sum(v.numel() for v in W.values()) / 1e6:.1f} M parameters, "
       f"global batch {G} x {MAXLEN} tokens, micro batch {B}, {STEPS} steps):")

@@ -1,6 +1,6 @@
 """Helpers shared by the reference tests: check() prints ok/FAIL and counts, run() runs
 an ftk tool and stops the test when it fails, done() prints the summary and exits."""
-import math, os, subprocess, sys
+import json, math, os, subprocess, sys
 
 BIN = None
 fails = 0
@@ -27,3 +27,38 @@ def lr_at(step, lr, min_lr, warmup, total):
         return lr * step / warmup
     p = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
     return min_lr + 0.5 * (1 + math.cos(math.pi * p)) * (lr - min_lr)
+
+
+# A small Llama with grouped-query attention, an untied head and a non-default rope_theta.
+SMALL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
+         "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+         "initializer_range": 0.05}
+
+
+def small_weights(work, name="small"):
+    """ftk-init weights of SMALL in WORK/NAME.h5, with non-unit RMSNorm gains (so that their
+    gradients and decay matter); returns the path."""
+    import h5py
+    import numpy as np
+    cpath, wpath = os.path.join(work, name + ".json"), os.path.join(work, name + ".h5")
+    json.dump(SMALL, open(cpath, "w"))
+    if os.path.exists(wpath):
+        os.remove(wpath)
+    run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
+    with h5py.File(wpath, "r+") as f:
+        rng = np.random.default_rng(0)
+        for k in f["tensors"]:
+            if "norm" in k:
+                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+    return wpath
+
+
+def relerr(a, b):
+    """max|a - b| / max|b|: an error relative to the reference's largest magnitude."""
+    import numpy as np
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    scale = np.abs(b).max()
+    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())

@@ -17,7 +17,7 @@ Errors are relative to the reference's largest magnitude per tensor: max|ftk - r
 
 usage: model_vs_torch.py BIN PROBE DATA WORK
 """
-import json, math, os, subprocess, sys
+import json, os, subprocess, sys
 
 import h5py
 import numpy as np
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ftkref
-from ftkref import check, done, lr_at, run
+from ftkref import check, done, lr_at, relerr, run
 from torch_llama import batch, forward, loss_of, split, weights
 
 BIN, PROBE, DATA, WORK = sys.argv[1:5]
@@ -34,13 +34,6 @@ os.makedirs(WORK, exist_ok=True)
 torch.set_default_dtype(torch.float64)
 TOL = 1e-4
 worst = {}
-
-
-def relerr(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    scale = np.abs(b).max()
-    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())
 
 
 def compare(what, a, b, tol=TOL):
@@ -143,24 +136,11 @@ def main():
     if not os.path.exists(tok) or not os.path.exists(alpaca):
         print("skipped (../shared/data missing)")
         sys.exit(77)
-    # A small Llama with grouped-query attention, an untied head, a non-default rope_theta.
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-           "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
-           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
-           "initializer_range": 0.05}
-    cpath, wpath, dpath = (os.path.join(WORK, x) for x in ("config.json", "small.h5", "fixture.h5"))
-    json.dump(cfg, open(cpath, "w"))
-    for p in (wpath, dpath):
-        if os.path.exists(p):
-            os.remove(p)
-    run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
-    # Non-unit RMSNorm gains, so that their gradients and decay matter.
-    with h5py.File(wpath, "r+") as f:
-        rng = np.random.default_rng(0)
-        for k in f["tensors"]:
-            if "norm" in k:
-                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+    cfg = ftkref.SMALL
+    wpath = ftkref.small_weights(WORK)
+    dpath = os.path.join(WORK, "fixture.h5")
+    if os.path.exists(dpath):
+        os.remove(dpath)
     run("ftk-pack", "-t", tok, alpaca, "-o", dpath, "--pack", "--max-len", "96", "--val-count", "0", "-q")
     probe_compare("small", wpath, dpath, [0, 1, 2])
     adamw_compare(wpath, dpath)

@@ -28,12 +28,11 @@ usage: precision_vs_torch.py BIN PROBE DATA WORK
 import json, os, subprocess, sys
 
 import h5py
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ftkref
-from ftkref import check, done, lr_at, run
+from ftkref import check, done, lr_at, relerr, run
 from torch_llama import batch, forward, forward_lowp, loss_of, split, weights
 
 BIN, PROBE, DATA, WORK = sys.argv[1:5]
@@ -54,13 +53,6 @@ FLOOR = 0.01
 LOSS_REL = 0.01     # step-1 loss, and every loss of the 30-step curves (relative)
 STEPS = 30
 HP = dict(lr=3e-3, min_lr=3e-4, warmup=3, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=1.0)
-
-
-def relerr(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    scale = np.abs(b).max()
-    return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())
 
 
 def torch_grads(cfg, W, ids, pos, seg, tgt, dtype):
@@ -150,23 +142,10 @@ def main():
     if not os.path.exists(tok) or not os.path.exists(alpaca):
         print("skipped (../shared/data missing)")
         sys.exit(77)
-    # model_vs_torch.py's small Llama: grouped-query attention, untied head, rope_theta 5000.
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-           "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "vocab_size": 32000, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
-           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
-           "initializer_range": 0.05}
-    cpath, wpath, dpath = (os.path.join(WORK, x) for x in ("config.json", "small.h5", "fixture.h5"))
-    json.dump(cfg, open(cpath, "w"))
-    for p in (wpath, dpath):
-        if os.path.exists(p):
-            os.remove(p)
-    run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
-    with h5py.File(wpath, "r+") as f:  # non-unit RMSNorm gains
-        rng = np.random.default_rng(0)
-        for k in f["tensors"]:
-            if "norm" in k:
-                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+    wpath = ftkref.small_weights(WORK)  # model_vs_torch.py's small Llama
+    dpath = os.path.join(WORK, "fixture.h5")
+    if os.path.exists(dpath):
+        os.remove(dpath)
     # The first 12 records, packed into rows of 64: few enough tokens (~600) that PyTorch's
     # bf16 steps on the CPU (a dense attention mask over the whole batch) take ~0.1 s.
     sub = os.path.join(WORK, "alpaca12.json")
