@@ -8,8 +8,9 @@ ftk-train on the same packed Alpaca rows of MAXLEN tokens. Each row prints token
 memory, then the ratio ftk / PyTorch eager. Also the device-to-device copy bandwidth
 (the ceiling of the memory-bound kernels).
 
-Shapes: llama-1b (both fit an 80 GB GPU) and llama2-7b (PyTorch in bf16-true; ftk needs
-bf16 storage for it, see the README's CUDA section, and reports what happens).
+Shapes: llama-1b and llama2-7b; both sides in bf16-true (PyTorch: model.to(bfloat16) and
+AdamW on bf16 parameters; ftk: --precision bf16-true, 8 bytes per parameter, which the
+memory plan puts at 59.5 GB for 7B at micro-batch 4 × 512 with --recompute).
 
 usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B]
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
@@ -187,6 +188,8 @@ def ftk_row(name):
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
            "--device", dev, "--recompute", "--save-every", 0]
+    if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
+        cmd += ["--precision", "bf16-true"]
     p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True)
     peak = 0.0
     while p.poll() is None:
