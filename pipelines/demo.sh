@@ -1,6 +1,7 @@
 #!/bin/sh
-# The demo: the data and weights stages on the embedded example (examples/demo), nothing from outside
-# the repository, no network. Later stages extend this same pipeline.
+# The demo: every stage on the embedded example (examples/demo), nothing from outside the
+# repository, no network: data, weights, training through a preemption, generation, the
+# checkpoint tools, a precision mode and the memory plan.
 set -eu
 cd "$(dirname "$0")/.."
 PATH="$(pwd)/bin:$PATH"
@@ -91,3 +92,17 @@ ftk verify --deep "$OUT/final.h5" | sed 's/^/   /'
 ls "$OUT/final-hf" | sed 's/^/   final-hf\//'
 echo "   greedy answer from the merged bfloat16 weights:"
 ftk generate -m "$OUT/final.h5" --alpaca -p "$PROMPT" --greedy -n 60 | sed 's/^/   | /'
+echo
+echo "== 12. precision: the first 50 steps again in bf16-true (weights, gradients and AdamW moments stored in bf16,"
+echo "       8 bytes per parameter; AdamW rounds stochastically), one process; validation loss at step 50 against"
+echo "       the fp32 run's (a step's own loss is of its 8 rows, too noisy to compare one step)"
+rm -rf "$OUT/run-bf16"
+ftk train -m "$OUT/demo-init.h5" -d "$OUT/alpaca-demo.h5" -o "$OUT/run-bf16" --steps 200 --global-batch 8 \
+    --micro-batch 4 --lr 5e-3 --min-lr 5e-4 --warmup 10 --weight-decay 0 --eval-every 50 --stop-after 50 -j 1 \
+    --precision bf16-true 2>&1 | awk '/step 50: validation/' | sed 's/^/   bf16-true /' || true
+awk '/step 50: validation/' "$OUT/train.log" | sed 's/^/   fp32      /'
+echo
+echo "== 13. the memory plan: what Llama-2-7B (rows of 512, micro-batch 4, --recompute) takes per GPU in bf16-true,"
+echo "       on one 80 GB GPU; computed by a dry run of the code that allocates, no GPU needed"
+ftk train --plan --preset llama2-7b --max-len 512 --micro-batch 4 --recompute --precision bf16-true --device cuda |
+    sed 's/^/   /'
