@@ -254,6 +254,13 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
     m->be = be;
     m->c = *c;
     m->dt = precision_dtypes(prec);
+    /* Products multiply activations by weights, and the backend takes one dtype for both
+     * operands: every mode stores its activations in the dtype its ops read weights in. */
+    if (m->dt.act != m->dt.compute) {
+        ftk_err_set("internal: precision %s has activations of another dtype than its weights", precision_name(prec));
+        free(m);
+        return NULL;
+    }
     m->D = c->hidden_size;
     m->F = c->intermediate_size;
     m->H = c->num_attention_heads;

@@ -8,6 +8,8 @@
  *   bf16-true   bf16                   bf16                       bf16        bf16
  *
  * A checkpoint stores the state dtype (formats/checkpoint.h ckpt_state_dtype()).
+ * Activations are always in the compute dtype: a product takes one dtype for both
+ * operands (kernels/backend.h), and the model multiplies activations by weights.
  */
 #ifndef FTK_PRECISION_H
 #define FTK_PRECISION_H
