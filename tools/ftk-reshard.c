@@ -287,7 +287,7 @@ int main(int argc, char **argv)
              man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s",
              man.meta.precision, (long long)S2, meta.strategy, (long long)ranks, ranks == 1 ? "" : "s",
              meta.precision, (double)in_bytes / 1e6, (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3,
-             (double)big * 4 / 1e6);
+             (double)big * (double)es / 1e6);
     free(final_name);
     rc = FTK_EXIT_OK;
     goto done;
