@@ -154,7 +154,13 @@ if [ "$KILLS" -gt 0 ]; then
         fi
         $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
         wait $mp 2>/dev/null
-        latest=$(cat "$run/latest" 2>/dev/null || echo none)
+        # The newest committed checkpoint: usually what `latest` names, or one newer when the
+        # kill fell between the directory's rename and `latest`'s replacement (that commit
+        # stands; --resume auto lists the step directories, not `latest`).
+        latest=$(ls -d "$run"/step-* 2>/dev/null | sort | tail -n 1)
+        latest=${latest:+$(basename "$latest")}
+        latest=${latest:-none}
+        named=$(cat "$run/latest" 2>/dev/null || echo none)
         stale=$(ls -a "$run" 2>/dev/null | grep -c '^\.step-.*\.tmp\.')
         [ "$stale" -gt 0 ] && mid=$((mid + 1))
         [ "$latest" != step-00000060 ] && live=$((live + 1))
@@ -169,6 +175,7 @@ if [ "$KILLS" -gt 0 ]; then
             grep -q "resuming from $run/$latest " "$WORK/err" || rc=98
         fi
         [ "$stale" -gt 0 ] && from="$from (killed mid-checkpoint: $stale unfinished directory removed)"
+        [ "$named" != "$latest" ] && from="$from (killed after its rename, before \`latest\` named it: $named)"
         if [ $rc -eq 0 ]; then ok "kill -9 #$i ($who): $from"; else
             notok "kill -9 #$i ($who): $from: exit $rc"
             sed 's/^/     | /' "$WORK/err" | head -n 8
