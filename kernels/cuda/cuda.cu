@@ -15,11 +15,13 @@
  *  - Determinism (backend.h): no atomics. Reductions over rows (RMSNorm's dw, the loss,
  *    Σx²) sum fixed partitions and then the partial sums in order; the embedding's
  *    backward gives each thread a column and walks the tokens in order, like the CPU.
- *  - Attention: one warp per (query row, head), keys visited in order with an online
- *    softmax in fp32, so no score matrix is materialised and probabilities are never
- *    rounded; the backward recomputes them from the saved log-sum-exp, one warp per query
- *    row for dq and one per key row for dk and dv (a key/value head sums its query heads
- *    in order).
+ *  - Attention, bf16 with a head dimension that is a multiple of 16 up to 128: on the
+ *    tensor cores in 64 × 64 tiles (flash_attn.cuh; probabilities and dS rounded to bf16
+ *    before their products, as FlashAttention does). Otherwise, and with
+ *    FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
+ *    online softmax in fp32, probabilities never rounded; its backward recomputes them
+ *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
+ *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
@@ -31,6 +33,9 @@
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+
+#include <initializer_list>
+#include <type_traits>
 
 #include <math.h>
 #include <stdint.h>
@@ -74,6 +79,7 @@ typedef struct {
     backend_t *be;
     int device;
     cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
+    int attn_simple;                 /* FTK_CUDA_ATTN=simple: no tensor-core attention */
     char err[512];                   /* first error, "" when none */
     cudaStream_t def;                /* the instance's default stream */
     cudaStream_t cur;                /* the current stream: def or one of streams */
@@ -1169,6 +1175,42 @@ __global__ void attn_bwd_dkv_kernel(T *dk, T *dv, const float *dsum, const T *do
     row_store(dv + j * ks + kh * hd, dva, hd, lane, 1.0f);
 }
 
+#include "flash_attn.cuh"
+
+/* The tensor-core kernels (flash_attn.cuh) take bf16 with a head dimension that is a
+ * multiple of 16 up to 128 and rows on 16-byte boundaries; anything else, and
+ * FTK_CUDA_ATTN=simple, takes the warp-per-row kernels above. */
+static int flash_ok(cuda_t *c, dtype_t dt, int hd, std::initializer_list<const void *> bufs)
+{
+    if (c->attn_simple || dt != DT_BF16 || hd % 16 || hd > 128)
+        return 0;
+    for (const void *p : bufs)
+        if ((uintptr_t)p % 16)
+            return 0;
+    return 1;
+}
+
+/* Calls f with std::integral_constant<int, hd> (hd as checked by flash_ok). */
+template <typename F> static void on_hd(int hd, F &&f)
+{
+    switch (hd) {
+    case 16: f(std::integral_constant<int, 16>()); break;
+    case 32: f(std::integral_constant<int, 32>()); break;
+    case 48: f(std::integral_constant<int, 48>()); break;
+    case 64: f(std::integral_constant<int, 64>()); break;
+    case 80: f(std::integral_constant<int, 80>()); break;
+    case 96: f(std::integral_constant<int, 96>()); break;
+    case 112: f(std::integral_constant<int, 112>()); break;
+    default: f(std::integral_constant<int, 128>()); break;
+    }
+}
+
+/* A launch of kernel with more than the default 48 KiB of dynamic shared memory. */
+template <typename K> static int smem_ok(cuda_t *c, K kernel, size_t bytes, const char *what)
+{
+    return ck(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), what) == 0;
+}
+
 static int attn_args_ok(cuda_t *c, const char *op, int hd, int n_head, int n_kv)
 {
     if (hd > 32 * ATT_PER_LANE || hd % 2 || hd <= 0) {
@@ -1224,6 +1266,19 @@ static void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_
     const int64_t *ds = upload_seg(c, seg, n_seg);
     if (!ds)
         return;
+    float scale = 1.0f / sqrtf((float)hd);
+    if (flash_ok(c, q.dt, hd, {out.p, q.p, k.p, v.p})) {
+        dim3 grid((unsigned)((n + fa::BM - 1) / fa::BM), (unsigned)n_head);
+        on_hd(hd, [&](auto HD) {
+            size_t sm = fa::lay<HD>::fwd;
+            if (smem_ok(c, fa::fwd_kernel<HD>, sm, "attn_fwd (flash)"))
+                fa::fwd_kernel<HD><<<grid, fa::THREADS, sm, c->cur>>>((uint16_t *)out.p, lse, (uint16_t *)q.p,
+                                                                      (uint16_t *)k.p, (uint16_t *)v.p, ds, n_seg, n,
+                                                                      n_head, n_kv, scale);
+        });
+        launched(c, "attn_fwd (flash)");
+        return;
+    }
     dim3 grid((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_head);
     on_dt(q.dt, [&](auto t) {
         attn_fwd_kernel<<<grid, 32 * ATT_WARPS, 0, c->cur>>>(AS(t, out), lse, AS(t, q), AS(t, k), AS(t, v), ds,
@@ -1248,6 +1303,28 @@ static void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk
     float *dsum = (float *)tmp_for(c, (size_t)n * n_head * sizeof(float));
     if (!ds || !dsum)
         return;
+    if (flash_ok(c, q.dt, hd, {dq.p, dk.p, dv.p, dout.p, q.p, k.p, v.p, out.p})) {
+        float scale = 1.0f / sqrtf((float)hd);
+        dim3 gq((unsigned)((n + fa::BM - 1) / fa::BM), (unsigned)n_head);
+        dim3 gk((unsigned)((n + fa::BN - 1) / fa::BN), (unsigned)n_kv);
+        const uint16_t *g = (const uint16_t *)dout.p, *qq = (const uint16_t *)q.p, *kk = (const uint16_t *)k.p,
+                       *vv = (const uint16_t *)v.p;
+        on_hd(hd, [&](auto HD) {
+            size_t sm = fa::lay<HD>::bwd;
+            fa::dsum_kernel<HD><<<blocks_for(n * n_head, 8), 256, 0, c->cur>>>(dsum, g, (const uint16_t *)out.p,
+                                                                               n * n_head);
+            launched(c, "attn_bwd D (flash)");
+            if (smem_ok(c, fa::dq_kernel<HD>, sm, "attn_bwd dq (flash)"))
+                fa::dq_kernel<HD><<<gq, fa::THREADS, sm, c->cur>>>((uint16_t *)dq.p, g, qq, kk, vv, lse, dsum, ds,
+                                                                   n_seg, n, n_head, n_kv, scale);
+            launched(c, "attn_bwd dq (flash)");
+            if (smem_ok(c, fa::dkv_kernel<HD>, sm, "attn_bwd dk dv (flash)"))
+                fa::dkv_kernel<HD><<<gk, fa::THREADS, sm, c->cur>>>((uint16_t *)dk.p, (uint16_t *)dv.p, g, qq, kk,
+                                                                    vv, lse, dsum, ds, n_seg, n, n_head, n_kv, scale);
+            launched(c, "attn_bwd dk dv (flash)");
+        });
+        return;
+    }
     dim3 gq((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_head);
     dim3 gk((unsigned)((n + ATT_WARPS - 1) / ATT_WARPS), (unsigned)n_kv);
     on_dt(q.dt, [&](auto t) {
@@ -1585,6 +1662,11 @@ extern "C" backend_t *backend_cuda_new(int device)
         ftk_err_set("FTK_CUDA_MATMUL=%s: expected fp32 or tf32", mm);
         return NULL;
     }
+    const char *at = getenv("FTK_CUDA_ATTN");
+    if (at && *at && strcmp(at, "flash") && strcmp(at, "simple")) {
+        ftk_err_set("FTK_CUDA_ATTN=%s: expected flash or simple", at);
+        return NULL;
+    }
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -1615,6 +1697,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->device = device;
     c->seg_n = -1;
     c->f32_compute = f32_compute;
+    c->attn_simple = at && !strcmp(at, "simple");
 
     be->destroy = cu_destroy;
     be->mem_alloc = cu_mem_alloc;

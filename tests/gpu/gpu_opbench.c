@@ -27,7 +27,8 @@ static void fail(void)
     exit(1);
 }
 
-/* n random values in [-scale, scale] of type dt on be. */
+/* n random values in [-scale, scale] of type dt on be; in [0, -scale] for a negative scale
+ * (AdamW's second moment: a square). */
 static bk_buf_t dev_rnd(backend_t *be, int64_t n, float scale, dtype_t dt)
 {
     size_t es = dtype_size(dt);
@@ -42,7 +43,8 @@ static bk_buf_t dev_rnd(backend_t *be, int64_t n, float scale, dtype_t dt)
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
-        h[i] = (float)(((double)(s >> 11) / 9007199254740992.0 * 2 - 1) * scale);
+        double u = (double)(s >> 11) / 9007199254740992.0;
+        h[i] = (float)(scale < 0 ? -u * scale : (u * 2 - 1) * scale);
     }
     for (int64_t i = 0; hb && i < n; i++)
         hb[i] = f32_to_bf16(h[i]);
@@ -247,7 +249,7 @@ static void fill(set_t *s, backend_t *be, dtype_t dt)
     s->b = dev_rnd(be, nf, 1, dt);
     s->c = dev_rnd(be, nf, 1, dt);
     s->m = dev_rnd(be, nf, 1e-3f, dt);
-    s->v = dev_rnd(be, nf, 1e-6f, dt); /* squares are positive: |x| enough for AdamW's sqrt */
+    s->v = dev_rnd(be, nf, -1e-6f, dt); /* a second moment: positive */
     s->x = dev_rnd(be, nd, 1, dt);
     s->y = dev_rnd(be, nd, 1, dt);
     s->w = dev_rnd(be, (int64_t)V * D, 1, dt); /* embedding table; its first D: norm weights */
@@ -357,13 +359,24 @@ int main(void)
     row_bw("xent (256 rows, gradient) fp32", time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
     /* causal pairs: 8 rows of 512: 8·512·513/2 per head */
     double pairs = 8.0 * 512 * 513 / 2 * H, mm = 2.0 * N * F * D;
-    for (int k = 0; k < 2; k++) {
+    /* bf16 attention on the tensor cores (the default) and with the simple kernels, which
+     * fp32 always takes; the second instance uses the first one's buffers (one device) */
+    setenv("FTK_CUDA_ATTN", "simple", 1);
+    set_t simple = S[1];
+    simple.be = backend_cuda_new(0);
+    unsetenv("FTK_CUDA_ATTN");
+    if (!simple.be)
+        fail();
+    const set_t *att[3] = {&S[1], &simple, &S[0]};
+    const char *att_label[3] = {"bf16 flash (default)", "bf16 simple", "fp32 simple"};
+    for (int k = 0; k < 3; k++) {
         char label[64];
-        snprintf(label, sizeof label, "attn_fwd (4·pairs·hd) %s", dt_label[k]);
-        row_flops(label, time_op(G, op_attn_fwd, &S[k]), 4 * pairs * HD);
-        snprintf(label, sizeof label, "attn_bwd (8·pairs·hd) %s", dt_label[k]);
-        row_flops(label, time_op(G, op_attn_bwd, &S[k]), 8 * pairs * HD);
+        snprintf(label, sizeof label, "attn_fwd %s", att_label[k]);
+        row_flops(label, time_op(att[k]->be, op_attn_fwd, (void *)att[k]), 4 * pairs * HD);
+        snprintf(label, sizeof label, "attn_bwd %s", att_label[k]);
+        row_flops(label, time_op(att[k]->be, op_attn_bwd, (void *)att[k]), 8 * pairs * HD);
     }
+    backend_free(simple.be);
     row_flops("matmul x·Wᵀ [4096x11008x4096] bf16", time_op(G, op_mm_up, &S[1]), mm);
     row_flops("matmul x·Wᵀ fp32 in bf16 (default)", time_op(G, op_mm_up, &S[0]), mm);
     row_flops("matmul x·Wᵀ fp32 in TF32", time_op(tf32.be, op_mm_up_fp32, &tf32), mm);

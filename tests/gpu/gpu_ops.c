@@ -10,6 +10,7 @@
  *  5. a whole training step of a small 3-layer GQA model in fp32, bf16-mixed and bf16-true
  *     on both backends: the loss, every unit's gradient, the weights after one AdamW step,
  *     the loss after it.
+ * FTK_GPU_OPS_QUICK=1 leaves out the larger cases (for compute-sanitizer, which is slow).
  * Fresh inputs each run (the seed is printed; FTK_SEED=N repeats one). The GPU's fp32
  * products run in bf16 with fp32 accumulation unless FTK_CUDA_MATMUL=fp32 (tests/run.sh
  * runs both), which sets the bounds of whatever follows a product of f32 inputs.
@@ -33,7 +34,7 @@
 #define U_BF16 (1.0 / 256) /* bf16's unit roundoff */
 
 static backend_t *C, *G;
-static int failures, exact;
+static int failures, exact, flash, quick;
 static uint64_t seed;
 
 static void verdict(int ok, const char *fmt, ...) FTK_PRINTF(2, 3);
@@ -74,6 +75,11 @@ static const ops_case_t large[] = {
     {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024b, .n_seg = 4},
     {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024, .n_seg = 4},
     {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 4, .hd = 128, .seg = seg_1024, .n_seg = 4},
+    /* the tensor-core kernels' head dimensions, grouped queries, segments across tiles */
+    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 128, .seg = seg_1024b, .n_seg = 4},
+    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 80, .seg = seg_1024, .n_seg = 4},
+    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 96, .seg = seg_1024b, .n_seg = 4},
+    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 1, .hd = 128, .seg = seg_1024, .n_seg = 4},
     {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 1000, .n_head = 8, .n_kv = 2, .hd = 128},
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
     {.op = OP_XENT, .cfgs = OPS_CFG(OPS_F32), .n = 96, .V = 32000, .grad_scale = 0.25f},
@@ -102,7 +108,22 @@ static const ops_case_t large[] = {
  *    rms(C) (its largest element reached 1.1e-2 on the CPU simulating it), bound 3e-2. bf16
  *    inputs multiply exactly either way;
  *  - a bf16 output may round the other way where the fp32 results straddle a rounding
- *    boundary: one ulp, 2u = 2^-7, for each rounding of the element. */
+ *    boundary: one ulp, 2u = 2^-7, for each rounding of the element;
+ *  - bf16 attention on the tensor cores (unless FTK_CUDA_ATTN=simple) rounds the
+ *    probabilities, and in the backward dS, to bf16 before their products (as
+ *    FlashAttention does). Each output element then carries a random error of about
+ *    u/√3 of its (token, head) row's scale; rows near a segment start (few keys, large
+ *    probabilities) are many times the tensor's rms, so these outputs are measured
+ *    against their row's rms (ops_compare_rows), with 4u more (the largest of a million
+ *    elements, about 5σ, is 2.9u). Measured against the tensor's rms the 1024-token cases
+ *    reached 3.0e-2, at rows 0–6 and 100–103 of segments starting at 0 and 100 (H200,
+ *    2026-11-23). */
+/* Whether output o of case c is measured row by row (the tensor-core attention's). */
+static int flash_rows(const ops_case_t *c, const ops_out_t *o)
+{
+    return flash && o->dt == DT_BF16 && (c->op == OP_ATTN_FWD || c->op == OP_ATTN_BWD);
+}
+
 static double gpu_bound(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o)
 {
     double b = 0;
@@ -133,6 +154,8 @@ static double gpu_bound(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o)
     }
     if (o->dt == DT_BF16)
         b += 2 * U_BF16 * o->rounds;
+    if (flash_rows(c, o))
+        b += 4 * U_BF16;
     return b;
 }
 
@@ -179,7 +202,8 @@ static void compare_case(const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
         }
     }
     for (int i = 0; i < rc.n_out; i++) {
-        ops_err_t e = ops_compare(rc.out[i].v, rg.out[i].v, rc.out[i].n);
+        ops_err_t e = flash_rows(c, &rc.out[i]) ? ops_compare_rows(rc.out[i].v, rg.out[i].v, rc.out[i].n, c->hd)
+                                                : ops_compare(rc.out[i].v, rg.out[i].v, rc.out[i].n);
         double b = gpu_bound(c, cfg, &rc.out[i]);
         int ok = e.nan == 0 && e.max_rel <= b;
         double ratio = b > 0 ? e.max_rel / b : e.max_rel > 0 ? INFINITY : 0;
@@ -201,7 +225,7 @@ static void compare_case(const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 
 static void test_table(void)
 {
-    int n_large = (int)(sizeof large / sizeof *large);
+    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large);
     for (int k = 0; k < ops_table_len + n_large; k++) {
         const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
         for (int cfg = 0; cfg < OPS_NCFG; cfg++)
@@ -229,7 +253,7 @@ static int same_results(const ops_result_t *a, const ops_result_t *b)
 static void test_determinism(void)
 {
     int runs = 0, bad = 0;
-    int n_large = (int)(sizeof large / sizeof *large);
+    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large);
     for (int k = 0; k < ops_table_len + n_large; k++) {
         const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
         int backward = c->op == OP_EMBED_BWD || c->op == OP_RMSNORM_BWD || c->op == OP_ATTN_BWD ||
@@ -520,7 +544,10 @@ static void test_step(precision_t prec)
             }
         }
     int fp32_exact = prec == PREC_FP32 && exact;
-    double tol_loss = fp32_exact ? 1e-5 : 1e-2, tol_grad = fp32_exact ? 1e-4 : 3e-2, tol_w = fp32_exact ? 1e-5 : 3e-2;
+    /* the weights after one AdamW step inherit the gradients' bound: the first step moves an
+     * element by lr·g/(|g| + eps), which magnifies a gradient's difference where |g| is
+     * near eps (1e-5 here was exceeded once: 1.2e-5 at unit 0, H200, 2026-11-23) */
+    double tol_loss = fp32_exact ? 1e-5 : 1e-2, tol_grad = fp32_exact ? 1e-4 : 3e-2, tol_w = fp32_exact ? 1e-4 : 3e-2;
     char what[96];
     model_zero_grad(mc);
     model_zero_grad(mg);
@@ -576,9 +603,13 @@ int main(void)
     }
     const char *mm = getenv("FTK_CUDA_MATMUL"), *s = getenv("FTK_SEED");
     exact = mm && !strcmp(mm, "fp32");
+    const char *at = getenv("FTK_CUDA_ATTN"), *q = getenv("FTK_GPU_OPS_QUICK");
+    quick = q && *q && strcmp(q, "0");
+    flash = !(at && !strcmp(at, "simple"));
     seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) << 20 ^ (uint64_t)getpid();
-    printf("seed %llu (FTK_SEED), %s: fp32 matrix products in %s\n", (unsigned long long)seed, G->device,
-           exact ? "fp32" : "bf16 (fp32 accumulation)");
+    printf("seed %llu (FTK_SEED), %s: fp32 matrix products in %s; bf16 attention %s\n", (unsigned long long)seed,
+           G->device, exact ? "fp32" : "bf16 (fp32 accumulation)",
+           flash ? "on the tensor cores (FTK_CUDA_ATTN=flash)" : "simple (FTK_CUDA_ATTN=simple)");
     test_table();
     test_determinism();
     test_rope_qk();

@@ -127,6 +127,10 @@ typedef struct {
     int64_t differ;  /* elements whose bits differ */
 } ops_err_t;
 ops_err_t ops_compare(const float *ref, const float *got, int64_t n);
+/* The same with each element measured against the rms of its own row of `row` elements
+ * (|ref_i| + rms(ref's row)): for outputs whose rows differ in scale by much more than the
+ * error, such as attention's near a segment start (few keys: large values). */
+ops_err_t ops_compare_rows(const float *ref, const float *got, int64_t n, int64_t row);
 
 /* ---- helpers for the programs' own checks -------------------------------------------- */
 
