@@ -32,7 +32,7 @@ static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 2
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
 static double save_minutes;
-static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1;
+static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save;
 static int64_t plan_max_len;
 
 static const opt_t options[] = {
@@ -59,6 +59,8 @@ static const opt_t options[] = {
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)"},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M", "also checkpoint when M minutes passed since the last"},
     {"keep", 0, OPT_I64, &keep, "N", "keep the newest N checkpoints (0: all)"},
+    {"no-save", 0, OPT_FLAG, &no_save, NULL,
+     "write no checkpoint, not even the last (benchmarks: a 7B checkpoint is 54-81 GB; a stopped run is lost)"},
     {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)"},
     {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)"},
     {"precision", 0, OPT_STR, &precision_arg, "fp32|bf16-mixed|bf16-true",
@@ -301,6 +303,9 @@ static int check_values(trainer_opts_t *o)
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
+    if (no_save && (save_every || save_minutes > 0 || stop_after || keep))
+        return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after and --keep "
+                   "contradict it");
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
     if (strategy_parse(strategy_arg, &o->strategy) < 0)
@@ -514,7 +519,13 @@ static int run(int argc, char **argv)
             (code = evaluate(t, mf, st.step)))
             goto out;
         int stopping = st.stop || (stop_after > 0 && run_steps >= stop_after && !last);
-        if (last || stopping || st.save_due || (save_every > 0 && st.step % save_every == 0)) {
+        if (no_save && stopping) {
+            ftk_info("stopped by a signal at step %lld; --no-save: no checkpoint, nothing to resume",
+                     (long long)st.step);
+            code = FTK_EXIT_PREEMPTED;
+            break;
+        }
+        if (!no_save && (last || stopping || st.save_due || (save_every > 0 && st.step % save_every == 0))) {
             if ((code = report(trainer_save(t))))
                 goto out;
             last_save = time_now();

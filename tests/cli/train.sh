@@ -57,6 +57,12 @@ first=$(losses "$WORK/a" | head -n 1 | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
 last=$(losses "$WORK/a" | tail -n 1 | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
 check "the loss goes down ($first -> $last)" awk "BEGIN { exit !($last < $first - 0.1) }"
 
+# --no-save (benchmarks): metrics, no checkpoint; contradicting options refused
+expect "--no-save: 3 steps" 0 $T -o "$WORK/ns" --steps 3 --no-save
+check "--no-save: metrics.jsonl, no checkpoint and no latest" test -s "$WORK/ns/metrics.jsonl" -a ! -e "$WORK/ns/latest" -a \
+    -z "$(ls -d "$WORK/ns"/step-* 2>/dev/null)"
+expect "--no-save with --save-every: exit 2" 2 $T -o "$WORK/ns2" --steps 3 --no-save --save-every 1
+grep -q -- "--no-save" "$WORK/err" && ok "message names --no-save" || notok "message names --no-save"
 expect "stop after 5 steps: exit 75" 75 $T -o "$WORK/b" --steps 12 --save-every 4 --stop-after 5
 check "stopped run committed step 5" test "$(cat "$WORK/b/latest")" = step-00000005
 expect "resume without --resume: refused" 2 $T -o "$WORK/b" --steps 12 --save-every 4
