@@ -6,6 +6,8 @@
 #   make demo            install, build, run the demo pipeline on the embedded example
 #   make bench           speed ratios against peers in the same run: tokenizer vs SentencePiece,
 #                        import/export vs cp, CPU training vs PyTorch, reshard vs cp -r
+#   make gpu-check       on a GPU machine: every GPU check and benchmark in one command (under 9
+#                        minutes), one markdown report in REPORT (default build/gpu-check/report.md)
 #   make asan            the sanitizer build only (build/asan/bin)
 #   make install PREFIX=/usr/local
 #
@@ -81,7 +83,7 @@ GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
 endif
 
 .SECONDARY:
-.PHONY: all deps deps-build test check demo bench asan fuzz install clean config
+.PHONY: all deps deps-build test check demo bench gpu-check asan fuzz install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
 
 config:
@@ -170,6 +172,13 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory all
 	@sh tests/bench/run.sh
+
+# Every GPU check in one command (tests/gpu/check.sh). No package installation: GPU nodes
+# often cannot; on one without the libraries, see scripts/bundle-runtime.sh.
+REPORT ?= build/gpu-check
+gpu-check:
+	@$(MAKE) --no-print-directory all
+	@sh tests/gpu/check.sh $(REPORT)
 
 # The long fuzz run of the safetensors header parser (make test runs 20 s of it).
 FUZZ_SECONDS ?= 600

@@ -12,8 +12,14 @@ Shapes: llama-1b and llama2-7b; both sides in bf16-true (PyTorch: model.to(bfloa
 AdamW on bf16 parameters; ftk: --precision bf16-true, 8 bytes per parameter, which the
 memory plan puts at 59.5 GB for 7B at micro-batch 4 × 512 with --recompute).
 
-usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B]
+usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B] [--no-compile]
+       gpu_bench.py BIN DATA WORK --alpaca1024   (the Alpaca1024 epoch, ftk only: wall time)
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
+The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
+the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
+ftk-train's defaults (LitGPT's: global batch 64, micro-batch 4), no checkpoint; prints the
+wall time of the ftk-train process (loading the weights included) and of the steps.
+No run writes a checkpoint (--no-save: a 7B checkpoint would not fit the GPU machine's disk).
 DATA holds llama2-tokenizer/tokenizer.model and alpaca/*.json (../shared/data's layout).
 """
 import argparse, contextlib, glob, json, os, subprocess, sys, time
@@ -30,6 +36,7 @@ ap.add_argument("--micro-batch", type=int, default=8)
 ap.add_argument("--maxlen", type=int, default=512)
 ap.add_argument("--cpu-smoke", action="store_true")
 ap.add_argument("--no-compile", action="store_true")
+ap.add_argument("--alpaca1024", action="store_true")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
@@ -175,19 +182,12 @@ def gpu_used_gib():
 
 
 def ftk_row(name):
-    w = os.path.join(a.work, f"{name}.h5")
+    w = ftk_weights(name)
     run = os.path.join(a.work, f"run-{name}")
-    if not os.path.exists(w):  # the shape PyTorch ran, as a config.json
-        c = os.path.join(a.work, f"{name}.json")
-        json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
-                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-                       bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", initializer_range=0.02,
-                       **SHAPES[name]), open(c, "w"))
-        sh(os.path.join(a.bin, "ftk-init"), "-q", "--config", c, "-t", tok, "-o", w)
     sh("rm", "-rf", run)
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
-           "--device", dev, "--recompute", "--save-every", 0]
+           "--device", dev, "--recompute", "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
     p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True)
@@ -202,6 +202,44 @@ def ftk_row(name):
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
     return sum(x["tokens"] for x in m[1:]) / t, peak
 
+
+def ftk_weights(name):
+    """ftk-init weights of the shape PyTorch runs (random: speed does not depend on values)."""
+    w = os.path.join(a.work, f"{name}.h5")
+    if not os.path.exists(w):
+        c = os.path.join(a.work, f"{name}.json")
+        json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", initializer_range=0.02,
+                       **SHAPES[name]), open(c, "w"))
+        t0 = time.time()
+        sh(os.path.join(a.bin, "ftk-init"), "-q", "--config", c, "-t", tok, "-o", w)
+        print(f"ftk-init {name}: {time.time() - t0:.1f} s", flush=True)
+    return w
+
+
+if a.alpaca1024:
+    big = max(glob.glob(os.path.join(a.data, "alpaca", "*.json")), key=os.path.getsize)
+    recs = json.load(open(big))[:1024]
+    src = os.path.join(a.work, "alpaca1024.json")
+    json.dump(recs, open(src, "w"))
+    data = os.path.join(a.work, "alpaca1024-512.h5")
+    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", 512, "--val-count", 0)
+    w = ftk_weights("llama2-7b")
+    run = os.path.join(a.work, "run-alpaca1024")
+    sh("rm", "-rf", run)
+    t0 = time.time()
+    sh(os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
+       "--precision", "bf16-true", "--eval-every", 0, "--no-save")
+    wall = time.time() - t0
+    m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
+    toks = sum(x["tokens"] for x in m)
+    print(f"Alpaca1024 epoch ({len(recs)} records of {os.path.basename(big)}, rows of 512, Llama-2-7B bf16-true, "
+          f"global batch 64, micro-batch 4, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process), "
+          f"steps {m[-1]['elapsed_s']:.1f} s, {toks / m[-1]['elapsed_s']:.0f} tokens/s, "
+          f"{6 * n_params(SHAPES['llama2-7b']) * toks / m[-1]['elapsed_s'] / mm_peak * 100:.1f}% MFU, "
+          f"peak {m[-1].get('mem_peak_bytes', 0) / 2 ** 30:.1f} GiB, last loss {m[-1]['loss']:.3f}")
+    sys.exit(0)
 
 for name in shapes:
     for compiled in ([False] if a.no_compile or a.cpu_smoke else [False, True]):

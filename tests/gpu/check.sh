@@ -1,0 +1,124 @@
+#!/bin/sh
+# make gpu-check REPORT=DIR (or: sh tests/gpu/check.sh DIR [STEP...]): every GPU check in
+# one command, with one markdown report, DIR/report.md, and each step's log in DIR/logs/.
+# Meant for the first minutes on a GPU machine (docs/design.md, "GPU checks"); under 9
+# minutes on one H100/H200. Steps, in order (name them to run a subset):
+#   smoke       the device answers (tests/gpu/gpu_smoke)
+#   ops         tests/gpu/gpu_ops: every op and dtype against the CPU backend, determinism,
+#               events, errors, a training step per precision (bf16 products)
+#   ops-fp32    the same with exact fp32 products (FTK_CUDA_MATMUL=fp32: tight bounds) and
+#               the simple attention kernels (FTK_CUDA_ATTN=simple) in bf16
+#   attn-e2e    tests/gpu/attn_e2e.sh: a small model trained with the tensor-core attention
+#               and with the simple kernels: the same losses
+#   opbench     tests/gpu/gpu_opbench: memory-bound ops against a device copy, products
+#   demo        tests/gpu/demo_vs_cpu.sh: the demo's training on the GPU against the CPU in
+#               fp32 and bf16-true, checkpoints moved between them both ways
+#   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
+#               larger cases: FTK_GPU_OPS_QUICK=1), where a probe shows it works on this machine
+#               (some machines refuse the device: a skip, not a failure)
+#   bench-1b    tests/bench/gpu_bench.py at llama-1b against PyTorch + transformers (eager,
+#               torch.compile)
+#   bench-7b    the same at Llama-2-7B (eager only: compiling 7B takes minutes)
+#   epoch       the Alpaca1024 epoch: 7B, rows of 512, one epoch of 1024 records, wall time
+# Each step is bounded in time; the whole run stops starting steps at GPU_CHECK_BUDGET
+# seconds (default 530). Exit 0 when no step failed.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+REP=${1:?usage: check.sh REPORT_DIR [STEP...]}
+shift
+mkdir -p "$REP/logs"
+REP=$(cd "$REP" && pwd)
+DATA=${FTK_DATA:-$ROOT/../shared/data}
+PY=${GPU_PYTHON:-python3}
+BUDGET=${GPU_CHECK_BUDGET:-540}
+export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
+STEPS=${*:-smoke ops ops-fp32 demo attn-e2e opbench sanitizer bench-1b bench-7b epoch}
+t_start=$(date +%s)
+fails=0
+R="$REP/report.md"
+
+{
+    echo "# ftk gpu-check"
+    echo
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
+    echo "- CUDA (build): $(nvcc --version 2>/dev/null | tail -n 1 || echo unknown)"
+    echo
+    echo "| step | result | seconds |"
+    echo "| --- | --- | --- |"
+} >"$R"
+
+# step NAME LIMIT_S COMMAND...: run one step under a time limit, log to logs/NAME.log.
+step() {
+    name=$1 limit=$2
+    shift 2
+    case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+    left=$((BUDGET - ($(date +%s) - t_start)))
+    if [ $left -lt 20 ]; then
+        echo "| $name | not run (time budget spent) | 0 |" >>"$R"
+        echo "== $name: not run (time budget spent)"
+        return 0
+    fi
+    [ $limit -gt $left ] && limit=$left
+    log="$REP/logs/$name.log"
+    echo "== $name (limit ${limit}s)"
+    t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    dt=$(($(date +%s) - t0))
+    case $rc in
+    0) res=pass ;;
+    77) res="skipped: $(grep -i skipped "$log" | tail -n 1 | cut -c1-120)" ;;
+    124 | 137) res="**FAIL: over ${limit}s**"; fails=$((fails + 1)) ;;
+    *) res="**FAIL (exit $rc)**"; fails=$((fails + 1)) ;;
+    esac
+    echo "| $name | $res | $dt |" >>"$R"
+    echo "   $res (${dt}s)"
+    case $res in pass | skipped*) ;; *) tail -n 30 "$log" | sed 's/^/    /' ;; esac
+    return 0
+}
+
+step smoke 30 build/tests/gpu_smoke
+if ! build/tests/gpu_smoke >/dev/null 2>&1; then
+    echo "gpu-check: skipped (no GPU): $(build/tests/gpu_smoke 2>&1 | tail -n 1)" | tee -a "$R"
+    exit 0
+fi
+step ops 150 build/tests/gpu_ops
+step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple build/tests/gpu_ops
+step attn-e2e 90 sh tests/gpu/attn_e2e.sh "$ROOT/bin" "$DATA" "$REP/work/attn-e2e"
+step opbench 120 build/tests/gpu_opbench
+step demo 150 sh tests/gpu/demo_vs_cpu.sh "$ROOT/bin" "$REP/work/demo"
+# a probe first: some machines refuse the device to the sanitizer ("Device not supported")
+step sanitizer 200 sh -c '
+    command -v compute-sanitizer >/dev/null || { echo "skipped (compute-sanitizer not found)"; exit 77; }
+    if ! compute-sanitizer --error-exitcode 1 build/tests/gpu_smoke >"$1" 2>&1; then
+        echo "skipped (compute-sanitizer cannot run here: $(grep -m1 -i "error\|not supported" "$1"))"
+        exit 77
+    fi
+    # gpu_ops provokes an allocation failure on purpose (the error contract): API errors are
+    # the program'"'"'s to check, memory errors the sanitizer'"'"'s
+    FTK_GPU_OPS_QUICK=1 exec compute-sanitizer --error-exitcode 1 --tool memcheck --report-api-errors no \
+        build/tests/gpu_ops' sanitize "$REP/logs/sanitizer-probe.log"
+B="$REP/work/bench"
+step bench-1b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama-1b --steps 3
+step bench-7b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama2-7b --steps 3 --no-compile
+step epoch 120 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --alpaca1024
+rm -rf "$B" # the 7B weights: 13.5 GB
+
+{
+    echo
+    echo "Total: $(($(date +%s) - t_start)) s, $fails failed."
+    for f in "$REP"/logs/opbench.log "$REP"/logs/bench-1b.log "$REP"/logs/bench-7b.log "$REP"/logs/epoch.log; do
+        [ -s "$f" ] || continue
+        echo
+        echo "## $(basename "$f" .log)"
+        echo
+        echo '```'
+        tail -n 60 "$f"
+        echo '```'
+    done
+} >>"$R"
+echo "gpu-check: $fails failed; report: $R"
+[ $fails -eq 0 ]
