@@ -89,6 +89,23 @@ static int open_data(const char *path, data_t *d)
     }
     if (tokens_read_split(d->file, "train", &d->train) < 0 || tokens_read_split(d->file, "val", &d->val) < 0)
         return -1;
+    /* The file is untrusted even when its checksums hold: an id past the vocabulary or an
+     * offset past the tokens would reach the embedding and the batch builder. One pass. */
+    int64_t pad, packed;
+    if (h5_attr_get_i64(d->file, "pad_id", &pad) < 0 || h5_attr_get_i64(d->file, "packed", &packed) < 0)
+        return -1;
+    if (d->vocab < 1 || d->vocab > INT32_MAX || d->max_len < 1 || pad < 0 || pad >= d->vocab) {
+        ftk_err_set("attributes vocab_size %lld, max_len %lld, pad_id %lld are not those of a tokens file",
+                    (long long)d->vocab, (long long)d->max_len, (long long)pad);
+        return -1;
+    }
+    const char *split[2] = {"train", "val"};
+    const tokens_split_t *sp[2] = {&d->train, &d->val};
+    for (int k = 0; k < 2; k++)
+        if (tokens_check_split(sp[k], d->vocab, d->max_len, packed != 0, (int32_t)pad)) {
+            ftk_err_prefix("/%s/", split[k]);
+            return -1;
+        }
     return 0;
 }
 

@@ -178,21 +178,52 @@ int weights_read_config(hid_t file, model_config_t *c)
     return rc;
 }
 
+/* The dataset path of a parameter: "tensors/NAME". */
+static void tensor_path(char *out, size_t n, const char *name) { snprintf(out, n, "tensors/%s", name); }
+
+int weights_check_tensors(hid_t file, const model_config_t *c)
+{
+    size_t n = weights_n_tensors(c);
+    for (size_t i = 0; i < n; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(c, i, &s);
+        if (weights_tensor_dtype(file, s.name) == DT_INVALID)
+            return -1;
+        char path[WEIGHTS_NAME_MAX + 16];
+        tensor_path(path, sizeof path, s.name);
+        hsize_t dims[8];
+        int rank = h5r_shape(file, path, dims);
+        if (rank < 0)
+            return -1;
+        int same = rank == s.rank && (int64_t)dims[0] == s.shape[0] && (rank == 1 || (int64_t)dims[1] == s.shape[1]);
+        if (!same) {
+            char got[96] = "", want[64];
+            for (int k = 0; k < rank && k < 8; k++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", k ? ", " : "",
+                         (unsigned long long)dims[k]);
+            if (s.rank == 1)
+                snprintf(want, sizeof want, "%lld", (long long)s.shape[0]);
+            else
+                snprintf(want, sizeof want, "%lld, %lld", (long long)s.shape[0], (long long)s.shape[1]);
+            ftk_err_set("tensor %s has shape [%s]; the file's /config needs [%s]", s.name, got, want);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 hid_t weights_open(const char *path, model_config_t *c)
 {
     hid_t f = h5_open(path, WEIGHTS_FORMAT, WEIGHTS_VERSION, NULL, NULL);
     if (f < 0)
         return f;
-    if (weights_read_config(f, c) < 0) {
+    if (weights_read_config(f, c) < 0 || weights_check_tensors(f, c) < 0) {
         ftk_err_prefix("%s: ", path);
         H5Fclose(f);
         return H5I_INVALID_HID;
     }
     return f;
 }
-
-/* The dataset path of a parameter: "tensors/NAME". */
-static void tensor_path(char *out, size_t n, const char *name) { snprintf(out, n, "tensors/%s", name); }
 
 hid_t weights_h5type(dtype_t dt)
 {

@@ -72,7 +72,14 @@ long weights_find(const model_config_t *c, const char *name);
 /* Creates path (the caller usually passes an atomic temporary) with the root attributes,
  * /config, and the empty groups /tensors and /tokenizer. */
 hid_t weights_create(const char *path, const model_config_t *c, const char *dtype_label, const char *source);
+/* Opens a weights file and reads its /config; then checks every tensor the config names:
+ * present, float32/float16/bfloat16, and of the config's shape (a file is untrusted even
+ * when its checksums hold). H5I_INVALID_HID with the file, tensor and shapes in the
+ * message when not. */
 hid_t weights_open(const char *path, model_config_t *c);
+/* That check alone: 0, or -1 naming the first tensor that is missing, of another type or
+ * of another shape. Reads metadata only. */
+int weights_check_tensors(hid_t file, const model_config_t *c);
 int weights_read_config(hid_t file, model_config_t *c);
 
 /* HDF5 memory type for dt (the file type is the same). */

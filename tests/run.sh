@@ -66,6 +66,7 @@ run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
+run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -106,6 +107,7 @@ if [ -d build/asan/bin ]; then
     run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
     run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
+    run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report
     # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
     run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \

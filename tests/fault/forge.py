@@ -1,0 +1,42 @@
+"""forge.py FILE DATASET EDIT: rewrite one dataset of an ftk HDF5 file with valid checksums,
+as a hostile or broken producer would: only content checks can catch it.
+
+EDIT is one of
+  set:I:V          element I (negative: from the end) becomes V
+  reshape:D0,D1..  the dataset is replaced by one of that shape (values repeated or cut)
+The dataset's xxh3_64 attribute is recomputed (XXH3-64, seed 0, of its little-endian
+bytes: formats/h5.h) with the system's libxxhash, and its other attributes kept."""
+import ctypes, ctypes.util, sys
+
+import h5py
+import numpy as np
+
+lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+lib.XXH3_64bits.restype = ctypes.c_uint64
+lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def xxh3(a):
+    b = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    return lib.XXH3_64bits(b, len(b))
+
+
+path, name, edit = sys.argv[1:4]
+with h5py.File(path, "r+") as f:
+    d = f[name]
+    a, attrs, dt = d[...], dict(d.attrs), d.dtype
+    kind, arg = edit.split(":", 1)
+    if kind == "set":
+        i, v = arg.split(":")
+        a.reshape(-1)[int(i)] = np.array(int(v)).astype(dt)
+    elif kind == "reshape":
+        shape = tuple(int(x) for x in arg.split(","))
+        a = np.resize(a, shape).astype(dt)
+    else:
+        sys.exit(f"forge.py: unknown edit {edit}")
+    del f[name]
+    d = f.create_dataset(name, data=a, dtype=dt)
+    for k, v in attrs.items():
+        d.attrs[k] = v
+    d.attrs.modify("xxh3_64", np.uint64(xxh3(a)))
+print(f"forged {path}:{name} ({edit})")
