@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
@@ -30,6 +31,7 @@ struct trainer {
     trainer_opts_t o;
     char why[2048]; /* this rank's failure, then the job's (agree) */
     hid_t wf;
+    int lock_fd; /* the run directory's lock (rank 0), -1 when none */
     data_t data;
     model_config_t cfg;
     ckpt_meta_t meta;
@@ -184,6 +186,16 @@ static int prepare_out_dir(trainer_t *t)
     const char *out = t->o.out_dir;
     if (mkdir(out, 0777) < 0 && errno != EEXIST)
         return fail(t, FTK_EXIT_FAIL, "%s: %s", out, strerror(errno));
+    /* one writer per run directory, for the life of the job; only then may temporaries
+     * be taken for a dead run's */
+    int fd = ckpt_lock_run(out);
+    if (fd == -1)
+        return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
+    if (fd == -2)
+        ftk_warn("%s; going on without the lock: make sure no other ftk-train writes to %s", ftk_err_msg(), out);
+    else if (fd < 0)
+        return fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
+    t->lock_fd = fd;
     char latest[4096];
     snprintf(latest, sizeof latest, "%s/latest", out);
     struct stat sb;
@@ -241,6 +253,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     t->be = be;
     t->o = *o;
     t->wf = -1;
+    t->lock_fd = -1;
     t->data.file = -1;
     ckpt_meta_t *meta = &t->meta;
 
@@ -290,6 +303,8 @@ void trainer_free(trainer_t *t)
     if (!t)
         return;
     batch_free(&t->b);
+    if (t->lock_fd >= 0)
+        close(t->lock_fd);
     free(t->perm);
     free(t->rows);
     model_free(t->m);

@@ -3,11 +3,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
@@ -477,6 +479,59 @@ int ckpt_remove_stale(const char *run_dir)
     }
     closedir(d);
     return n;
+}
+
+int ckpt_lock_run(const char *run_dir)
+{
+    char *p = join(run_dir, ".lock");
+    if (!p) {
+        ftk_err_set("out of memory");
+        return -3;
+    }
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        ftk_err_set("%s: %s", p, strerror(errno));
+        free(p);
+        return -3;
+    }
+    struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_SETLK, &l) < 0) {
+        int e = errno;
+        if (e == EACCES || e == EAGAIN) {
+            char who[256] = "";
+            ssize_t k = pread(fd, who, sizeof who - 1, 0);
+            who[k > 0 ? k : 0] = 0;
+            who[strcspn(who, "\n")] = 0;
+            char host[200] = "?";
+            long pid = 0;
+            if (sscanf(who, "%199s %ld", host, &pid) == 2)
+                ftk_err_set("%s is in use by another ftk-train (host %s, process %ld; %s is locked): one writer per "
+                            "run directory",
+                            run_dir, host, pid, p);
+            else
+                ftk_err_set("%s is in use by another ftk-train (%s is locked): one writer per run directory", run_dir,
+                            p);
+            close(fd);
+            free(p);
+            return -1;
+        }
+        ftk_err_set("%s: cannot lock: %s", p, strerror(e));
+        close(fd);
+        free(p);
+        return e == ENOLCK || e == ENOSYS || e == EOPNOTSUPP ? -2 : -3;
+    }
+    char host[200] = "?", line[256];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    int len = snprintf(line, sizeof line, "%s %ld\n", host, (long)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        ftk_err_set("%s: %s", p, strerror(errno));
+        close(fd);
+        free(p);
+        return -3;
+    }
+    free(p);
+    return fd;
 }
 
 char **ckpt_list(const char *run_dir, size_t *n)

@@ -189,8 +189,18 @@ char *ckpt_resolve(const char *path);
 char **ckpt_list(const char *run_dir, size_t *n);
 
 /* Removes the hidden directories of checkpoints whose writers died before committing
- * (".step-*.tmp.*"); returns how many. Call it only when no writer is running. */
+ * (".step-*.tmp.*"); returns how many. Call it only when no writer is running: while
+ * holding the run's lock (ckpt_lock_run). */
 int ckpt_remove_stale(const char *run_dir);
+
+/* One writer per run directory: takes an exclusive POSIX record lock on RUN/.lock (fcntl
+ * F_SETLK, which NFS serves through its lock manager and Lustre when mounted with
+ * -o flock) and writes "HOST PID" into it. Returns the descriptor, which holds the lock
+ * until it is closed or the process ends (kill -9 included: the kernel drops it); -1 when
+ * another process holds it (ftk_err_msg() names its host and process id from the file);
+ * -2 when the file system keeps no locks (ENOLCK, ENOSYS, EOPNOTSUPP: the caller may warn
+ * and go on); -3 on any other error. */
+int ckpt_lock_run(const char *run_dir);
 
 /* ---- reading ----
  * The functions that read arrays into the caller's memory take the type it wants, dt:
