@@ -218,6 +218,25 @@ template <int HD> __global__ void dsum_kernel(float *D, const uint16_t *dout, co
     }
 }
 
+/* What both backward passes read of query rows i0 … i0+63 of head h: q and dout tiles,
+ * and per row its segment start (INT64_MAX past n: every key masked), log-sum-exp and D.
+ * The caller synchronises before use. */
+template <int HD>
+__device__ void query_tile(uint16_t *Qs, uint16_t *Gs, int64_t *arow, float *lrow, float *drow, const uint16_t *q,
+                           const uint16_t *dout, const float *lse, const float *D, const int64_t *seg, int64_t n_seg,
+                           int64_t i0, int64_t n, int n_head, int h)
+{
+    int64_t qs = (int64_t)n_head * HD;
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+        int64_t e, i = i0 + r;
+        arow[r] = i < n ? seg_start(seg, n_seg, i, &e) : INT64_MAX;
+        lrow[r] = i < n ? lse[i * n_head + h] : 0;
+        drow[r] = i < n ? D[i * n_head + h] : 0;
+    }
+    load_tile<HD>(Qs, q + h * HD, i0, n, qs);
+    load_tile<HD>(Gs, dout + h * HD, i0, n, qs);
+}
+
 /* dq_i = scale · Σ_j dS_ij k_j, dS_ij = P_ij (dout_i·v_j − D_i), P_ij = exp(scale·q_i·k_j − lse_i). */
 template <int HD>
 __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_t *dout, const uint16_t *q,
@@ -237,14 +256,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_
     int64_t i0 = (int64_t)blockIdx.x * BM, i1 = min(i0 + BM, n);
     int h = blockIdx.y, kh = h / (n_head / n_kv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t qs = (int64_t)n_head * HD, ks = (int64_t)n_kv * HD;
-    for (int r = threadIdx.x; r < BM; r += THREADS) {
-        int64_t e, i = i0 + r;
-        arow[r] = i < n ? seg_start(seg, n_seg, i, &e) : INT64_MAX;
-        lrow[r] = i < n ? lse[i * n_head + h] : 0;
-        drow[r] = i < n ? D[i * n_head + h] : 0;
-    }
-    load_tile<HD>(Qs, q + h * HD, i0, n, qs);
-    load_tile<HD>(Gs, dout + h * HD, i0, n, qs);
+    query_tile<HD>(Qs, Gs, arow, lrow, drow, q, dout, lse, D, seg, n_seg, i0, n, n_head, h);
     __syncthreads();
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[HD / 16], s[BN / 16];
@@ -298,7 +310,7 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
     int64_t j0 = (int64_t)blockIdx.x * BN, j1 = min(j0 + BN, n), iend;
     seg_start(seg, n_seg, j1 - 1, &iend);
     int kh = blockIdx.y, group = n_head / n_kv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t qs = (int64_t)n_head * HD, ks = (int64_t)n_kv * HD;
+    int64_t ks = (int64_t)n_kv * HD;
     load_tile<HD>(Ks, k + kh * HD, j0, n, ks);
     load_tile<HD>(Vs, v + kh * HD, j0, n, ks);
 
@@ -310,14 +322,7 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
     }
     for (int h = kh * group; h < (kh + 1) * group; h++)
         for (int64_t i0 = j0; i0 < iend; i0 += BM) {
-            for (int r = threadIdx.x; r < BM; r += THREADS) {
-                int64_t e, i = i0 + r;
-                arow[r] = i < n ? seg_start(seg, n_seg, i, &e) : INT64_MAX;
-                lrow[r] = i < n ? lse[i * n_head + h] : 0;
-                drow[r] = i < n ? D[i * n_head + h] : 0;
-            }
-            load_tile<HD>(Qs, q + h * HD, i0, n, qs);
-            load_tile<HD>(Gs, dout + h * HD, i0, n, qs);
+            query_tile<HD>(Qs, Gs, arow, lrow, drow, q, dout, lse, D, seg, n_seg, i0, n, n_head, h);
             __syncthreads();
             mma_abt<HD, BM>(s, Ks + warp * 16 * LDH, LDH, Qs, LDH);
             store_rows<BM>(St + warp * 16 * LDS, LDS, s);
