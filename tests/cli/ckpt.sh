@@ -33,9 +33,8 @@ PY=/usr/bin/python3
 HAVE_H5PY=0
 $PY -c 'import h5py' 2>/dev/null && HAVE_H5PY=1
 
-"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
-    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5"
+demo_pack "$WORK/demo.h5" 128
+demo_init "$WORK/init.h5" tiny 1
 T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 -j1 --steps 16 --save-every 8"
 TQ="$T -q"
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "lr".*//; s/.*"step": //; s/, "loss": / /'; }

@@ -21,11 +21,10 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
 need_mpi
 
-"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
-    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5"
-"$BIN/ftk-init" -q --preset tiny --seed 2 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/other.h5"
-"$BIN/ftk-init" -q --preset stories260k --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/s260.h5"
+demo_pack "$WORK/demo.h5" 128
+demo_init "$WORK/init.h5" tiny 1
+demo_init "$WORK/other.h5" tiny 2
+demo_init "$WORK/s260.h5" stories260k 1
 T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 4 -j1"
 # Signals need runs that last a few seconds: the stories260K shape, 40 steps.
 L="$BIN/ftk-train -m $WORK/s260.h5 -d $WORK/demo.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 10 -j1 -q --steps 40"

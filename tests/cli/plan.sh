@@ -21,12 +21,11 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
 need_mpi
 
-"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
-    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4 2>/dev/null
+demo_pack "$WORK/demo.h5" 128
 # stories260K's shape (5 blocks, tied embeddings: full and grad-op differ in what they hold)
 # and tiny's (2 blocks, untied).
-"$BIN/ftk-init" -q --preset stories260k --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/s260.h5"
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/tiny.h5"
+demo_init "$WORK/s260.h5" stories260k 1
+demo_init "$WORK/tiny.h5" tiny 1
 OPTS="-d $WORK/demo.h5 --micro-batch 2 --global-batch 7"
 P="$BIN/ftk-train --plan -m $WORK/s260.h5 $OPTS"
 T="$BIN/ftk-train $OPTS --steps 2 --eval-every 1 -q -j1"

@@ -41,9 +41,8 @@ else
 fi
 
 # --- a small run on the demo data -----------------------------------------------------------
-"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
-    -o "$WORK/demo.h5" --pack --max-len 128 --val-count 4
-"$BIN/ftk-init" -q --preset stories260k --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5"
+demo_pack "$WORK/demo.h5" 128
+demo_init "$WORK/init.h5" stories260k 1
 T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 3 --lr 2e-3 --warmup 2 --eval-every 4 -q"
 
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
@@ -155,7 +154,7 @@ fi
 # fifth of the cost; the sanitizer build runs this too). One thread per run (the CPU
 # backend's bits do not depend on the thread count), so that a busy machine does not
 # stretch the runs.
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/tiny.h5"
+demo_init "$WORK/tiny.h5" tiny 1
 B="$BIN/ftk-train -m $WORK/tiny.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 3 --lr 2e-3 --warmup 2 --eval-every 4 -q -j1"
 SH=shard-00001-of-00001.h5
 expect "tiny, fp32: 12 steps" 0 $B --steps 12 --save-every 4 -o "$WORK/fp32-a"
@@ -239,14 +238,6 @@ expect "weights as data: exit 2" 2 "$BIN/ftk-train" -m "$WORK/init.h5" -d "$WORK
 # The CUDA backend: without a GPU (or a CUDA build) --device cuda is refused before anything
 # is written; with one, the same run on the GPU follows the CPU's losses (bf16 matrix
 # products: 3e-2 relative), and checkpoints cross between the devices both ways.
-close_losses() { # close_losses NAME RUN_GOT RUN_WANT REL: the loss of every step within REL
-    losses "$2" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/' >"$WORK/cl.got"
-    losses "$3" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/' >"$WORK/cl.want"
-    if [ -s "$WORK/cl.got" ] && join "$WORK/cl.got" "$WORK/cl.want" | awk -v tol="$4" '
-        { d = $2 - $3; if (d < 0) d = -d; r = d / ($3 > 0 ? $3 : 1); if (r > worst) worst = r; n++ }
-        END { printf "     %d steps, worst relative difference %.3g\n", n, worst; exit !(n > 0 && worst <= tol) }'
-    then ok "$1"; else notok "$1"; fi
-}
 if "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1; then
     expect "cuda: 12 steps" 0 $T -o "$WORK/cu" --steps 12 --save-every 4 --device cuda
     close_losses "cuda: losses follow the CPU run's" "$WORK/cu" "$WORK/a" 3e-2

@@ -16,10 +16,8 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
 "$PY" -c 'import h5py, numpy' 2>/dev/null || { echo "skipped ($PY lacks h5py/numpy)"; exit 77; }
 export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
-TOK=$ROOT/examples/demo/tokenizer.model
-"$BIN/ftk-pack" -q -t "$TOK" "$ROOT/examples/demo/alpaca-demo.json" -o "$WORK/d.h5" --pack --max-len 64 \
-    --val-count 4 || exit 1
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$TOK" -o "$WORK/w.h5" || exit 1
+demo_pack "$WORK/d.h5" 64 || exit 1
+demo_init "$WORK/w.h5" tiny 1 || exit 1
 train() { "$BIN/ftk-train" -q -m "$1" -d "$2" -o "$WORK/run" --steps 2 --global-batch 4 --micro-batch 2 \
     --eval-every 1 --no-save; }
 expect "the unforged files train" 0 train "$WORK/w.h5" "$WORK/d.h5"

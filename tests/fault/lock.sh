@@ -10,10 +10,8 @@ BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
-TOK=$ROOT/examples/demo/tokenizer.model
-"$BIN/ftk-pack" -q -t "$TOK" "$ROOT/examples/demo/alpaca-demo.json" -o "$WORK/d.h5" --pack --max-len 128 \
-    --val-count 4 || exit 1
-"$BIN/ftk-init" -q --preset tiny --seed 1 -t "$TOK" -o "$WORK/w.h5" || exit 1
+demo_pack "$WORK/d.h5" 128 || exit 1
+demo_init "$WORK/w.h5" tiny 1 || exit 1
 T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 -j 1"
 steps() {
     c=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null)

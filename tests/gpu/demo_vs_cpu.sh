@@ -17,29 +17,19 @@ t_expect() {
     echo "     ($(($(date +%s) - t0)) s)"
 }
 "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1 || { echo "skipped (no GPU)"; exit 77; }
-"$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \
-    -o "$WORK/demo.h5" --pack --max-len 256 --val-count 4 || exit 1
-"$BIN/ftk-init" -q --preset stories260k --seed 42 -t "$ROOT/examples/demo/tokenizer.model" -o "$WORK/init.h5" ||
-    exit 1
+demo_pack "$WORK/demo.h5" 256 || exit 1
+demo_init "$WORK/init.h5" stories260k 42 || exit 1
 T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 4 --lr 2e-3 --warmup 2 --eval-every 0 --steps 12 --save-every 4"
-close() { # close NAME RUN_GOT RUN_WANT: every step's loss within 3e-2
-    for r in "$2" "$3"; do
-        grep '"loss"' "$r/metrics.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/' >"$r.l"
-    done
-    if join "$2.l" "$3.l" | awk '{ d = $2 - $3; if (d < 0) d = -d; r = d / $3; if (r > w) w = r; n++ }
-        END { printf "     %d steps, worst relative difference %.3g\n", n, w; exit !(n == 12 && w <= 3e-2) }'
-    then ok "$1"; else notok "$1"; fi
-}
 for p in fp32 bf16-true; do
     t_expect "$p: cpu, 12 steps" 0 $T --precision $p -o "$WORK/cpu-$p"
     t_expect "$p: cuda, 12 steps" 0 $T --precision $p -o "$WORK/cu-$p" --device cuda
-    close "$p: cuda losses follow the CPU's" "$WORK/cu-$p" "$WORK/cpu-$p"
+    close_losses "$p: cuda losses follow the CPU's" "$WORK/cu-$p" "$WORK/cpu-$p" 3e-2 12
     t_expect "$p: cuda, stop after 8" 75 $T --precision $p -o "$WORK/x-$p" --stop-after 8 --device cuda
     t_expect "$p: resumed on the CPU" 0 $T --precision $p -o "$WORK/x-$p" --resume auto
-    close "$p: cuda -> cpu follows the CPU's losses" "$WORK/x-$p" "$WORK/cpu-$p"
+    close_losses "$p: cuda -> cpu follows the CPU's losses" "$WORK/x-$p" "$WORK/cpu-$p" 3e-2 12
     t_expect "$p: cpu, stop after 8" 75 $T --precision $p -o "$WORK/y-$p" --stop-after 8
     t_expect "$p: resumed on cuda" 0 $T --precision $p -o "$WORK/y-$p" --resume auto --device cuda
-    close "$p: cpu -> cuda follows the CPU's losses" "$WORK/y-$p" "$WORK/cpu-$p"
+    close_losses "$p: cpu -> cuda follows the CPU's losses" "$WORK/y-$p" "$WORK/cpu-$p" 3e-2 12
 done
 expect "generate on cuda from the cuda run" 0 "$BIN/ftk-generate" -m "$WORK/cu-bf16-true" --device cuda \
     -p "Name a colour." -n 20 --greedy
