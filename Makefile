@@ -3,6 +3,7 @@
 #   make                 build every tool into bin/ (and the HDF5 zstd plugin)
 #   make test            install missing packages, build, run the whole test suite
 #                        (unit, CLI golden, reference, fault tests, then the ASan+UBSan build)
+#   make test-slow       the slow cases (full-size fault trials, multi-GB inputs): not in make test
 #   make demo            install, build, run the demo pipeline on the embedded example
 #   make bench           speed ratios against peers in the same run: tokenizer vs SentencePiece,
 #                        import/export vs cp, CPU training vs PyTorch, reshard vs cp -r
@@ -83,7 +84,7 @@ GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
 endif
 
 .SECONDARY:
-.PHONY: all deps deps-build test check demo bench gpu-check asan fuzz install clean config
+.PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
 
 config:
@@ -162,6 +163,11 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory SAN=1 all
 	@sh tests/run.sh
+
+test-slow: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory SAN=1 all
+	@sh tests/run.sh slow
 
 check: test
 

@@ -5,12 +5,16 @@
 # anything else (fail). Ends with the line "N passed, N failed, N skipped".
 #
 # Usage: sh tests/run.sh        (after `make all` and `make SAN=1 all`; `make test` does both)
+#        sh tests/run.sh slow   the slow cases only (`make test-slow`): long fault trials and
+#                               large inputs that would push `make test` past 15 minutes on 2 cores
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PYTHON:-/usr/bin/python3}
 DATA=${FTK_DATA:-$ROOT/../shared/data}
+SET=${1:-all}
 WORK=$ROOT/build/test-work
+[ "$SET" = slow ] && WORK=$ROOT/build/test-work-slow
 rm -rf "$WORK" && mkdir -p "$WORK"
 export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 pass=0 fail=0 skip=0
@@ -36,6 +40,20 @@ run() {
         tail -n 40 "$log" | sed 's/^/    /'
     fi
 }
+
+# finish: the summary line; the exit status says whether everything passed.
+finish() {
+    echo
+    [ -n "$failed_names" ] && echo "failed:$failed_names"
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ $fail -eq 0 ]
+}
+
+# The slow set: the same kinds of test at full size (make test runs smaller counts).
+if [ "$SET" = slow ]; then
+    finish
+    exit
+fi
 
 # Unit tests (C).
 for t in build/tests/test_*; do
@@ -125,7 +143,4 @@ else
     run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
 fi
 
-echo
-[ -n "$failed_names" ] && echo "failed:$failed_names"
-echo "$pass passed, $fail failed, $skip skipped"
-[ $fail -eq 0 ]
+finish
