@@ -20,23 +20,26 @@ export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 pass=0 fail=0 skip=0
 failed_names=""
 
-# run NAME COMMAND...: runs one test, output to $WORK/NAME.log, shown on failure.
+# run NAME COMMAND...: runs one test, output to $WORK/NAME.log, shown on failure; prints
+# its wall time, so the suite's budget (15 minutes on 2 cores) can be kept.
 run() {
     name=$1
     shift
     log="$WORK/$(echo "$name" | tr / _).log"
+    t0=$(date +%s)
     "$@" >"$log" 2>&1
     rc=$?
+    secs="$(($(date +%s) - t0)) s"
     if [ $rc -eq 0 ]; then
         pass=$((pass + 1))
-        echo "PASS $name"
+        echo "PASS $name ($secs)"
     elif [ $rc -eq 77 ]; then
         skip=$((skip + 1))
-        echo "SKIP $name: $(grep -i 'skipped' "$log" | tail -n 1)"
+        echo "SKIP $name ($secs): $(grep -i 'skipped' "$log" | tail -n 1)"
     else
         fail=$((fail + 1))
         failed_names="$failed_names $name"
-        echo "FAIL $name (exit $rc)"
+        echo "FAIL $name (exit $rc, $secs)"
         tail -n 40 "$log" | sed 's/^/    /'
     fi
 }
