@@ -64,7 +64,7 @@ static const opt_spec_t spec = {
 };
 
 typedef struct {
-    int32_t *ids; /* prompt then response */
+    int32_t *ids; /* the record rendered by its template, tokenized */
     uint8_t *mask;
     int64_t n_prompt, len, full_len; /* n_prompt: tokens before the first target */
 } sample_t;
@@ -247,6 +247,11 @@ int main(int argc, char **argv)
                   "--threads >= 0, --compress none|zstd|zstd:1..22");
         return FTK_EXIT_USAGE;
     }
+    chat_template_t tmpl = CHAT_ALPACA;
+    if (template_arg && chat_template_parse(template_arg, &tmpl) < 0) {
+        ftk_error("--template: %s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     if (threads > 0)
         omp_set_num_threads(threads);
     atomic_install_signal_cleanup();
@@ -278,13 +283,8 @@ int main(int argc, char **argv)
         goto done;
     }
     m.src_hash = hash_bytes(text.data, text.len);
-    chat_template_t tmpl;
     if (chat_parse(text.data, text.len, &data) < 0) {
         ftk_error("%s: %s", in_name, ftk_err_msg());
-        goto done;
-    }
-    if (template_arg && chat_template_parse(template_arg, &tmpl) < 0) {
-        ftk_error("--template: %s", ftk_err_msg());
         goto done;
     }
     if (!template_arg)
