@@ -44,10 +44,12 @@
  *   Targets: each assistant content and its "<|im_end|>" (not the newline after it).
  *
  * ## Tokens: BOS/EOS and whitespace
- * Tokenization is the Hugging Face slow LlamaTokenizer's (legacy mode, the default for
- * Llama 2; also Meta's reference chat encoding): the rendered text is split at the BOS and
- * EOS markers, which become their ids, and each text piece between them is encoded on its
- * own, with SentencePiece's dummy-prefix space ("▁") at its start. So in llama-2-chat
+ * Tokenization is that of Meta's reference chat encoding and of the Hugging Face slow
+ * LlamaTokenizer in legacy mode (its default when tokenizer_config.json does not say;
+ * legacy=False, not checked here, encodes text after a special token without the "▁"):
+ * the rendered text is split at the BOS and EOS markers, which become their ids, and each
+ * text piece between them is encoded on its own, with SentencePiece's dummy-prefix space
+ * ("▁") at its start. So in llama-2-chat
  * every "[INST]" after a BOS is "▁[", "INST", "]", the space before "</s>" is the token
  * "▁", and an empty answer is "▁▁" + EOS. Text in the data that looks like a special token
  * ("<s>", "</s>", "<unk>") stays text (ftk never parses special tokens out of data;
