@@ -29,7 +29,7 @@ static const opt_t options[] = {
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE", "tokenizer.model or tokenizer.json (required)"},
     {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name)"},
     {"template", 0, OPT_STR, &template_arg, "NAME",
-     "alpaca, llama-2-chat or chatml (default: alpaca for Alpaca records, llama-2-chat for conversations)"},
+     "alpaca, llama-2-chat or chatml (default: by the first record, alpaca or llama-2-chat)"},
     {"max-len", 0, OPT_INT, &max_len, "N", "longest sample/row in tokens; longer samples are cut"},
     {"drop-long", 0, OPT_FLAG, &drop_long, NULL, "skip samples longer than --max-len instead of cutting them"},
     {"mask-prompt", 0, OPT_FLAG, &mask_prompt, NULL,
