@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../libcommon/log.h"
+#include "chat.h"
 
 const char alpaca_template_name[] = "alpaca";
 
@@ -66,55 +67,35 @@ static int get_field(const json_doc_t *doc, const json_value_t *rec, size_t idx,
     return 0;
 }
 
+int alpaca_record(const json_doc_t *doc, const json_value_t *r, size_t k, alpaca_rec_t *a)
+{
+    if (r->type != JSON_OBJECT) {
+        char m[96];
+        snprintf(m, sizeof m, "expected an object, found %s%%s", json_type_name(r->type));
+        return record_error(doc, r->off, k, m, "");
+    }
+    return get_field(doc, r, k, "instruction", 1, &a->instruction, &a->instruction_len) < 0 ||
+                   get_field(doc, r, k, "input", 0, &a->input, &a->input_len) < 0 ||
+                   get_field(doc, r, k, "output", 1, &a->output, &a->output_len) < 0
+               ? -1
+               : 0;
+}
+
 int alpaca_parse(const char *text, size_t len, alpaca_t *out)
 {
     memset(out, 0, sizeof *out);
-    size_t i = 0;
-    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
-        i = 3;
-    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
-        i++;
-    if (i == len) {
-        ftk_err_set("empty input: no records");
+    chat_data_t d;
+    if (chat_parse(text, len, &d) < 0)
         return -1;
-    }
-    json_opts_t o = {.max_depth = 64, .multi = text[i] == '{'};
-    json_value_t *root;
-    out->doc = json_parse(text, len, &o, &root);
-    if (!out->doc)
-        return -1;
-    if (root->type != JSON_ARRAY) {
-        unsigned line, col;
-        json_position(out->doc, root->off, &line, &col);
-        ftk_err_set("line %u, column %u: expected an array of records or JSON Lines, found %s", line, col,
-                    json_type_name(root->type));
-        alpaca_free(out);
-        return -1;
-    }
-    if (root->u.arr.n == 0) {
-        ftk_err_set("no records");
-        alpaca_free(out);
-        return -1;
-    }
-    out->recs = calloc(root->u.arr.n, sizeof *out->recs);
+    out->doc = d.doc;
+    out->recs = calloc(d.n, sizeof *out->recs);
     if (!out->recs) {
         ftk_err_set("out of memory");
         alpaca_free(out);
         return -1;
     }
-    for (size_t k = 0; k < root->u.arr.n; k++) {
-        const json_value_t *r = &root->u.arr.items[k];
-        alpaca_rec_t *a = &out->recs[k];
-        if (r->type != JSON_OBJECT) {
-            char m[96];
-            snprintf(m, sizeof m, "expected an object, found %s%%s", json_type_name(r->type));
-            record_error(out->doc, r->off, k, m, "");
-            alpaca_free(out);
-            return -1;
-        }
-        if (get_field(out->doc, r, k, "instruction", 1, &a->instruction, &a->instruction_len) < 0 ||
-            get_field(out->doc, r, k, "input", 0, &a->input, &a->input_len) < 0 ||
-            get_field(out->doc, r, k, "output", 1, &a->output, &a->output_len) < 0) {
+    for (size_t k = 0; k < d.n; k++) {
+        if (alpaca_record(d.doc, &d.recs[k], k, &out->recs[k]) < 0) {
             alpaca_free(out);
             return -1;
         }

@@ -48,6 +48,10 @@ typedef struct {
 int alpaca_parse(const char *text, size_t len, alpaca_t *out);
 void alpaca_free(alpaca_t *a);
 
+/* The fields of one parsed record (index from 0, for messages); the strings point into
+ * the document. Returns 0 or -1 with the message above. */
+int alpaca_record(const json_doc_t *doc, const json_value_t *rec, size_t index, alpaca_rec_t *out);
+
 /* Appends the prompt (template filled with the record) to out. Returns 0 or -1 (OOM). */
 int alpaca_prompt(const alpaca_rec_t *r, buf_t *out);
 

@@ -7,8 +7,9 @@
  *   tokenizer_format   string  "sentencepiece" | "tokenizer.json"
  *   tokenizer_xxh3     string  XXH3-64 (16 hex digits) of the tokenizer file's bytes
  *   vocab_size, bos_id, eos_id, pad_id   int64   (pad_id fills packed rows; never a target)
- *   template           string  "alpaca" (formats/alpaca.h gives it word for word)
- *   mask_prompt        int64   1: only response tokens (and EOS) are targets
+ *   template           string  "alpaca", "llama-2-chat" or "chatml": how records became
+ *                              samples (formats/chat.h gives each word for word)
+ *   mask_prompt        int64   1: only response (assistant) tokens (and EOS) are targets
  *   max_len            int64   longest row, in tokens
  *   packed             int64   1: rows are exactly max_len, several samples each
  *   seed               int64   shuffle / split / packing seed
@@ -43,8 +44,10 @@
  * [0, vocab_size); masks are 0 or 1; packed rows are exactly max_len long, unpacked rows
  * hold one sample of at most max_len tokens.
  *
- * A sample is BOS + tokens(prompt) + tokens(output) + EOS, prompt and output tokenized
- * separately (as LitGPT does, so the mask boundary is exact), cut to max_len.
+ * A sample is one record rendered by the template and tokenized (formats/chat.h), cut to
+ * max_len: for alpaca BOS + tokens(prompt) + tokens(output) + EOS, prompt and output
+ * tokenized separately (as LitGPT does, so the mask boundary is exact); for the chat
+ * templates the tokens transformers' apply_chat_template gives, targets on assistant turns.
  * Training keeps attention inside a sample and restarts positions at each sample start.
  *
  * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k holds a

@@ -98,23 +98,25 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     run ref/pack-vs-python "$PY" tests/ref/pack_vs_python.py bin "$ROOT" "$DATA" "$WORK/pack"
     run ref/h5py-reads-ftk-files "$PY" tests/ref/h5py_reads.py bin "$ROOT" "$WORK/h5py"
     # Test-only extras from PyPI (the product has no Python): the safetensors reference
-    # library, and transformers to load our exports. Pinned to versions that work with
+    # library, transformers to load our exports (and jinja2 for its apply_chat_template). Pinned to versions that work with
     # Debian 12's torch 1.13; installed once into build/pylib.
     export PYTHONPATH="$ROOT/build/pylib"
-    if ! "$PY" -c 'import safetensors, transformers' 2>/dev/null; then
+    if ! "$PY" -c 'import safetensors, transformers, jinja2' 2>/dev/null; then
         "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/build/pylib" \
             transformers==4.38.2 tokenizers==0.15.2 huggingface_hub==0.21.4 safetensors==0.4.2 \
             regex==2023.12.25 tqdm==4.66.2 filelock==3.13.1 packaging==23.2 fsspec==2024.2.0 \
+            jinja2==3.1.3 MarkupSafe==2.1.5 \
             >"$WORK/pip.log" 2>&1 || echo "note: pip install of the test extras failed (see $WORK/pip.log)"
     fi
     run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
     run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
+    run ref/chat-template-vs-transformers "$PY" tests/ref/chat_template_vs_transformers.py bin "$DATA" "$WORK/chat-ref"
     run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
     run ref/precision-vs-torch "$PY" tests/ref/precision_vs_torch.py bin build/tests/probe_model "$DATA" \
         "$WORK/precision-ref"
     run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
 else
-    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi

@@ -1,4 +1,5 @@
-/* ftk-pack — Alpaca JSON to packed, tokenized HDF5 (formats/tokens.h). */
+/* ftk-pack — training records (Alpaca, conversations; formats/chat.h) to packed, tokenized HDF5
+ * (formats/tokens.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -6,7 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../formats/alpaca.h"
+#include "../formats/chat.h"
 #include "../formats/h5.h"
 #include "../formats/tokenizer.h"
 #include "../formats/tokens.h"
@@ -19,7 +20,7 @@
 #include "../libcommon/timer.h"
 #include "../libcommon/version.h"
 
-static const char *tokenizer_path, *output, *compress = "none";
+static const char *tokenizer_path, *output, *compress = "none", *template_arg;
 static int max_len = 512, mask_prompt = 1, drop_long, pack, shards = 1, threads, json_out;
 static int64_t seed = 42, val_count = -1;
 static double val_fraction = 0.03865;
@@ -27,12 +28,14 @@ static double val_fraction = 0.03865;
 static const opt_t options[] = {
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE", "tokenizer.model or tokenizer.json (required)"},
     {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name)"},
+    {"template", 0, OPT_STR, &template_arg, "NAME",
+     "alpaca, llama-2-chat or chatml (default: by the first record, alpaca or llama-2-chat)"},
     {"max-len", 0, OPT_INT, &max_len, "N", "longest sample/row in tokens; longer samples are cut"},
     {"drop-long", 0, OPT_FLAG, &drop_long, NULL, "skip samples longer than --max-len instead of cutting them"},
     {"mask-prompt", 0, OPT_FLAG, &mask_prompt, NULL,
-     "loss on response tokens only (Stanford Alpaca; the default)"},
+     "loss on response (assistant) tokens only (Stanford Alpaca; the default)"},
     {"no-mask-prompt", 0, OPT_FLAG_OFF, &mask_prompt, NULL,
-     "loss on prompt and response tokens (LitGPT's Alpaca default)"},
+     "loss on every token but the first (LitGPT's Alpaca default)"},
     {"pack", 0, OPT_FLAG, &pack, NULL, "pack several samples into rows of exactly --max-len tokens"},
     {"seed", 0, OPT_I64, &seed, "S", "seed of the shuffle, the validation split and the row order"},
     {"val-count", 0, OPT_I64, &val_count, "N", "samples in the validation split (overrides --val-fraction)"},
@@ -47,10 +50,12 @@ static const opt_t options[] = {
 static const opt_spec_t spec = {
     .tool = "ftk-pack",
     .usage = "--tokenizer FILE [options] INPUT.json -o OUTPUT.h5",
-    .summary = "Turns Alpaca instruction data (a JSON array or JSON Lines of records with \"instruction\",\n"
-               "optional \"input\", and \"output\"; INPUT may be - for stdin) into tokenized training rows.\n"
-               "Each record becomes BOS + the Alpaca prompt + the output + EOS; records are shuffled with\n"
-               "--seed and the first ones form the validation split. The output file's layout is\n"
+    .summary = "Turns training records (a JSON array or JSON Lines; INPUT may be - for stdin) into tokenized\n"
+               "training rows. Records are Alpaca (\"instruction\", optional \"input\", \"output\") or\n"
+               "conversations (\"messages\" of {role, content}, or ShareGPT \"conversations\" of {from, value});\n"
+               "--template renders them (formats/chat.h): alpaca gives BOS + the Alpaca prompt + the output +\n"
+               "EOS, llama-2-chat and chatml the chat formats, with the loss on assistant turns. Records are\n"
+               "shuffled with --seed and the first ones form the validation split. The output file's layout is\n"
                "documented in formats/tokens.h; `ftk-info` describes it, `ftk-verify` checks it.",
     .epilog = "Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input (nothing written).\n",
     .opts = options,
@@ -59,13 +64,13 @@ static const opt_spec_t spec = {
 };
 
 typedef struct {
-    int32_t *ids; /* prompt then response */
+    int32_t *ids; /* the record rendered by its template, tokenized */
     uint8_t *mask;
-    int64_t n_prompt, len, full_len;
+    int64_t n_prompt, len, full_len; /* n_prompt: tokens before the first target */
 } sample_t;
 
 /* Tokenizes every record (in parallel). Returns 0, or -1 with ftk_err_msg() set. */
-static int tokenize_all(const tok_t *tok, const alpaca_t *data, sample_t *smp)
+static int tokenize_all(const tok_t *tok, const chat_data_t *data, chat_template_t tmpl, sample_t *smp)
 {
     int failed = 0;
     progress_t prog;
@@ -73,30 +78,22 @@ static int tokenize_all(const tok_t *tok, const alpaca_t *data, sample_t *smp)
     int64_t done = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        tok_ws_t *ws = tok_ws_new();
-        buf_t prompt = {0};
-        tok_ids_t ids = {0};
-        failed |= ws == NULL;
+        chat_enc_t *enc = chat_enc_new();
+        chat_out_t out = {0};
+        failed |= enc == NULL;
 #pragma omp for schedule(dynamic, 64)
         for (size_t i = 0; i < data->n; i++) {
             if (failed)
                 continue;
-            const alpaca_rec_t *r = &data->recs[i];
-            prompt.len = 0;
-            ids.n = 0;
-            if (alpaca_prompt(r, &prompt) < 0 || tok_ids_push(&ids, tok_bos_id(tok)) < 0 ||
-                tok_encode(tok, ws, prompt.data, prompt.len, &ids) < 0) {
-                failed = 1;
-                continue;
-            }
-            int64_t np = (int64_t)ids.n;
-            if (tok_encode(tok, ws, r->output, r->output_len, &ids) < 0 || tok_ids_push(&ids, tok_eos_id(tok)) < 0) {
-                failed = 1;
+            if (chat_encode(enc, tok, tmpl, mask_prompt, data->doc, &data->recs[i], i, &out) < 0) {
+                failed = 1; /* records were checked: out of memory */
                 continue;
             }
             sample_t *s = &smp[i];
-            s->n_prompt = np;
-            s->full_len = (int64_t)ids.n;
+            s->n_prompt = 0;
+            while (s->n_prompt < (int64_t)out.ids.n && !out.mask[s->n_prompt])
+                s->n_prompt++;
+            s->full_len = (int64_t)out.ids.n;
             s->len = s->full_len < max_len ? s->full_len : max_len;
             s->ids = malloc((size_t)s->len * sizeof *s->ids);
             s->mask = malloc((size_t)s->len);
@@ -104,18 +101,16 @@ static int tokenize_all(const tok_t *tok, const alpaca_t *data, sample_t *smp)
                 failed = 1;
                 continue;
             }
-            memcpy(s->ids, ids.v, (size_t)s->len * sizeof *s->ids);
-            for (int64_t k = 0; k < s->len; k++)
-                s->mask[k] = k == 0 ? 0 : (mask_prompt ? k >= np : 1);
+            memcpy(s->ids, out.ids.v, (size_t)s->len * sizeof *s->ids);
+            memcpy(s->mask, out.mask, (size_t)s->len);
             int64_t d;
 #pragma omp atomic capture
             d = ++done;
             if (omp_get_thread_num() == 0)
                 progress_update(&prog, d);
         }
-        tok_ws_free(ws);
-        buf_free(&prompt);
-        tok_ids_free(&ids);
+        chat_enc_free(enc);
+        chat_out_free(&out);
     }
     progress_done(&prog);
     if (failed)
@@ -134,7 +129,7 @@ static char *shard_name(const char *out, int k, int n)
 }
 
 typedef struct {
-    const char *source;
+    const char *source, *template_name;
     uint64_t tok_hash, src_hash;
     const tok_t *tok;
     int64_t n_records, n_samples, n_tokens, n_truncated, n_dropped;
@@ -151,7 +146,7 @@ static int write_meta(hid_t f, const meta_t *m, int k, int n)
                    h5_attr_set_i64(f, "vocab_size", tok_vocab_size(m->tok)) ||
                    h5_attr_set_i64(f, "bos_id", tok_bos_id(m->tok)) || h5_attr_set_i64(f, "eos_id", tok_eos_id(m->tok)) ||
                    h5_attr_set_i64(f, "pad_id", tok_eos_id(m->tok)) ||
-                   h5_attr_set_str(f, "template", alpaca_template_name) || h5_attr_set_i64(f, "mask_prompt", mask_prompt) ||
+                   h5_attr_set_str(f, "template", m->template_name) || h5_attr_set_i64(f, "mask_prompt", mask_prompt) ||
                    h5_attr_set_i64(f, "max_len", max_len) || h5_attr_set_i64(f, "packed", pack) ||
                    h5_attr_set_i64(f, "seed", seed) || h5_attr_set_str(f, "source_name", m->source) ||
                    h5_attr_set_str(f, "source_xxh3", sh) || h5_attr_set_i64(f, "n_records", m->n_records) ||
@@ -252,6 +247,11 @@ int main(int argc, char **argv)
                   "--threads >= 0, --compress none|zstd|zstd:1..22");
         return FTK_EXIT_USAGE;
     }
+    chat_template_t tmpl = CHAT_ALPACA;
+    if (template_arg && chat_template_parse(template_arg, &tmpl) < 0) {
+        ftk_error("--template: %s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     if (threads > 0)
         omp_set_num_threads(threads);
     atomic_install_signal_cleanup();
@@ -271,7 +271,7 @@ int main(int argc, char **argv)
     }
     meta_t m = {.source = input, .tok = tok, .zstd = zstd};
     buf_t text = {0};
-    alpaca_t data = {0};
+    chat_data_t data = {0};
     sample_t *smp = NULL;
     tokens_sample_t *ts = NULL;
     int64_t *order = NULL;
@@ -283,16 +283,24 @@ int main(int argc, char **argv)
         goto done;
     }
     m.src_hash = hash_bytes(text.data, text.len);
-    if (alpaca_parse(text.data, text.len, &data) < 0) {
+    if (chat_parse(text.data, text.len, &data) < 0) {
         ftk_error("%s: %s", in_name, ftk_err_msg());
         goto done;
     }
+    if (!template_arg)
+        tmpl = chat_template_detect(&data.recs[0]);
+    for (size_t i = 0; i < data.n; i++) /* in order, so the first bad record is named */
+        if (chat_check(data.doc, &data.recs[i], i, tmpl) < 0) {
+            ftk_error("%s: %s", in_name, ftk_err_msg());
+            goto done;
+        }
+    m.template_name = chat_template_name(tmpl);
     rc = FTK_EXIT_FAIL;
     m.n_records = (int64_t)data.n;
     smp = calloc(data.n, sizeof *smp);
     ts = calloc(data.n, sizeof *ts);
     order = calloc(data.n, sizeof *order);
-    if (!smp || !ts || !order || tokenize_all(tok, &data, smp) < 0) {
+    if (!smp || !ts || !order || tokenize_all(tok, &data, tmpl, smp) < 0) {
         ftk_error("%s", smp && ts && order ? ftk_err_msg() : "out of memory");
         goto done;
     }
@@ -406,7 +414,7 @@ done:
     free(smp);
     free(ts);
     free(order);
-    alpaca_free(&data);
+    chat_data_free(&data);
     buf_free(&text);
     tok_free(tok);
     return rc;

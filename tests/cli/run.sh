@@ -25,6 +25,10 @@ expect "unknown option is exit 2" 2 "$BIN/ftk-pack" --no-such-option
 grep -q "Try 'ftk-pack --help'" "$WORK/err" && ok "unknown option points to --help" || notok "unknown option points to --help"
 expect "ftk-pack without input is exit 2" 2 "$BIN/ftk-pack" -t "$TOK" -o "$WORK/x.h5"
 expect "ftk-pack bad --max-len value is exit 2" 2 "$BIN/ftk-pack" -t "$TOK" --max-len 12x "$DEMO" -o "$WORK/x.h5"
+expect "ftk-pack unknown --template is exit 2" 2 "$BIN/ftk-pack" -t "$TOK" --template vicuna "$DEMO" -o "$WORK/x.h5"
+grep -q 'unknown template "vicuna"' "$WORK/err" && ok "unknown --template is named" || notok "unknown --template is named"
+expect "ftk-pack --template chatml on Alpaca records is exit 2" 2 "$BIN/ftk-pack" -t "$TOK" --template chatml "$DEMO" \
+    -o "$WORK/x.h5"
 expect "ftk help" 0 "$BIN/ftk" help
 expect "ftk unknown command is exit 2" 2 "$BIN/ftk" no-such-command
 expect "ftk dispatches to ftk-tokenize" 0 "$BIN/ftk" tokenize -t "$TOK" "$G/tokenize.in"
