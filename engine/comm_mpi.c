@@ -23,7 +23,8 @@
 _Static_assert(sizeof(MPI_Request) <= sizeof(((comm_req_t *)0)->impl), "MPI_Request fits comm_req_t");
 
 /* comm_req_t.active: which library holds the request. A device request's impl holds the
- * device communicator and the library's token. */
+ * device communicator and the library's token, copied in and out (impl is only 4-byte
+ * aligned). */
 enum { REQ_MPI = 1, REQ_DEV = 2 };
 typedef struct {
     void *dc, *token;
@@ -241,9 +242,8 @@ static int dev_issued(comm_t *c, int rc, void *tok, comm_req_t *req)
 {
     if (rc < 0)
         return -1;
-    dev_req_t *d = (dev_req_t *)(void *)req->impl;
-    d->dc = c->dc;
-    d->token = tok;
+    dev_req_t d = {c->dc, tok};
+    memcpy(req->impl, &d, sizeof d);
     req->active = REQ_DEV;
     return 0;
 }
@@ -464,9 +464,10 @@ int comm_wait(comm_t *c, comm_req_t *req)
     if (!req->active)
         return 0;
     if (req->active == REQ_DEV) { /* the compute stream waits; the host does not */
-        dev_req_t *d = (dev_req_t *)(void *)req->impl;
+        dev_req_t d;
+        memcpy(&d, req->impl, sizeof d);
         req->active = 0;
-        return dev_ops->wait(d->dc, d->token);
+        return dev_ops->wait(d.dc, d.token);
     }
     double t0 = time_now();
     MPI_Wait(req_of(req), MPI_STATUS_IGNORE);
@@ -479,8 +480,9 @@ int comm_test(comm_req_t *req, int *done)
 {
     int flag = 1;
     if (req->active == REQ_DEV) {
-        dev_req_t *d = (dev_req_t *)(void *)req->impl;
-        int rc = dev_ops->test(d->dc, d->token, &flag);
+        dev_req_t d;
+        memcpy(&d, req->impl, sizeof d);
+        int rc = dev_ops->test(d.dc, d.token, &flag);
         if (flag || rc < 0)
             req->active = 0;
         *done = flag || rc < 0;
