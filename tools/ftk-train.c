@@ -464,8 +464,10 @@ static int run(int argc, char **argv)
         return code;
     }
     /* GPU ranks: the tensor collectives through NCCL (control traffic stays on MPI); every
-     * rank gets the same verdict, the message naming the rank that failed. */
-    if (!strcmp(device, "cuda") && nranks > 1 && comm_enable_nccl(world, be) < 0) {
+     * rank gets the same verdict, the message naming the rank that failed. Under mpirun
+     * even one rank: MPI would be handed device memory. Alone, a process is a world of one
+     * whose collectives copy through the backend (comm_enable_nccl leaves it as it is). */
+    if (!strcmp(device, "cuda") && comm_enable_nccl(world, be) < 0) {
         ftk_err_prefix("--device cuda: ");
         backend_free(be);
         return report(FTK_EXIT_FAIL);

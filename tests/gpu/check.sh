@@ -13,7 +13,7 @@
 #   nccl-comm   tests/unit/test_comm.c --nccl: comm.h's contract over NCCL (1 rank; also 2–4
 #               ranks where there are that many GPUs)
 #   nccl-train  tests/gpu/nccl_vs_mpi.sh: 2-rank training over NCCL against 2 MPI ranks on the
-#               CPU (skipped with one GPU)
+#               CPU (skipped with one GPU, after a 1-rank NCCL world against a process alone)
 #   opbench     tests/gpu/gpu_opbench: memory-bound ops against a device copy, products
 #   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
 #               larger cases: FTK_GPU_OPS_QUICK=1), where a probe shows it works on this machine
