@@ -87,13 +87,14 @@ endif
 
 # NCCL (engine/comm_nccl.c) where the CUDA parts are built and nccl.h is found. The programs
 # that use comm.h link it ahead of libftk.a, whose engine/comm_nccl_none.c (the answer "no
-# NCCL") it then replaces; elsewhere that stub is what they get.
+# NCCL") it then replaces; elsewhere that stub is what they get. libnccl.so.2 itself is
+# opened at run time (dlopen), so these programs also start where it is not installed.
 NCCL_OBJ  :=
 NCCL_LIBS :=
 ifneq ($(CUDA_BINS),)
 ifneq ($(NCCL_H),)
 NCCL_OBJ  := $(O)/engine/comm_nccl.o
-NCCL_LIBS := -L$(dir $(NCCL_H))../lib64 -lnccl
+NCCL_LIBS := -ldl
 endif
 endif
 COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm

@@ -17,7 +17,8 @@
  * MPI progresses non-blocking collectives inside MPI calls, so the trainer calls
  * comm_test() on what is in flight whenever it passes a unit boundary.
  *
- * NCCL (comm_enable_nccl; engine/comm_nccl.c, built where nvcc and nccl.h are found): every
+ * NCCL (comm_enable_nccl; engine/comm_nccl.c, built where nvcc and nccl.h are found, the
+ * library opened at run time): every
  * MPI communicator of the world — the world and each group split from it afterwards —
  * gets an NCCL communicator, made from a unique id that the communicator's rank 0 draws
  * and broadcasts over MPI (engine/comm_dev.h gives the order). Tensor collectives then
@@ -88,7 +89,8 @@ void comm_set_stats(comm_t *c, comm_stats_t *s);
  * NCCL's words). A world without MPI (one process, or a planning world) is left as it is:
  * its collectives are copies through the backend. -1 in a build without NCCL. */
 int comm_enable_nccl(comm_t *world, backend_t *be);
-/* 1 when this build has NCCL (comm_enable_nccl can work), else 0. */
+/* 1 when this build has NCCL and libnccl.so.2 loads (comm_enable_nccl can work); else 0,
+ * with ftk_err_msg() saying why. */
 int comm_nccl_built(void);
 /* 0, or -1 with the message when a device collective of c's world has failed since
  * comm_enable_nccl (the first error is kept; comm_wait and comm_test return it too, but

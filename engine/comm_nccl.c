@@ -27,9 +27,16 @@
  * so that no stream waits for it forever, and the world's context keeps the first message:
  * every later call and status() fail with it.
  *
+ * libnccl.so.2 is opened at run time (dlopen), not linked: the tools that link this start
+ * on a machine without NCCL (a GPU node lent with the CUDA toolkit alone) and run on one
+ * GPU; only an NCCL world needs the library, and comm_nccl_ops() says when it is missing.
+ * The function pointers take their types from nccl.h (__typeof__), so the compiler checks
+ * every call as if it were linked.
+ *
  * NOTHING HERE HAS RUN ON A GPU YET when this was written: tests/gpu/check.sh's nccl-comm
  * and nccl-train steps are its first checks. */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +47,65 @@
 #include "comm_dev.h"
 
 _Static_assert(sizeof(ncclUniqueId) <= COMM_DEV_ID_MAX, "ncclUniqueId fits comm_dev's id");
+
+/* NCCL's functions, from dlopen (see above); nc.lib: 1 loaded, -1 failed, 0 not tried. */
+static struct {
+    int lib;
+    __typeof__(&ncclGetVersion) GetVersion;
+    __typeof__(&ncclGetUniqueId) GetUniqueId;
+    __typeof__(&ncclCommInitRank) CommInitRank;
+    __typeof__(&ncclCommDestroy) CommDestroy;
+    __typeof__(&ncclCommAbort) CommAbort;
+    __typeof__(&ncclCommGetAsyncError) CommGetAsyncError;
+    __typeof__(&ncclGetErrorString) GetErrorString;
+    __typeof__(&ncclGetLastError) GetLastError;
+    __typeof__(&ncclAllGather) AllGather;
+    __typeof__(&ncclReduceScatter) ReduceScatter;
+    __typeof__(&ncclAllReduce) AllReduce;
+    char why[400];
+} nc;
+
+static int nccl_load(void)
+{
+    if (nc.lib)
+        return nc.lib;
+    nc.lib = -1;
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(nc.why, sizeof nc.why, "NCCL is not installed here (%s)", e ? e : "libnccl.so.2 not found");
+        return -1;
+    }
+    struct {
+        const char *name;
+        void **fn;
+    } sym[] = {
+        {"ncclGetVersion", (void **)&nc.GetVersion},
+        {"ncclGetUniqueId", (void **)&nc.GetUniqueId},
+        {"ncclCommInitRank", (void **)&nc.CommInitRank},
+        {"ncclCommDestroy", (void **)&nc.CommDestroy},
+        {"ncclCommAbort", (void **)&nc.CommAbort},
+        {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
+        {"ncclGetErrorString", (void **)&nc.GetErrorString},
+        {"ncclGetLastError", (void **)&nc.GetLastError},
+        {"ncclAllGather", (void **)&nc.AllGather},
+        {"ncclReduceScatter", (void **)&nc.ReduceScatter},
+        {"ncclAllReduce", (void **)&nc.AllReduce},
+    };
+    for (size_t i = 0; i < sizeof sym / sizeof *sym; i++)
+        if (!(*sym[i].fn = dlsym(h, sym[i].name))) {
+            snprintf(nc.why, sizeof nc.why, "libnccl.so.2 lacks %s (too old an NCCL)", sym[i].name);
+            return -1;
+        }
+    /* ncclBfloat16 came with 2.10; ncclGetLastError with 2.13 (found above) */
+    int v = 0;
+    if (nc.GetVersion(&v) != ncclSuccess || v < 21000) {
+        snprintf(nc.why, sizeof nc.why, "libnccl.so.2 is NCCL version code %d; ftk needs 2.10 or newer", v);
+        return -1;
+    }
+    nc.lib = 1;
+    return 1;
+}
 
 typedef struct {
     int device, rank; /* rank: this process's rank in the world, for messages */
@@ -82,11 +148,11 @@ static int cu_ok(nccl_ctx_t *x, cudaError_t e, const char *what)
 /* A failed NCCL call: the message; the communicator is aborted so that nothing waits on it. */
 static int nc_fail(nccl_comm_t *d, ncclResult_t r, const char *what)
 {
-    const char *last = d->comm ? ncclGetLastError(d->comm) : ncclGetLastError(NULL);
-    fail(d->x, "NCCL %s (rank %d of %d in the group): %s%s%s%s", what, d->rank, d->size, ncclGetErrorString(r),
+    const char *last = d->comm ? nc.GetLastError(d->comm) : nc.GetLastError(NULL);
+    fail(d->x, "NCCL %s (rank %d of %d in the group): %s%s%s%s", what, d->rank, d->size, nc.GetErrorString(r),
          last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
     if (d->comm && !d->aborted) {
-        ncclCommAbort(d->comm);
+        nc.CommAbort(d->comm);
         d->aborted = 1;
     }
     return -1;
@@ -110,7 +176,7 @@ static int healthy(nccl_comm_t *d)
 {
     if (enter(d->x) < 0)
         return -1;
-    ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(d->comm, &st);
+    ncclResult_t st = ncclSuccess, r = nc.CommGetAsyncError(d->comm, &st);
     if (r != ncclSuccess)
         return nc_fail(d, r, "ncclCommGetAsyncError");
     if (st != ncclSuccess && st != ncclInProgress)
@@ -177,7 +243,7 @@ static int nc_unique_id(void *ctx, unsigned char id[COMM_DEV_ID_MAX])
     ncclUniqueId u;
     if (enter(x) < 0)
         return -1;
-    ncclResult_t r = ncclGetUniqueId(&u);
+    ncclResult_t r = nc.GetUniqueId(&u);
     if (r != ncclSuccess)
         return nc_fail(&tmp, r, "ncclGetUniqueId");
     memset(id, 0, COMM_DEV_ID_MAX);
@@ -201,7 +267,7 @@ static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     /* Blocking: returns when every rank of the group has joined. */
-    ncclResult_t r = ncclCommInitRank(&d->comm, size, u, rank);
+    ncclResult_t r = nc.CommInitRank(&d->comm, size, u, rank);
     if (r != ncclSuccess) {
         d->comm = NULL;
         nc_fail(d, r, "ncclCommInitRank");
@@ -220,7 +286,7 @@ static void nc_comm_free(void *dc)
         int cur = -1;
         if (cudaGetDevice(&cur) == cudaSuccess && cur != d->x->device)
             cudaSetDevice(d->x->device);
-        ncclCommDestroy(d->comm); /* after what is queued on it */
+        nc.CommDestroy(d->comm); /* after what is queued on it */
     }
     free(d);
 }
@@ -280,7 +346,7 @@ static int nc_allgather(void *dc, const void *part, void *full, int64_t n, dtype
     if (before(d, dt, &t) < 0)
         return -1;
     /* part == full + rank·n: NCCL gathers in place by itself */
-    return after(d, ncclAllGather(part, full, (size_t)n, t, d->comm, d->x->stream), "ncclAllGather", token);
+    return after(d, nc.AllGather(part, full, (size_t)n, t, d->comm, d->x->stream), "ncclAllGather", token);
 }
 
 static int nc_reduce_scatter(void *dc, const void *full, void *part, int64_t n, dtype_t dt, void **token)
@@ -290,7 +356,7 @@ static int nc_reduce_scatter(void *dc, const void *full, void *part, int64_t n, 
     *token = NULL;
     if (before(d, dt, &t) < 0)
         return -1;
-    return after(d, ncclReduceScatter(full, part, (size_t)n, t, ncclSum, d->comm, d->x->stream),
+    return after(d, nc.ReduceScatter(full, part, (size_t)n, t, ncclSum, d->comm, d->x->stream),
                  "ncclReduceScatter", token);
 }
 
@@ -301,7 +367,7 @@ static int nc_allreduce(void *dc, void *buf, int64_t n, dtype_t dt, void **token
     *token = NULL;
     if (before(d, dt, &t) < 0)
         return -1;
-    return after(d, ncclAllReduce(buf, buf, (size_t)n, t, ncclSum, d->comm, d->x->stream), "ncclAllReduce",
+    return after(d, nc.AllReduce(buf, buf, (size_t)n, t, ncclSum, d->comm, d->x->stream), "ncclAllReduce",
                  token);
 }
 
@@ -353,4 +419,11 @@ static const comm_dev_ops_t nccl_ops = {
     .test = nc_test,
 };
 
-const comm_dev_ops_t *comm_nccl_ops(void) { return &nccl_ops; }
+const comm_dev_ops_t *comm_nccl_ops(void)
+{
+    if (nccl_load() < 0) {
+        ftk_err_set("%s", nc.why);
+        return NULL;
+    }
+    return &nccl_ops;
+}

@@ -6,6 +6,6 @@
 
 const comm_dev_ops_t *comm_nccl_ops(void)
 {
-    ftk_err_set("this build has no NCCL (nvcc or nccl.h was not found when it was built; see the README)");
+    ftk_err_set("this build has no NCCL (nvcc or nccl.h was not found when it was built)");
     return NULL;
 }

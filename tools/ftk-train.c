@@ -293,9 +293,9 @@ static int check_values(trainer_opts_t *o)
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
         return bad("--device %s: need cpu or cuda", device);
     if (!plan && !strcmp(device, "cuda") && nranks > 1 && !comm_nccl_built())
-        return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend, which this build does "
-                   "not have (nvcc or nccl.h was not found when it was built); run one process, or --device cpu",
-                   nranks);
+        return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend: %s; run one process, "
+                   "or --device cpu",
+                   nranks, ftk_err_msg());
     if (steps < 0 || epochs < 1 || global_batch < 1 || micro_batch < 1 || warmup < 0 || !(lr > 0) ||
         !(min_lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0) ||
         !(weight_decay >= 0) || !(clip >= 0) || save_every < 0 || keep < 0 || eval_every < 0 || eval_rows < 0 ||

@@ -401,6 +401,8 @@ int main(int argc, char **argv)
     if (!cpu)
         return 1;
 
+    if (R == 0) /* for the log: whether this build and machine could run NCCL */
+        printf("NCCL: %s\n", comm_nccl_built() ? "built, libnccl.so.2 loads" : ftk_err_msg());
     contract(world, cpu, "world");
     groups(world, cpu, 0, "groups");
     agreement(world);
@@ -414,7 +416,7 @@ int main(int argc, char **argv)
         comm_node_rank(world, &local, &n_local);
         char why[256] = "";
         if (!comm_nccl_built())
-            snprintf(why, sizeof why, "skipped (this build has no NCCL)");
+            snprintf(why, sizeof why, "skipped (%s)", ftk_err_msg());
         else if (n_dev == 0)
             snprintf(why, sizeof why, "skipped (no GPU)");
         else if (n_dev < n_local)
