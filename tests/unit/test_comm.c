@@ -8,8 +8,9 @@
  * Implementations: the world as started (a world of one without a launcher; MPI under
  * mpirun, on the CPU backend); under mpirun also a fake device library behind
  * comm_enable_device (engine/comm_dev.h), host memory over MPI, which checks the set-up
- * order (whose rank draws the id, which ranks join with it, what each passes) and that
- * the collectives go to the library; with --nccl, NCCL on the CUDA backend (the GPU of the
+ * order (whose rank draws the id, which ranks join with it, what each passes; a failed id
+ * or join fails every rank, none left waiting), that the collectives go to the library,
+ * and that a failed collective comes back from comm_wait and comm_test; with --nccl, NCCL on the CUDA backend (the GPU of the
  * node-local rank) — exit 77 "skipped (no GPU)" where there is none or too few.
  *
  *   test_comm [ROOT] [--nccl]       (mpirun -np 1..4 test_comm …: tests/cli/comm.sh)
@@ -169,6 +170,7 @@ static void contract(comm_t *c, backend_t *be, const char *what)
 static struct {
     int ids, joins, colls, waits, tests;
     int fail_id, fail_join_rank; /* provoked failures: rank 0's id; one rank's join */
+    int fail_done;                /* wait and test report a failed collective */
     int creator[8], size[8], rank[8]; /* the joins, in order */
 } fk;
 static MPI_Op fk_bf16;
@@ -267,6 +269,10 @@ static int fk_wait(void *c, void *token)
 {
     (void)c;
     fk.waits += token == &fk;
+    if (fk.fail_done) {
+        ftk_err_set("rank %d: fake: the collective failed", R);
+        return -1;
+    }
     return 0;
 }
 static int fk_test(void *c, void *token, int *done)
@@ -274,6 +280,10 @@ static int fk_test(void *c, void *token, int *done)
     (void)c;
     fk.tests += token == &fk;
     *done = 1;
+    if (fk.fail_done) {
+        ftk_err_set("rank %d: fake: the collective failed", R);
+        return -1;
+    }
     return 0;
 }
 static const comm_dev_ops_t fake_ops = {
@@ -378,6 +388,16 @@ static void fake(comm_t *world, backend_t *be)
     RCHECK(fk.colls == 2 * 5 + (W == 2) && fk.waits + fk.tests == fk.colls && fk.tests == 2);
     groups(d, be, 1, "fake groups");
     agreement(d);
+    /* a failed collective: wait and test return -1 with the library's message, and the
+     * request is over (nothing to wait for twice) */
+    float x[4] = {1, 2, 3, 4};
+    comm_req_t q = {0};
+    int done = 0;
+    fk.fail_done = 1;
+    RCHECK(comm_allreduce(d, x, 4, DT_F32, &q) == 0 && comm_wait(d, &q) < 0 && !q.active &&
+           strstr(ftk_err_msg(), "fake: the collective failed"));
+    RCHECK(comm_allreduce(d, x, 4, DT_F32, &q) == 0 && comm_test(&q, &done) < 0 && done && !q.active);
+    fk.fail_done = 0;
     comm_free(d);
     MPI_Op_free(&fk_bf16);
 }
