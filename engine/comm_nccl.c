@@ -97,10 +97,10 @@ static int nccl_load(void)
             snprintf(nc.why, sizeof nc.why, "libnccl.so.2 lacks %s (too old an NCCL)", sym[i].name);
             return -1;
         }
-    /* ncclBfloat16 came with 2.10; ncclGetLastError with 2.13 (found above) */
+    /* ncclBfloat16 came with 2.10, ncclGetLastError with 2.13 */
     int v = 0;
-    if (nc.GetVersion(&v) != ncclSuccess || v < 21000) {
-        snprintf(nc.why, sizeof nc.why, "libnccl.so.2 is NCCL version code %d; ftk needs 2.10 or newer", v);
+    if (nc.GetVersion(&v) != ncclSuccess || v < 21300) {
+        snprintf(nc.why, sizeof nc.why, "libnccl.so.2 is NCCL version code %d; ftk needs 2.13 or newer", v);
         return -1;
     }
     nc.lib = 1;
