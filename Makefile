@@ -43,7 +43,9 @@ MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags 
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
 MPI_BINS   := $(BINDIR)/ftk-train
 
-LIB_SRC   := $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c)
+# engine/comm_nccl.c needs NCCL and the CUDA runtime: built apart (NCCL_OBJ, below).
+LIB_SRC   := $(filter-out engine/comm_nccl.c,\
+             $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c))
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
 TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c \
@@ -83,6 +85,20 @@ DEVICE_LIBS :=
 GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
 endif
 
+# NCCL (engine/comm_nccl.c) where the CUDA parts are built and nccl.h is found. The programs
+# that use comm.h link it ahead of libftk.a, whose engine/comm_nccl_none.c (the answer "no
+# NCCL") it then replaces; elsewhere that stub is what they get. libnccl.so.2 itself is
+# opened at run time (dlopen), so these programs also start where it is not installed.
+NCCL_OBJ  :=
+NCCL_LIBS :=
+ifneq ($(CUDA_BINS),)
+ifneq ($(NCCL_H),)
+NCCL_OBJ  := $(O)/engine/comm_nccl.o
+NCCL_LIBS := -ldl
+endif
+endif
+COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
+
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
@@ -90,7 +106,7 @@ all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
 	@echo "ftk: CUDA: $(if $(NVCC),nvcc at $(NVCC) -> building kernels/cuda,nvcc not found -> CPU only)$(if $(filter 1,$(SAN)), (not in the sanitizer build),)"
-	@echo "ftk: NCCL: $(if $(NCCL_H),$(NCCL_H),not found)"
+	@echo "ftk: NCCL: $(if $(NCCL_OBJ),$(NCCL_H) -> building engine/comm_nccl.c,$(if $(NCCL_H),$(NCCL_H) (not used without nvcc),not found) -> no NCCL)"
 	@echo "ftk: MPI: $(if $(MPI_LIBS),$(MPI_LIBS),NOT FOUND (run scripts/install-deps.sh))"
 
 deps:
@@ -114,6 +130,15 @@ $(O)/tests/test_trainer: LIBS += $(MPI_LIBS)
 $(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
 $(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
 $(DEVICE_BINS): $(DEVICE_OBJ)
+$(COMM_BINS): EXTRA_OBJ += $(NCCL_OBJ)
+$(COMM_BINS): LIBS += $(NCCL_LIBS)
+$(COMM_BINS): $(NCCL_OBJ)
+# The communication contract test (tests/unit/test_comm.c): MPI everywhere, NCCL on GPUs.
+$(O)/tests/test_comm: EXTRA_OBJ := $(DEVICE_OBJ) $(NCCL_OBJ)
+$(O)/tests/test_comm: LIBS += $(MPI_LIBS) $(DEVICE_LIBS)
+$(O)/tests/test_comm: $(DEVICE_OBJ)
+$(O)/tests/unit/test_comm.o: CFLAGS += $(MPI_CFLAGS)
+$(O)/engine/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include -I$(dir $(NCCL_H))
 
 $(LIBFTK): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -125,7 +150,7 @@ $(BINDIR)/%: $(O)/tools/%.o $(LIBFTK)
 
 $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
+	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
 # The op table (tests/ops) is shared by test_ops (CPU) and gpu_ops (CUDA against CPU).
 OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o

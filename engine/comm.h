@@ -4,9 +4,9 @@
  *
  * Implementation: MPI (comm_mpi.c). Started without mpirun/srun (no launcher in the
  * environment), a process is a world of one without initialising MPI, and every
- * collective is a copy through the backend the world was given (comm_set_backend). The
- * CUDA issue adds NCCL behind the tensor collectives; control traffic (scalars, broadcast
- * of paths, agreement) stays on MPI. comm_plan() makes a pretend world for the memory
+ * collective is a copy through the backend the world was given (comm_set_backend).
+ * GPU ranks put NCCL behind the tensor collectives (comm_enable_nccl, below); control
+ * traffic (scalars, broadcast of paths, agreement) stays on MPI. comm_plan() makes a pretend world for the memory
  * plan (engine/plan.c): N ranks of which this process plays one, whose collectives move
  * nothing but are accounted as if they had.
  *
@@ -16,6 +16,21 @@
  * They are non-blocking: they return at once with a request; comm_wait() completes it.
  * MPI progresses non-blocking collectives inside MPI calls, so the trainer calls
  * comm_test() on what is in flight whenever it passes a unit boundary.
+ *
+ * NCCL (comm_enable_nccl; engine/comm_nccl.c, built where nvcc and nccl.h are found, the
+ * library opened at run time): every
+ * MPI communicator of the world — the world and each group split from it afterwards —
+ * gets an NCCL communicator, made from a unique id that the communicator's rank 0 draws
+ * and broadcasts over MPI (engine/comm_dev.h gives the order). Tensor collectives then
+ * take the backend's device memory and never block the host: each is queued on one
+ * communication stream (shared by the world's communicators, so their collectives run in
+ * the order issued on every rank) after an event recorded on the compute stream (the
+ * backend's default stream), so it reads what compute wrote before the call; comm_wait()
+ * makes the compute stream wait for an event recorded after it; comm_test() polls that
+ * event. bf16 buffers are gathered in bf16 and summed with ncclBfloat16 (fp32 adds, as
+ * above); f32 in f32: the dtype is the caller's (the precision modes choose it). NCCL
+ * errors come back as -1 with a message naming the rank (a failed communicator is
+ * aborted so that nothing waits on it); counts are not limited to INT_MAX there.
  *
  * Accounting (comm_stats_t): every tensor collective adds the bytes it moves per rank in
  * the ring algorithm's terms: all-gather and reduce-scatter of a vector of N elements of
@@ -68,6 +83,20 @@ int comm_split_blocks(comm_t *c, int block, comm_t **group, comm_t **cross);
 void comm_free(comm_t *c);
 /* Where the tensor collectives of c account (may be shared by several groups). */
 void comm_set_stats(comm_t *c, comm_stats_t *s);
+/* Makes the tensor collectives of world, and of every group split from it afterwards, go
+ * through NCCL on be's device (be: a CUDA backend; see above). Collective over world; every
+ * rank returns 0, or -1 with the same verdict (the message names the failing rank and
+ * NCCL's words). A world without MPI (one process, or a planning world) is left as it is:
+ * its collectives are copies through the backend. -1 in a build without NCCL. */
+int comm_enable_nccl(comm_t *world, backend_t *be);
+/* 1 when this build has NCCL and libnccl.so.2 loads (comm_enable_nccl can work); else 0,
+ * with ftk_err_msg() saying why. */
+int comm_nccl_built(void);
+/* 0, or -1 with the message when a device collective of c's world has failed since
+ * comm_enable_nccl (the first error is kept; comm_wait and comm_test return it too, but
+ * the shard engine completes requests without an error path: the trainer asks here once
+ * a step, after the backend's sync). Always 0 without a device library. */
+int comm_status(comm_t *c);
 /* The backend whose memory the tensor collectives see: a world of one copies through it
  * (without one, memmove). MPI ranks need host memory (the CPU backend's). */
 void comm_set_backend(comm_t *c, backend_t *be);

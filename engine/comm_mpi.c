@@ -4,17 +4,32 @@
  * does not initialise MPI at all: it is a world of one whose collectives are copies.
  * That keeps `ftk-train` alone free of MPI's start-up cost and quirks (singleton mode,
  * containers); FTK_MPI=1 forces MPI_Init anyway. A planning world (comm_plan) has a size
- * and a rank but no MPI either: its collectives only account. */
+ * and a rank but no MPI either: its collectives only account.
+ *
+ * A world given a device library (comm_enable_device; NCCL) keeps its MPI communicators
+ * for control traffic and sends the tensor collectives of each to the library's
+ * communicator made beside it (engine/comm_dev.h: the set-up order). */
 #include <limits.h>
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
 #include "comm.h"
+#include "comm_dev.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((comm_req_t *)0)->impl), "MPI_Request fits comm_req_t");
+
+/* comm_req_t.active: which library holds the request. A device request's impl holds the
+ * device communicator and the library's token, copied in and out (impl is only 4-byte
+ * aligned). */
+enum { REQ_MPI = 1, REQ_DEV = 2 };
+typedef struct {
+    void *dc, *token;
+} dev_req_t;
+_Static_assert(sizeof(dev_req_t) <= sizeof(((comm_req_t *)0)->impl), "a device request fits comm_req_t");
 
 enum { KIND_MPI, KIND_SELF, KIND_PLAN };
 
@@ -25,7 +40,15 @@ struct comm {
     int kind;
     comm_stats_t *stats;
     backend_t *be; /* a world of one's collectives copy through it */
+    /* device communication (comm_enable_device): the library, its shared state (freed by
+     * the communicator that made it: owns_dev), this communicator's device communicator */
+    const comm_dev_ops_t *dev;
+    void *dev_ctx, *dc;
+    int owns_dev;
 };
+
+/* The device library of the world (comm_test has only the request to go by). */
+static const comm_dev_ops_t *dev_ops;
 
 /* The bf16 sum (created at MPI_Init): each pair of contributions added in fp32, the sum
  * rounded to nearest even. */
@@ -101,15 +124,120 @@ comm_t *comm_init(int *argc, char ***argv)
     return wrap(MPI_COMM_WORLD);
 }
 
+static void dev_release(comm_t *c)
+{
+    if (c->dc)
+        c->dev->comm_free(c->dc);
+    if (c->owns_dev && c->dev_ctx)
+        c->dev->ctx_free(c->dev_ctx);
+    c->dc = c->dev_ctx = NULL;
+    c->dev = NULL;
+}
+
 void comm_finalize(comm_t *world)
 {
     int self = !world || world->self;
+    if (world)
+        dev_release(world);
     free(world);
     if (!self) {
         if (bf16_sum_op != MPI_OP_NULL)
             MPI_Op_free(&bf16_sum_op);
         MPI_Finalize();
     }
+}
+
+/* ---- device communication ------------------------------------------------------------ */
+
+/* c's device communicator (comm_dev.h, step 2): an id from c's rank 0, sent with rank 0's
+ * verdict over MPI, then every rank's comm_new and an agreement. -1 on every rank of c
+ * when one failed. */
+static int dev_attach(comm_t *c)
+{
+    struct {
+        int32_t ok;
+        unsigned char id[COMM_DEV_ID_MAX];
+        char why[480];
+    } m;
+    memset(&m, 0, sizeof m);
+    if (c->rank == 0) {
+        m.ok = c->dev->unique_id(c->dev_ctx, m.id) == 0;
+        if (!m.ok)
+            snprintf(m.why, sizeof m.why, "%s", ftk_err_msg());
+    }
+    MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, c->c);
+    if (!m.ok) {
+        ftk_err_set("%s", m.why);
+        return -1;
+    }
+    char msg[512] = "";
+    c->dc = c->dev->comm_new(c->dev_ctx, m.id, c->size, c->rank);
+    if (!c->dc)
+        snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+    int who;
+    if (comm_agree(c, c->dc ? 0 : 1, msg, sizeof msg, &who)) {
+        if (c->dc)
+            c->dev->comm_free(c->dc);
+        c->dc = NULL;
+        ftk_err_set("%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)
+{
+    if (c->self) /* one process: its collectives stay copies through the backend */
+        return 0;
+    if (!ops) /* a build without the library: the same on every rank, no need to agree */
+        return -1;
+    if (c->dev) {
+        ftk_err_set("internal: %s communication enabled twice on one communicator", ops->name);
+        return -1;
+    }
+    char msg[512] = "";
+    void *ctx = ops->ctx_new(be, c->rank);
+    if (!ctx)
+        snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+    int who;
+    if (comm_agree(c, ctx ? 0 : 1, msg, sizeof msg, &who)) {
+        if (ctx)
+            ops->ctx_free(ctx);
+        ftk_err_set("%s", msg);
+        return -1;
+    }
+    dev_ops = ops;
+    c->dev = ops;
+    c->dev_ctx = ctx;
+    c->owns_dev = 1;
+    c->be = be;
+    if (dev_attach(c) < 0) {
+        dev_release(c);
+        return -1;
+    }
+    return 0;
+}
+
+int comm_enable_nccl(comm_t *world, backend_t *be)
+{
+    if (world->self)
+        return 0;
+    return comm_enable_device(world, be, comm_nccl_ops());
+}
+
+int comm_nccl_built(void) { return comm_nccl_ops() != NULL; }
+
+int comm_status(comm_t *c) { return c->dev ? c->dev->status(c->dev_ctx) : 0; }
+
+/* A device collective was queued (rc 0: req holds its token) or refused (-1). */
+static int dev_issued(comm_t *c, int rc, void *tok, comm_req_t *req)
+{
+    if (rc < 0)
+        return -1;
+    dev_req_t d = {c->dc, tok};
+    memcpy(req->impl, &d, sizeof d);
+    req->active = REQ_DEV;
+    return 0;
 }
 
 int comm_rank(const comm_t *c) { return c->rank; }
@@ -156,6 +284,27 @@ comm_t *comm_split(comm_t *c, int color, int key)
     comm_t *w = wrap(n);
     if (w)
         w->stats = c->stats;
+    if (!c->dev)
+        return w;
+    /* The new group's device communicator; then every rank of c learns whether all of
+     * them got one, so that no rank goes on to the next split while another has given up. */
+    char msg[512] = "";
+    if (w) {
+        w->dev = c->dev;
+        w->dev_ctx = c->dev_ctx;
+        w->be = c->be;
+        if (dev_attach(w) < 0)
+            snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+    } else {
+        snprintf(msg, sizeof msg, "rank %d: %s", c->rank, ftk_err_msg());
+        MPI_Comm_free(&n);
+    }
+    int who;
+    if (comm_agree(c, w && w->dc ? 0 : 1, msg, sizeof msg, &who)) {
+        comm_free(w);
+        ftk_err_set("%s", msg);
+        return NULL;
+    }
     return w;
 }
 
@@ -186,6 +335,7 @@ void comm_free(comm_t *c)
 {
     if (!c)
         return;
+    dev_release(c);
     if (!c->self && c->c != MPI_COMM_WORLD)
         MPI_Comm_free(&c->c);
     free(c);
@@ -236,10 +386,15 @@ static void account(comm_t *c, double *bytes, int64_t *calls, double total, doub
 
 int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n) || !dtype_ok(dt))
+    if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
     account(c, &s->ag_bytes, &s->ag_calls, (double)n * c->size, 1, dt);
+    if (c->dc) { /* in place when part sits at its place in full: the library sees it too */
+        void *tok = NULL;
+        int rc = c->dev->allgather(c->dc, part, full, n, dt, &tok); /* before tok is read */
+        return dev_issued(c, rc, tok, req);
+    }
     if (c->self) {
         self_copy(c, full, part, (size_t)n * dtype_size(dt));
         return 0;
@@ -248,35 +403,45 @@ int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t d
     int in_place = (const char *)part == (const char *)full + (size_t)(c->rank * n) * dtype_size(dt);
     MPI_Iallgather(in_place ? MPI_IN_PLACE : part, (int)n, mpi_type(dt), full, (int)n, mpi_type(dt), c->c,
                    req_of(req));
-    req->active = 1;
+    req->active = REQ_MPI;
     return 0;
 }
 
 int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n) || !dtype_ok(dt))
+    if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
     account(c, &s->rs_bytes, &s->rs_calls, (double)n * c->size, 1, dt);
+    if (c->dc) {
+        void *tok = NULL;
+        int rc = c->dev->reduce_scatter(c->dc, full, part, n, dt, &tok); /* before tok is read */
+        return dev_issued(c, rc, tok, req);
+    }
     if (c->self) {
         self_copy(c, part, (const char *)full + (size_t)(c->rank * n) * dtype_size(dt), (size_t)n * dtype_size(dt));
         return 0;
     }
     MPI_Ireduce_scatter_block(full, part, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
-    req->active = 1;
+    req->active = REQ_MPI;
     return 0;
 }
 
 int comm_allreduce(comm_t *c, void *buf, int64_t n, dtype_t dt, comm_req_t *req)
 {
-    if (!count_ok(n) || !dtype_ok(dt))
+    if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
     account(c, &s->ar_bytes, &s->ar_calls, (double)n, 2, dt);
+    if (c->dc) {
+        void *tok = NULL;
+        int rc = c->dev->allreduce(c->dc, buf, n, dt, &tok); /* before tok is read */
+        return dev_issued(c, rc, tok, req);
+    }
     if (c->self)
         return 0;
     MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
-    req->active = 1;
+    req->active = REQ_MPI;
     return 0;
 }
 
@@ -290,6 +455,12 @@ int comm_wait(comm_t *c, comm_req_t *req)
 {
     if (!req->active)
         return 0;
+    if (req->active == REQ_DEV) { /* the compute stream waits; the host does not */
+        dev_req_t d;
+        memcpy(&d, req->impl, sizeof d);
+        req->active = 0;
+        return dev_ops->wait(d.dc, d.token);
+    }
     double t0 = time_now();
     MPI_Wait(req_of(req), MPI_STATUS_IGNORE);
     req->active = 0;
@@ -300,6 +471,15 @@ int comm_wait(comm_t *c, comm_req_t *req)
 int comm_test(comm_req_t *req, int *done)
 {
     int flag = 1;
+    if (req->active == REQ_DEV) {
+        dev_req_t d;
+        memcpy(&d, req->impl, sizeof d);
+        int rc = dev_ops->test(d.dc, d.token, &flag);
+        if (flag || rc < 0)
+            req->active = 0;
+        *done = flag || rc < 0;
+        return rc;
+    }
     if (req->active) {
         MPI_Test(req_of(req), &flag, MPI_STATUS_IGNORE);
         if (flag)

@@ -616,10 +616,11 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     int64_t step = meta->step + 1;
     double lr = train_lr(tc, step);
     double gnorm = shard_step(t->sh, tc, step, lr);
-    /* A device keeps its first error: stop before a checkpoint could take NaN from it. */
-    int code = agree(t, t->be->sync(t->be) < 0 ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step,
-                                                      ftk_err_msg())
-                                               : 0);
+    /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
+     * take NaN from it. */
+    int code = agree(t, t->be->sync(t->be) < 0 || comm_status(t->world) < 0
+                            ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg())
+                            : 0);
     if (code)
         return code;
     meta->step = step;

@@ -83,6 +83,7 @@ run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
 run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
 run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
 run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 6
+run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
@@ -138,6 +139,9 @@ if [ -d build/asan/bin ]; then
     run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/dist.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-dist" 0
+    run asan/cli-comm env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/comm.sh "$ROOT/build/asan/tests/test_comm" \
+        "$WORK/asan-comm" 4
     run asan/cli-plan env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/plan.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-plan" quick

@@ -71,8 +71,8 @@ static const opt_t options[] = {
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
     {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75"},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
-     "compute backend: cpu (OpenMP + BLAS) or cuda (the GPU of this rank's node-local index; one process per "
-     "job until the NCCL backend lands)"},
+     "compute backend: cpu (OpenMP + BLAS; ranks talk through MPI) or cuda (the GPU of this rank's node-local "
+     "index; ranks talk through NCCL)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
     {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for"},
@@ -292,10 +292,10 @@ static int check_values(trainer_opts_t *o)
         return bad("--preset, --max-len and --ranks are for --plan");
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
         return bad("--device %s: need cpu or cuda", device);
-    if (!plan && !strcmp(device, "cuda") && nranks > 1)
-        return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend, which this build does "
-                   "not have yet; run one process, or --device cpu",
-                   nranks);
+    if (!plan && !strcmp(device, "cuda") && nranks > 1 && !comm_nccl_built())
+        return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend: %s; run one process, "
+                   "or --device cpu",
+                   nranks, ftk_err_msg());
     if (steps < 0 || epochs < 1 || global_batch < 1 || micro_batch < 1 || warmup < 0 || !(lr > 0) ||
         !(min_lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0) ||
         !(weight_decay >= 0) || !(clip >= 0) || save_every < 0 || keep < 0 || eval_every < 0 || eval_rows < 0 ||
@@ -462,6 +462,15 @@ static int run(int argc, char **argv)
     if ((code = agree_msg(be ? 0 : FTK_EXIT_USAGE, msg))) {
         backend_free(be);
         return code;
+    }
+    /* GPU ranks: the tensor collectives through NCCL (control traffic stays on MPI); every
+     * rank gets the same verdict, the message naming the rank that failed. Under mpirun
+     * even one rank: MPI would be handed device memory. Alone, a process is a world of one
+     * whose collectives copy through the backend (comm_enable_nccl leaves it as it is). */
+    if (!strcmp(device, "cuda") && comm_enable_nccl(world, be) < 0) {
+        ftk_err_prefix("--device cuda: ");
+        backend_free(be);
+        return report(FTK_EXIT_FAIL);
     }
 
     FILE *mf = NULL;

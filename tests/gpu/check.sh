@@ -10,6 +10,10 @@
 #               the simple attention kernels (FTK_CUDA_ATTN=simple) in bf16
 #   attn-e2e    tests/gpu/attn_e2e.sh: a small model trained with the tensor-core attention
 #               and with the simple kernels: the same losses
+#   nccl-comm   tests/unit/test_comm.c --nccl: comm.h's contract over NCCL (1 rank; also 2–4
+#               ranks where there are that many GPUs)
+#   nccl-train  tests/gpu/nccl_vs_mpi.sh: 2-rank training over NCCL against 2 MPI ranks on the
+#               CPU (skipped with one GPU, after a 1-rank NCCL world against a process alone)
 #   opbench     tests/gpu/gpu_opbench: memory-bound ops against a device copy, products
 #   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
 #               larger cases: FTK_GPU_OPS_QUICK=1), where a probe shows it works on this machine
@@ -33,7 +37,7 @@ DATA=${FTK_DATA:-$ROOT/../shared/data}
 PY=${GPU_PYTHON:-python3}
 BUDGET=${GPU_CHECK_BUDGET:-540}
 export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
-STEPS=${*:-smoke ops ops-fp32 attn-e2e opbench sanitizer bench-1b bench-7b epoch demo}
+STEPS=${*:-smoke ops ops-fp32 attn-e2e nccl-comm nccl-train opbench sanitizer bench-1b bench-7b epoch demo}
 t_start=$(date +%s)
 fails=0
 R="$REP/report.md"
@@ -88,6 +92,17 @@ fi
 step ops 150 build/tests/gpu_ops
 step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple build/tests/gpu_ops
 step attn-e2e 90 sh tests/gpu/attn_e2e.sh "$ROOT/bin" "$DATA" "$REP/work/attn-e2e"
+# NCCL's first checks: right after the kernels', so that the time budget never leaves them out
+step nccl-comm 90 sh -c '
+    command -v mpirun >/dev/null || { echo "skipped (mpirun not found)"; exit 77; }
+    MPI="mpirun --oversubscribe"; [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
+    n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "$n" -gt 4 ] && n=4
+    for np in 1 $n; do
+        echo "== $np rank(s)"
+        timeout -k 5 40 $MPI -np $np build/tests/test_comm "$1" --nccl || exit $?
+        [ "$n" -gt 1 ] || break
+    done' nccl "$ROOT"
+step nccl-train 150 sh tests/gpu/nccl_vs_mpi.sh "$ROOT/bin" "$REP/work/nccl"
 step opbench 120 build/tests/gpu_opbench
 # a probe first: some machines refuse the device to the sanitizer ("Device not supported")
 step sanitizer 200 sh -c '
