@@ -48,7 +48,9 @@
  * Training keeps attention inside a sample and restarts positions at each sample start.
  *
  * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k holds a
- * contiguous range of the rows of each split.
+ * contiguous range of the rows of each split. Readers take the set as a whole
+ * (tokens_set.h): global rows in shard order, which must be the order the rows would have
+ * in one file, so that a set trains like the file.
  */
 #ifndef FTK_TOKENS_H
 #define FTK_TOKENS_H
