@@ -51,6 +51,7 @@ finish() {
 
 # The slow set: the same kinds of test at full size (make test runs smaller counts).
 if [ "$SET" = slow ]; then
+    run slow/shards-memory-3GB sh tests/slow/shards_memory.sh "$ROOT/bin" "$WORK/shards-memory" 3
     finish
     exit
 fi
