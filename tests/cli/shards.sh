@@ -3,7 +3,8 @@
 #  - the packer puts the same rows in the same global order in 1 file and in 3 shards
 #    (h5py, when at hand: the shards' rows concatenated = the file's);
 #  - ftk-train on a 1-file pack and on a 3-shard pack of the same records (named by its
-#    base name or by one of its shards) gives identical losses on 1 rank and on 3 ranks;
+#    base name or by one of its shards) gives identical losses on 1 rank and on 3 ranks,
+#    and on an 11-shard pack (more files than the reader keeps open) on 1 rank;
 #    1 and 3 ranks agree within 1e-5 (reduction order);
 #  - resume: a run on the set resumes when the set is named another way, and refuses the
 #    1-file pack (other data: another set checksum);
@@ -54,6 +55,12 @@ check "1 rank: 5 steps (into the second epoch) and 2 evaluations" test "$(grep -
 same "1 rank: 3 shards (base name) give the 1-file pack's losses, validation losses, token counts" "$WORK/l-three" \
     "$WORK/l-one"
 same "1 rank: 3 shards (named by a shard) the same" "$WORK/l-three2" "$WORK/l-one"
+# More shards than the reader keeps open (8): files closed and reopened as rows are read;
+# some shards hold no validation row.
+$PACK --max-len 256 -o "$WORK/eleven.h5" --shards 11 2>/dev/null
+expect "1 rank, 11 shards" 0 $T -d "$WORK/eleven" -o "$WORK/r1-eleven" --no-save
+losses "$WORK/r1-eleven" >"$WORK/l-eleven"
+same "1 rank: 11 shards give the 1-file pack's losses" "$WORK/l-eleven" "$WORK/l-one"
 if [ "$QUICK" = quick ]; then
     echo "note: quick: the 3-rank runs are skipped"
 elif command -v mpirun >/dev/null; then
