@@ -13,9 +13,15 @@
 
 const char *const tokens_split_names[2] = {"train", "val"};
 
+/* The datasets a row read touches (tokens_dataset_names' order); row_offsets and
+ * row_samples are held. */
+static const int row_ds[] = {0, 1, 4, 5, 6};
+#define N_ROW_DS 5
+
 typedef struct {
     char *path;
-    hid_t file; /* -1 while closed */
+    hid_t file;                       /* -1 while closed */
+    hid_t ds[2][TOKENS_N_DATASETS];   /* open with the file: row_ds of each split */
     uint64_t used;
     int64_t rows[2], tokens[2], samples[2];
     int64_t *off[2], *rs[2]; /* the row index: row_offsets, row_samples (rows + 1 each) */
@@ -335,14 +341,26 @@ out:
     return rc;
 }
 
+static void shard_close(shard_file_t *h)
+{
+    for (int sp = 0; sp < 2; sp++)
+        for (int j = 0; j < N_ROW_DS; j++)
+            if (h->ds[sp][row_ds[j]] >= 0) {
+                H5Dclose(h->ds[sp][row_ds[j]]);
+                h->ds[sp][row_ds[j]] = -1;
+            }
+    if (h->file >= 0)
+        h5_close(h->file);
+    h->file = -1;
+}
+
 void tokens_set_close(tokens_set_t *s)
 {
     if (!s)
         return;
     for (int k = 0; k < s->n; k++) {
         shard_file_t *h = &s->sh[k];
-        if (h->file >= 0)
-            h5_close(h->file);
+        shard_close(h);
         free(h->path);
         for (int sp = 0; sp < 2; sp++) {
             free(h->off[sp]);
@@ -378,6 +396,9 @@ tokens_set_t *tokens_set_open(const char *path)
     for (int k = 0; k < n; k++) {
         s->sh[k].path = names[k];
         s->sh[k].file = -1;
+        for (int sp = 0; sp < 2; sp++)
+            for (int j = 0; j < TOKENS_N_DATASETS; j++)
+                s->sh[k].ds[sp][j] = -1;
     }
     free(names);
     tokens_set_info_t *in = &s->info;
@@ -478,8 +499,7 @@ static hid_t shard_file(tokens_set_t *s, int k)
             for (int i = 0; i < s->n; i++)
                 if (s->sh[i].file >= 0 && (lru < 0 || s->sh[i].used < s->sh[lru].used))
                     lru = i;
-            h5_close(s->sh[lru].file);
-            s->sh[lru].file = -1;
+            shard_close(&s->sh[lru]);
             s->n_open--;
         }
         hid_t f = h5_open(h->path, TOKENS_FORMAT, TOKENS_VERSION, NULL, NULL);
@@ -496,6 +516,24 @@ static hid_t shard_file(tokens_set_t *s, int k)
         free(set);
         h->file = f;
         s->n_open++;
+        /* Row reads are random: a chunk cache would not be hit for tokens and masks
+         * (compressed sets), but is for the smaller sample arrays (1 MiB each, HDF5's
+         * default): at most 6 MiB per open file. */
+        hid_t nocache = H5Pcreate(H5P_DATASET_ACCESS);
+        H5Pset_chunk_cache(nocache, 0, 0, 1.0);
+        for (int sp = 0; sp < 2; sp++)
+            for (int j = 0; j < N_ROW_DS; j++) {
+                char name[64];
+                snprintf(name, sizeof name, "%s/%s", tokens_split_names[sp], tokens_dataset_names[row_ds[j]]);
+                if ((h->ds[sp][row_ds[j]] = H5Dopen2(f, name, j < 2 ? nocache : H5P_DEFAULT)) < 0) {
+                    ftk_err_set("%s: cannot open dataset /%s", h->path, name);
+                    H5Pclose(nocache);
+                    shard_close(h);
+                    s->n_open--;
+                    return -1;
+                }
+            }
+        H5Pclose(nocache);
     }
     h->used = ++s->clock;
     return h->file;
@@ -515,6 +553,33 @@ static int shard_of(const tokens_set_t *s, int sp, int64_t g)
     return lo;
 }
 
+/* Elements [at, at + n) of an open 1-D dataset. */
+static int read_range(hid_t d, hid_t memtype, int64_t at, int64_t n, void *out)
+{
+    if (n == 0)
+        return 0;
+    hid_t fs = H5Dget_space(d);
+    hsize_t dim = 0, start = (hsize_t)at, count = (hsize_t)n;
+    hid_t ms = H5Screate_simple(1, &count, NULL);
+    herr_t e = fs < 0 || H5Sget_simple_extent_dims(fs, &dim, NULL) != 1 || start + count > dim ? -1 : 0;
+    if (e >= 0)
+        e = H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count, NULL);
+    if (e >= 0)
+        e = H5Dread(d, memtype, ms, fs, H5P_DEFAULT, out);
+    H5Sclose(ms);
+    if (fs >= 0)
+        H5Sclose(fs);
+    if (e < 0) {
+        char name[128] = "?";
+        H5Iget_name(d, name, sizeof name);
+        ftk_err_set("dataset %s: cannot read elements %lld..%lld (corrupt file, or compressed without the zstd "
+                    "filter)",
+                    name, (long long)at, (long long)(at + n));
+        return -1;
+    }
+    return 0;
+}
+
 /* Rows [r0, r0 + n) of shard k into out at rows R0, tokens T0, samples S0, checked, then
  * rebased. Returns 0, 1 (an invariant), -1 (a read). */
 static int read_run(tokens_set_t *s, int sp, int k, int64_t r0, int64_t n, tokens_split_t *out, int64_t R0,
@@ -526,19 +591,14 @@ static int read_run(tokens_set_t *s, int sp, int k, int64_t r0, int64_t n, token
     hid_t f = shard_file(s, k);
     if (f < 0)
         return -1;
-    hid_t g = H5Gopen2(f, tokens_split_names[sp], H5P_DEFAULT);
-    int rc = g < 0 || h5r_read_rows(g, "tokens", H5T_NATIVE_INT32, (hsize_t)t0, (hsize_t)nt, out->tokens + T0) < 0 ||
-                     h5r_read_rows(g, "loss_mask", H5T_NATIVE_UINT8, (hsize_t)t0, (hsize_t)nt, out->loss_mask + T0) < 0 ||
-                     h5r_read_rows(g, "sample_starts", H5T_NATIVE_INT64, (hsize_t)s0, (hsize_t)ns,
-                                   out->sample_starts + S0) < 0 ||
-                     h5r_read_rows(g, "sample_lengths", H5T_NATIVE_INT64, (hsize_t)s0, (hsize_t)ns,
-                                   out->sample_lengths + S0) < 0 ||
-                     h5r_read_rows(g, "sample_record", H5T_NATIVE_INT64, (hsize_t)s0, (hsize_t)ns,
-                                   out->sample_record + S0) < 0
+    hid_t *ds = s->sh[k].ds[sp];
+    int rc = read_range(ds[0], H5T_NATIVE_INT32, t0, nt, out->tokens + T0) < 0 ||
+                     read_range(ds[1], H5T_NATIVE_UINT8, t0, nt, out->loss_mask + T0) < 0 ||
+                     read_range(ds[4], H5T_NATIVE_INT64, s0, ns, out->sample_starts + S0) < 0 ||
+                     read_range(ds[5], H5T_NATIVE_INT64, s0, ns, out->sample_lengths + S0) < 0 ||
+                     read_range(ds[6], H5T_NATIVE_INT64, s0, ns, out->sample_record + S0) < 0
                  ? -1
                  : 0;
-    if (g >= 0)
-        H5Gclose(g);
     if (rc == 0) {
         tokens_rows_t v = {out->tokens + T0, out->loss_mask + T0, off, rs, out->sample_starts + S0,
                            out->sample_lengths + S0, out->sample_record + S0, r0, n};

@@ -4,7 +4,8 @@
 #    (h5py, when at hand: the shards' rows concatenated = the file's);
 #  - ftk-train on a 1-file pack and on a 3-shard pack of the same records (named by its
 #    base name or by one of its shards) gives identical losses on 1 rank and on 3 ranks,
-#    and on an 11-shard pack (more files than the reader keeps open) on 1 rank;
+#    and on an 11-shard pack (more files than the reader keeps open) and a compressed
+#    3-shard pack on 1 rank;
 #    1 and 3 ranks agree within 1e-5 (reduction order);
 #  - resume: a run on the set resumes when the set is named another way, and refuses the
 #    1-file pack (other data: another set checksum);
@@ -61,6 +62,10 @@ $PACK --max-len 256 -o "$WORK/eleven.h5" --shards 11 2>/dev/null
 expect "1 rank, 11 shards" 0 $T -d "$WORK/eleven" -o "$WORK/r1-eleven" --no-save
 losses "$WORK/r1-eleven" >"$WORK/l-eleven"
 same "1 rank: 11 shards give the 1-file pack's losses" "$WORK/l-eleven" "$WORK/l-one"
+$PACK --max-len 256 -o "$WORK/z.h5" --shards 3 --compress zstd 2>/dev/null
+expect "1 rank, 3 compressed shards" 0 $T -d "$WORK/z" -o "$WORK/r1-z" --no-save
+losses "$WORK/r1-z" >"$WORK/l-z"
+same "1 rank: 3 compressed shards give the 1-file pack's losses" "$WORK/l-z" "$WORK/l-one"
 if [ "$QUICK" = quick ]; then
     echo "note: quick: the 3-rank runs are skipped"
 elif command -v mpirun >/dev/null; then
