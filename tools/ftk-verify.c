@@ -32,12 +32,16 @@ static const opt_t options[] = {
 
 static const opt_spec_t spec = {
     .tool = "ftk-verify",
-    .usage = "FILE.h5|CHECKPOINT|RUN...   or   --compare A B",
+    .usage = "FILE.h5|TOKEN-SET|CHECKPOINT|RUN...   or   --compare A B",
     .summary = "Recomputes the XXH3-64 checksum of every dataset of each ftk file and compares it with\n"
                "the one stored when it was written, then checks the invariants of the file's format\n"
                "(for token files: ids inside the vocabulary, row and sample boundaries consistent,\n"
                "loss masks well formed, counts matching; for weights files: a valid config, every\n"
                "parameter present with the shape it implies, nothing else; with --deep no NaN/Inf).\n"
+               "A set of token shards (ftk-pack --shards; its base name or any of its files) is checked\n"
+               "as a whole: every shard's checksums, then the shards' names, indices and count, the\n"
+               "attributes they share, the set checksum and every row; one OK line per shard and one\n"
+               "for the set.\n"
                "A checkpoint (a step-NNNNNNNN directory or RUN/latest): the manifest well formed and\n"
                "consistent with config.json and the model; every shard file present, of the recorded\n"
                "size and checksum, holding the shard index, count, step and shard map the manifest\n"
@@ -54,7 +58,8 @@ static const opt_spec_t spec = {
                "bf16-true checkpoint against its fp32 origin differs by bf16 rounding: --rtol 2^-8).",
     .epilog = "Exit status: 0 every file whole (--compare: equal within the tolerances), 2 a path is\n"
               "missing or not an ftk file or checkpoint, 3 damaged or different (the message names\n"
-              "the file, the dataset and what differs).\n",
+              "the file, the dataset and what differs; a set of shards with one missing, extra or\n"
+              "foreign is damaged).\n",
     .opts = options,
     .min_pos = 1,
     .max_pos = -1,
