@@ -12,15 +12,18 @@
 
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
+#include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
 #include "train.h"
 
+/* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
+ * memory bound); step and eval hold this rank's rows of the current step or pass. */
 typedef struct {
-    hid_t file;
-    tokens_split_t train, val;
-    int64_t max_len, vocab;
+    tokens_set_t *set;
+    tokens_split_t step, eval;
+    int64_t max_len, vocab, rows[2];
     char set_xxh3[32];
 } data_t;
 
@@ -74,40 +77,28 @@ static int agree(trainer_t *t, int code)
 static int open_data(const char *path, data_t *d)
 {
     memset(d, 0, sizeof *d);
-    d->file = h5_open(path, TOKENS_FORMAT, TOKENS_VERSION, NULL, NULL);
-    if (d->file < 0)
+    if (!(d->set = tokens_set_open(path)))
         return -1;
-    int64_t shards;
-    char *set = NULL;
-    if (h5_attr_get_i64(d->file, "max_len", &d->max_len) < 0 || h5_attr_get_i64(d->file, "vocab_size", &d->vocab) < 0 ||
-        h5_attr_get_i64(d->file, "shard_count", &shards) < 0 || h5_attr_get_str(d->file, "set_xxh3", &set) < 0)
-        return -1;
-    snprintf(d->set_xxh3, sizeof d->set_xxh3, "%s", set);
-    free(set);
-    if (shards != 1) {
-        ftk_err_set("%s is shard of a set of %lld; train on an unsharded file (ftk-pack without --shards)", path,
-                    (long long)shards);
-        return -1;
-    }
-    if (tokens_read_split(d->file, "train", &d->train) < 0 || tokens_read_split(d->file, "val", &d->val) < 0)
-        return -1;
-    /* The file is untrusted even when its checksums hold: an id past the vocabulary or an
-     * offset past the tokens would reach the embedding and the batch builder. One pass. */
-    int64_t pad, packed;
-    if (h5_attr_get_i64(d->file, "pad_id", &pad) < 0 || h5_attr_get_i64(d->file, "packed", &packed) < 0)
-        return -1;
-    if (d->vocab < 1 || d->vocab > INT32_MAX || d->max_len < 1 || pad < 0 || pad >= d->vocab) {
-        ftk_err_set("attributes vocab_size %lld, max_len %lld, pad_id %lld are not those of a tokens file",
-                    (long long)d->vocab, (long long)d->max_len, (long long)pad);
-        return -1;
-    }
-    const char *split[2] = {"train", "val"};
-    const tokens_split_t *sp[2] = {&d->train, &d->val};
-    for (int k = 0; k < 2; k++)
-        if (tokens_check_split(sp[k], d->vocab, d->max_len, packed != 0, (int32_t)pad)) {
-            ftk_err_prefix("/%s/", split[k]);
+    const tokens_set_info_t *in = tokens_set_info(d->set);
+    d->max_len = in->max_len;
+    d->vocab = in->vocab_size;
+    d->rows[TOKENS_TRAIN] = in->rows[TOKENS_TRAIN];
+    d->rows[TOKENS_VAL] = in->rows[TOKENS_VAL];
+    snprintf(d->set_xxh3, sizeof d->set_xxh3, "%s", in->set_xxh3);
+    return 0;
+}
+
+/* The set is untrusted even when its checksums hold: an id past the vocabulary or an
+ * offset past the tokens would reach the embedding and the batch builder. The row index
+ * was checked at open; here the contents, in one streaming pass over the set shared by
+ * the ranks (each reads 1/nranks of it); every row is checked again when a step reads it. */
+static int check_data(trainer_t *t)
+{
+    for (int sp = 0; sp < 2; sp++) {
+        int64_t R = t->data.rows[sp];
+        if (tokens_set_check(t->data.set, sp, R * t->rank / t->nranks, R * (t->rank + 1) / t->nranks))
             return -1;
-        }
+    }
     return 0;
 }
 
@@ -254,22 +245,21 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     t->o = *o;
     t->wf = -1;
     t->lock_fd = -1;
-    t->data.file = -1;
     ckpt_meta_t *meta = &t->meta;
 
     if ((t->wf = weights_open(o->model_path, &t->cfg)) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
-    else if (open_data(o->data_path, &t->data) < 0)
-        c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->data_path, ftk_err_msg());
+    else if (open_data(o->data_path, &t->data) < 0 || check_data(t) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg()); /* it names the file */
     else if (t->data.vocab > t->cfg.vocab_size)
         c = fail(t, FTK_EXIT_USAGE, "%s: token ids up to %lld, but the model's vocabulary has %lld entries",
                  o->data_path, (long long)t->data.vocab, (long long)t->cfg.vocab_size);
-    else if (t->data.train.n_rows == 0)
+    else if (t->data.rows[TOKENS_TRAIN] == 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: no training rows", o->data_path);
     else if (ckpt_init_hash(t->wf, &t->cfg, meta->init_xxh3) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
     CHECK(c);
-    t->R = t->data.train.n_rows;
+    t->R = t->data.rows[TOKENS_TRAIN];
     t->per_epoch = (t->R + o->train.global_batch - 1) / o->train.global_batch;
     meta->train = o->train;
     if (!meta->train.total_steps)
@@ -309,10 +299,9 @@ void trainer_free(trainer_t *t)
     free(t->rows);
     model_free(t->m);
     shard_free(t->sh);
-    tokens_split_free(&t->data.train);
-    tokens_split_free(&t->data.val);
-    if (t->data.file >= 0)
-        h5_close(t->data.file);
+    tokens_split_free(&t->data.step);
+    tokens_split_free(&t->data.eval);
+    tokens_set_close(t->data.set);
     if (t->wf >= 0)
         h5_close(t->wf);
     free(t);
@@ -322,7 +311,7 @@ const ckpt_meta_t *trainer_meta(const trainer_t *t) { return &t->meta; }
 int trainer_done(const trainer_t *t) { return t->meta.step >= t->meta.train.total_steps; }
 int64_t trainer_steps_per_epoch(const trainer_t *t) { return t->per_epoch; }
 int64_t trainer_rows(const trainer_t *t) { return t->R; }
-int64_t trainer_val_rows(const trainer_t *t) { return t->data.val.n_rows; }
+int64_t trainer_val_rows(const trainer_t *t) { return t->data.rows[TOKENS_VAL]; }
 int64_t trainer_n_params(const trainer_t *t) { return model_n_params(&t->cfg); }
 const bk_mem_t *trainer_memory(const trainer_t *t) { return bk_mem(t->be); }
 
@@ -543,16 +532,25 @@ int trainer_resume(trainer_t *t)
 
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
 {
-    const tokens_split_t *val = &t->data.val;
-    int64_t mb = t->meta.train.micro_batch, er = t->o.eval_rows;
-    int64_t rows = er > 0 && er < val->n_rows ? er : val->n_rows;
+    tokens_split_t *val = &t->data.eval;
+    int64_t mb = t->meta.train.micro_batch, er = t->o.eval_rows, n_val = t->data.rows[TOKENS_VAL];
+    int64_t rows = er > 0 && er < n_val ? er : n_val;
     int64_t lo = rows * t->rank / t->nranks, hi = rows * (t->rank + 1) / t->nranks;
     int64_t per = (rows + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
     double v[3] = {0, 0, 0}; /* loss, targets, errors */
     char err[1024] = "";
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
-        if (make_batch(&t->b, val, NULL, r0, k) < 0) {
+        tokens_split_free(val);
+        int bad = 0;
+        if (k > 0) { /* rows r0 .. r0 + k - 1 of the validation split */
+            int64_t *v = malloc((size_t)k * sizeof *v);
+            for (int64_t i = 0; v && i < k; i++)
+                v[i] = r0 + i;
+            bad = !v ? (ftk_err_set("out of memory"), 1) : tokens_set_read(t->data.set, TOKENS_VAL, v, k, val) < 0;
+            free(v);
+        }
+        if (bad || make_batch(&t->b, val, NULL, 0, k) < 0) {
             snprintf(err, sizeof err, "%s", ftk_err_msg());
             v[2] = 1;
             make_batch(&t->b, val, NULL, 0, 0); /* keep the collectives in step */
@@ -573,7 +571,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
 {
     ckpt_meta_t *meta = &t->meta;
     const ckpt_train_t *tc = &meta->train;
-    const tokens_split_t *tr = &t->data.train;
+    tokens_split_t *tr = &t->data.step;
     comm_stats_t *stats = shard_stats(t->sh), before = *stats;
     int64_t G = tc->global_batch, mb = tc->micro_batch;
     /* The next global batch of the data order; this rank's slice of it. */
@@ -584,24 +582,35 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     }
     int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
     memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
-    int64_t n_tgt = 0, tokens = 0;
-    for (int64_t i = 0; i < k; i++) {
-        n_tgt += train_row_targets(tr, t->rows[i]);
-        for (int64_t j = tr->row_samples[t->rows[i]]; j < tr->row_samples[t->rows[i] + 1]; j++)
-            tokens += tr->sample_lengths[j];
-    }
-    float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
     int64_t lo = k * t->rank / t->nranks, hi = k * (t->rank + 1) / t->nranks;
     int64_t per = (k + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
+    /* This rank's rows of the batch, read once; the batch's targets and tokens are the sums
+     * of every rank's (exact: integers), and the targets scale every backward pass. */
+    double c[3] = {0, 0, 0}; /* targets, tokens, a rank could not read its rows */
+    char err[1024] = "";
+    tokens_split_free(tr);
+    if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
+        snprintf(err, sizeof err, "%s", ftk_err_msg());
+        c[2] = 1;
+    }
+    for (int64_t i = 0; i < tr->n_rows; i++) {
+        c[0] += (double)train_row_targets(tr, i);
+        for (int64_t j = tr->row_samples[i]; j < tr->row_samples[i + 1]; j++)
+            c[1] += (double)tr->sample_lengths[j];
+    }
+    comm_allreduce_f64(t->world, c, 3, COMM_SUM);
+    if (c[2])
+        return agree(t, err[0] ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1, err) : 0);
+    int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
+    float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
     /* loss, stop requested, checkpoint due by the clock, a rank failed */
     double v[4] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0};
-    char err[1024] = "";
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
-        if (make_batch(&t->b, tr, t->rows, r0, kk) < 0) {
+        if (make_batch(&t->b, tr, NULL, r0 - lo, kk) < 0) {
             snprintf(err, sizeof err, "%s", ftk_err_msg());
             v[3] = 1;
-            make_batch(&t->b, tr, t->rows, 0, 0); /* keep the collectives in step */
+            make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
         }
         shard_pass_begin(t->sh, 1, p + 1 == passes);
         v[0] += model_step(t->m, &t->b, scale, NULL);

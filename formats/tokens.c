@@ -294,23 +294,13 @@ int tokens_read_split(hid_t file, const char *group, tokens_split_t *s)
         return 1;                                                                                            \
     } while (0)
 
-int tokens_check_split(const tokens_split_t *s, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id)
+int tokens_check_rows(const tokens_rows_t *v, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id)
 {
-    const int64_t T = s->n_tokens, R = s->n_rows, S = s->n_samples;
-    for (int64_t i = 0; i < T; i++) {
-        if (s->tokens[i] < 0 || s->tokens[i] >= vocab_size)
-            BAD("tokens[%lld] = %d is not a token id (vocabulary size %lld)", (long long)i, s->tokens[i],
-                (long long)vocab_size);
-        if (s->loss_mask[i] > 1)
-            BAD("loss_mask[%lld] = %u is neither 0 nor 1", (long long)i, s->loss_mask[i]);
-    }
-    if (s->row_offsets[0] != 0 || s->row_offsets[R] != T)
-        BAD("row_offsets must start at 0 and end at %lld (the number of tokens)", (long long)T);
-    if (s->row_samples[0] != 0 || s->row_samples[R] != S)
-        BAD("row_samples must start at 0 and end at %lld (the number of samples)", (long long)S);
-    for (int64_t r = 0; r < R; r++) {
-        int64_t a = s->row_offsets[r], b = s->row_offsets[r + 1];
-        int64_t sa = s->row_samples[r], sb = s->row_samples[r + 1];
+    const int64_t R = v->n_rows, r0 = v->first_row;
+    const int64_t *off = v->row_offsets, *rs = v->row_samples;
+    /* The index first: the content loops below index the arrays through it. */
+    for (int64_t i = 0; i < R; i++) {
+        int64_t a = off[i], b = off[i + 1], sa = rs[i], sb = rs[i + 1], r = r0 + i;
         if (b < a)
             BAD("row_offsets[%lld] decreases", (long long)r + 1);
         if (sb < sa)
@@ -323,28 +313,56 @@ int tokens_check_split(const tokens_split_t *s, int64_t vocab_size, int64_t max_
                 (long long)(b - a), (long long)max_len);
         if (!packed && sb - sa != 1)
             BAD("row_samples: unpacked row %lld holds %lld samples, not 1", (long long)r, (long long)(sb - sa));
-        int64_t t = a;
-        for (int64_t k = sa; k < sb; k++) {
-            if (s->sample_starts[k] != t)
+        if (sb - sa > b - a) /* every sample has a token: this bounds what a reader allocates */
+            BAD("row_samples: row %lld holds %lld samples in %lld tokens", (long long)r, (long long)(sb - sa),
+                (long long)(b - a));
+    }
+    if (!v->tokens)
+        return 0;
+    const int64_t t0 = off[0], s0 = rs[0];
+    for (int64_t i = t0; i < off[R]; i++) {
+        if (v->tokens[i - t0] < 0 || v->tokens[i - t0] >= vocab_size)
+            BAD("tokens[%lld] = %d is not a token id (vocabulary size %lld)", (long long)i, v->tokens[i - t0],
+                (long long)vocab_size);
+        if (v->loss_mask[i - t0] > 1)
+            BAD("loss_mask[%lld] = %u is neither 0 nor 1", (long long)i, v->loss_mask[i - t0]);
+    }
+    for (int64_t i = 0; i < R; i++) {
+        int64_t b = off[i + 1], r = r0 + i, t = off[i];
+        for (int64_t k = rs[i]; k < rs[i + 1]; k++) {
+            int64_t start = v->sample_starts[k - s0], len = v->sample_lengths[k - s0];
+            if (start != t)
                 BAD("sample_starts[%lld] = %lld, but the previous sample of row %lld ends at %lld", (long long)k,
-                    (long long)s->sample_starts[k], (long long)r, (long long)t);
-            if (s->sample_lengths[k] < 1 || s->sample_lengths[k] > b - t)
-                BAD("sample_lengths[%lld] = %lld does not fit in row %lld", (long long)k,
-                    (long long)s->sample_lengths[k], (long long)r);
-            if (s->loss_mask[t])
+                    (long long)start, (long long)r, (long long)t);
+            if (len < 1 || len > b - t)
+                BAD("sample_lengths[%lld] = %lld does not fit in row %lld", (long long)k, (long long)len,
+                    (long long)r);
+            if (v->loss_mask[t - t0])
                 BAD("loss_mask[%lld] is 1 on the first token of sample %lld", (long long)t, (long long)k);
-            if (s->sample_record[k] < 0)
+            if (v->sample_record[k - s0] < 0)
                 BAD("sample_record[%lld] is negative", (long long)k);
-            t += s->sample_lengths[k];
+            t += len;
         }
         if (!packed && t != b)
             BAD("row_offsets: unpacked row %lld has padding", (long long)r);
         for (; t < b; t++)
-            if (s->tokens[t] != pad_id || s->loss_mask[t])
+            if (v->tokens[t - t0] != pad_id || v->loss_mask[t - t0])
                 BAD("tokens[%lld]: padding of row %lld must be pad_id %d with loss_mask 0", (long long)t,
                     (long long)r, pad_id);
     }
     return 0;
+}
+
+int tokens_check_split(const tokens_split_t *s, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id)
+{
+    const int64_t T = s->n_tokens, R = s->n_rows, S = s->n_samples;
+    if (s->row_offsets[0] != 0 || s->row_offsets[R] != T)
+        BAD("row_offsets must start at 0 and end at %lld (the number of tokens)", (long long)T);
+    if (s->row_samples[0] != 0 || s->row_samples[R] != S)
+        BAD("row_samples must start at 0 and end at %lld (the number of samples)", (long long)S);
+    tokens_rows_t v = {s->tokens, s->loss_mask, s->row_offsets, s->row_samples, s->sample_starts,
+                       s->sample_lengths, s->sample_record, 0, R};
+    return tokens_check_rows(&v, vocab_size, max_len, packed, pad_id);
 }
 
 uint64_t tokens_set_hash(const uint64_t (*sums)[2 * TOKENS_N_DATASETS], int n_shards)

@@ -51,7 +51,9 @@
  * Training keeps attention inside a sample and restarts positions at each sample start.
  *
  * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k holds a
- * contiguous range of the rows of each split.
+ * contiguous range of the rows of each split. Readers take the set as a whole
+ * (tokens_set.h): global rows in shard order, which must be the order the rows would have
+ * in one file, so that a set trains like the file.
  */
 #ifndef FTK_TOKENS_H
 #define FTK_TOKENS_H
@@ -103,6 +105,26 @@ void tokens_split_free(tokens_split_t *s);
 /* Checks the invariants above. Returns 0 when they hold, 1 when not (ftk_err_msg()
  * names the dataset and the first offending element). */
 int tokens_check_split(const tokens_split_t *s, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id);
+
+/* Rows [first_row, first_row + n_rows) of a split, read from its file in part
+ * (tokens_set.h): row_offsets and row_samples hold entries first_row .. first_row + n_rows,
+ * in the file's numbering; tokens and loss_mask hold the file's tokens from
+ * row_offsets[0] to row_offsets[n_rows], the sample_* arrays its samples from
+ * row_samples[0] to row_samples[n_rows]. tokens NULL: the index alone is checked. */
+typedef struct {
+    const int32_t *tokens;
+    const uint8_t *loss_mask;
+    const int64_t *row_offsets, *row_samples;
+    const int64_t *sample_starts, *sample_lengths, *sample_record;
+    int64_t first_row, n_rows;
+} tokens_rows_t;
+
+/* The invariants above that concern those rows (where the split starts and ends is the
+ * caller's to check): 0, or 1 with ftk_err_msg() naming the dataset and the first
+ * offending element by its index in the file. The caller guarantees that the arrays hold
+ * what the index says (row_offsets[n_rows] - row_offsets[0] tokens, …) once the index
+ * itself has passed (the index is checked before anything is read through it). */
+int tokens_check_rows(const tokens_rows_t *v, int64_t vocab_size, int64_t max_len, int packed, int32_t pad_id);
 
 /* The set hash from each shard's dataset checksums: sums[shard][split * TOKENS_N_DATASETS + k]
  * (split 0 = train, 1 = val). */

@@ -54,6 +54,7 @@ finish() {
 
 # The slow set: the same kinds of test at full size (make test runs smaller counts).
 if [ "$SET" = slow ]; then
+    run slow/shards-memory-3GB sh tests/slow/shards_memory.sh "$ROOT/bin" "$WORK/shards-memory" 3
     finish
     exit
 fi
@@ -82,6 +83,7 @@ fi
 run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
 run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
 run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
+run cli/shards sh tests/cli/shards.sh "$ROOT/bin" "$WORK/shards" "$DATA"
 run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 6
 run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
@@ -132,6 +134,7 @@ if [ -d build/asan/bin ]; then
     run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
     run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
+    run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report

@@ -2,9 +2,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../formats/h5.h"
 #include "../formats/h5zstd.h"
+#include "../formats/tokens.h"
+#include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -13,20 +16,26 @@ static const opt_t options[] = {{0}};
 
 static const opt_spec_t spec = {
     .tool = "ftk-info",
-    .usage = "FILE.h5...",
+    .usage = "FILE.h5|TOKEN-SET...",
     .summary = "Describes ftk files: format and version, the metadata attributes, and every group and\n"
-               "dataset with its shape, type, compression and checksum. Use ftk-verify to check them.",
+               "dataset with its shape, type, compression and checksum. Use ftk-verify to check them.\n"
+               "A set of token shards (ftk-pack --shards; named by its base name or any of its files) is\n"
+               "also described as a whole: the attributes its shards share, the rows, samples and tokens\n"
+               "of each split, and which global rows each shard holds.",
     .epilog = "Exit status: 0 success, 2 a file is missing or not an ftk file.\n",
     .opts = options,
     .min_pos = 1,
     .max_pos = -1,
 };
 
+static int set_attrs; /* printing a set's shared attributes: not shard_index */
+
 static herr_t print_attr(hid_t loc, const char *name, const H5A_info_t *info, void *indent_p)
 {
     (void)info;
     int indent = *(int *)indent_p;
-    if (strcmp(name, "ftk_format") == 0 || strcmp(name, "ftk_format_version") == 0)
+    if (strcmp(name, "ftk_format") == 0 || strcmp(name, "ftk_format_version") == 0 ||
+        (set_attrs && strcmp(name, "shard_index") == 0))
         return 0;
     hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
     hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
@@ -129,6 +138,42 @@ static herr_t print_object(hid_t file, const char *name, const H5O_info_t *info,
     return 0;
 }
 
+/* The set of token shards path names, as a whole (formats/tokens_set.h). */
+static int describe_set(const char *path)
+{
+    tokens_set_t *s = tokens_set_open(path);
+    if (!s) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    const tokens_set_info_t *in = tokens_set_info(s);
+    const char *first = tokens_set_shard_path(s, 0);
+    printf("%.*s: ftk token set of %d shards (%s … %s)\n", (int)(strlen(first) - 18), first, in->n_shards, first,
+           tokens_set_shard_path(s, in->n_shards - 1));
+    hid_t f = h5_open(first, TOKENS_FORMAT, TOKENS_VERSION, NULL, NULL);
+    if (f >= 0) { /* what every shard shares (tokens_set_open checked it); shard_index differs */
+        int indent = 2;
+        set_attrs = 1;
+        H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, NULL, print_attr, &indent);
+        set_attrs = 0;
+        h5_close(f);
+    }
+    for (int sp = 0; sp < 2; sp++)
+        printf("  /%-5s %lld rows, %lld samples, %lld tokens (whole set)\n", tokens_split_names[sp],
+               (long long)in->rows[sp], (long long)in->samples[sp], (long long)in->tokens[sp]);
+    printf("shards (global rows):\n");
+    int64_t at[2] = {0, 0};
+    for (int k = 0; k < in->n_shards; k++) {
+        int64_t tr = tokens_set_shard_rows(s, k, TOKENS_TRAIN), va = tokens_set_shard_rows(s, k, TOKENS_VAL);
+        printf("  %s  train %lld..%lld, val %lld..%lld\n", tokens_set_shard_path(s, k), (long long)at[0],
+               (long long)(at[0] + tr), (long long)at[1], (long long)(at[1] + va));
+        at[0] += tr;
+        at[1] += va;
+    }
+    tokens_set_close(s);
+    return FTK_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-info");
@@ -140,7 +185,14 @@ int main(int argc, char **argv)
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
         char *fmt = NULL;
-        int64_t ver = 0;
+        int64_t ver = 0, count = 0;
+        if (access(pos[i], F_OK) != 0) { /* a set's base name */
+            if (i)
+                printf("\n");
+            int r = describe_set(pos[i]);
+            rc = r ? r : rc;
+            continue;
+        }
         hid_t f = h5_open(pos[i], NULL, 0, &fmt, &ver);
         if (f < 0) {
             ftk_error("%s", ftk_err_msg());
@@ -164,8 +216,14 @@ int main(int argc, char **argv)
         name_width = 28;
         H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, measure, NULL);
         H5Ovisit(f, H5_INDEX_NAME, H5_ITER_INC, print_object, NULL);
+        int shard = !strcmp(fmt, TOKENS_FORMAT) && h5_attr_get_i64(f, "shard_count", &count) == 0 && count > 1;
         free(fmt);
         h5_close(f);
+        if (shard) {
+            printf("\n");
+            int r = describe_set(pos[i]);
+            rc = r ? r : rc;
+        }
     }
     return rc;
 }

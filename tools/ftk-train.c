@@ -18,6 +18,7 @@
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
+#include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
@@ -37,7 +38,7 @@ static int64_t plan_max_len;
 
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
-    {"data", 'd', OPT_STR, &data_path, "FILE.h5", "token data from ftk-pack (required)"},
+    {"data", 'd', OPT_STR, &data_path, "FILE.h5", "token data from ftk-pack: a file, or a shard set by its base name or any shard (required)"},
     {"out", 'o', OPT_STR, &out_dir, "DIR", "run directory: checkpoints, latest, metrics.jsonl (required)"},
     {"steps", 0, OPT_I64, &steps, "N", "optimizer steps (0: --epochs worth)"},
     {"epochs", 0, OPT_I64, &epochs, "E", "passes over the training rows when --steps is 0"},
@@ -362,14 +363,13 @@ static int run_plan(const trainer_opts_t *o)
         h5_close(wf);
     }
     if (!p.max_len) {
-        hid_t df = h5_open(data_path, TOKENS_FORMAT, TOKENS_VERSION, NULL, NULL);
-        int rc = df < 0 ? -1 : h5_attr_get_i64(df, "max_len", &p.max_len);
-        if (df >= 0)
-            h5_close(df);
-        if (rc < 0) {
-            ftk_error("%s: %s", data_path, ftk_err_msg());
+        tokens_set_t *ds = tokens_set_open(data_path); /* a file or a set of shards */
+        if (!ds) {
+            ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_USAGE;
         }
+        p.max_len = tokens_set_info(ds)->max_len;
+        tokens_set_close(ds);
     }
     /* Ranks differ only by padding; the table is rank 0's, the largest total is named. */
     plan_t pl = {0}, most = {0};

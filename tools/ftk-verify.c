@@ -11,6 +11,7 @@
 #include "../formats/checkpoint.h"
 #include "../formats/h5.h"
 #include "../formats/tokens.h"
+#include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
@@ -31,12 +32,16 @@ static const opt_t options[] = {
 
 static const opt_spec_t spec = {
     .tool = "ftk-verify",
-    .usage = "FILE.h5|CHECKPOINT|RUN...   or   --compare A B",
+    .usage = "FILE.h5|TOKEN-SET|CHECKPOINT|RUN...   or   --compare A B",
     .summary = "Recomputes the XXH3-64 checksum of every dataset of each ftk file and compares it with\n"
                "the one stored when it was written, then checks the invariants of the file's format\n"
                "(for token files: ids inside the vocabulary, row and sample boundaries consistent,\n"
                "loss masks well formed, counts matching; for weights files: a valid config, every\n"
                "parameter present with the shape it implies, nothing else; with --deep no NaN/Inf).\n"
+               "A set of token shards (ftk-pack --shards; its base name or any of its files) is checked\n"
+               "as a whole: every shard's checksums, then the shards' names, indices and count, the\n"
+               "attributes they share, the set checksum and every row; one OK line per shard and one\n"
+               "for the set.\n"
                "A checkpoint (a step-NNNNNNNN directory or RUN/latest): the manifest well formed and\n"
                "consistent with config.json and the model; every shard file present, of the recorded\n"
                "size and checksum, holding the shard index, count, step and shard map the manifest\n"
@@ -53,7 +58,8 @@ static const opt_spec_t spec = {
                "bf16-true checkpoint against its fp32 origin differs by bf16 rounding: --rtol 2^-8).",
     .epilog = "Exit status: 0 every file whole (--compare: equal within the tolerances), 2 a path is\n"
               "missing or not an ftk file or checkpoint, 3 damaged or different (the message names\n"
-              "the file, the dataset and what differs).\n",
+              "the file, the dataset and what differs; a set of shards with one missing, extra or\n"
+              "foreign is damaged).\n",
     .opts = options,
     .min_pos = 1,
     .max_pos = -1,
@@ -85,29 +91,26 @@ static int check_dataset(hid_t file, const char *name, void *p)
     return 0;
 }
 
-static int check_tokens(const char *path, hid_t f)
+/* The token-file invariants of the set path names (one file, or every shard): its row
+ * index at open, then every row in a streaming pass (bounded memory: tokens_set.h). */
+static int check_tokens(const char *path, int64_t *rows)
 {
-    int64_t vocab, max_len, packed, pad, n_samples, n_tokens;
-    if (h5_attr_get_i64(f, "vocab_size", &vocab) < 0 || h5_attr_get_i64(f, "max_len", &max_len) < 0 ||
-        h5_attr_get_i64(f, "packed", &packed) < 0 || h5_attr_get_i64(f, "pad_id", &pad) < 0 ||
-        h5_attr_get_i64(f, "n_samples", &n_samples) < 0 || h5_attr_get_i64(f, "n_tokens", &n_tokens) < 0) {
-        ftk_error("%s: root: %s", path, ftk_err_msg());
+    tokens_set_t *s = tokens_set_open(path);
+    if (!s) {
+        ftk_error("%s", ftk_err_msg());
         return 1;
     }
-    static const char *groups[] = {"train", "val"};
-    for (int g = 0; g < 2; g++) {
-        tokens_split_t s;
-        if (tokens_read_split(f, groups[g], &s) < 0) {
-            ftk_error("%s: %s", path, ftk_err_msg());
+    const tokens_set_info_t *in = tokens_set_info(s);
+    for (int sp = 0; sp < 2; sp++) {
+        if (tokens_set_check(s, sp, 0, in->rows[sp])) {
+            ftk_error("%s", ftk_err_msg());
+            tokens_set_close(s);
             return 1;
         }
-        int r = tokens_check_split(&s, vocab, max_len, (int)packed, (int32_t)pad);
-        tokens_split_free(&s);
-        if (r) {
-            ftk_error("%s: /%s: %s", path, groups[g], ftk_err_msg());
-            return 1;
-        }
+        if (rows)
+            rows[sp] = in->rows[sp];
     }
+    tokens_set_close(s);
     return 0;
 }
 
@@ -214,8 +217,16 @@ static int verify_file(const char *path)
                       TOKENS_VERSION);
             c.bad++;
         } else if (!c.bad) {
-            c.bad += check_tokens(path, f);
-            what = "checksums and token-file invariants";
+            int64_t count = 0;
+            if (h5_attr_get_i64(f, "shard_count", &count) < 0) {
+                ftk_error("%s: %s", path, ftk_err_msg());
+                c.bad++;
+            } else if (count == 1) {
+                c.bad += check_tokens(path, NULL);
+                what = "checksums and token-file invariants";
+            } else {
+                what = "checksums"; /* a shard: its set is checked as a whole (verify_token_set) */
+            }
         }
     } else if (strcmp(fmt, WEIGHTS_FORMAT) == 0) {
         if (ver > WEIGHTS_VERSION) {
@@ -238,6 +249,63 @@ static int verify_file(const char *path)
         printf("%s: OK (%s v%lld, %d datasets; %s verified)\n", path, fmt, (long long)ver, c.n, what);
     }
     free(fmt);
+    return rc;
+}
+
+/* The shard count of a tokens file, 0 for anything else. */
+static int64_t tokens_shard_count(const char *path)
+{
+    char *fmt = NULL;
+    int64_t n = 0;
+    hid_t f = h5_open(path, NULL, 0, &fmt, NULL);
+    if (f < 0)
+        return 0;
+    if (strcmp(fmt, TOKENS_FORMAT) || h5_attr_get_i64(f, "shard_count", &n) < 0)
+        n = 0;
+    free(fmt);
+    h5_close(f);
+    return n;
+}
+
+/* A set of token shards (its base name or any of its files; tokens_set.h): every shard's
+ * checksums, then the set as a whole: names, indices and count, the attributes they must
+ * share, the set checksum, and the token-file invariants of every row. A set named again
+ * (by another of its files) is not checked twice. */
+static int verify_token_set(const char *path)
+{
+    static char **done;
+    static int n_done;
+    char **names;
+    int n, r = tokens_set_files(path, &names, &n);
+    if (r) {
+        ftk_error("%s", ftk_err_msg());
+        return r == -2 ? FTK_EXIT_USAGE : FTK_EXIT_VERIFY;
+    }
+    for (int i = 0; i < n_done; i++)
+        if (!strcmp(done[i], names[0])) {
+            tokens_set_free_names(names, n);
+            return FTK_EXIT_OK;
+        }
+    char **grown = realloc(done, (size_t)(n_done + 1) * sizeof *done);
+    if (grown && (grown[n_done] = strdup(names[0]))) /* kept to the end of the process */
+        done = grown, n_done++;
+    else if (grown)
+        done = grown;
+    int rc = FTK_EXIT_OK;
+    for (int k = 0; k < n; k++) {
+        int rk = verify_file(names[k]);
+        if (rk && rc != FTK_EXIT_USAGE)
+            rc = rk;
+    }
+    int64_t rows[2];
+    size_t bl = strlen(names[0]) - 18; /* the base: BASE-00001-of-NNNNN.h5 */
+    if (rc == FTK_EXIT_OK && check_tokens(path, rows))
+        rc = FTK_EXIT_VERIFY;
+    if (rc == FTK_EXIT_OK)
+        printf("%.*s: OK (token set of %d shards, %lld train and %lld val rows; shard names, indices and count, shared "
+               "attributes, set checksum and token-file invariants verified)\n",
+               (int)bl, names[0], n, (long long)rows[0], (long long)rows[1]);
+    tokens_set_free_names(names, n);
     return rc;
 }
 
@@ -761,7 +829,9 @@ int main(int argc, char **argv)
     }
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
-        int r = is_checkpoint_path(pos[i]) ? verify_path_ckpt(pos[i]) : verify_file(pos[i]);
+        int r = is_checkpoint_path(pos[i])                                      ? verify_path_ckpt(pos[i])
+                : access(pos[i], F_OK) != 0 || tokens_shard_count(pos[i]) > 1 ? verify_token_set(pos[i])
+                                                                              : verify_file(pos[i]);
         if (r == FTK_EXIT_USAGE || (r && rc == FTK_EXIT_OK))
             rc = r;
     }

@@ -39,4 +39,12 @@ with h5py.File(path, "r+") as f:
     for k, v in attrs.items():
         d.attrs[k] = v
     d.attrs.modify("xxh3_64", np.uint64(xxh3(a)))
+    # A token file's set checksum is made from its datasets' (formats/tokens.h,
+    # tokens_set_hash): a producer that forges one forges the other (one-file sets).
+    if f.attrs.get("ftk_format") == "tokens" and f.attrs.get("shard_count") == 1:
+        names = ["tokens", "loss_mask", "row_offsets", "row_samples", "sample_starts", "sample_lengths",
+                 "sample_record"]
+        sums = [int(f[g][n].attrs["xxh3_64"]) for g in ("train", "val") for n in names]
+        b = b"ftk-tokens-set" + np.array([1], "<i8").tobytes() + np.array(sums, "<u8").tobytes()
+        f.attrs["set_xxh3"] = "%016x" % lib.XXH3_64bits(b, len(b))
 print(f"forged {path}:{name} ({edit})")
