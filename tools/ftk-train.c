@@ -541,6 +541,8 @@ static int run(int argc, char **argv)
 out:
     if (mf)
         fclose(mf);
+    if (code && code != FTK_EXIT_PREEMPTED)
+        trainer_discard_new_run(t);
     trainer_free(t);
     backend_free(be);
     return code;
