@@ -87,6 +87,7 @@ run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
 run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
+run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -130,6 +131,7 @@ if [ -d build/asan/bin ]; then
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
     run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"
+    run asan/fault-messages-and-leftovers sh tests/fault/messages.sh "$ROOT/build/asan/bin" "$WORK/asan-messages"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report
     # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
     run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \

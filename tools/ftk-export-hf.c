@@ -110,6 +110,12 @@ int main(int argc, char **argv)
         ftk_error("%s: exists (use --force to replace it)", output);
         return FTK_EXIT_USAGE;
     }
+    /* --force replaces an earlier export, never a file or a link that happens to be there */
+    if (force && lstat(output, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        ftk_error("%s: exists and is not a directory; --force replaces only a directory (an earlier export)",
+                  output);
+        return FTK_EXIT_USAGE;
+    }
     atomic_install_signal_cleanup();
     double t0 = time_now();
     model_config_t cfg;
