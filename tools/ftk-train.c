@@ -90,8 +90,10 @@ static const opt_spec_t spec = {
         "Full-parameter finetuning of a Llama model: AdamW, gradient clipping, warmup + cosine schedule,\n"
         "gradient accumulation to a global batch, sharded data parallelism over MPI ranks. Defaults follow\n"
         "LitGPT's Llama-2-7B full finetune (lr 2e-4, betas 0.9/0.95, weight decay 0.1, warmup 25, min lr\n"
-        "6e-5, global batch 64, micro batch 4, one epoch). The loss of a step is the mean over the targets\n"
-        "of its global batch, whatever the number of ranks.",
+        "6e-5, global batch 64, micro batch 4, one epoch) except: --precision fp32 (the recipe: bf16-true),\n"
+        "--clip 1.0 (the recipe does not clip: --clip 0) and no decay of the norms (README). The loss of a\n"
+        "step is the mean over the targets of its global batch, whatever the number of ranks. A global\n"
+        "batch is the next G rows of the epoch: batches do not cross epochs, an epoch's last may be short.",
     .epilog =
         "Strategies (engine/shard.h): full = ZeRO-3 (parameters, gradients and AdamW state sharded; units\n"
         "gathered when used), grad-op = ZeRO-2 (parameters gathered once per step), none = DDP (replicated,\n"
