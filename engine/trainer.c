@@ -304,7 +304,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     c = trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m);
-    CHECK(c ? fail(t, c, "%s", ftk_err_msg()) : 0);
+    CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
     t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Messages and leftovers (issue 17 item 5): a 3-D tensor where a matrix belongs and a hidden
-# size that the heads do not divide get a message naming the file and what is wrong (not
+# Messages and leftovers (issue 17 item 5): a 3-D tensor where a matrix belongs, a hidden
+# size that the heads do not divide and a vocabulary of 2^31 (weights that cannot be
+# allocated) get a message naming the file and what is wrong (not
 # "unknown error", not an empty one, not the zstd filter), with exit 2 and nothing written;
 # a failed ftk-train leaves no run directory it made (but keeps one it was given);
 # ftk-export-hf --force does not replace a regular file with a directory; SIGTERM and SIGINT
@@ -61,6 +62,29 @@ if [ $have_h5py = 1 ]; then
         says "... names the file and the sizes" "$pat"
         nothing ftk-train "$WORK/rh"
     done
+
+    # a vocabulary of 2^31: the embedding and head are chunked datasets never written (a
+    # 255 KB file); the 256 GiB of weights cannot be allocated (ASan: return NULL, as malloc)
+    cp "$WORK/w.h5" "$WORK/bv.h5"
+    "$PY" - "$WORK/bv.h5" <<'EOF2' || exit 1
+import sys, h5py, numpy as np
+V = 2**31
+with h5py.File(sys.argv[1], "r+") as f:
+    f["config"].attrs["vocab_size"] = np.int64(V)
+    for n in ("model.embed_tokens.weight", "lm_head.weight"):
+        d = f["tensors"][n]
+        attrs, dt, c = dict(d.attrs), d.dtype, d.shape[1]
+        del f["tensors"][n]
+        x = f["tensors"].create_dataset(n, shape=(V, c), dtype=dt, chunks=(1024, c))
+        for k, v in attrs.items():
+            x.attrs[k] = v
+EOF2
+    A="env ASAN_OPTIONS=${ASAN_OPTIONS:-}:allocator_may_return_null=1"
+    expect "vocabulary 2^31: ftk-train exit 2" 2 $A $T -m "$WORK/bv.h5" --steps 1 -o "$WORK/rbv"
+    says "... names the file and the size" "bv.h5: out of memory on cpu allocating weights \(274877906944 bytes"
+    nothing ftk-train "$WORK/rbv"
+    expect "vocabulary 2^31: ftk-generate exit 1" 1 $A "$BIN/ftk-generate" -m "$WORK/bv.h5" --max-new 2
+    says "... names the file and the size" "bv.h5: out of memory on cpu allocating weights \(274877906944 bytes"
 else
     ok "skipped the h5py-made cases ($PY lacks h5py)"
 fi
