@@ -195,6 +195,16 @@ static int trim_metrics(const char *path, int64_t step)
     return rc;
 }
 
+/* The first write error of metrics.jsonl (errno; rank 0), reported at the next step's end:
+ * a full disk stops the run rather than losing its metrics silently. */
+static int metrics_errno;
+
+static void metrics_flush(FILE *mf)
+{
+    if ((fflush(mf) != 0 || ferror(mf)) && !metrics_errno)
+        metrics_errno = errno ? errno : EIO;
+}
+
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak)
 {
     fprintf(mf,
@@ -206,7 +216,7 @@ static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double el
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
             s->tokens / dt, elapsed, (long long)s->epoch, nranks, (long long)s->micro_batches, s->comm.ag_bytes,
             s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak);
-    fflush(mf);
+    metrics_flush(mf);
 }
 
 static int evaluate(trainer_t *t, FILE *mf, int64_t step)
@@ -219,7 +229,7 @@ static int evaluate(trainer_t *t, FILE *mf, int64_t step)
     if (mf) {
         fprintf(mf, "{\"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld}\n", (long long)step, vl,
                 (long long)vt);
-        fflush(mf);
+        metrics_flush(mf);
     }
     ftk_info("step %lld: validation loss %.4f (%lld targets)", (long long)step, vl, (long long)vt);
     return 0;
@@ -510,6 +520,10 @@ static int run(int argc, char **argv)
         double now = time_now();
         if (mf)
             metrics_step(mf, &st, now - ts, now - t0, trainer_memory(t)->peak);
+        if (metrics_errno)
+            snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(metrics_errno));
+        if ((code = agree_msg(metrics_errno ? FTK_EXIT_FAIL : 0, msg)))
+            goto out;
         if (!ftk_quiet)
             fprintf(stderr,
                     "ftk-train: step %lld/%lld  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "

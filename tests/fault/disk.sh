@@ -98,11 +98,14 @@ check "the message says the checkpoint is committed and latest could not be upda
     grep -q "step-00000002 is committed, but $M/r/latest could not be updated.*No space left" "$WORK/err"
 expect "the new checkpoint verifies" 0 "$BIN/ftk-verify" "$M/r/step-00000002"
 
-# ftk-train: the checkpoint's shard (created, written, closed), its manifest (8 KiB short:
-# the manifest's page and latest's), then `latest` alone
+# ftk-train: metrics.jsonl (no room even for its first line), the checkpoint's shard
+# (written, closed), its manifest (8 KiB short: the manifest's page and latest's), then
+# `latest` alone
 T="$T -m $WORK/w.h5 --steps 4 --stop-after 2"
 u=$(need $T -o "$M/run")
-for s in $(sizes "$u" | cut -d' ' -f1-3) $((u - 8)); do
+full "ftk-train, metrics.jsonl" 4 $T -o "$M/run"
+check "... the message names metrics.jsonl" grep -q "$M/run/metrics.jsonl: No space left on device" "$WORK/err"
+for s in $(sizes "$u" | cut -d' ' -f2-3) $((u - 8)); do
     full "ftk-train checkpoint" "$s" $T -o "$M/run"
 done
 disk $((u - 4))
