@@ -14,6 +14,7 @@
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
+#include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
 #include "train.h"
@@ -35,6 +36,8 @@ struct trainer {
     char why[2048]; /* this rank's failure, then the job's (agree) */
     hid_t wf;
     int lock_fd; /* the run directory's lock (rank 0), -1 when none */
+    int made_dir;  /* rank 0 created the run directory (a failure before any checkpoint removes it) */
+    int committed; /* a checkpoint of this process is in it under its final name */
     data_t data;
     model_config_t cfg;
     ckpt_meta_t meta;
@@ -175,7 +178,9 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
 static int prepare_out_dir(trainer_t *t)
 {
     const char *out = t->o.out_dir;
-    if (mkdir(out, 0777) < 0 && errno != EEXIST)
+    if (mkdir(out, 0777) == 0)
+        t->made_dir = 1;
+    else if (errno != EEXIST)
         return fail(t, FTK_EXIT_FAIL, "%s: %s", out, strerror(errno));
     /* one writer per run directory, for the life of the job; only then may temporaries
      * be taken for a dead run's */
@@ -194,6 +199,19 @@ static int prepare_out_dir(trainer_t *t)
         return fail(t, FTK_EXIT_USAGE,
                     "%s already holds a run (%s exists): pass --resume auto to continue it, or choose another --out",
                     out, latest);
+    /* `latest` may be missing where writing it failed after its checkpoint was committed */
+    size_t n_ck;
+    char **ck = strcmp(t->o.resume, "none") ? NULL : ckpt_list(out, &n_ck);
+    if (ck) {
+        for (size_t i = 0; i < n_ck; i++)
+            free(ck[i]);
+        free(ck);
+        if (n_ck)
+            return fail(t, FTK_EXIT_USAGE,
+                        "%s already holds a run (committed checkpoints): pass --resume auto to continue it, or "
+                        "choose another --out",
+                        out);
+    }
     int n = ckpt_remove_stale(out);
     if (n > 0)
         ftk_info("removed %d unfinished checkpoint director%s left in %s by a run that died", n, n == 1 ? "y" : "ies",
@@ -276,15 +294,24 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     c = trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m);
-    CHECK(c ? fail(t, c, "%s", ftk_err_msg()) : 0);
+    CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
     t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);
     CHECK(!t->perm || !t->rows ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
     return t;
 fail:
+    trainer_discard_new_run(t);
     trainer_free(t);
     return NULL;
+}
+
+void trainer_discard_new_run(trainer_t *t)
+{
+    if (t && t->rank == 0 && t->made_dir && !t->committed) {
+        rm_tree(t->o.out_dir); /* a failure to remove it changes nothing about the failure reported */
+        t->made_dir = 0;
+    }
 }
 #undef CHECK
 
@@ -379,10 +406,16 @@ int trainer_save(trainer_t *t)
         }
         if (!sums)
             code = fail(t, FTK_EXIT_FAIL, "out of memory");
+        char step_dir[4200];
+        snprintf(step_dir, sizeof step_dir, "%s/%s", t->o.out_dir, w.name);
+        struct stat sb;
         if (code)
             ckpt_abort(&w);
         else if (ckpt_commit(&w, meta, &t->cfg, units, n_units, sums, (int)t->o.keep) < 0)
             code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        /* committed, even when `latest` could not follow: the run is resumable from it */
+        if (stat(step_dir, &sb) == 0)
+            t->committed = 1;
         free(sums);
         free(all);
     }

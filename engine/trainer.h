@@ -69,6 +69,11 @@ typedef struct trainer trainer_t;
  * (see above) when any rank failed. */
 trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, int *code);
 void trainer_free(trainer_t *t);
+/* After a failure: removes the run directory when this process made it and committed no
+ * checkpoint in it (a failed run leaves nothing behind; rank 0 does it, others do nothing).
+ * Call it after closing every file of the directory the caller opened (metrics.jsonl).
+ * trainer_new() does the same itself when it fails. */
+void trainer_discard_new_run(trainer_t *t);
 
 /* The allocations of a training job on be, in the order the trainer makes them: the
  * shards (this rank's state), their pool (shard_reserve) and the model's activations for

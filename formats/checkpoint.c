@@ -100,13 +100,20 @@ static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
     return rc;
 }
 
+/* fclose() releases the stream even when it fails (a full disk shows up at the flush), so
+ * it is called exactly once on every path. */
 static int write_text(const char *path, const buf_t *b)
 {
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b->data, 1, b->len, f) != b->len || fclose(f) != 0) {
+    if (!f) {
         ftk_err_set("%s: %s", path, strerror(errno));
-        if (f)
-            fclose(f);
+        return -1;
+    }
+    int e = fwrite(b->data, 1, b->len, f) != b->len ? errno : 0;
+    if (fclose(f) != 0 && !e)
+        e = errno;
+    if (e) {
+        ftk_err_set("%s: %s", path, strerror(e));
         return -1;
     }
     return 0;
@@ -191,15 +198,27 @@ ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta,
     }
     if (h5_attr_set_i64(w->f, "shard_index", index + 1) | h5_attr_set_i64(w->f, "shard_count", meta->shard_count) |
         h5_attr_set_i64(w->f, "step", meta->step) | h5_attr_set_str(w->f, "units_xxh3", hex) |
-        h5_attr_set_str(w->f, "ftk_version", FTK_VERSION))
+        h5_attr_set_str(w->f, "ftk_version", FTK_VERSION)) {
+        ftk_err_prefix("%s: ", w->path);
         w->failed = 1;
+    }
     return w;
 }
+
+static int shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data);
 
 int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
 {
     if (w->failed)
         return -1;
+    int rc = shard_put(w, kind, unit, data);
+    if (rc < 0)
+        ftk_err_prefix("%s: ", w->path);
+    return rc;
+}
+
+static int shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
+{
     if (kind != w->kind || unit != w->unit || kind >= CKPT_KINDS) {
         ftk_err_set("internal: shard array %d/%d written out of order", kind, unit);
         w->failed = 1;
@@ -247,9 +266,13 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
         copy_tok_t c = {w->f};
         if (rc == 0)
             rc = weights_each_file(tok_src, copy_tok, &c);
+        if (rc < 0)
+            ftk_err_prefix("%s: ", w->path);
     }
-    if (h5_close(w->f) < 0)
+    if (h5_close(w->f) < 0 && rc == 0) {
+        ftk_err_prefix("%s: ", w->path);
         rc = -1;
+    }
     struct stat sb;
     if (rc == 0 && (fsync_path(w->path) < 0 || hash_file(w->path, &sum->xxh3) < 0))
         rc = -1;
@@ -433,13 +456,19 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
     }
     free(latest);
     FILE *f = fopen(af.tmp_path, "w");
-    if (!f || fprintf(f, "%s\n", name) < 0 || fclose(f) != 0) {
-        ftk_err_set("%s: %s", af.tmp_path, strerror(errno));
-        atomic_abort(&af);
-        free(run_dir);
-        return -1;
-    }
-    if (atomic_commit(&af) < 0) {
+    int e = !f ? errno : fprintf(f, "%s\n", name) < 0 ? errno : 0;
+    if (f && fclose(f) != 0 && !e)
+        e = errno;
+    if (e)
+        ftk_err_set("%s: %s", af.tmp_path, strerror(e));
+    if (e || atomic_commit(&af) < 0) {
+        if (e)
+            atomic_abort(&af);
+        /* The checkpoint itself is complete: readers that find `latest` older take the
+         * newest complete step directory (ckpt_find_latest), so this is not damage. */
+        ftk_err_prefix("%s is committed, but %s/latest could not be updated (ftk-train --resume auto finds the newest "
+                       "checkpoint without it): ",
+                       name, run_dir);
         free(run_dir);
         return -1;
     }

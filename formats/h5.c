@@ -7,6 +7,55 @@
 #include "../libcommon/log.h"
 #include "h5zstd.h"
 
+/* HDF5 1.10 registers H5_term_library with atexit() when it initialises; that handler
+ * closes every file id still in its table. When H5Fclose() fails (a full disk while the
+ * metadata cache is flushed), 1.10's H5F__dest() frees the file anyway but leaves its id
+ * behind (HDFGroup/hdf5#2257, fixed in 1.14 by PR #2291), so the handler walks freed
+ * memory and the process dies with SIGSEGV (exit 139) instead of the tool's exit code.
+ * ftk closes every file it opens itself and removes the temporary of a failed one, so
+ * nothing needs the handler: it is declined before anything can initialise the library
+ * (a constructor runs before main; H5dont_atexit() only works before the first call). */
+__attribute__((constructor)) static void h5_no_atexit(void) { H5dont_atexit(); }
+
+/* H5Ewalk2 callback: keeps the system's text from an I/O error ("... errno = 28, error
+ * message = 'No space left on device' ...", HDF5's sec2 driver), else the innermost
+ * description. */
+typedef struct {
+    char *buf;
+    size_t n;
+    int sys;
+} reason_t;
+
+static herr_t reason_cb(unsigned i, const H5E_error2_t *e, void *op)
+{
+    (void)i;
+    reason_t *r = op;
+    if (r->sys || !e->desc)
+        return 0;
+    const char *m = strstr(e->desc, "error message = '");
+    if (m) {
+        m += strlen("error message = '");
+        const char *end = strchr(m, '\'');
+        size_t len = end ? (size_t)(end - m) : strlen(m);
+        if (len >= r->n)
+            len = r->n - 1;
+        memcpy(r->buf, m, len);
+        r->buf[len] = 0;
+        r->sys = 1;
+    } else {
+        snprintf(r->buf, r->n, "%s", e->desc);
+    }
+    return 0;
+}
+
+const char *h5_err_reason(char *buf, size_t n)
+{
+    reason_t r = {buf, n, 0};
+    snprintf(buf, n, "unknown HDF5 error");
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, reason_cb, &r);
+    return buf;
+}
+
 int h5_init(void)
 {
     static int done;
@@ -65,10 +114,13 @@ hid_t h5_create(const char *path, const char *format, int64_t version)
     hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
     H5Pset_obj_track_times(fcpl, 0); /* the root group too: same inputs, same bytes */
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
+    char why[256];
+    if (f < 0)
+        h5_err_reason(why, sizeof why);
     H5Pclose(fcpl);
     H5Pclose(fapl);
     if (f < 0) {
-        ftk_err_set("%s: cannot create HDF5 file", path);
+        ftk_err_set("%s: cannot create HDF5 file: %s", path, why);
         return H5I_INVALID_HID;
     }
     if (h5_attr_set_str(f, "ftk_format", format) < 0 || h5_attr_set_i64(f, "ftk_format_version", version) < 0) {
@@ -127,16 +179,20 @@ hid_t h5_group_create(hid_t loc, const char *name)
     hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
     H5Pset_obj_track_times(gcpl, 0);
     hid_t g = H5Gcreate2(loc, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    char why[256];
+    if (g < 0)
+        h5_err_reason(why, sizeof why);
     H5Pclose(gcpl);
     if (g < 0)
-        ftk_err_set("cannot create group %s", name);
+        ftk_err_set("cannot create group %s: %s", name, why);
     return g;
 }
 
 int h5_close(hid_t file)
 {
     if (H5Fclose(file) < 0) {
-        ftk_err_set("closing HDF5 file failed (disk full?)");
+        char why[256];
+        ftk_err_set("closing HDF5 file failed: %s", h5_err_reason(why, sizeof why));
         return -1;
     }
     return 0;
@@ -151,11 +207,16 @@ static int attr_write(hid_t loc, const char *name, hid_t ftype, hid_t mtype, con
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(loc, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
     int rc = a >= 0 && H5Awrite(a, mtype, v) >= 0 ? 0 : -1;
-    if (a >= 0)
-        H5Aclose(a);
+    char why[256];
+    if (rc < 0)
+        h5_err_reason(why, sizeof why);
+    if (a >= 0 && H5Aclose(a) < 0 && rc == 0) {
+        h5_err_reason(why, sizeof why);
+        rc = -1;
+    }
     H5Sclose(sp);
     if (rc < 0)
-        ftk_err_set("cannot write attribute %s", name);
+        ftk_err_set("cannot write attribute %s: %s", name, why);
     return rc;
 }
 
@@ -319,10 +380,13 @@ h5w_stream_t *h5w_open(hid_t loc, const char *name, hid_t memtype, int rank, con
     }
     hid_t space = H5Screate_simple(rank, dims, NULL);
     s->dset = H5Dcreate2(loc, name, ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    char why[256];
+    if (s->dset < 0)
+        h5_err_reason(why, sizeof why);
     H5Sclose(space);
     H5Pclose(dcpl);
     if (s->dset < 0) {
-        ftk_err_set("%s: cannot create dataset", name);
+        ftk_err_set("%s: cannot create dataset: %s", name, why);
         hash_free(s->hash);
         free(s->name);
         free(s);
@@ -351,10 +415,13 @@ int h5w_append(h5w_stream_t *s, const void *data, hsize_t n_rows)
     H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
     hid_t ms = H5Screate_simple(s->rank, count, NULL);
     herr_t e = H5Dwrite(s->dset, s->memtype, ms, fs, H5P_DEFAULT, data);
+    char why[256];
+    if (e < 0)
+        h5_err_reason(why, sizeof why);
     H5Sclose(ms);
     H5Sclose(fs);
     if (e < 0) {
-        ftk_err_set("%s: write failed (disk full?)", s->name);
+        ftk_err_set("%s: write failed: %s", s->name, why);
         s->failed = 1;
         return -1;
     }
@@ -379,7 +446,8 @@ int h5w_close(h5w_stream_t *s, uint64_t *sum)
     if (sum)
         *sum = digest;
     if (H5Dclose(s->dset) < 0 && rc == 0) {
-        ftk_err_set("%s: close failed", s->name);
+        char why[256];
+        ftk_err_set("%s: close failed: %s", s->name, h5_err_reason(why, sizeof why));
         rc = -1;
     }
     hash_free(s->hash);

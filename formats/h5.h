@@ -30,6 +30,13 @@
 #endif
 
 int h5_init(void);
+/* Why the last HDF5 call failed, for messages: the system's error text when HDF5 records
+ * one (an I/O error: "No space left on device"), else HDF5's innermost description. Call it
+ * right after the failing call (the next API call clears HDF5's error stack). Returns buf.
+ *
+ * Messages of this module name the dataset or attribute and the reason; the caller adds
+ * the file's name (ftk_err_prefix). */
+const char *h5_err_reason(char *buf, size_t n);
 
 /* Creates (truncating) path and writes the root format attributes. */
 hid_t h5_create(const char *path, const char *format, int64_t version);

@@ -225,6 +225,100 @@ out:
     return rc;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int hfconfig_generation_eos(const model_config_t *c, const char *gen_json, size_t len, int64_t *ids, int max, int *n,
+                            int *from_gen)
+{
+    *n = 0;
+    if (from_gen)
+        *from_gen = 0;
+    json_doc_t *doc = NULL;
+    json_value_t *root = NULL;
+    const json_value_t *v = NULL;
+    if (gen_json) {
+        json_opts_t jo = {.max_depth = 64};
+        if (!(doc = json_parse(gen_json, len, &jo, &root))) {
+            ftk_err_prefix("generation_config.json: ");
+            return -1;
+        }
+        if (root->type != JSON_OBJECT) {
+            ftk_err_set("generation_config.json: not a JSON object");
+            json_free(doc);
+            return -1;
+        }
+        v = json_get(root, "eos_token_id");
+    }
+    int rc = 0;
+    if (gen_json && from_gen)
+        *from_gen = 1;
+    if (!gen_json) {
+        if (c->eos_token_id >= 0 && max > 0)
+            ids[(*n)++] = c->eos_token_id;
+    } else if (v && v->type != JSON_NULL) { /* absent or null there: no end-of-sequence id at all */
+        size_t k = v->type == JSON_ARRAY ? v->u.arr.n : 1;
+        for (size_t i = 0; i < k && rc == 0; i++) {
+            const json_value_t *e = v->type == JSON_ARRAY ? &v->u.arr.items[i] : v;
+            int64_t id;
+            if (json_get_i64(e, &id) < 0 || id < 0) {
+                ftk_err_set("generation_config.json: eos_token_id: not a token id or a list of them");
+                rc = -1;
+            } else if (*n < max) {
+                ids[(*n)++] = id;
+            }
+        }
+    }
+    json_free(doc);
+    if (rc < 0) {
+        *n = 0;
+        return -1;
+    }
+    qsort(ids, (size_t)*n, sizeof *ids, cmp_i64);
+    int m = 0;
+    for (int i = 0; i < *n; i++)
+        if (m == 0 || ids[m - 1] != ids[i])
+            ids[m++] = ids[i];
+    *n = m;
+    return 0;
+}
+
+void hfconfig_ids_str(const int64_t *ids, int n, char *out, size_t size)
+{
+    if (n == 1) {
+        snprintf(out, size, "%lld", (long long)ids[0]);
+        return;
+    }
+    size_t k = (size_t)snprintf(out, size, n ? "[" : "none");
+    for (int i = 0; i < n && k < size; i++)
+        k += (size_t)snprintf(out + k, size - k, "%s%lld", i ? ", " : "", (long long)ids[i]);
+    if (n && k < size)
+        snprintf(out + k, size - k, "]");
+}
+
+int hfconfig_eos_disagree(const int64_t *ids, int n, int from_gen, int64_t tok_eos, char *msg, size_t size)
+{
+    if ((n == 1 && ids[0] == tok_eos) || (n == 0 && tok_eos < 0))
+        return 0;
+    char a[128];
+    hfconfig_ids_str(ids, n, a, sizeof a);
+    if (n == 0) {
+        snprintf(msg, size,
+                 "generation stops at no end-of-sequence id (%s has no eos_token_id, and transformers' generate() "
+                 "then runs to the length limit), but the tokenizer's EOS is %lld; ftk-generate follows transformers",
+                 from_gen ? "generation_config.json" : "config.json", (long long)tok_eos);
+        return 1;
+    }
+    snprintf(msg, size,
+             "generation stops at %s (eos_token_id of %s, as transformers' generate() does), but the tokenizer's EOS "
+             "is %lld; ftk-generate follows transformers",
+             a, from_gen ? "generation_config.json" : "config.json", (long long)tok_eos);
+    return 1;
+}
+
 /* ---------------------------------------------------------------- writing */
 
 /* Shortest text that reads back as the same double ("1e-05", "10000.0"). */

@@ -54,6 +54,26 @@ int hfconfig_parse(const char *text, size_t len, model_config_t *c);
 /* Appends a config.json (with a final newline) for c, saying torch_dtype = dt. */
 int hfconfig_write(buf_t *out, const model_config_t *c, dtype_t dt);
 
+/* ## Where generation stops (transformers' rule)
+ * transformers' generate() stops at the eos_token_id of the model's GenerationConfig: the
+ * one read from generation_config.json when the folder has that file, else the one made
+ * from config.json. The tokenizer's EOS plays no part, so where it differs, generation
+ * does not stop at it; and a generation_config.json without eos_token_id (or with null)
+ * means no end-of-sequence id at all, not config.json's (checked with transformers 4.38:
+ * tests/cli/eos.sh). hfconfig_generation_eos() applies that rule: generation_config.json's
+ * eos_token_id (an id or a list of ids) when gen_json is given, else c->eos_token_id
+ * (none when -1). ids gets up to max ids (sorted, no repeats), *n their count, *from_gen
+ * whether generation_config.json decided (may be NULL). Returns 0, or -1 when gen_json is
+ * not a JSON object or its eos_token_id is not an id or a list of ids. */
+int hfconfig_generation_eos(const model_config_t *c, const char *gen_json, size_t len, int64_t *ids, int max, int *n,
+                            int *from_gen);
+/* "2" or "[2, 32000]" (up to n ids) into out, for messages. */
+void hfconfig_ids_str(const int64_t *ids, int n, char *out, size_t size);
+/* When the ids generation stops at (from hfconfig_generation_eos(); from_gen: they came
+ * from generation_config.json) are not exactly the tokenizer's EOS (tok_eos, -1: none),
+ * writes the warning the tools print into msg and returns 1; else returns 0. */
+int hfconfig_eos_disagree(const int64_t *ids, int n, int from_gen, int64_t tok_eos, char *msg, size_t size);
+
 /* Named shapes for ftk-init: "tiny" (a few thousand parameters, for tests and the demo),
  * "stories260k" (llama2.c's), "llama-1b" (TinyLlama-1.1B's shape), "llama2-7b" (exact
  * Llama-2-7B), "llama2-13b". Returns -1 for an unknown name. */

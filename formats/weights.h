@@ -31,7 +31,8 @@
  *   /tokenizer/FILE   uint8 datasets holding tokenizer files byte for byte as found
  *                     beside the weights (tokenizer.model, tokenizer.json,
  *                     tokenizer_config.json, special_tokens_map.json, or llama2.c's
- *                     tokenizer.bin), so that later stages need only the .h5; ftk-export-hf
+ *                     tokenizer.bin; and generation_config.json, which says where
+ *                     generation stops: hfconfig.h), so that later stages need only the .h5; ftk-export-hf
  *                     writes them back out.
  *   /optimizer        optional (ftk-merge --with-optimizer): attrs step (int64), beta1,
  *                     beta2, eps (float64); adam_m/NAME and adam_v/NAME, float32 with the

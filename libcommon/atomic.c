@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -31,20 +33,72 @@ static void pending_remove(const char *p)
             pending[i] = NULL;
 }
 
-/* Temporary directories, removed after the files in them (rmdir is async-signal-safe). */
+/* Temporary directories, removed after the files in them (rmdir is async-signal-safe);
+ * pending_empty[i]: empty it first (a temporary directory of atomic_dir_begin(), whose
+ * files other code may have made without registering them: checkpoint shards). */
 #define MAX_PENDING_DIRS 16
 static char *volatile pending_dirs[MAX_PENDING_DIRS];
+static volatile int pending_empty[MAX_PENDING_DIRS];
+
+/* Unlinks the plain entries of dir, with system calls only (the handler may not allocate:
+ * no opendir/nftw). Subdirectories stay, and so does dir then. */
+static void empty_dir_signal_safe(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char buf[4096];
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            struct {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *e = (void *)(buf + off);
+            if (strcmp(e->name, ".") && strcmp(e->name, ".."))
+                unlinkat(fd, e->name, 0);
+            off += e->reclen;
+        }
+    }
+    close(fd);
+}
 
 static void on_signal(int sig)
 {
     for (int i = 0; i < MAX_PENDING; i++)
         if (pending[i])
             unlink(pending[i]);
-    for (int i = 0; i < MAX_PENDING_DIRS; i++)
-        if (pending_dirs[i])
+    /* newest first: a temporary directory before the directory made to hold it */
+    for (int i = MAX_PENDING_DIRS - 1; i >= 0; i--)
+        if (pending_dirs[i]) {
+            if (pending_empty[i])
+                empty_dir_signal_safe(pending_dirs[i]);
             rmdir(pending_dirs[i]);
+        }
     signal(sig, SIG_DFL);
     raise(sig);
+}
+
+static void pending_dir_add(char *path, int empty)
+{
+    for (int i = 0; i < MAX_PENDING_DIRS; i++)
+        if (!pending_dirs[i]) {
+            pending_empty[i] = empty;
+            pending_dirs[i] = path;
+            return;
+        }
+}
+
+void atomic_register_dir(char *path) { pending_dir_add(path, 0); }
+
+void atomic_unregister_dir(const char *path)
+{
+    for (int i = 0; i < MAX_PENDING_DIRS; i++)
+        if (pending_dirs[i] == path)
+            pending_dirs[i] = NULL;
 }
 
 void atomic_install_signal_cleanup(void)
@@ -175,11 +229,7 @@ int atomic_dir_begin(atomic_dir_t *a, const char *final_path)
         free(a->final_path);
         return -1;
     }
-    for (int i = 0; i < MAX_PENDING_DIRS; i++)
-        if (!pending_dirs[i]) {
-            pending_dirs[i] = a->tmp_path;
-            break;
-        }
+    pending_dir_add(a->tmp_path, 1);
     return 0;
 }
 
@@ -208,9 +258,7 @@ static void atomic_dir_free(atomic_dir_t *a)
         pending_remove(a->files[i]);
         free(a->files[i]);
     }
-    for (int i = 0; i < MAX_PENDING_DIRS; i++)
-        if (pending_dirs[i] == a->tmp_path)
-            pending_dirs[i] = NULL;
+    atomic_unregister_dir(a->tmp_path);
     free(a->files);
     free(a->tmp_path);
     free(a->final_path);

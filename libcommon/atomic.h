@@ -43,6 +43,13 @@ int atomic_dir_begin(atomic_dir_t *a, const char *final_path);
 char *atomic_dir_file(atomic_dir_t *a, const char *name);
 int atomic_dir_commit(atomic_dir_t *a, int replace);
 void atomic_dir_abort(atomic_dir_t *a);
+/* A directory this process made to hold a temporary (ftk-reshard's new run directory):
+ * the signal handler removes it too when it is empty by then (after the temporaries in
+ * it). path must stay valid until atomic_unregister_dir(). A temporary directory of
+ * atomic_dir_begin() is emptied by the handler (its plain files, registered or not:
+ * checkpoint shards written by ckpt_shard_create()) and removed. */
+void atomic_register_dir(char *path);
+void atomic_unregister_dir(const char *path);
 /* rm -r path (no error when it does not exist). */
 int rm_tree(const char *path);
 

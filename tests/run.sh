@@ -88,10 +88,13 @@ run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 6
 run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
+run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
+run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
+run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -135,8 +138,11 @@ if [ -d build/asan/bin ]; then
     run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
     run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
+    run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
+    run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"
+    run asan/fault-messages-and-leftovers sh tests/fault/messages.sh "$ROOT/build/asan/bin" "$WORK/asan-messages"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report
     # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
     run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \

@@ -10,6 +10,7 @@
 
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
+#include "../formats/tokenizer.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
@@ -83,6 +84,49 @@ static int put_tokenizer(const char *name, const void *data, size_t len, void *c
     return write_text_file(ctx, name, data, len);
 }
 
+/* The stored generation_config.json and the tokenizer ftk-generate would pick
+ * (tokenizer.model, then tokenizer.json): where generation stops, against its EOS. */
+typedef struct {
+    buf_t gen;
+    int has_gen, tok_rank;
+    int64_t tok_eos;
+    const char *tok_name;
+} eos_check_t;
+
+static int eos_collect(const char *name, const void *data, size_t len, void *ctx)
+{
+    eos_check_t *e = ctx;
+    if (!strcmp(name, "generation_config.json")) {
+        e->has_gen = 1;
+        return buf_append(&e->gen, data, len);
+    }
+    int rank = !strcmp(name, "tokenizer.model") ? 0 : !strcmp(name, "tokenizer.json") ? 1 : 2;
+    if (rank < e->tok_rank) {
+        tok_t *t = tok_load_mem(data, len, name);
+        if (t) { /* an unreadable tokenizer is not this check's to report */
+            e->tok_eos = tok_eos_id(t);
+            e->tok_rank = rank;
+            e->tok_name = rank ? "tokenizer.json" : "tokenizer.model";
+            tok_free(t);
+        }
+    }
+    return 0;
+}
+
+static void warn_eos(hid_t wf, const char *path, const model_config_t *cfg)
+{
+    eos_check_t e = {.tok_rank = 2, .tok_eos = -1};
+    int64_t eos[16];
+    int n = 0, from_gen = 0;
+    char msg[512];
+    if (weights_each_file(wf, eos_collect, &e) == 0 && e.tok_name &&
+        hfconfig_generation_eos(cfg, e.has_gen ? (e.gen.data ? e.gen.data : "") : NULL, e.gen.len, eos, 16, &n,
+                                &from_gen) == 0 &&
+        hfconfig_eos_disagree(eos, n, from_gen, e.tok_eos, msg, sizeof msg))
+        ftk_warn("%s: %s (%s)", path, msg, e.tok_name);
+    buf_free(&e.gen);
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-export-hf");
@@ -110,6 +154,12 @@ int main(int argc, char **argv)
         ftk_error("%s: exists (use --force to replace it)", output);
         return FTK_EXIT_USAGE;
     }
+    /* --force replaces an earlier export, never a file or a link that happens to be there */
+    if (force && lstat(output, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        ftk_error("%s: exists and is not a directory; --force replaces only a directory (an earlier export)",
+                  output);
+        return FTK_EXIT_USAGE;
+    }
     atomic_install_signal_cleanup();
     double t0 = time_now();
     model_config_t cfg;
@@ -118,6 +168,7 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
+    warn_eos(wf, pos[0], &cfg);
     rc = FTK_EXIT_USAGE;
     size_t n = weights_n_tensors(&cfg), n_shards = 0;
     item_t *it = calloc(n, sizeof *it);

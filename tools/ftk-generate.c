@@ -41,7 +41,9 @@ static const opt_spec_t spec = {
     .tool = "ftk-generate",
     .usage = "--model W.h5|RUN/|RUN/step-NNNNNNNN [--prompt TEXT] [--alpaca] [--greedy | -t T --top-p P -s S]",
     .summary = "Generates text with a model: BOS + the prompt's tokens, then up to --max-new tokens, stopping at\n"
-               "the end-of-sequence token. The generated text (not the prompt) goes to stdout as it is made.",
+               "the end-of-sequence token as transformers' generate() does: generation_config.json's eos_token_id\n"
+               "when ftk-import-hf found that file, else config.json's; not the tokenizer's. The generated text\n"
+               "(not the prompt) goes to stdout as it is made.",
     .epilog = "Exit status: 0 success, 1 runtime failure, 2 bad usage or input.\n",
     .opts = options,
     .min_pos = 0,
@@ -51,13 +53,20 @@ static const opt_spec_t spec = {
 typedef struct {
     tok_t *tok;
     int rank;
+    buf_t gen; /* generation_config.json when stored */
+    int has_gen;
 } tok_pick_t;
 
-/* Prefers tokenizer.model, then tokenizer.json, then llama2.c's tokenizer.bin. */
+/* Prefers tokenizer.model, then tokenizer.json, then llama2.c's tokenizer.bin; keeps
+ * generation_config.json (where generation stops). */
 static int pick_tok(const char *name, const void *data, size_t len, void *ctx)
 {
     static const char *order[] = {"tokenizer.model", "tokenizer.json", "tokenizer.bin"};
     tok_pick_t *p = ctx;
+    if (!strcmp(name, "generation_config.json")) {
+        p->has_gen = 1;
+        return buf_append(&p->gen, data, len);
+    }
     for (int i = 0; i < 3; i++) {
         if (strcmp(name, order[i]) || (p->tok && p->rank <= i))
             continue;
@@ -216,6 +225,15 @@ int main(int argc, char **argv)
     }
     h5_close(tf);
     tok_t *tok = pick.tok;
+    /* transformers' rule, not the tokenizer's EOS (hfconfig.h) */
+    static int64_t eos[4096]; /* a list longer than this is cut (transformers' are a few ids) */
+    int n_eos = 0;
+    if (hfconfig_generation_eos(&cfg, pick.has_gen ? (pick.gen.data ? pick.gen.data : "") : NULL, pick.gen.len, eos,
+                                4096, &n_eos, NULL) < 0) {
+        ftk_error("%s: %s", model_path, ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    buf_free(&pick.gen);
     if (tok_vocab_size(tok) > cfg.vocab_size) {
         ftk_error("%s: the tokenizer has %d pieces but the model only %lld", model_path, tok_vocab_size(tok),
                   (long long)cfg.vocab_size);
@@ -276,7 +294,10 @@ int main(int argc, char **argv)
     p = (int64_t)ids.n;
     for (int64_t k = 0; rc == 0 && k < max_new; k++) {
         int next = sample(logits, cfg.vocab_size, &r, cand);
-        if (next == tok_eos_id(tok) && !ignore_eos)
+        int stop = 0;
+        for (int e = 0; e < n_eos; e++)
+            stop |= next == eos[e];
+        if (stop && !ignore_eos)
             break;
         if (next >= tok_vocab_size(tok)) {
             ftk_error("the model produced id %d, outside the tokenizer's %d pieces", next, tok_vocab_size(tok));

@@ -10,6 +10,7 @@
 
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
+#include "../formats/tokenizer.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
@@ -33,7 +34,9 @@ static const opt_spec_t spec = {
     .summary = "Converts a Hugging Face LlamaForCausalLM folder to an ftk weights file: config.json, the\n"
                "weights (model.safetensors, or shards listed in model.safetensors.index.json; F32, F16\n"
                "or BF16), and the tokenizer files found there (tokenizer.model, tokenizer.json,\n"
-               "tokenizer_config.json, special_tokens_map.json), which travel inside the .h5.\n"
+               "tokenizer_config.json, special_tokens_map.json) and generation_config.json, which travel\n"
+               "inside the .h5. Warns when generation would not stop at the tokenizer's EOS (transformers' rule:\n"
+               "generation_config.json's eos_token_id, else config.json's).\n"
                "Tensor names and layouts stay Hugging Face's, so the same dtype round-trips bit for bit.\n"
                "pytorch_model.bin is not read (pickle files can run code); convert it to safetensors.",
     .epilog = "Refused with exit 2, naming the field or tensor: other architectures, rope_scaling,\n"
@@ -46,7 +49,8 @@ static const opt_spec_t spec = {
 };
 
 static const char *tokenizer_files[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                                        "special_tokens_map.json"};
+                                        "special_tokens_map.json", "generation_config.json"};
+
 
 typedef struct {
     model_config_t cfg;
@@ -228,6 +232,39 @@ static const void *src_rows(void *ctx, size_t i, const weights_spec_t *s, dtype_
     return scratch;
 }
 
+/* Warns when generation (transformers' rule, hfconfig.h: generation_config.json, then
+ * config.json) would stop elsewhere than at the tokenizer's EOS; a generation_config.json that cannot
+ * be read is bad input. Returns 0 or -1 (message set). */
+static int check_eos(const char *dir, const model_config_t *cfg)
+{
+    char *gp = join(dir, "generation_config.json");
+    buf_t g = {0};
+    int has_gen = gp && exists(gp);
+    int rc = has_gen && buf_read_file(&g, gp) < 0 ? -1 : 0;
+    int64_t eos[16];
+    int n = 0, from_gen = 0;
+    if (rc == 0 &&
+        hfconfig_generation_eos(cfg, has_gen ? (g.data ? g.data : "") : NULL, g.len, eos, 16, &n, &from_gen) < 0) {
+        ftk_err_prefix("%s/", dir);
+        rc = -1;
+    }
+    buf_free(&g);
+    free(gp);
+    for (int i = 0; i < 2 && rc == 0; i++) { /* the tokenizer ftk-generate would pick */
+        char *tp = join(dir, i ? "tokenizer.json" : "tokenizer.model");
+        tok_t *t = tp && exists(tp) ? tok_load(tp) : NULL;
+        char msg[512];
+        if (t && hfconfig_eos_disagree(eos, n, from_gen, tok_eos_id(t), msg, sizeof msg))
+            ftk_warn("%s: %s (%s)", dir, msg, i ? "tokenizer.json" : "tokenizer.model");
+        int found = t != NULL;
+        tok_free(t);
+        free(tp);
+        if (found)
+            break;
+    }
+    return rc;
+}
+
 static int store_tokenizer(void *ctx, hid_t file)
 {
     import_t *im = ctx;
@@ -285,6 +322,10 @@ int main(int argc, char **argv)
     }
     if (hfconfig_parse(text.data, text.len, &im.cfg) < 0) {
         ftk_error("%s: %s", cfg_path, ftk_err_msg());
+        goto done;
+    }
+    if (check_eos(im.dir, &im.cfg) < 0) {
+        ftk_error("%s", ftk_err_msg());
         goto done;
     }
     if (exists(index_path)) {

@@ -204,8 +204,19 @@ static int write_shards(const meta_t *m, const tokens_split_t *train, const toke
     hash_hex(tokens_set_hash((const uint64_t(*)[2 * TOKENS_N_DATASETS])sums, shards), sh);
     for (int k = 0; k < shards; k++) {
         hid_t f = H5Fopen(af[k].tmp_path, H5F_ACC_RDWR, H5P_DEFAULT);
-        if (f < 0 || h5_attr_set_str(f, "set_xxh3", sh) < 0 || h5_close(f) < 0) {
-            ftk_err_set("%s: cannot finish the file", names[k]);
+        char why[256];
+        int e = 0;
+        if (f < 0) {
+            ftk_err_set("cannot reopen it: %s", h5_err_reason(why, sizeof why));
+            e = -1;
+        } else if (h5_attr_set_str(f, "set_xxh3", sh) < 0) {
+            H5Fclose(f); /* the attribute's message is the one to keep */
+            e = -1;
+        } else {
+            e = h5_close(f);
+        }
+        if (e < 0) {
+            ftk_err_prefix("%s: cannot finish the file: ", names[k]);
             goto out;
         }
     }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -178,6 +179,7 @@ int main(int argc, char **argv)
         goto usage;
     }
     atomic_install_signal_cleanup();
+    int made_run = 0;
     double t0 = time_now();
     int64_t S = man.meta.shard_count;
     hid_t *in = calloc((size_t)S, sizeof *in);
@@ -218,10 +220,14 @@ int main(int argc, char **argv)
 
     ckpt_writer_t w;
     struct stat sb;
-    if (stat(run, &sb) < 0 && mkdir(run, 0777) < 0) { /* only now: a refused input leaves nothing */
-        ftk_error("%s: %s", run, strerror(errno));
-        rc = FTK_EXIT_FAIL;
-        goto done;
+    if (stat(run, &sb) < 0) { /* only now: a refused input leaves nothing */
+        if (mkdir(run, 0777) < 0) {
+            ftk_error("%s: %s", run, strerror(errno));
+            rc = FTK_EXIT_FAIL;
+            goto done;
+        }
+        made_run = 1; /* removed again on failure or a signal, unless a checkpoint got into it */
+        atomic_register_dir(run);
     }
     if (ckpt_begin(&w, run, meta.step) < 0) {
         ftk_error("%s", ftk_err_msg());
@@ -300,6 +306,11 @@ abort:
         }
     ckpt_abort(&w);
 done:
+    if (made_run) {
+        atomic_unregister_dir(run);
+        if (rc != FTK_EXIT_OK)
+            rmdir(run); /* only when empty: a committed checkpoint whose `latest` failed stays */
+    }
     for (int64_t i = 0; in && i < S; i++)
         if (in[i] >= 0)
             h5_close(in[i]);

@@ -91,8 +91,10 @@ static const opt_spec_t spec = {
         "Full-parameter finetuning of a Llama model: AdamW, gradient clipping, warmup + cosine schedule,\n"
         "gradient accumulation to a global batch, sharded data parallelism over MPI ranks. Defaults follow\n"
         "LitGPT's Llama-2-7B full finetune (lr 2e-4, betas 0.9/0.95, weight decay 0.1, warmup 25, min lr\n"
-        "6e-5, global batch 64, micro batch 4, one epoch). The loss of a step is the mean over the targets\n"
-        "of its global batch, whatever the number of ranks.",
+        "6e-5, global batch 64, micro batch 4, one epoch) except: --precision fp32 (the recipe: bf16-true),\n"
+        "--clip 1.0 (the recipe does not clip: --clip 0) and no decay of the norms (README). The loss of a\n"
+        "step is the mean over the targets of its global batch, whatever the number of ranks. A global\n"
+        "batch is the next G rows of the epoch: batches do not cross epochs, an epoch's last may be short.",
     .epilog =
         "Strategies (engine/shard.h): full = ZeRO-3 (parameters, gradients and AdamW state sharded; units\n"
         "gathered when used), grad-op = ZeRO-2 (parameters gathered once per step), none = DDP (replicated,\n"
@@ -194,6 +196,16 @@ static int trim_metrics(const char *path, int64_t step)
     return rc;
 }
 
+/* The first write error of metrics.jsonl (errno; rank 0), reported at the next step's end:
+ * a full disk stops the run rather than losing its metrics silently. */
+static int metrics_errno;
+
+static void metrics_flush(FILE *mf)
+{
+    if ((fflush(mf) != 0 || ferror(mf)) && !metrics_errno)
+        metrics_errno = errno ? errno : EIO;
+}
+
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak)
 {
     fprintf(mf,
@@ -205,7 +217,7 @@ static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double el
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
             s->tokens / dt, elapsed, (long long)s->epoch, nranks, (long long)s->micro_batches, s->comm.ag_bytes,
             s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak);
-    fflush(mf);
+    metrics_flush(mf);
 }
 
 static int evaluate(trainer_t *t, FILE *mf, int64_t step)
@@ -218,7 +230,7 @@ static int evaluate(trainer_t *t, FILE *mf, int64_t step)
     if (mf) {
         fprintf(mf, "{\"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld}\n", (long long)step, vl,
                 (long long)vt);
-        fflush(mf);
+        metrics_flush(mf);
     }
     ftk_info("step %lld: validation loss %.4f (%lld targets)", (long long)step, vl, (long long)vt);
     return 0;
@@ -517,6 +529,10 @@ static int run(int argc, char **argv)
         double now = time_now();
         if (mf)
             metrics_step(mf, &st, now - ts, now - t0, trainer_memory(t)->peak);
+        if (metrics_errno)
+            snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(metrics_errno));
+        if ((code = agree_msg(metrics_errno ? FTK_EXIT_FAIL : 0, msg)))
+            goto out;
         if (!ftk_quiet)
             fprintf(stderr,
                     "ftk-train: step %lld/%lld  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
@@ -550,6 +566,8 @@ static int run(int argc, char **argv)
 out:
     if (mf)
         fclose(mf);
+    if (code && code != FTK_EXIT_PREEMPTED)
+        trainer_discard_new_run(t);
     trainer_free(t);
     backend_free(be);
     return code;

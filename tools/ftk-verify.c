@@ -533,9 +533,17 @@ static int verify_path_ckpt(const char *path)
             BAD("%s", ftk_err_msg());
         else if (!found)
             BAD("%s/latest names %s, which is not a committed checkpoint", path, l);
+        else if (strcmp(v[0], l))
+            ftk_warn("%s/latest names %s, but %s is newer: `latest` could not be updated after it was committed (a "
+                     "full disk?); not damage: ftk-train --resume auto continues from the newest checkpoint that "
+                     "verifies",
+                     path, l, v[0]);
         free(l);
     } else if (n) {
-        BAD("%s: no `latest` file naming the newest checkpoint", path);
+        /* latest is replaced after the checkpoint is committed; its failure loses nothing */
+        ftk_warn("%s: no `latest` file: it could not be written after %s was committed (a full disk?); not damage: "
+                 "ftk-train --resume auto continues from the newest checkpoint that verifies",
+                 path, v[0]);
     }
     for (size_t i = 0; i < n; i++) {
         if (verify_checkpoint(v[i]))
