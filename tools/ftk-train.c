@@ -443,6 +443,15 @@ static int run_plan(const trainer_opts_t *o)
     gb(a, sizeof a, pl.mem.peak);
     printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.mem.peak,
            (double)pl.mem.peak / (1 << 30));
+    /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
+    gb(a, sizeof a, pl.snapshot);
+    printf("  snapshot           %s   (%s: a host copy of this rank's shard%s)\n", a,
+           o->async_save ? "--async-save" : "with --async-save", strcmp(device, "cuda") ? "" : ", page-locked");
+    if (o->async_save && strcmp(device, "cuda")) {
+        gb(a, sizeof a, pl.mem.peak + pl.snapshot);
+        printf("  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl.mem.peak + pl.snapshot),
+               (double)(pl.mem.peak + pl.snapshot) / (1 << 30));
+    }
     if (most.rank != 0) {
         gb(a, sizeof a, most.mem.peak);
         printf("largest rank: %d, total %s\n", most.rank, a);
