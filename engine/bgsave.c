@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../formats/h5.h"
 #include "../libcommon/log.h"
@@ -32,6 +33,7 @@ struct bgsave {
     char err[2048];
     ckpt_shard_sum_t sum;
     double write_s;
+    long delay_ms; /* test hook, see writer() */
 };
 
 int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt)
@@ -77,6 +79,8 @@ bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64
         return NULL;
     }
     atomic_init(&b->done, 1);
+    const char *d = getenv("FTK_TEST_WRITE_DELAY_MS");
+    b->delay_ms = d ? atol(d) : 0;
     return b;
 }
 
@@ -101,8 +105,14 @@ static void *writer(void *arg)
     ckpt_shard_writer_t *w = ckpt_shard_create(b->dir, &b->meta, b->units, b->n_units, b->index);
     int bad = !w;
     for (int k = 0; k < CKPT_KINDS && !bad; k++)
-        for (int u = 0; u < b->n_units && !bad; u++)
+        for (int u = 0; u < b->n_units && !bad; u++) {
+            /* Test hook (tests/fault/async_kill.sh): FTK_TEST_WRITE_DELAY_MS stretches the
+             * write of every array, so that a kill at a random instant lands in a
+             * background write as it would with a 7B shard. */
+            if (b->delay_ms > 0)
+                nanosleep(&(struct timespec){b->delay_ms / 1000, b->delay_ms % 1000 * 1000000}, NULL);
             bad = ckpt_shard_put(w, k, u, (char *)b->snap + b->offs[k * b->n_units + u]) < 0;
+        }
     if (w && ckpt_shard_finish(w, b->tok_src, &b->sum) < 0)
         bad = 1;
     b->rc = bad ? -1 : 0;

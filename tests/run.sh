@@ -51,6 +51,7 @@ finish() {
 
 # The slow set: the same kinds of test at full size (make test runs smaller counts).
 if [ "$SET" = slow ]; then
+    run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     finish
     exit
 fi
@@ -86,6 +87,7 @@ run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
+run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -136,6 +138,9 @@ if [ -d build/asan/bin ]; then
     run asan/cli-plan env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/plan.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-plan" quick
+    run asan/fault-async-save env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/fault/async_kill.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-async-kill" 0
     run asan/cli-checkpoint-tools env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/ckpt.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-ckpt"
