@@ -3,19 +3,26 @@
 #  - the same job saved asynchronously and synchronously (2 MPI ranks; and one process in
 #    bf16-true) writes byte-identical checkpoints (every shard file and manifest), which
 #    ftk-verify --compare also finds identical, and identical losses;
+#  - SIGTERM and --stop-after while a background write is under way: it is committed, then
+#    the stop's own checkpoint, exit 75; --resume auto ends on the synchronous run's bits;
+#  - a background write that fails (its directory removed under it) fails the run with
+#    exit 1 naming it, `latest` stays on the previous checkpoint, --resume auto finishes;
 #  - kill -9 of one rank, then of every rank, at random instants while background writes
 #    are under way (FTK_TEST_WRITE_DELAY_MS stretches each write to a few hundred ms, as a
 #    large shard's would be): `latest` names a whole checkpoint (ftk-verify), --resume auto
 #    continues from the newest committed one, removes the unfinished directory, and the run
 #    ends on the same bits and losses as the uninterrupted synchronous run.
 # Usage: tests/fault/async_kill.sh BIN_DIR WORK_DIR [TRIALS]   (TRIALS: kill -9 trials,
-#        default 4; make test-slow runs 24)
+#        default 4; make test-slow runs 24; "quick": the one-process checks only, no MPI —
+#        the sanitizer build's pass)
 set -u
 BIN=$1 WORK=$2 TRIALS=${3:-4}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
-need_mpi
+QUICK=0
+[ "$TRIALS" = quick ] && QUICK=1 TRIALS=0
+[ $QUICK = 1 ] && TO="timeout -k 5 120" || need_mpi
 demo_pack "$WORK/d.h5" 128 || exit 1
 demo_init "$WORK/w.h5" tiny 1 || exit 1
 STEPS=12
@@ -37,6 +44,7 @@ same_ckpts() {
 ranks_of() { pgrep -P "$1" -f ftk-train; }
 
 # --- async against sync: the same bytes -------------------------------------------------------
+if [ $QUICK = 0 ]; then
 expect "2 ranks, synchronous saves: the reference" 0 $TO $MPI -np 2 $T -o "$WORK/sync"
 expect "2 ranks, --async-save" 0 $TO $MPI -np 2 $T -o "$WORK/async" --async-save
 same_ckpts "async and sync checkpoints byte-identical (steps 8, 10, 12)" "$WORK/async" "$WORK/sync" 8 10 12
@@ -59,6 +67,7 @@ want=$(grep -o '"padded": [0-9]*' "$WORK/async/step-00000012/manifest.json" |
 got=$(sed -n 's/^  snapshot  *\([0-9.]* [MG]B\).*/\1/p' "$WORK/plan")
 check "--plan --async-save: snapshot row $got = 3 × Σ padded/S × 4 bytes ($want), and a host total" \
     sh -c "[ '$got' = '$want' ] && grep -q '^  total + snapshot ' '$WORK/plan'"
+fi
 
 P="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 -j1 --steps 8 --save-every 2 --precision bf16-true"
 expect "1 process, bf16-true, synchronous" 0 $TO $P -o "$WORK/tsync"
@@ -68,6 +77,53 @@ same_ckpts "bf16-true: async and sync checkpoints byte-identical (steps 2-8)" "$
 losses "$WORK/tasync" >"$WORK/la"
 losses "$WORK/tsync" >"$WORK/ls"
 same "bf16-true: async and sync losses identical" "$WORK/la" "$WORK/ls"
+
+# --- stopping while a write is under way ------------------------------------------------------
+FTK_TEST_WRITE_DELAY_MS=60 $TO $P -o "$WORK/tterm" --async-save 2>/dev/null &
+pt=$!
+i=0
+while [ $i -lt 300 ] && ! ls -a "$WORK/tterm" 2>/dev/null | grep -q '^\.step-'; do
+    sleep 0.05
+    i=$((i + 1))
+done
+kill -TERM $pt
+wait $pt
+rc=$?
+a=$(grep -c '"async": true' "$WORK/tterm/metrics.jsonl")
+s=$(grep '"checkpoint"' "$WORK/tterm/metrics.jsonl" | tail -n 1 | grep -c '"async": false')
+check "SIGTERM during a background write: exit 75 ($rc), it committed ($a), then a synchronous one ($s)" \
+    test "$rc:$s" = 75:1 -a "$a" -ge 1
+expect "--stop-after 3 with writes in flight: exit 75" 75 env FTK_TEST_WRITE_DELAY_MS=60 $TO $P -o "$WORK/tstop" \
+    --async-save --stop-after 3
+check "--stop-after: the background step 2 and the stop's step 3 committed" \
+    test -d "$WORK/tstop/step-00000002" -a "$(cat "$WORK/tstop/latest")" = step-00000003
+for r in tterm tstop; do
+    expect "$r: --resume auto finishes the run" 0 $TO $P -o "$WORK/$r" --async-save --resume auto
+    same_ckpts "$r: ends on the bits of the synchronous run" "$WORK/$r" "$WORK/tsync" 8
+done
+
+# --- a background write fails ------------------------------------------------------------------
+# Writes of 12 × 60 ms: once step 2 is committed, the next write's hidden directory is
+# removed under it; the shard file's fsync then fails in the writer thread.
+FTK_TEST_WRITE_DELAY_MS=60 $TO $P -o "$WORK/tfail" --async-save 2>"$WORK/fail.err" &
+pf=$!
+i=0
+while [ $i -lt 300 ] && ! { [ -e "$WORK/tfail/latest" ] && ls -a "$WORK/tfail" | grep -q '^\.step-'; }; do
+    sleep 0.05
+    i=$((i + 1))
+done
+rm -rf "$WORK"/tfail/.step-*
+wait $pf
+rc=$?
+check "a background write that fails: the run exits 1 ($rc)" test $rc -eq 1
+grep -q "background write" "$WORK/fail.err" && ok "its message names the background write" || {
+    notok "its message names the background write"
+    sed 's/^/     | /' "$WORK/fail.err" | head -n 5
+}
+named=$(cat "$WORK/tfail/latest" 2>/dev/null)
+check "\`latest\` stays on a whole checkpoint ($named)" sh -c "'$BIN/ftk-verify' -q '$WORK/tfail/$named' >/dev/null"
+expect "--resume auto after the failed write finishes the run" 0 $TO $P -o "$WORK/tfail" --async-save --resume auto
+same_ckpts "and ends on the bits of the synchronous run" "$WORK/tfail" "$WORK/tsync" 8
 
 # --- kill -9 during background writes ----------------------------------------------------------
 i=0 mid=0 live=0
@@ -96,7 +152,7 @@ while [ $i -lt "$TRIALS" ]; do
     [ "$stale" -gt 0 ] && mid=$((mid + 1))
     [ "$newest" != "$(printf 'step-%08d' $STEPS)" ] && live=$((live + 1))
     if [ "$named" != none ]; then
-        check "kill -9 #$i: \`latest\` ($named) names a whole checkpoint" "$BIN/ftk-verify" -q "$run/$named" >/dev/null
+        check "kill -9 #$i: \`latest\` ($named) names a whole checkpoint" sh -c "'$BIN/ftk-verify' -q '$run/$named' >/dev/null"
     fi
     $TO $MPI -np 2 $(echo "$T" | sed 's/ -q / /') -o "$run" --async-save --resume auto >"$WORK/out" 2>"$WORK/err"
     rc=$?
