@@ -78,6 +78,11 @@ bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64
         free(b);
         return NULL;
     }
+    /* Touched now: an overcommitted machine fails here, at start-up, not at the first
+     * checkpoint hours later; and that snapshot does not pay the page faults. (Page-locked
+     * memory is resident already.) */
+    if (!be->host_alloc)
+        memset(b->snap, 0, off);
     atomic_init(&b->done, 1);
     const char *d = getenv("FTK_TEST_WRITE_DELAY_MS");
     b->delay_ms = d ? atol(d) : 0;
