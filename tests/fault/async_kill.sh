@@ -132,7 +132,14 @@ while [ $i -lt "$TRIALS" ]; do
     run="$WORK/kill$i"
     FTK_TEST_WRITE_DELAY_MS=25 $MPI -np 2 $T -o "$run" --async-save >/dev/null 2>&1 &
     mp=$!
-    sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", 0.6 + rand() * 1.6 }')"
+    # A random instant once the first background write has begun (most of the run from
+    # there on has one under way): the start-up of MPI takes anything from 0.5 to 5 s here.
+    j=0
+    while [ $j -lt 300 ] && ! ls -a "$run" 2>/dev/null | grep -q '^\.step-'; do
+        sleep 0.05
+        j=$((j + 1))
+    done
+    sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", rand() * 1.5 }')"
     if [ $((i % 2)) -eq 1 ]; then
         who="one rank"
         kill -KILL "$(ranks_of $mp | awk -v s=$i 'BEGIN { srand(s) } { p[NR] = $1 } END { print p[1 + int(rand() * NR)] }')" 2>/dev/null
