@@ -12,7 +12,9 @@
  *
  * bgsave_start() starts a thread that writes the shard file from the snapshot with the
  * calls a synchronous save makes (ckpt_shard_create/put/finish: every array checksummed,
- * the file fsynced, then hashed whole), so both write the same bytes.
+ * the file fsynced, then hashed whole), so both write the same bytes. The thread runs
+ * 10 nice levels below the process (Linux: per thread), so that on the CPU backend it
+ * takes the cycles training leaves rather than a share of every step.
  *
  * Threads: the writer thread makes HDF5 and file-system calls only — no MPI (MPI is
  * initialised FUNNELED) and no backend call. HDF5 must then be the thread-safe build
