@@ -4,9 +4,10 @@
 #include <string.h>
 
 #include "../libcommon/log.h"
+#include "bgsave.h"
 
 /* One dry build on a fresh planning backend; the accounting at its end. */
-static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *mem, int64_t *S)
+static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *mem, int64_t *S, int64_t *snap)
 {
     trainer_opts_t o = p->o;
     o.recompute = recompute;
@@ -19,6 +20,9 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     if (rc == 0) {
         *mem = *bk_mem(be);
         *S = shard_count(sh);
+        int n_units;
+        const ckpt_unit_t *units = shard_units(sh, &n_units);
+        *snap = shard_writes(sh) ? bgsave_bytes(units, n_units, *S, precision_dtypes(o.precision).state) : 0;
     }
     model_free(m);
     shard_free(sh);
@@ -32,9 +36,9 @@ int plan_memory(const plan_opts_t *p, int rank, plan_t *out)
     memset(out, 0, sizeof *out);
     out->rank = rank;
     bk_mem_t other;
-    int64_t S;
-    if (dry_build(p, rank, p->o.recompute, &out->mem, &out->shard_count) < 0 ||
-        dry_build(p, rank, !p->o.recompute, &other, &S) < 0)
+    int64_t S, snap;
+    if (dry_build(p, rank, p->o.recompute, &out->mem, &out->shard_count, &out->snapshot) < 0 ||
+        dry_build(p, rank, !p->o.recompute, &other, &S, &snap) < 0)
         return -1;
     out->acts_other = other.at_peak[BK_MEM_ACTS];
     return 0;

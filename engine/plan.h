@@ -5,6 +5,10 @@
  * written, and a device that is not present can be planned for. On the CPU backend the
  * plan equals the high-water mark a run measures (tests/cli/plan.sh).
  *
+ * The snapshot of --async-save (engine/bgsave.h: a host copy of the rank's shard, page-
+ * locked on a GPU) is host memory beside the backend's: reported on its own line
+ * (bgsave_bytes, the size bgsave_new allocates), not in the backend's peak.
+ *
  * What the plan cannot see: host memory (batches, checkpoint buffers, the CPU backend's
  * per-op scratch of a few rows per thread), and device scratch a backend grows on first
  * use (the CUDA backend's segment lists and partial sums: kilobytes to a few MiB).
@@ -28,6 +32,7 @@ typedef struct {
     int64_t shard_count; /* S */
     bk_mem_t mem;        /* peak and per class at the peak */
     int64_t acts_other;  /* activations with the other --recompute setting */
+    int64_t snapshot;    /* --async-save's host snapshot (0 on a rank that writes no shard) */
 } plan_t;
 
 /* The plan of rank `rank`. 0 or -1 with ftk_err_msg() set (a bad configuration). */

@@ -17,6 +17,7 @@
 #include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
+#include "bgsave.h"
 #include "train.h"
 
 /* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
@@ -27,6 +28,25 @@ typedef struct {
     int64_t max_len, vocab, rows[2];
     char set_xxh3[32];
 } data_t;
+
+/* What each writing rank tells rank 0 about its shard file. */
+typedef struct {
+    uint64_t bytes, xxh3;
+    int64_t code;
+    double write_s;
+} shard_report_t;
+
+/* The asynchronous checkpoint in flight (every rank agrees on active). */
+typedef struct {
+    int active;
+    ckpt_writer_t w;     /* rank 0: its hidden directory */
+    ckpt_meta_t meta;    /* the snapshot's step, data position, options */
+    double stall_s;      /* seconds the loop was blocked for it so far */
+    int joined;          /* this rank's write is joined: its report is in me */
+    shard_report_t me;
+    int commit_code;     /* rank 0: a commit at a step boundary failed (reported at the next) */
+    char commit_why[2048];
+} pending_t;
 
 struct trainer {
     comm_t *world;
@@ -46,6 +66,13 @@ struct trainer {
     model_t *m;
     int64_t *perm, *rows;
     batch_t b;
+    /* --async-save (bgsave.h): every rank's mode (the HDF5 library allows it); the writing
+     * ranks' snapshot; the checkpoint in flight; the commits not yet reported */
+    int async;
+    bgsave_t *bg;
+    pending_t pend;
+    trainer_ckpt_t reports[8];
+    int n_reports;
 };
 
 /* ---- every rank agrees ------------------------------------------------------------------- */
@@ -296,6 +323,18 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     c = trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
+    if (o->async_save) {
+        /* Same library on every rank: the answer is the same everywhere. */
+        t->async = bgsave_supported();
+        if (!t->async)
+            ftk_warn("--async-save: this HDF5 library is not thread-safe; checkpoints are written synchronously");
+        int n_units;
+        const ckpt_unit_t *units = shard_units(t->sh, &n_units);
+        if (t->async && shard_writes(t->sh) &&
+            !(t->bg = bgsave_new(be, units, n_units, meta->shard_count, ckpt_state_dtype(meta->precision))))
+            c = fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
+        CHECK(c);
+    }
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
     t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);
     CHECK(!t->perm || !t->rows ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
@@ -319,6 +358,12 @@ void trainer_free(trainer_t *t)
 {
     if (!t)
         return;
+    /* A write still in flight (a failed step or save on the way out) is waited for — it
+     * reads the snapshot and the weights file — and never committed: rank 0 removes its
+     * directory, and `latest` stays on the previous checkpoint. */
+    bgsave_free(t->bg);
+    if (t->pend.active && t->rank == 0)
+        ckpt_abort(&t->pend.w);
     batch_free(&t->b);
     if (t->lock_fd >= 0)
         close(t->lock_fd);
@@ -344,33 +389,176 @@ const bk_mem_t *trainer_memory(const trainer_t *t) { return bk_mem(t->be); }
 
 /* ---- checkpoints ----------------------------------------------------------------------------- */
 
-typedef struct {
-    uint64_t bytes, xxh3;
-    int64_t code;
-} shard_report_t;
-
-int trainer_save(trainer_t *t)
+static void push_report(trainer_t *t, int64_t step, int async, double stall_s, double write_s, int64_t bytes)
 {
-    const ckpt_meta_t *meta = &t->meta;
-    ckpt_writer_t w;
-    char dir[4096] = "";
+    if (t->n_reports < (int)(sizeof t->reports / sizeof *t->reports))
+        t->reports[t->n_reports++] = (trainer_ckpt_t){step, async, stall_s, write_s, bytes};
+}
+
+int trainer_ckpt_reports(trainer_t *t, trainer_ckpt_t *out, int max)
+{
+    int n = t->n_reports < max ? t->n_reports : max;
+    memcpy(out, t->reports, (size_t)n * sizeof *out);
+    memmove(t->reports, t->reports + n, (size_t)(t->n_reports - n) * sizeof *out);
+    t->n_reports -= n;
+    return n;
+}
+
+/* Rank 0 makes the hidden directory of the checkpoint of `step`; every rank learns its
+ * name (agreed). */
+static int save_begin(trainer_t *t, int64_t step, ckpt_writer_t *w, char dir[4096])
+{
     int code = 0;
+    dir[0] = 0;
+    memset(w, 0, sizeof *w);
     if (t->rank == 0) {
-        if (ckpt_begin(&w, t->o.out_dir, meta->step) < 0)
-            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        if (ckpt_begin(w, t->o.out_dir, step) < 0)
+            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)step, ftk_err_msg());
         else
-            snprintf(dir, sizeof dir, "%s", w.dir);
+            snprintf(dir, 4096, "%s", w->dir);
     }
     if ((code = agree(t, code)))
         return code;
-    comm_bcast(t->world, dir, sizeof dir, 0);
+    comm_bcast(t->world, dir, 4096, 0);
+    return 0;
+}
+
+/* Every rank with its shard's report (a failed one has why set): rank 0 collects them
+ * (the writers are ranks 0 … S−1, replica 0) and commits — manifest, rename, latest,
+ * --keep — or removes the directory if any rank failed. deferred (the background path,
+ * every report known to be good): nothing more is waited for; a failed commit is kept
+ * on rank 0 and reported at the next step (pend.commit_code). Else agreed. rep gets the
+ * write time (the slowest writer's) and the bytes of every shard. */
+static int save_commit(trainer_t *t, ckpt_writer_t *w, const ckpt_meta_t *meta, shard_report_t me, int deferred,
+                       trainer_ckpt_t *rep)
+{
+    int n_units;
+    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
+    shard_report_t *all = t->rank == 0 ? calloc((size_t)t->nranks, sizeof *all) : NULL;
+    if (t->rank == 0 && !all)
+        abort(); /* a few bytes per rank */
+    comm_gather(t->world, &me, all, sizeof me, 0);
+    int code = (int)me.code;
+    memset(rep, 0, sizeof *rep);
+    if (t->rank == 0) {
+        ckpt_shard_sum_t *sums = calloc((size_t)meta->shard_count, sizeof *sums);
+        for (int64_t i = 0; i < meta->shard_count && sums; i++) {
+            sums[i].bytes = all[i].bytes;
+            sums[i].xxh3 = all[i].xxh3;
+            code = all[i].code > code ? (int)all[i].code : code;
+            rep->bytes += (int64_t)all[i].bytes;
+            rep->write_s = all[i].write_s > rep->write_s ? all[i].write_s : rep->write_s;
+        }
+        if (!sums)
+            code = fail(t, FTK_EXIT_FAIL, "out of memory");
+        char step_dir[4200];
+        snprintf(step_dir, sizeof step_dir, "%s/%s", t->o.out_dir, w->name);
+        struct stat sb;
+        if (code)
+            ckpt_abort(w);
+        else if (ckpt_commit(w, meta, &t->cfg, units, n_units, sums, (int)t->o.keep) < 0)
+            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+        /* committed, even when `latest` could not follow: the run is resumable from it */
+        if (stat(step_dir, &sb) == 0)
+            t->committed = 1;
+        free(sums);
+        free(all);
+    }
+    if (!deferred)
+        return agree(t, code);
+    if (code) {
+        t->pend.commit_code = code;
+        snprintf(t->pend.commit_why, sizeof t->pend.commit_why, "%s", t->why);
+    }
+    return 0;
+}
+
+/* The background write in flight, joined on this rank: its report. */
+static shard_report_t join_write(trainer_t *t)
+{
+    shard_report_t me = {0, 0, 0, 0};
+    if (bgsave_running(t->bg)) {
+        ckpt_shard_sum_t sum = {0, 0};
+        if (bgsave_wait(t->bg, &sum, &me.write_s) < 0)
+            me.code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld (background write): %s",
+                           (long long)t->pend.meta.step, ftk_err_msg());
+        me.bytes = sum.bytes;
+        me.xxh3 = sum.xxh3;
+        t->pend.me = me;
+        t->pend.joined = 1;
+    }
+    return t->pend.joined ? t->pend.me : me;
+}
+
+/* Settles the asynchronous checkpoint (every rank calls it): waits for the write in
+ * flight on every rank and commits it, or removes it if a write failed; reports a commit
+ * that failed at a step boundary. The wait counts as that checkpoint's stall. Agreed. */
+static int save_settle(trainer_t *t)
+{
+    pending_t *p = &t->pend;
+    int code = 0;
+    if (p->active) {
+        double t0 = time_now();
+        shard_report_t me = join_write(t);
+        trainer_ckpt_t rep;
+        code = save_commit(t, &p->w, &p->meta, me, 0, &rep);
+        p->stall_s += time_now() - t0;
+        if (!code)
+            push_report(t, p->meta.step, 1, p->stall_s, rep.write_s, rep.bytes);
+        p->active = 0;
+        p->joined = 0;
+        if (code)
+            return code;
+    }
+    if (p->commit_code)
+        code = fail(t, p->commit_code, "%s", p->commit_why);
+    p->commit_code = 0;
+    return agree(t, code);
+}
+
+/* At a step boundary, after the step's all-reduce: running is the number of ranks whose
+ * write is still under way, failed whether one failed (or a commit did). Every rank sees
+ * the same two numbers, so every rank takes the same branch: nothing, the commit of a
+ * checkpoint every rank has written (rank 0 commits; nobody waits for it), or — rare —
+ * the agreed failure. */
+static int save_poll(trainer_t *t, int running, int failed)
+{
+    pending_t *p = &t->pend;
+    if (failed)
+        return save_settle(t); /* fails, with the lowest failing rank's message */
+    if (!p->active || running)
+        return 0;
+    double t0 = time_now();
+    shard_report_t me = join_write(t); /* done: does not block */
+    trainer_ckpt_t rep;
+    save_commit(t, &p->w, &p->meta, me, 1, &rep);
+    p->stall_s += time_now() - t0;
+    if (!p->commit_code)
+        push_report(t, p->meta.step, 1, p->stall_s, rep.write_s, rep.bytes);
+    p->active = 0;
+    p->joined = 0;
+    return 0;
+}
+
+int trainer_save(trainer_t *t)
+{
+    int code = save_settle(t); /* the checkpoint in flight first: steps stay in order */
+    if (code)
+        return code;
+    const ckpt_meta_t *meta = &t->meta;
+    double t0 = time_now();
+    ckpt_writer_t w;
+    char dir[4096];
+    if ((code = save_begin(t, meta->step, &w, dir)))
+        return code;
 
     int n_units;
     const ckpt_unit_t *units = shard_units(t->sh, &n_units);
-    shard_report_t me = {0, 0, 0};
+    shard_report_t me = {0, 0, 0, 0};
     if (shard_writes(t->sh)) {
         /* One array at a time through one unit-sized buffer: saving never doubles the
          * memory of the state. */
+        double tw = time_now();
         ckpt_shard_sum_t sum = {0, 0};
         int64_t idx = shard_index(t->sh), S = meta->shard_count, most = 0;
         for (int u = 0; u < n_units; u++)
@@ -390,36 +578,43 @@ int trainer_save(trainer_t *t)
         free(buf);
         me.bytes = sum.bytes;
         me.xxh3 = sum.xxh3;
+        me.write_s = time_now() - tw;
     }
-    /* The writers are ranks 0 … S−1 (replica 0); rank 0 collects their reports. */
-    shard_report_t *all = t->rank == 0 ? calloc((size_t)t->nranks, sizeof *all) : NULL;
-    if (t->rank == 0 && !all)
-        abort(); /* a few bytes per rank */
-    comm_gather(t->world, &me, all, sizeof me, 0);
-    code = (int)me.code;
-    if (t->rank == 0) {
-        ckpt_shard_sum_t *sums = calloc((size_t)meta->shard_count, sizeof *sums);
-        for (int64_t i = 0; i < meta->shard_count && sums; i++) {
-            sums[i].bytes = all[i].bytes;
-            sums[i].xxh3 = all[i].xxh3;
-            code = all[i].code > code ? (int)all[i].code : code;
-        }
-        if (!sums)
-            code = fail(t, FTK_EXIT_FAIL, "out of memory");
-        char step_dir[4200];
-        snprintf(step_dir, sizeof step_dir, "%s/%s", t->o.out_dir, w.name);
-        struct stat sb;
-        if (code)
+    trainer_ckpt_t rep;
+    if (!(code = save_commit(t, &w, meta, me, 0, &rep)))
+        push_report(t, meta->step, 0, time_now() - t0, rep.write_s, rep.bytes);
+    return code;
+}
+
+int trainer_save_async(trainer_t *t)
+{
+    if (!t->async)
+        return trainer_save(t);
+    /* At most one checkpoint in flight: the previous one's write is waited for here (its
+     * stall) and committed before this one starts. */
+    int code = save_settle(t);
+    if (code)
+        return code;
+    const ckpt_meta_t *meta = &t->meta;
+    double t0 = time_now();
+    ckpt_writer_t w;
+    char dir[4096];
+    if ((code = save_begin(t, meta->step, &w, dir)))
+        return code;
+    int rc = 0;
+    int64_t idx = shard_index(t->sh);
+    if (t->bg && (bgsave_snapshot(t->bg, t->sh) < 0 || bgsave_start(t->bg, dir, meta, idx, idx == 0 ? t->wf : -1) < 0))
+        rc = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
+    if ((code = agree(t, rc))) {
+        shard_report_t me = join_write(t); /* a write another rank could not start */
+        (void)me;
+        t->pend.joined = 0;
+        if (t->rank == 0)
             ckpt_abort(&w);
-        else if (ckpt_commit(&w, meta, &t->cfg, units, n_units, sums, (int)t->o.keep) < 0)
-            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
-        /* committed, even when `latest` could not follow: the run is resumable from it */
-        if (stat(step_dir, &sb) == 0)
-            t->committed = 1;
-        free(sums);
-        free(all);
+        return code;
     }
-    return agree(t, code);
+    t->pend = (pending_t){.active = 1, .w = w, .meta = *meta, .stall_s = time_now() - t0};
+    return 0;
 }
 
 /* This rank's part of a checkpoint (every rank calls it): the manifest checked against
@@ -636,8 +831,9 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         return agree(t, err[0] ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1, err) : 0);
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
     float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
-    /* loss, stop requested, checkpoint due by the clock, a rank failed */
-    double v[4] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0};
+    /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
+     * checkpoint write is under way, a checkpoint write or commit failed */
+    double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
         if (make_batch(&t->b, tr, NULL, r0 - lo, kk) < 0) {
@@ -650,7 +846,13 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         shard_pass_end(t->sh);
     }
     v[1] = v[1] || (stop && *stop);
-    comm_allreduce_f64(t->world, v, 4, COMM_SUM);
+    /* The background write, learned at no cost: this all-reduce happens every step. */
+    if (t->pend.active && !bgsave_done(t->bg))
+        v[4] = 1;
+    else if (t->pend.active && join_write(t).code)
+        v[5] = 1;
+    v[5] = v[5] || (t->rank == 0 && t->pend.commit_code);
+    comm_allreduce_f64(t->world, v, 6, COMM_SUM);
     if (v[3])
         return agree(t, fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1,
                              err[0] ? err : "a batch could not be built on another rank"));
@@ -664,6 +866,9 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
                             ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg())
                             : 0);
     if (code)
+        return code;
+    /* At the step boundary: commit the background checkpoint every rank has written. */
+    if ((code = save_poll(t, v[4] > 0, v[5] > 0)))
         return code;
     meta->step = step;
     meta->rows_consumed += k;

@@ -17,7 +17,24 @@
  * The save protocol: rank 0 makes the hidden checkpoint directory (ckpt_begin), every
  * writing rank writes and fsyncs its shard file there one array at a time, rank 0 gathers
  * every shard's size and checksum and commits (manifest, rename, latest, --keep) — or
- * removes the directory if any rank failed. Resume: --resume auto walks the committed
+ * removes the directory if any rank failed.
+ *
+ * Asynchronous save (trainer_save_async, --async-save): each writing rank copies its state
+ * into a host snapshot (bgsave.h; page-locked on a GPU) and a background thread writes,
+ * fsyncs and checksums its shard file from it while training goes on. Whether every
+ * rank's write has ended is learned at no cost: two more numbers in the all-reduce every
+ * step already makes (trainer_step). At the first step boundary where every rank's write
+ * has ended and none failed, rank 0 commits — manifest, rename, latest, --keep — as the
+ * synchronous save does, and nobody waits for it; a failed commit is reported (agreed) at
+ * the next step. A failed write fails the run at that boundary, as a failed synchronous
+ * save does; its directory is removed. At most one checkpoint is in flight: the next
+ * save (either kind) first waits for it and commits it. trainer_free() waits for a write
+ * in flight and removes it uncommitted. Crash safety is the synchronous save's: shard
+ * files live in the hidden directory until rank 0 has every rank's report, and `latest`
+ * moves only after the rename; a crash (any rank, any instant) leaves the previous
+ * checkpoint as `latest` and a hidden directory that the next start removes.
+ *
+ * Resume: --resume auto walks the committed
  * checkpoints newest first; each must match this run (weights, data, options, precision)
  * and every rank verifies what it reads; a damaged one is reported and the one before is
  * tried, a checkpoint named explicitly is used or refused. A checkpoint of another shard
@@ -49,7 +66,19 @@ typedef struct {
     int recompute;
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
+    int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */
 } trainer_opts_t;
+
+/* A committed checkpoint, for the metrics. stall_s: seconds rank 0's training loop was
+ * blocked for it — the whole save when synchronous; when asynchronous its snapshot, any
+ * wait for its write at the next save, and its commit; write_s: the slowest writer's
+ * seconds writing its shard file; bytes: every shard file together. */
+typedef struct {
+    int64_t step;
+    int async;
+    double stall_s, write_s;
+    int64_t bytes;
+} trainer_ckpt_t;
 
 /* What one step did (the same on every rank unless said). */
 typedef struct {
@@ -98,8 +127,14 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
  * *loss is NaN when the split is empty. */
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_targets);
 
-/* Writes and commits the checkpoint of the current step. */
+/* Writes and commits the checkpoint of the current step (after the one in flight). */
 int trainer_save(trainer_t *t);
+/* Snapshots the current step's state and starts its background write (see above); with
+ * o->async_save off (or an HDF5 that is not thread-safe) it is trainer_save(). */
+int trainer_save_async(trainer_t *t);
+/* The checkpoints committed since the last call, oldest first: at most max into out;
+ * returns how many (rank 0's figures; call it after each step and save). */
+int trainer_ckpt_reports(trainer_t *t, trainer_ckpt_t *out, int max);
 
 /* Facts of the run. */
 const ckpt_meta_t *trainer_meta(const trainer_t *t); /* step, data state, options */

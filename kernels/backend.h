@@ -164,6 +164,11 @@ struct backend {
      * Need not be zeroed. */
     void *(*mem_alloc)(backend_t *be, size_t bytes);
     void (*mem_free)(backend_t *be, void *p);
+    /* Optional (NULL: malloc/free): host memory that upload/download move fastest, page-
+     * locked on a GPU (cudaHostAlloc), so a checkpoint snapshot copies at the bus's speed.
+     * Not counted in bk_mem (it is not the device's). NULL when there is not the memory. */
+    void *(*host_alloc)(backend_t *be, size_t bytes);
+    void (*host_free)(backend_t *be, void *p);
 
     /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
     void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);

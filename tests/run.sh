@@ -55,6 +55,7 @@ finish() {
 # The slow set: the same kinds of test at full size (make test runs smaller counts).
 if [ "$SET" = slow ]; then
     run slow/shards-memory-3GB sh tests/slow/shards_memory.sh "$ROOT/bin" "$WORK/shards-memory" 3
+    run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     finish
     exit
 fi
@@ -95,6 +96,7 @@ run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
 run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
 run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
+run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -154,6 +156,9 @@ if [ -d build/asan/bin ]; then
     run asan/cli-plan env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/plan.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-plan" quick
+    run asan/fault-async-save env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/fault/async_kill.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-async-kill" quick
     run asan/cli-checkpoint-tools env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/ckpt.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-ckpt"

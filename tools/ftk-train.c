@@ -33,7 +33,7 @@ static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 2
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
 static double save_minutes;
-static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save;
+static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
 static int64_t plan_max_len;
 
 static const opt_t options[] = {
@@ -62,6 +62,8 @@ static const opt_t options[] = {
     {"keep", 0, OPT_I64, &keep, "N", "keep the newest N checkpoints (0: all)"},
     {"no-save", 0, OPT_FLAG, &no_save, NULL,
      "write no checkpoint, not even the last (benchmarks: a 7B checkpoint is 54-81 GB; a stopped run is lost)"},
+    {"async-save", 0, OPT_FLAG, &async_save, NULL,
+     "write checkpoints in the background: training waits only for a host copy of the state (see below)"},
     {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)"},
     {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)"},
     {"precision", 0, OPT_STR, &precision_arg, "fp32|bf16-mixed|bf16-true",
@@ -121,6 +123,15 @@ static const opt_spec_t spec = {
         "given (--ranks, --strategy, --precision, --micro-batch, --device: cuda can be planned without a\n"
         "GPU). It is a dry run of the code that allocates; metrics.jsonl's mem_peak_bytes is what a run\n"
         "measured.\n"
+        "--async-save: at a checkpoint step each rank copies its shard of the state into a host snapshot\n"
+        "(page-locked on a GPU; --plan shows its size) and a background thread writes and checksums the\n"
+        "shard file while training continues; rank 0 commits (manifest, latest, --keep) at the first step\n"
+        "boundary where every rank's write has ended. At most one checkpoint is in flight: a save due\n"
+        "before the previous one is written waits for it. The end of the run, --stop-after and signals\n"
+        "wait for it, then save synchronously. The checkpoints are the same bytes as without it.\n"
+        "metrics.jsonl gets one line per committed checkpoint {step, checkpoint, async, stall_s, write_s,\n"
+        "bytes}: stall_s is how long the training loop was blocked for it, write_s the slowest rank's\n"
+        "write, bytes every shard file together.\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
@@ -220,6 +231,26 @@ static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double el
     metrics_flush(mf);
 }
 
+/* The checkpoints committed since the last call: a metrics line and a note each. */
+static void metrics_ckpts(trainer_t *t, FILE *mf)
+{
+    trainer_ckpt_t r[8];
+    int n = trainer_ckpt_reports(t, r, 8);
+    for (int i = 0; i < n; i++) {
+        if (mf) {
+            fprintf(mf,
+                    "{\"step\": %lld, \"checkpoint\": \"step-%08lld\", \"async\": %s, \"stall_s\": %.4f, "
+                    "\"write_s\": %.4f, \"bytes\": %lld}\n",
+                    (long long)r[i].step, (long long)r[i].step, r[i].async ? "true" : "false", r[i].stall_s,
+                    r[i].write_s, (long long)r[i].bytes);
+            fflush(mf);
+        }
+        ftk_info("checkpoint %s/step-%08lld committed (%s; training blocked %.2f s, write %.2f s, %.1f MB)", out_dir,
+                 (long long)r[i].step, r[i].async ? "written in the background" : "synchronous", r[i].stall_s,
+                 r[i].write_s, (double)r[i].bytes / 1e6);
+    }
+}
+
 static int evaluate(trainer_t *t, FILE *mf, int64_t step)
 {
     int64_t vt;
@@ -316,9 +347,9 @@ static int check_values(trainer_opts_t *o)
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
-    if (no_save && (save_every || save_minutes > 0 || stop_after || keep))
-        return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after and --keep "
-                   "contradict it");
+    if (no_save && (save_every || save_minutes > 0 || stop_after || keep || async_save))
+        return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after, --keep and "
+                   "--async-save contradict it");
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
     if (strategy_parse(strategy_arg, &o->strategy) < 0)
@@ -344,6 +375,7 @@ static int check_values(trainer_opts_t *o)
     o->recompute = recompute;
     o->eval_rows = eval_rows;
     o->keep = keep;
+    o->async_save = async_save;
     return 0;
 }
 
@@ -423,6 +455,15 @@ static int run_plan(const trainer_opts_t *o)
     gb(a, sizeof a, pl.mem.peak);
     printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.mem.peak,
            (double)pl.mem.peak / (1 << 30));
+    /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
+    gb(a, sizeof a, pl.snapshot);
+    printf("  snapshot           %s   (%s: a host copy of this rank's shard%s)\n", a,
+           o->async_save ? "--async-save" : "with --async-save", strcmp(device, "cuda") ? "" : ", page-locked");
+    if (o->async_save && strcmp(device, "cuda")) {
+        gb(a, sizeof a, pl.mem.peak + pl.snapshot);
+        printf("  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl.mem.peak + pl.snapshot),
+               (double)(pl.mem.peak + pl.snapshot) / (1 << 30));
+    }
     if (most.rank != 0) {
         gb(a, sizeof a, most.mem.peak);
         printf("largest rank: %d, total %s\n", most.rank, a);
@@ -523,7 +564,9 @@ static int run(int argc, char **argv)
         double ts = time_now();
         trainer_step_t st;
         int clock_due = save_minutes > 0 && time_now() - last_save >= 60 * save_minutes;
-        if ((code = report(trainer_step(t, &stop_signal, clock_due, &st))))
+        code = report(trainer_step(t, &stop_signal, clock_due, &st));
+        metrics_ckpts(t, mf);
+        if (code)
             goto out;
         run_steps++;
         double now = time_now();
@@ -551,10 +594,17 @@ static int run(int argc, char **argv)
             break;
         }
         if (!no_save && (last || stopping || st.save_due || (save_every > 0 && st.step % save_every == 0))) {
-            if ((code = report(trainer_save(t))))
+            /* The last checkpoint of this process is synchronous: it is what the exit
+             * status promises (it first waits for the one in flight). */
+            int bg = async_save && !last && !stopping;
+            code = report(bg ? trainer_save_async(t) : trainer_save(t));
+            metrics_ckpts(t, mf);
+            if (code)
                 goto out;
             last_save = time_now();
-            ftk_info("checkpoint %s/step-%08lld written", out_dir, (long long)st.step);
+            if (bg)
+                ftk_info("checkpoint %s/step-%08lld: state copied, written in the background", out_dir,
+                         (long long)st.step);
         }
         if (stopping && !last) {
             ftk_info("%s at step %lld; continue with --resume auto", st.stop ? "stopped by a signal" : "stopped",

@@ -298,6 +298,27 @@ static void cu_mem_free(backend_t *be, void *p)
     cudaFree(p);
 }
 
+/* Page-locked host memory: the checkpoint snapshot (engine/bgsave.h) downloads into it
+ * at the bus's speed, without the driver staging it through a bounce buffer. */
+static void *cu_host_alloc(backend_t *be, size_t bytes)
+{
+    enter(be);
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is the caller's to report, not kept */
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(backend_t *be, void *p)
+{
+    if (!p)
+        return;
+    enter(be);
+    cudaFreeHost(p);
+}
+
 static void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes)
 {
     cuda_t *c = enter(be);
@@ -1702,6 +1723,8 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->destroy = cu_destroy;
     be->mem_alloc = cu_mem_alloc;
     be->mem_free = cu_mem_free;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
     be->upload = cu_upload;
     be->download = cu_download;
     be->zero = cu_zero;

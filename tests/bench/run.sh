@@ -6,6 +6,9 @@ cd "$(dirname "$0")/../.."
 sh tests/bench/weights_bench.sh
 /usr/bin/python3 tests/bench/train_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/train 6
 sh tests/bench/reshard_bench.sh
+# --async-save against synchronous saves: the 1.1 B shape in bf16-true (minutes; needs ~17 GB of
+# memory and ~18 GB of disk, else it says skipped)
+/usr/bin/python3 tests/bench/async_save_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/async-save
 # One GPU: each CUDA op against a device-to-device copy (tests/gpu/gpu_opbench.c), then
 # ftk-train --device cuda against PyTorch + transformers on the same GPU
 # (tests/bench/gpu_bench.py; the device machine's python3 has torch and transformers).
