@@ -38,8 +38,6 @@ same_shards() {
         diff -r "$2/$d" "$3/$d" 2>&1 | head -n 5 | sed 's/^/     | /'
     fi
 }
-# ranks_of PID: the rank processes mpirun PID started.
-ranks_of() { pgrep -P "$1" -f ftk-train; }
 
 expect "mpirun -np 2 ftk-train --help" 0 $TO $MPI -np 2 $T --help
 check "--help printed once (rank 0 only)" test "$(grep -c '^Usage: ' "$WORK/out")" = 1
@@ -151,45 +149,11 @@ if [ "$KILLS" -gt 0 ]; then
         $MPI -np 2 $C -o "$run" >/dev/null 2>&1 &
         mp=$!
         sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", 0.5 + rand() * 1.6 }')"
-        if [ $((i % 2)) -eq 1 ]; then
-            who="one rank"
-            kill -KILL "$(ranks_of $mp | awk -v s=$i 'BEGIN { srand(s) } { p[NR] = $1 } END { print p[1 + int(rand() * NR)] }')" 2>/dev/null
-        else
-            who="every rank"
-            kill -KILL $(ranks_of $mp) 2>/dev/null
-        fi
-        $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
-        wait $mp 2>/dev/null
-        # The newest committed checkpoint: usually what `latest` names, or one newer when the
-        # kill fell between the directory's rename and `latest`'s replacement (that commit
-        # stands; --resume auto lists the step directories, not `latest`).
-        latest=$(ls -d "$run"/step-* 2>/dev/null | sort | tail -n 1)
-        latest=${latest:+$(basename "$latest")}
-        latest=${latest:-none}
-        named=$(cat "$run/latest" 2>/dev/null || echo none)
-        stale=$(ls -a "$run" 2>/dev/null | grep -c '^\.step-.*\.tmp\.')
-        [ "$stale" -gt 0 ] && mid=$((mid + 1))
-        [ "$latest" != step-00000060 ] && live=$((live + 1))
-        # Resume, with messages, and check it starts where the last commit was.
-        $TO $MPI -np 2 $T --steps 60 --save-every 1 --keep 3 -o "$run" --resume auto >"$WORK/out" 2>"$WORK/err"
-        rc=$?
-        if [ "$latest" = none ]; then
-            from="killed before the first checkpoint: starts over"
-            grep -q "resuming from" "$WORK/err" && rc=99
-        else
-            from="resumes from the newest committed $latest"
-            grep -q "resuming from $run/$latest " "$WORK/err" || rc=98
-        fi
-        [ "$stale" -gt 0 ] && from="$from (killed mid-checkpoint: $stale unfinished directory removed)"
-        [ "$named" != "$latest" ] && from="$from (killed after its rename, before \`latest\` named it: $named)"
-        if [ $rc -eq 0 ]; then ok "kill -9 #$i ($who): $from"; else
-            notok "kill -9 #$i ($who): $from: exit $rc"
-            sed 's/^/     | /' "$WORK/err" | head -n 8
-        fi
+        kill_ranks $mp $i
+        resume_after_kill $i "$run" 60 $TO $MPI -np 2 $T --steps 60 --save-every 1 --keep 3 -o "$run" --resume auto
         same_shards "kill -9 #$i: final checkpoint byte-identical to the uninterrupted run" "$run" "$WORK/cref" 60
         losses "$run" >"$WORK/lc"
         same "kill -9 #$i: metrics continue identically" "$WORK/lc" "$WORK/lcref"
-        check "kill -9 #$i: no unfinished checkpoint directory left" test -z "$(ls -a "$run" | grep '^\.step-')"
     done
     echo "note: $KILLS kill -9 trials ($(( (KILLS + 1) / 2 )) of one rank, $((KILLS / 2)) of every rank): $live landed before the run's end, $mid of them while a checkpoint was being written"
 fi

@@ -66,3 +66,65 @@ need_mpi() {
     [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
     TO="timeout -k 5 120"
 }
+
+# ranks_of PID: the ftk-train rank processes that mpirun PID started.
+ranks_of() { pgrep -P "$1" -f ftk-train; }
+
+# kill_ranks PID TRIAL: kill -9 one rank of mpirun PID, chosen at random (odd trials), or
+# every rank (even trials), then waits for mpirun to end; sets who.
+kill_ranks() {
+    if [ $(($2 % 2)) -eq 1 ]; then
+        who="one rank"
+        kill -KILL "$(ranks_of "$1" | awk -v s="$2" 'BEGIN { srand(s) } { p[NR] = $1 } END { print p[1 + int(rand() * NR)] }')" 2>/dev/null
+    else
+        who="every rank"
+        kill -KILL $(ranks_of "$1") 2>/dev/null
+    fi
+    $TO sh -c "while kill -0 $1 2>/dev/null; do sleep 0.1; done"
+    # Seen once under heavy load: mpirun never reaped a killed rank. The trial is about the
+    # run directory, not about mpirun: end it rather than wait forever.
+    if kill -0 "$1" 2>/dev/null; then
+        echo "note: mpirun $1 still running 120 s after the kill: killed"
+        pkill -KILL -P "$1" 2>/dev/null
+        kill -KILL "$1" 2>/dev/null
+    fi
+    wait "$1" 2>/dev/null
+}
+
+# resume_after_kill TRIAL RUN LAST_STEP COMMAND...: after kill_ranks, COMMAND (a --resume
+# auto of the run) must continue from the newest committed checkpoint of RUN — usually
+# what `latest` names, or one newer when the kill fell between the directory's rename and
+# `latest`'s replacement: that commit stands, since --resume auto lists the step
+# directories — and `latest`, if any, must name a whole checkpoint. Counts in mid the
+# trials killed while a checkpoint was being written, in live those killed before the run's
+# end (LAST_STEP committed).
+resume_after_kill() {
+    _i=$1 _run=$2 _last=$3
+    shift 3
+    newest=$(ls -d "$_run"/step-* 2>/dev/null | sort | tail -n 1)
+    newest=${newest:+$(basename "$newest")}
+    newest=${newest:-none}
+    named=$(cat "$_run/latest" 2>/dev/null || echo none)
+    stale=$(ls -a "$_run" 2>/dev/null | grep -c '^\.step-.*\.tmp\.')
+    [ "$stale" -gt 0 ] && mid=$((mid + 1))
+    [ "$newest" != "$(printf 'step-%08d' "$_last")" ] && live=$((live + 1))
+    if [ "$named" != none ]; then
+        check "kill -9 #$_i: \`latest\` ($named) names a whole checkpoint" sh -c "'$BIN/ftk-verify' -q '$_run/$named' >/dev/null"
+    fi
+    "$@" >"$WORK/out" 2>"$WORK/err"
+    _rc=$?
+    if [ "$newest" = none ]; then
+        _from="killed before the first commit: starts over"
+        grep -q "resuming from" "$WORK/err" && _rc=99
+    else
+        _from="resumes from the newest committed $newest"
+        grep -q "resuming from $_run/$newest " "$WORK/err" || _rc=98
+    fi
+    [ "$stale" -gt 0 ] && _from="$_from (killed mid-checkpoint: $stale unfinished directory removed)"
+    [ "$named" != "$newest" ] && _from="$_from (killed after its rename, before \`latest\` named it: $named)"
+    if [ $_rc -eq 0 ]; then ok "kill -9 #$_i ($who): $_from"; else
+        notok "kill -9 #$_i ($who): $_from: exit $_rc"
+        sed 's/^/     | /' "$WORK/err" | head -n 8
+    fi
+    check "kill -9 #$_i: no unfinished checkpoint directory left" test -z "$(ls -a "$_run" | grep '^\.step-')"
+}

@@ -41,7 +41,6 @@ same_ckpts() {
     done
     ok "$name"
 }
-ranks_of() { pgrep -P "$1" -f ftk-train; }
 
 # --- async against sync: the same bytes -------------------------------------------------------
 if [ $QUICK = 0 ]; then
@@ -140,48 +139,13 @@ while [ $i -lt "$TRIALS" ]; do
         j=$((j + 1))
     done
     sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", rand() * 1.5 }')"
-    if [ $((i % 2)) -eq 1 ]; then
-        who="one rank"
-        kill -KILL "$(ranks_of $mp | awk -v s=$i 'BEGIN { srand(s) } { p[NR] = $1 } END { print p[1 + int(rand() * NR)] }')" 2>/dev/null
-    else
-        who="every rank"
-        kill -KILL $(ranks_of $mp) 2>/dev/null
-    fi
-    $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
-    wait $mp 2>/dev/null
-    # The newest committed checkpoint (a kill between the rename and `latest` leaves one
-    # newer than `latest`: that commit stands; --resume auto lists the step directories).
-    newest=$(ls -d "$run"/step-* 2>/dev/null | sort | tail -n 1)
-    newest=${newest:+$(basename "$newest")}
-    newest=${newest:-none}
-    named=$(cat "$run/latest" 2>/dev/null || echo none)
-    stale=$(ls -a "$run" 2>/dev/null | grep -c '^\.step-.*\.tmp\.')
-    [ "$stale" -gt 0 ] && mid=$((mid + 1))
-    [ "$newest" != "$(printf 'step-%08d' $STEPS)" ] && live=$((live + 1))
-    if [ "$named" != none ]; then
-        check "kill -9 #$i: \`latest\` ($named) names a whole checkpoint" sh -c "'$BIN/ftk-verify' -q '$run/$named' >/dev/null"
-    fi
-    $TO $MPI -np 2 $(echo "$T" | sed 's/ -q / /') -o "$run" --async-save --resume auto >"$WORK/out" 2>"$WORK/err"
-    rc=$?
-    if [ "$newest" = none ]; then
-        from="killed before the first commit: starts over"
-        grep -q "resuming from" "$WORK/err" && rc=99
-    else
-        from="resumes from the newest committed $newest"
-        grep -q "resuming from $run/$newest " "$WORK/err" || rc=98
-    fi
-    [ "$stale" -gt 0 ] && from="$from (killed during a background write: $stale unfinished directory removed)"
-    [ "$named" != "$newest" ] && from="$from (killed after its rename, before \`latest\` named it: $named)"
-    if [ $rc -eq 0 ]; then ok "kill -9 #$i ($who): $from"; else
-        notok "kill -9 #$i ($who): $from: exit $rc"
-        sed 's/^/     | /' "$WORK/err" | head -n 8
-    fi
+    kill_ranks $mp $i
+    resume_after_kill $i "$run" $STEPS $TO $MPI -np 2 $(echo "$T" | sed 's/ -q / /') -o "$run" --async-save --resume auto
     same_ckpts "kill -9 #$i: final checkpoint byte-identical to the uninterrupted synchronous run" "$run" \
         "$WORK/sync" $STEPS
     losses "$run" >"$WORK/lk"
     losses "$WORK/sync" >"$WORK/ls"
     same "kill -9 #$i: losses identical to the uninterrupted run at every step" "$WORK/lk" "$WORK/ls"
-    check "kill -9 #$i: no unfinished checkpoint directory left" test -z "$(ls -a "$run" | grep '^\.step-')"
 done
 echo "note: $TRIALS kill -9 trials ($(( (TRIALS + 1) / 2 )) of one rank, $((TRIALS / 2)) of every rank): $live landed before the run's end, $mid of them during a background write"
 finish
