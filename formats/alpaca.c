@@ -66,6 +66,20 @@ static int get_field(const json_doc_t *doc, const json_value_t *rec, size_t idx,
     return 0;
 }
 
+int alpaca_record(const json_doc_t *doc, const json_value_t *r, size_t idx, alpaca_rec_t *a)
+{
+    if (r->type != JSON_OBJECT) {
+        char m[96];
+        snprintf(m, sizeof m, "expected an object, found %s%%s", json_type_name(r->type));
+        return record_error(doc, r->off, idx, m, "");
+    }
+    return get_field(doc, r, idx, "instruction", 1, &a->instruction, &a->instruction_len) < 0 ||
+                   get_field(doc, r, idx, "input", 0, &a->input, &a->input_len) < 0 ||
+                   get_field(doc, r, idx, "output", 1, &a->output, &a->output_len) < 0
+               ? -1
+               : 0;
+}
+
 int alpaca_parse(const char *text, size_t len, alpaca_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -103,18 +117,7 @@ int alpaca_parse(const char *text, size_t len, alpaca_t *out)
         return -1;
     }
     for (size_t k = 0; k < root->u.arr.n; k++) {
-        const json_value_t *r = &root->u.arr.items[k];
-        alpaca_rec_t *a = &out->recs[k];
-        if (r->type != JSON_OBJECT) {
-            char m[96];
-            snprintf(m, sizeof m, "expected an object, found %s%%s", json_type_name(r->type));
-            record_error(out->doc, r->off, k, m, "");
-            alpaca_free(out);
-            return -1;
-        }
-        if (get_field(out->doc, r, k, "instruction", 1, &a->instruction, &a->instruction_len) < 0 ||
-            get_field(out->doc, r, k, "input", 0, &a->input, &a->input_len) < 0 ||
-            get_field(out->doc, r, k, "output", 1, &a->output, &a->output_len) < 0) {
+        if (alpaca_record(out->doc, &root->u.arr.items[k], k, &out->recs[k]) < 0) {
             alpaca_free(out);
             return -1;
         }
