@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include "../formats/alpaca.h"
+#include "../formats/json.h"
+#include "../formats/records.h"
 #include "../formats/h5.h"
 #include "../formats/tokenizer.h"
 #include "../formats/tokens.h"
@@ -21,7 +23,7 @@
 
 static const char *tokenizer_path, *output, *compress = "none";
 static int max_len = 512, mask_prompt = 1, drop_long, pack, shards = 1, threads, json_out;
-static int64_t seed = 42, val_count = -1;
+static int64_t seed = 42, val_count = -1, max_record_bytes = 4 << 20;
 static double val_fraction = 0.03865;
 
 static const opt_t options[] = {
@@ -40,9 +42,16 @@ static const opt_t options[] = {
     {"shards", 0, OPT_INT, &shards, "N", "write N files BASE-00001-of-0000N.h5, rows split between them"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress datasets with zstd (HDF5 filter 32015)"},
     {"threads", 'j', OPT_INT, &threads, "N", "tokenizer threads (0: all cores)"},
+    {"max-record-bytes", 0, OPT_I64, &max_record_bytes, "N",
+     "longest record, in bytes of JSON text; a longer one is an error naming its line (default 4 MiB)"},
     {"json", 0, OPT_FLAG, &json_out, NULL, "print the summary as JSON on stdout"},
     {0},
 };
+
+/* Records are read, tokenized and packed a chunk at a time: at most CHUNK_RECORDS records
+ * or CHUNK_BYTES of JSON text (or one record up to --max-record-bytes). */
+#define CHUNK_RECORDS 1024
+#define CHUNK_BYTES (4u << 20)
 
 static const opt_spec_t spec = {
     .tool = "ftk-pack",
@@ -58,69 +67,136 @@ static const opt_spec_t spec = {
     .max_pos = 1,
 };
 
+/* One record's sample. Buffers are kept from chunk to chunk (cap tokens each). */
 typedef struct {
-    int32_t *ids; /* prompt then response */
+    int32_t *ids; /* BOS + prompt + response + EOS, cut to max_len */
     uint8_t *mask;
-    int64_t n_prompt, len, full_len;
+    int64_t n_prompt, len, full_len, cap;
+    int status; /* 0 ok, 1 bad record (err says why), 2 out of memory */
+    char err[600];
 } sample_t;
 
-/* Tokenizes every record (in parallel). Returns 0, or -1 with ftk_err_msg() set. */
-static int tokenize_all(const tok_t *tok, const alpaca_t *data, sample_t *smp)
+/* Per-thread scratch for encode_record(). */
+typedef struct {
+    tok_ws_t *ws;
+    buf_t prompt;
+    tok_ids_t ids;
+} scratch_t;
+
+/* THE per-record step: one record (a parsed JSON value, the idx-th of the input, 0-based)
+ * → token ids + loss mask, cut to max_len, in s. Everything that knows the record format
+ * and the template is here (a chat template replaces this body). Returns 0, -1 for a bad
+ * record (ftk_err_msg() names line, column and record), -2 when out of memory. */
+static int encode_record(const tok_t *tok, scratch_t *sc, const json_doc_t *doc, const json_value_t *rec,
+                         int64_t idx, sample_t *s)
 {
-    int failed = 0;
-    progress_t prog;
-    progress_start(&prog, "tokenizing", (int64_t)data->n, "records");
-    int64_t done = 0;
-#pragma omp parallel reduction(| : failed)
-    {
-        tok_ws_t *ws = tok_ws_new();
-        buf_t prompt = {0};
-        tok_ids_t ids = {0};
-        failed |= ws == NULL;
-#pragma omp for schedule(dynamic, 64)
-        for (size_t i = 0; i < data->n; i++) {
-            if (failed)
-                continue;
-            const alpaca_rec_t *r = &data->recs[i];
-            prompt.len = 0;
-            ids.n = 0;
-            if (alpaca_prompt(r, &prompt) < 0 || tok_ids_push(&ids, tok_bos_id(tok)) < 0 ||
-                tok_encode(tok, ws, prompt.data, prompt.len, &ids) < 0) {
-                failed = 1;
+    alpaca_rec_t r;
+    if (alpaca_record(doc, rec, (size_t)idx, &r) < 0)
+        return -1;
+    sc->prompt.len = 0;
+    sc->ids.n = 0;
+    if (alpaca_prompt(&r, &sc->prompt) < 0 || tok_ids_push(&sc->ids, tok_bos_id(tok)) < 0 ||
+        tok_encode(tok, sc->ws, sc->prompt.data, sc->prompt.len, &sc->ids) < 0)
+        return -2;
+    int64_t np = (int64_t)sc->ids.n;
+    if (tok_encode(tok, sc->ws, r.output, r.output_len, &sc->ids) < 0 || tok_ids_push(&sc->ids, tok_eos_id(tok)) < 0)
+        return -2;
+    s->n_prompt = np;
+    s->full_len = (int64_t)sc->ids.n;
+    s->len = s->full_len < max_len ? s->full_len : max_len;
+    memcpy(s->ids, sc->ids.v, (size_t)s->len * sizeof *s->ids);
+    for (int64_t k = 0; k < s->len; k++)
+        s->mask[k] = k == 0 ? 0 : (mask_prompt ? k >= np : 1);
+    return 0;
+}
+
+/* Parses and encodes the n records of a chunk, in parallel; results land in smp[i] for
+ * record i, so what follows sees them in input order whatever the thread count. */
+static void tokenize_chunk(const tok_t *tok, scratch_t *scr, const record_span_t *sp, int64_t n, sample_t *smp)
+{
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t i = 0; i < n; i++) {
+        scratch_t *sc = &scr[omp_get_thread_num()];
+        sample_t *s = &smp[i];
+        s->status = 0;
+        if (s->cap < max_len) {
+            free(s->ids);
+            free(s->mask);
+            s->ids = malloc((size_t)max_len * sizeof *s->ids);
+            s->mask = malloc((size_t)max_len);
+            s->cap = s->ids && s->mask ? max_len : 0;
+            if (!s->cap) {
+                s->status = 2;
                 continue;
             }
-            int64_t np = (int64_t)ids.n;
-            if (tok_encode(tok, ws, r->output, r->output_len, &ids) < 0 || tok_ids_push(&ids, tok_eos_id(tok)) < 0) {
-                failed = 1;
-                continue;
-            }
-            sample_t *s = &smp[i];
-            s->n_prompt = np;
-            s->full_len = (int64_t)ids.n;
-            s->len = s->full_len < max_len ? s->full_len : max_len;
-            s->ids = malloc((size_t)s->len * sizeof *s->ids);
-            s->mask = malloc((size_t)s->len);
-            if (!s->ids || !s->mask) {
-                failed = 1;
-                continue;
-            }
-            memcpy(s->ids, ids.v, (size_t)s->len * sizeof *s->ids);
-            for (int64_t k = 0; k < s->len; k++)
-                s->mask[k] = k == 0 ? 0 : (mask_prompt ? k >= np : 1);
-            int64_t d;
-#pragma omp atomic capture
-            d = ++done;
-            if (omp_get_thread_num() == 0)
-                progress_update(&prog, d);
         }
-        tok_ws_free(ws);
-        buf_free(&prompt);
-        tok_ids_free(&ids);
+        json_opts_t o = {.max_depth = 64, .line0 = sp[i].line, .col0 = sp[i].col};
+        json_value_t *root;
+        json_doc_t *doc = json_parse(sp[i].text, sp[i].len, &o, &root);
+        int e = doc ? encode_record(tok, sc, doc, root, sp[i].index, s) : -1;
+        if (e < 0) {
+            s->status = e == -1 ? 1 : 2;
+            snprintf(s->err, sizeof s->err, "%s", e == -1 ? ftk_err_msg() : "out of memory while tokenizing");
+        }
+        json_free(doc);
     }
-    progress_done(&prog);
-    if (failed)
-        ftk_err_set("out of memory while tokenizing");
-    return failed ? -1 : 0;
+}
+
+/* The validation rule: record idx (0-based) goes to validation when its key, a hash of
+ * (seed, idx), is below val_fraction·2^64; or, with --val-count N, when its key is among
+ * the N smallest of the kept samples (ties: the lower index). The key is splitmix64's
+ * output for the state seed·φ + idx (φ = 0x9E3779B97F4A7C15): no look-ahead, the same
+ * choice whatever the thread count, the chunking or the shards. */
+static uint64_t val_key(int64_t idx)
+{
+    uint64_t x = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)idx;
+    return rng_splitmix64(&x);
+}
+
+/* --val-count N: the N kept samples of smallest key so far, a max-heap on (key, record). */
+typedef struct {
+    uint64_t key;
+    int64_t record, len;
+    int32_t *ids;
+    uint8_t *mask;
+} held_t;
+
+static int held_less(const held_t *a, const held_t *b)
+{
+    return a->key != b->key ? a->key < b->key : a->record < b->record;
+}
+
+static void heap_down(held_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && held_less(&h[m], &h[l]))
+            m = l;
+        if (r < n && held_less(&h[m], &h[r]))
+            m = r;
+        if (m == i)
+            return;
+        held_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void heap_up(held_t *h, size_t i)
+{
+    while (i && held_less(&h[(i - 1) / 2], &h[i])) {
+        held_t t = h[i];
+        h[i] = h[(i - 1) / 2];
+        h[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+static int by_record(const void *a, const void *b)
+{
+    const held_t *x = a, *y = b;
+    return x->record < y->record ? -1 : x->record > y->record;
 }
 
 static char *shard_name(const char *out, int k, int n)
@@ -164,7 +240,7 @@ static int write_meta(hid_t f, const meta_t *m, int k, int n)
 
 /* Writes every shard under a temporary name, then the set hash, then commits them all;
  * on any failure no output appears. */
-static int write_shards(const meta_t *m, const tokens_split_t *train, const tokens_split_t *val, char **names)
+static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *val, char **names)
 {
     atomic_file_t *af = calloc((size_t)shards, sizeof *af);
     uint64_t(*sums)[2 * TOKENS_N_DATASETS] = calloc((size_t)shards, sizeof *sums);
@@ -182,22 +258,14 @@ static int write_shards(const meta_t *m, const tokens_split_t *train, const toke
         hid_t f = h5_create(af[k].tmp_path, TOKENS_FORMAT, TOKENS_VERSION);
         if (f < 0)
             goto out;
-        tokens_split_t tr, va;
-        int64_t tr0 = train->n_rows * k / shards, tr1 = train->n_rows * (k + 1) / shards;
-        int64_t va0 = val->n_rows * k / shards, va1 = val->n_rows * (k + 1) / shards;
+        int64_t tr_n = tokens_spill_rows(train), va_n = tokens_spill_rows(val);
+        int64_t tr0 = tr_n * k / shards, tr1 = tr_n * (k + 1) / shards;
+        int64_t va0 = va_n * k / shards, va1 = va_n * (k + 1) / shards;
         int e = write_meta(f, m, k, shards);
-        if (!e && tokens_slice(train, tr0, tr1, &tr) == 0) {
-            e = tokens_write_split(f, "train", &tr, &wo, sums[k]);
-            tokens_split_free(&tr);
-        } else {
-            e = -1;
-        }
-        if (!e && tokens_slice(val, va0, va1, &va) == 0) {
-            e = tokens_write_split(f, "val", &va, &wo, sums[k] + TOKENS_N_DATASETS);
-            tokens_split_free(&va);
-        } else {
-            e = -1;
-        }
+        if (!e)
+            e = tokens_spill_write(train, f, "train", tr0, tr1, &wo, sums[k]);
+        if (!e)
+            e = tokens_spill_write(val, f, "val", va0, va1, &wo, sums[k] + TOKENS_N_DATASETS);
         if (h5_close(f) < 0 || e) {
             ftk_err_prefix("%s: ", names[k]);
             goto out;
@@ -247,9 +315,9 @@ int main(int argc, char **argv)
         return FTK_EXIT_USAGE;
     }
     if (max_len < 2 || shards < 1 || shards > 99999 || val_fraction < 0 || val_fraction >= 1 || threads < 0 ||
-        h5_parse_compress(compress, &zstd) < 0) {
+        max_record_bytes < 16 || val_count > 100000000 || h5_parse_compress(compress, &zstd) < 0) {
         ftk_error("invalid value: need --max-len >= 2, 1 <= --shards <= 99999, 0 <= --val-fraction < 1, "
-                  "--threads >= 0, --compress none|zstd|zstd:1..22");
+                  "--threads >= 0, --max-record-bytes >= 16, --val-count <= 1e8, --compress none|zstd|zstd:1..22");
         return FTK_EXIT_USAGE;
     }
     if (threads > 0)
@@ -270,72 +338,160 @@ int main(int argc, char **argv)
         return FTK_EXIT_USAGE;
     }
     meta_t m = {.source = input, .tok = tok, .zstd = zstd};
-    buf_t text = {0};
-    alpaca_t data = {0};
+    records_t *in = NULL;
     sample_t *smp = NULL;
-    tokens_sample_t *ts = NULL;
-    int64_t *order = NULL;
-    tokens_split_t train = {0}, val = {0};
-    char **names = NULL;
+    scratch_t *scr = NULL;
+    int n_scr = omp_get_max_threads();
+    tokens_spill_t *sp_train = NULL, *sp_val = NULL;
+    tokens_packer_t *pk_train = NULL, *pk_val = NULL;
+    held_t *held = NULL;
+    size_t n_held = 0;
+    char **names = NULL, *dir = NULL;
+    int64_t n_kept = 0, n_val = 0, max_seen = 0, no_target = 0;
     rc = FTK_EXIT_USAGE;
-    if (hash_file(tokenizer_path, &m.tok_hash) < 0 || buf_read_file(&text, input) < 0) {
+    if (hash_file(tokenizer_path, &m.tok_hash) < 0 || !(in = records_open(input, (size_t)max_record_bytes))) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
-    m.src_hash = hash_bytes(text.data, text.len);
-    if (alpaca_parse(text.data, text.len, &data) < 0) {
-        ftk_error("%s: %s", in_name, ftk_err_msg());
-        goto done;
-    }
     rc = FTK_EXIT_FAIL;
-    m.n_records = (int64_t)data.n;
-    smp = calloc(data.n, sizeof *smp);
-    ts = calloc(data.n, sizeof *ts);
-    order = calloc(data.n, sizeof *order);
-    if (!smp || !ts || !order || tokenize_all(tok, &data, smp) < 0) {
-        ftk_error("%s", smp && ts && order ? ftk_err_msg() : "out of memory");
+    /* Temporary rows go next to the output (same file system, and /tmp may be small). */
+    dir = strdup(output);
+    char *slash = dir ? strrchr(dir, '/') : NULL;
+    if (dir && slash)
+        *slash = slash == dir ? (slash[1] = 0, '/') : 0;
+    const char *d = !dir ? "." : slash ? dir : ".";
+    smp = calloc(CHUNK_RECORDS, sizeof *smp);
+    scr = calloc((size_t)n_scr, sizeof *scr);
+    held = val_count > 0 ? calloc((size_t)val_count, sizeof *held) : NULL;
+    if (!dir || !smp || !scr || (val_count > 0 && !held)) {
+        ftk_error("out of memory");
         goto done;
     }
-    /* Keep, cut or drop; then shuffle the kept samples and split off validation. */
-    size_t n_kept = 0;
-    int64_t max_seen = 0, no_target = 0;
-    for (size_t i = 0; i < data.n; i++) {
-        if (smp[i].full_len > max_len) {
-            if (drop_long) {
-                m.n_dropped++;
-                continue;
-            }
-            m.n_truncated++;
+    for (int i = 0; i < n_scr; i++)
+        if (!(scr[i].ws = tok_ws_new())) {
+            ftk_error("out of memory");
+            goto done;
         }
-        if (mask_prompt && smp[i].n_prompt >= smp[i].len)
-            no_target++;
-        order[n_kept++] = (int64_t)i;
-        m.n_tokens += smp[i].len;
-        if (smp[i].len > max_seen)
-            max_seen = smp[i].len;
+    if (!(sp_train = tokens_spill_new(d)) || !(sp_val = tokens_spill_new(d)) ||
+        !(pk_train = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_train)) ||
+        !(pk_val = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_val))) {
+        ftk_error("%s", ftk_err_msg());
+        goto done;
     }
-    m.n_samples = (int64_t)n_kept;
+    uint64_t threshold = (uint64_t)ldexp(val_fraction, 64);
+    struct stat st_in;
+    int64_t in_size = strcmp(input, "-") != 0 && stat(input, &st_in) == 0 ? (int64_t)st_in.st_size : 0;
+    progress_t prog;
+    progress_start(&prog, "reading", in_size, "bytes");
+    /* The stream: a chunk of records read, tokenized by the threads, then routed and
+     * packed in input order by this thread. */
+    for (;;) {
+        const record_span_t *sp;
+        int64_t n = records_next(in, CHUNK_RECORDS, CHUNK_BYTES, &sp);
+        if (n == 0)
+            break;
+        if (n < 0) {
+            progress_done(&prog);
+            ftk_error("%s: %s", in_name, ftk_err_msg());
+            rc = FTK_EXIT_USAGE;
+            goto done;
+        }
+        tokenize_chunk(tok, scr, sp, n, smp);
+        for (int64_t i = 0; i < n; i++) {
+            sample_t *s = &smp[i];
+            if (s->status) {
+                progress_done(&prog);
+                ftk_error("%s%s%s", s->status == 1 ? in_name : "", s->status == 1 ? ": " : "", s->err);
+                rc = s->status == 1 ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
+                goto done;
+            }
+            m.n_records++;
+            if (s->full_len > max_len) {
+                if (drop_long) {
+                    m.n_dropped++;
+                    continue;
+                }
+                m.n_truncated++;
+            }
+            if (mask_prompt && s->n_prompt >= s->len)
+                no_target++;
+            n_kept++;
+            m.n_tokens += s->len;
+            if (s->len > max_seen)
+                max_seen = s->len;
+            tokens_sample_t ts = {s->ids, s->mask, s->len, sp[i].index};
+            uint64_t key = val_key(sp[i].index);
+            int e;
+            if (val_count < 0) {
+                e = tokens_packer_add(key < threshold ? pk_val : pk_train, &ts);
+                n_val += key < threshold;
+            } else if (val_count == 0) {
+                e = tokens_packer_add(pk_train, &ts);
+            } else {
+                held_t h = {key, sp[i].index, s->len, NULL, NULL};
+                e = 0;
+                if (n_held < (size_t)val_count || held_less(&h, &held[0])) {
+                    if (n_held == (size_t)val_count) { /* the largest key leaves for training */
+                        held_t *o = &held[0];
+                        tokens_sample_t out = {o->ids, o->mask, o->len, o->record};
+                        e = tokens_packer_add(pk_train, &out);
+                        free(o->ids);
+                        free(o->mask);
+                        held[0] = held[--n_held];
+                        heap_down(held, n_held, 0);
+                    }
+                    h.ids = malloc((size_t)s->len * sizeof *h.ids);
+                    h.mask = malloc((size_t)s->len);
+                    if (!h.ids || !h.mask) {
+                        free(h.ids);
+                        free(h.mask);
+                        ftk_err_set("out of memory");
+                        e = -1;
+                    } else {
+                        memcpy(h.ids, s->ids, (size_t)s->len * sizeof *h.ids);
+                        memcpy(h.mask, s->mask, (size_t)s->len);
+                        held[n_held++] = h;
+                        heap_up(held, n_held - 1);
+                    }
+                } else {
+                    e = tokens_packer_add(pk_train, &ts);
+                }
+            }
+            if (e < 0) {
+                progress_done(&prog);
+                ftk_error("%s", ftk_err_msg());
+                goto done;
+            }
+        }
+        progress_update(&prog, (int64_t)records_bytes(in));
+    }
+    progress_done(&prog);
+    m.src_hash = records_hash(in);
+    m.n_samples = n_kept;
     if (n_kept == 0) {
         ftk_error("%s: every record is longer than --max-len %d and --drop-long is set: nothing to write", in_name,
                   max_len);
         rc = FTK_EXIT_USAGE;
         goto done;
     }
-    rng_t rng;
-    rng_seed(&rng, (uint64_t)seed);
-    rng_shuffle_i64(&rng, order, n_kept);
-    size_t n_val = val_count >= 0 ? (size_t)val_count : (size_t)llround(val_fraction * (double)n_kept);
+    if (val_count >= 0)
+        n_val = (int64_t)n_held;
     if (n_val >= n_kept) {
-        ftk_error("the validation split (%zu samples) leaves no training samples out of %zu", n_val, n_kept);
+        ftk_error("the validation split (%lld samples) leaves no training samples out of %lld", (long long)n_val,
+                  (long long)n_kept);
         rc = FTK_EXIT_USAGE;
         goto done;
     }
-    for (size_t k = 0; k < n_kept; k++) {
-        const sample_t *s = &smp[order[k]];
-        ts[k] = (tokens_sample_t){s->ids, s->mask, s->len, order[k]};
+    /* Held validation samples, in input order. */
+    qsort(held, n_held, sizeof *held, by_record);
+    for (size_t k = 0; k < n_held; k++) {
+        tokens_sample_t ts = {held[k].ids, held[k].mask, held[k].len, held[k].record};
+        if (tokens_packer_add(pk_val, &ts) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            goto done;
+        }
     }
-    if (tokens_build(ts, n_val, pack, max_len, tok_eos_id(tok), (uint64_t)seed + 1, &val) < 0 ||
-        tokens_build(ts + n_val, n_kept - n_val, pack, max_len, tok_eos_id(tok), (uint64_t)seed, &train) < 0) {
+    if (tokens_packer_finish(pk_train) < 0 || tokens_packer_finish(pk_val) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -345,7 +501,7 @@ int main(int argc, char **argv)
             ftk_error("out of memory");
             goto done;
         }
-    if (!names || write_shards(&m, &train, &val, names) < 0) {
+    if (!names || write_shards(&m, sp_train, sp_val, names) < 0) {
         ftk_error("%s", names ? ftk_err_msg() : "out of memory");
         goto done;
     }
@@ -353,7 +509,10 @@ int main(int argc, char **argv)
 
     /* Summary. */
     double secs = time_now() - t0;
-    double eff = (double)m.n_tokens / (double)((train.n_rows + val.n_rows) * (int64_t)max_len);
+    int64_t train_rows = tokens_spill_rows(sp_train), val_rows = tokens_spill_rows(sp_val);
+    double eff = (double)m.n_tokens / (double)(tokens_spill_tokens(sp_train) + tokens_spill_tokens(sp_val));
+    if (!pack)
+        eff = (double)m.n_tokens / (double)((train_rows + val_rows) * (int64_t)max_len);
     long long bytes = 0;
     for (int k = 0; k < shards; k++) {
         struct stat st;
@@ -362,27 +521,27 @@ int main(int argc, char **argv)
     }
     if (no_target)
         ftk_warn("%lld samples have no target token left (prompt reaches --max-len)", (long long)no_target);
-    ftk_info("%s: %lld records -> %lld samples (train %lld, val %zu), %lld tokens", in_name, (long long)m.n_records,
-             (long long)m.n_samples, (long long)(n_kept - n_val), n_val, (long long)m.n_tokens);
+    ftk_info("%s: %lld records -> %lld samples (train %lld, val %lld), %lld tokens", in_name, (long long)m.n_records,
+             (long long)m.n_samples, (long long)(n_kept - n_val), (long long)n_val, (long long)m.n_tokens);
     ftk_info("sample length: mean %.1f, max %lld (max-len %d); truncated %lld, dropped %lld",
              (double)m.n_tokens / (double)n_kept, (long long)max_seen, max_len, (long long)m.n_truncated,
              (long long)m.n_dropped);
-    ftk_info("%s rows: train %lld, val %lld; %s %.1f%%", pack ? "packed" : "unpacked", (long long)train.n_rows,
-             (long long)val.n_rows, pack ? "packing efficiency" : "efficiency if padded to max-len", 100 * eff);
+    ftk_info("%s rows: train %lld, val %lld; %s %.1f%%", pack ? "packed" : "unpacked", (long long)train_rows,
+             (long long)val_rows, pack ? "packing efficiency" : "efficiency if padded to max-len", 100 * eff);
     ftk_info("wrote %s%s (%.1f MB) in %.2f s", names[0], shards > 1 ? " and the other shards" : "",
              (double)bytes / 1e6, secs);
     if (json_out) {
         buf_t j = {0};
         printf("{\"input\": ");
         json_write_string(&j, input, strlen(input));
-        printf("%s, \"records\": %lld, \"samples\": %lld, \"train_samples\": %lld, \"val_samples\": %zu, "
+        printf("%s, \"records\": %lld, \"samples\": %lld, \"train_samples\": %lld, \"val_samples\": %lld, "
                "\"tokens\": %lld, \"mean_len\": %.3f, \"max_len_seen\": %lld, \"max_len\": %d, \"truncated\": %lld, "
                "\"dropped\": %lld, \"packed\": %s, \"train_rows\": %lld, \"val_rows\": %lld, \"efficiency\": %.6f, "
                "\"mask_prompt\": %s, \"outputs\": [",
-               j.data, (long long)m.n_records, (long long)m.n_samples, (long long)(n_kept - n_val), n_val,
+               j.data, (long long)m.n_records, (long long)m.n_samples, (long long)(n_kept - n_val), (long long)n_val,
                (long long)m.n_tokens, (double)m.n_tokens / (double)n_kept, (long long)max_seen, max_len,
-               (long long)m.n_truncated, (long long)m.n_dropped, pack ? "true" : "false", (long long)train.n_rows,
-               (long long)val.n_rows, eff, mask_prompt ? "true" : "false");
+               (long long)m.n_truncated, (long long)m.n_dropped, pack ? "true" : "false", (long long)train_rows,
+               (long long)val_rows, eff, mask_prompt ? "true" : "false");
         for (int k = 0; k < shards; k++) {
             j.len = 0;
             json_write_string(&j, names[k], strlen(names[k]));
@@ -396,18 +555,28 @@ done:
         for (int k = 0; k < shards; k++)
             free(names[k]);
     free(names);
-    tokens_split_free(&train);
-    tokens_split_free(&val);
-    if (smp)
-        for (size_t i = 0; i < data.n; i++) {
-            free(smp[i].ids);
-            free(smp[i].mask);
-        }
+    free(dir);
+    tokens_packer_free(pk_train);
+    tokens_packer_free(pk_val);
+    tokens_spill_free(sp_train);
+    tokens_spill_free(sp_val);
+    for (size_t k = 0; held && k < n_held; k++) {
+        free(held[k].ids);
+        free(held[k].mask);
+    }
+    free(held);
+    for (int i = 0; smp && i < CHUNK_RECORDS; i++) {
+        free(smp[i].ids);
+        free(smp[i].mask);
+    }
     free(smp);
-    free(ts);
-    free(order);
-    alpaca_free(&data);
-    buf_free(&text);
+    for (int i = 0; scr && i < n_scr; i++) {
+        tok_ws_free(scr[i].ws);
+        buf_free(&scr[i].prompt);
+        tok_ids_free(&scr[i].ids);
+    }
+    free(scr);
+    records_close(in);
     tok_free(tok);
     return rc;
 }
