@@ -483,7 +483,8 @@ int main(int argc, char **argv)
         goto done;
     }
     /* Held validation samples, in input order. */
-    qsort(held, n_held, sizeof *held, by_record);
+    if (n_held)
+        qsort(held, n_held, sizeof *held, by_record);
     for (size_t k = 0; k < n_held; k++) {
         tokens_sample_t ts = {held[k].ids, held[k].mask, held[k].len, held[k].record};
         if (tokens_packer_add(pk_val, &ts) < 0) {
