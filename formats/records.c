@@ -28,6 +28,12 @@ struct records {
     size_t text_len, text_cap;
     record_span_t *spans;
     size_t spans_cap;
+    /* the previous chunk's, left intact for one more call (a reader may be one chunk ahead
+     * of the threads that tokenize) */
+    char *text2;
+    size_t text2_cap;
+    record_span_t *spans2;
+    size_t spans2_cap;
     int64_t n_records;
     char err[600]; /* an error found after the records of the current chunk */
     int pending, failed;
@@ -72,6 +78,8 @@ void records_close(records_t *r)
     free(r->in);
     free(r->text);
     free(r->spans);
+    free(r->text2);
+    free(r->spans2);
     free(r);
 }
 
@@ -237,6 +245,18 @@ int64_t records_next(records_t *r, size_t max_records, size_t max_bytes, const r
         ftk_err_set("%s", r->err);
         return -1;
     }
+    char *t = r->text;
+    r->text = r->text2;
+    r->text2 = t;
+    size_t c2 = r->text_cap;
+    r->text_cap = r->text2_cap;
+    r->text2_cap = c2;
+    record_span_t *s2 = r->spans;
+    r->spans = r->spans2;
+    r->spans2 = s2;
+    c2 = r->spans_cap;
+    r->spans_cap = r->spans2_cap;
+    r->spans2_cap = c2;
     if (r->spans_cap < max_records) {
         record_span_t *s = realloc(r->spans, max_records * sizeof *s);
         if (!s) {

@@ -20,9 +20,8 @@
  * found '{'", "unexpected 't' after the end of the JSON value").
  *
  * ## Memory
- * A 1 MiB read buffer, plus the chunk being returned: at most max_bytes of record text,
- * or one record of at most max_record_bytes when a single record is larger than
- * max_bytes. A record longer than max_record_bytes is an error naming its first line and
+ * A 1 MiB read buffer, plus two chunks (the one returned and the one before it): each at
+ * most max_bytes of record text plus one record of at most max_record_bytes. A record longer than max_record_bytes is an error naming its first line and
  * column; nothing beyond max_record_bytes (+1 MiB) is ever held, whatever the input.
  *
  * ## Errors and order
@@ -31,7 +30,8 @@
  * "no records" / "empty input: no records". Reading failures (I/O) say so.
  *
  * Ownership: the reader owns the spans and the text they point to; both stay valid until
- * the next records_next() or records_close().
+ * the second records_next() after the one that returned them (so threads can still work
+ * on chunk k while chunk k+1 is read), or records_close().
  */
 #ifndef FTK_RECORDS_H
 #define FTK_RECORDS_H
