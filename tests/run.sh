@@ -87,7 +87,7 @@ run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
-run fault/pack-unbounded-input sh tests/fault/pack_stream.sh "$ROOT/bin" "$WORK/pack-stream"
+run fault/unbounded-input sh tests/fault/unbounded.sh "$ROOT/bin" "$WORK/unbounded"
 run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
@@ -130,7 +130,7 @@ if [ -d build/asan/bin ]; then
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
-    run asan/fault-pack-unbounded-input sh tests/fault/pack_stream.sh "$ROOT/build/asan/bin" "$WORK/asan-pack-stream"
+    run asan/fault-unbounded-input sh tests/fault/unbounded.sh "$ROOT/build/asan/bin" "$WORK/asan-unbounded"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report
     # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
     run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \

@@ -1,4 +1,5 @@
 #!/bin/sh
+# Unbounded inputs (issue 17 item 4).
 # ftk-pack on inputs with no end or no bound (tools/ftk-pack.c, formats/records.h): it reads
 # them as a stream in bounded memory and refuses them at the first bad byte or at the
 # record limit, with exit 2, line and column, and no output file:
@@ -7,7 +8,10 @@
 #   each (an ignored member) whose maximum resident size must stay under 48 MB, less
 #   than the input (the old whole-file reader held the text and its parse: > 100 MB).
 # Also: the same rows whatever --threads.
-# Usage: tests/fault/pack_stream.sh BIN_DIR WORK_DIR
+# ftk-init given a vocabulary of 2^31 (at Llama-2-7B's width: 70 TB of float32 weights, more
+# than any disk here) checks the size against the free space first: exit 1, the sizes
+# named, nothing written, at once.
+# Usage: tests/fault/unbounded.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -65,4 +69,17 @@ expect "pack with 1 thread" 0 $PACK "$WORK/g.json" -o "$WORK/j1.h5" --pack --max
 expect "pack with 2 threads" 0 $PACK "$WORK/g.json" -o "$WORK/j2.h5" --pack --max-len 256 -j 2
 expect "pack with 3 threads" 0 $PACK "$WORK/g.json" -o "$WORK/j3.h5" --pack --max-len 256 -j 3
 check "1, 2 and 3 threads write the same file" sh -c "cmp -s '$WORK/j1.h5' '$WORK/j2.h5' && cmp -s '$WORK/j1.h5' '$WORK/j3.h5'"
+
+# ftk-init: an absurd configuration is refused before writing.
+cat >"$WORK/config.json" <<EOF2
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+ "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 2147483648,
+ "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1,
+ "eos_token_id": 2, "tie_word_embeddings": false}
+EOF2
+expect "ftk-init, vocabulary 2^31: exit 1" 1 timeout -k 5 60 "$BIN/ftk-init" --config "$WORK/config.json" -o "$WORK/w.h5"
+said "w.h5: the weights need 70369.6 GB (1.76e+13 parameters of float32) and .* GB free: nothing written" \
+    "ftk-init names the size and the free space"
+check "ftk-init wrote nothing" sh -c "[ ! -e '$WORK/w.h5' ] && [ -z \"\$(ls -A '$WORK' | grep '^\.')\" ]"
+expect "ftk-init of a small model still works" 0 "$BIN/ftk-init" -q --preset tiny -o "$WORK/w.h5"
 finish
