@@ -1,4 +1,48 @@
-/* ftk-pack — Alpaca JSON to packed, tokenized HDF5 (formats/tokens.h). */
+/* ftk-pack — Alpaca JSON to packed, tokenized HDF5 (formats/tokens.h), as a stream.
+ *
+ * ## How it streams (issue 17 item 4, issue 19 item 3)
+ * The input is read a chunk at a time (formats/records.h): at most CHUNK_RECORDS (1024)
+ * records or CHUNK_BYTES (4 MiB) of JSON text, or one record of up to --max-record-bytes
+ * (4 MiB; a longer record is an error naming its line and column). The threads parse and
+ * tokenize a chunk's records in parallel (encode_record(), one record → ids + mask), each
+ * into the record's own slot; meanwhile one of them first takes the previous chunk's
+ * samples in input order (route_chunk(): counts, validation or training, that split's
+ * packer, formats/tokens.h, which writes finished rows to temporary files on disk), then
+ * reads the next chunk, then joins the tokenizing. At the end the rows are written into
+ * the HDF5 file(s), shard by shard, checksummed while written. Nothing depends on the
+ * thread count or on where chunks end, so the same input gives byte-identical files with
+ * any --threads (tests/fault/pack_stream.sh).
+ *
+ * ## Validation split: no look-ahead
+ * Record i (0-based, in the input) goes to validation when its key, splitmix64 of the
+ * state seed·φ + i, is below --val-fraction · 2^64: about that fraction, decided record by
+ * record. --val-count N takes exactly N: the N kept samples of smallest key, which means
+ * holding up to N samples in memory until the end (a record pushed out of that set goes
+ * to training at once); N is limited to 1e8 and costs N · (5·max_len + 48) bytes at most.
+ *
+ * ## Row order
+ * Rows are written in the order the packer finishes them (formats/tokens.h), not shuffled:
+ * ftk-train permutes the rows of every epoch from (seed, epoch) anyway. --shards N splits
+ * that one global order into N contiguous ranges, so the rows are the same, in the same
+ * order, for any N (tests/ref/pack_vs_python.py checks 1 against 3).
+ *
+ * ## Memory bound
+ * With L = --max-len, T threads, B = the longest record's bytes (≤ --max-record-bytes):
+ *   M0 (program, HDF5, the tokenizer: ≈ 20 MB with Llama 2's)
+ *   + 1 MiB read buffer + 2 · 8 MiB chunk text (two chunks in flight; each CHUNK_BYTES
+ *     plus one record, worst case)
+ *   + 2 · 1024 · 5·L   tokenized samples of the two chunks
+ *   + 2 · (512 + 256) · 5·L   the two packers' batches and windows
+ *   + T · ≈16·B    per thread: the record's parse and the tokenizer's work (measured)
+ *   + ≈ 5 MiB      temporary-file and HDF5 write buffers
+ *   (+ N · (5·L + 48) with --val-count N)
+ * ≈ 55 MB at the defaults (L = 512, 2 threads, records of a few KB) in the worst case,
+ * whatever the input size or the number of rows. Measured (max resident, /usr/bin/time,
+ * tests/fault/pack_big.sh, make test-slow): 33 MB for 1 GB of generated records
+ * (1.34 M records, 262 M tokens, 2 threads), 32 MB for 3 GB of 100 KB records.
+ * Disk: the rows once in temporary files next to the output (unlinked at creation), then
+ * in the output.
+ */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -36,14 +80,14 @@ static const opt_t options[] = {
     {"no-mask-prompt", 0, OPT_FLAG_OFF, &mask_prompt, NULL,
      "loss on prompt and response tokens (LitGPT's Alpaca default)"},
     {"pack", 0, OPT_FLAG, &pack, NULL, "pack several samples into rows of exactly --max-len tokens"},
-    {"seed", 0, OPT_I64, &seed, "S", "seed of the shuffle, the validation split and the row order"},
-    {"val-count", 0, OPT_I64, &val_count, "N", "samples in the validation split (overrides --val-fraction)"},
-    {"val-fraction", 0, OPT_DOUBLE, &val_fraction, "F", "fraction of samples in the validation split (LitGPT's)"},
+    {"seed", 0, OPT_I64, &seed, "S", "seed of the validation split (a hash of seed and record index)"},
+    {"val-count", 0, OPT_I64, &val_count, "N", "exactly N validation samples, held in memory (overrides --val-fraction)"},
+    {"val-fraction", 0, OPT_DOUBLE, &val_fraction, "F", "fraction of records for validation, drawn record by record (LitGPT's)"},
     {"shards", 0, OPT_INT, &shards, "N", "write N files BASE-00001-of-0000N.h5, rows split between them"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress datasets with zstd (HDF5 filter 32015)"},
     {"threads", 'j', OPT_INT, &threads, "N", "tokenizer threads (0: all cores)"},
     {"max-record-bytes", 0, OPT_I64, &max_record_bytes, "N",
-     "longest record, in bytes of JSON text; a longer one is an error naming its line (default 4 MiB)"},
+     "longest record, in bytes of JSON text; a longer one is an error naming its line"},
     {"json", 0, OPT_FLAG, &json_out, NULL, "print the summary as JSON on stdout"},
     {0},
 };
@@ -58,8 +102,10 @@ static const opt_spec_t spec = {
     .usage = "--tokenizer FILE [options] INPUT.json -o OUTPUT.h5",
     .summary = "Turns Alpaca instruction data (a JSON array or JSON Lines of records with \"instruction\",\n"
                "optional \"input\", and \"output\"; INPUT may be - for stdin) into tokenized training rows.\n"
-               "Each record becomes BOS + the Alpaca prompt + the output + EOS; records are shuffled with\n"
-               "--seed and the first ones form the validation split. The output file's layout is\n"
+               "Each record becomes BOS + the Alpaca prompt + the output + EOS. The input is read as a\n"
+               "stream in bounded memory (under 60 MB at the defaults, whatever its size); a record goes\n"
+               "to the validation split when a hash of (--seed, its index) says so. Rows are written in\n"
+               "packing order (ftk-train shuffles them per epoch). The output file's layout is\n"
                "documented in formats/tokens.h; `ftk-info` describes it, `ftk-verify` checks it.",
     .epilog = "Exit status: 0 success, 1 runtime failure, 2 bad usage or bad input (nothing written).\n",
     .opts = options,
@@ -110,11 +156,12 @@ static int encode_record(const tok_t *tok, scratch_t *sc, const json_doc_t *doc,
     return 0;
 }
 
-/* Parses and encodes the n records of a chunk, in parallel; results land in smp[i] for
+/* Parses and encodes the n records of a chunk; called by every thread of a parallel
+ * region, which share the records out (an orphaned `omp for`). Results land in smp[i] for
  * record i, so what follows sees them in input order whatever the thread count. */
 static void tokenize_chunk(const tok_t *tok, scratch_t *scr, const record_span_t *sp, int64_t n, sample_t *smp)
 {
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, 16)
     for (int64_t i = 0; i < n; i++) {
         scratch_t *sc = &scr[omp_get_thread_num()];
         sample_t *s = &smp[i];
@@ -216,6 +263,92 @@ typedef struct {
     int64_t n_records, n_samples, n_tokens, n_truncated, n_dropped;
     int zstd;
 } meta_t;
+
+/* What the routing thread keeps: counts for the summary, the split decision's state, the
+ * two packers. */
+typedef struct {
+    meta_t *m;
+    int64_t n_kept, n_val, max_seen, no_target;
+    uint64_t threshold;
+    held_t *held;
+    size_t n_held;
+    tokens_packer_t *train, *val;
+    int exit_code; /* when route_chunk() fails */
+    char err[700];
+} route_t;
+
+/* Takes a tokenized chunk in input order: counts, cut or drop, validation or training,
+ * into the split's packer. Returns 0, or -1 with rt->err and rt->exit_code set. */
+static int route_chunk(route_t *rt, const char *in_name, const record_span_t *sp, int64_t n, sample_t *smp)
+{
+    meta_t *m = rt->m;
+    for (int64_t i = 0; i < n; i++) {
+        sample_t *s = &smp[i];
+        if (s->status) {
+            snprintf(rt->err, sizeof rt->err, "%s%s%s", s->status == 1 ? in_name : "", s->status == 1 ? ": " : "",
+                     s->err);
+            rt->exit_code = s->status == 1 ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
+            return -1;
+        }
+        m->n_records++;
+        if (s->full_len > max_len) {
+            if (drop_long) {
+                m->n_dropped++;
+                continue;
+            }
+            m->n_truncated++;
+        }
+        if (mask_prompt && s->n_prompt >= s->len)
+            rt->no_target++;
+        rt->n_kept++;
+        m->n_tokens += s->len;
+        if (s->len > rt->max_seen)
+            rt->max_seen = s->len;
+        tokens_sample_t ts = {s->ids, s->mask, s->len, sp[i].index};
+        uint64_t key = val_key(sp[i].index);
+        int e = 0;
+        if (val_count < 0) {
+            e = tokens_packer_add(key < rt->threshold ? rt->val : rt->train, &ts);
+            rt->n_val += key < rt->threshold;
+        } else if (val_count == 0) {
+            e = tokens_packer_add(rt->train, &ts);
+        } else {
+            held_t h = {key, sp[i].index, s->len, NULL, NULL};
+            held_t *held = rt->held;
+            if (rt->n_held < (size_t)val_count || held_less(&h, &held[0])) {
+                if (rt->n_held == (size_t)val_count) { /* the largest key leaves for training */
+                    tokens_sample_t out = {held[0].ids, held[0].mask, held[0].len, held[0].record};
+                    e = tokens_packer_add(rt->train, &out);
+                    free(held[0].ids);
+                    free(held[0].mask);
+                    held[0] = held[--rt->n_held];
+                    heap_down(held, rt->n_held, 0);
+                }
+                h.ids = malloc((size_t)s->len * sizeof *h.ids);
+                h.mask = malloc((size_t)s->len);
+                if (!h.ids || !h.mask) {
+                    free(h.ids);
+                    free(h.mask);
+                    ftk_err_set("out of memory");
+                    e = -1;
+                } else {
+                    memcpy(h.ids, s->ids, (size_t)s->len * sizeof *h.ids);
+                    memcpy(h.mask, s->mask, (size_t)s->len);
+                    held[rt->n_held++] = h;
+                    heap_up(held, rt->n_held - 1);
+                }
+            } else {
+                e = tokens_packer_add(rt->train, &ts);
+            }
+        }
+        if (e < 0) {
+            snprintf(rt->err, sizeof rt->err, "%s", ftk_err_msg());
+            rt->exit_code = FTK_EXIT_FAIL;
+            return -1;
+        }
+    }
+    return 0;
+}
 
 static int write_meta(hid_t f, const meta_t *m, int k, int n)
 {
@@ -339,15 +472,12 @@ int main(int argc, char **argv)
     }
     meta_t m = {.source = input, .tok = tok, .zstd = zstd};
     records_t *in = NULL;
-    sample_t *smp = NULL;
+    sample_t *smp[2] = {NULL, NULL};
     scratch_t *scr = NULL;
     int n_scr = omp_get_max_threads();
     tokens_spill_t *sp_train = NULL, *sp_val = NULL;
-    tokens_packer_t *pk_train = NULL, *pk_val = NULL;
-    held_t *held = NULL;
-    size_t n_held = 0;
+    route_t rt = {.m = &m, .threshold = (uint64_t)ldexp(val_fraction, 64)};
     char **names = NULL, *dir = NULL;
-    int64_t n_kept = 0, n_val = 0, max_seen = 0, no_target = 0;
     rc = FTK_EXIT_USAGE;
     if (hash_file(tokenizer_path, &m.tok_hash) < 0 || !(in = records_open(input, (size_t)max_record_bytes))) {
         ftk_error("%s", ftk_err_msg());
@@ -360,10 +490,11 @@ int main(int argc, char **argv)
     if (dir && slash)
         *slash = slash == dir ? (slash[1] = 0, '/') : 0;
     const char *d = !dir ? "." : slash ? dir : ".";
-    smp = calloc(CHUNK_RECORDS, sizeof *smp);
+    smp[0] = calloc(CHUNK_RECORDS, sizeof *smp[0]);
+    smp[1] = calloc(CHUNK_RECORDS, sizeof *smp[1]);
     scr = calloc((size_t)n_scr, sizeof *scr);
-    held = val_count > 0 ? calloc((size_t)val_count, sizeof *held) : NULL;
-    if (!dir || !smp || !scr || (val_count > 0 && !held)) {
+    rt.held = val_count > 0 ? calloc((size_t)val_count, sizeof *rt.held) : NULL;
+    if (!dir || !smp[0] || !smp[1] || !scr || (val_count > 0 && !rt.held)) {
         ftk_error("out of memory");
         goto done;
     }
@@ -373,126 +504,89 @@ int main(int argc, char **argv)
             goto done;
         }
     if (!(sp_train = tokens_spill_new(d)) || !(sp_val = tokens_spill_new(d)) ||
-        !(pk_train = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_train)) ||
-        !(pk_val = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_val))) {
+        !(rt.train = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_train)) ||
+        !(rt.val = tokens_packer_new(pack, max_len, tok_eos_id(tok), sp_val))) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
-    uint64_t threshold = (uint64_t)ldexp(val_fraction, 64);
     struct stat st_in;
     int64_t in_size = strcmp(input, "-") != 0 && stat(input, &st_in) == 0 ? (int64_t)st_in.st_size : 0;
     progress_t prog;
     progress_start(&prog, "reading", in_size, "bytes");
-    /* The stream: a chunk of records read, tokenized by the threads, then routed and
-     * packed in input order by this thread. */
-    for (;;) {
-        const record_span_t *sp;
-        int64_t n = records_next(in, CHUNK_RECORDS, CHUNK_BYTES, &sp);
-        if (n == 0)
-            break;
-        if (n < 0) {
+    /* A pipeline over chunks: while the threads tokenize chunk k, one of them first routes
+     * and packs chunk k-1 (in input order) and reads chunk k+1, then joins the others. */
+    const record_span_t *sp[2] = {NULL, NULL};
+    int64_t n[2] = {0, 0}, got = records_next(in, CHUNK_RECORDS, CHUNK_BYTES, &sp[0]);
+    int cur = 0, have_prev = 0, read_failed = got < 0, route_failed = 0;
+    char read_err[700] = "";
+    if (read_failed)
+        snprintf(read_err, sizeof read_err, "%s", ftk_err_msg());
+    n[0] = got > 0 ? got : 0;
+    while (n[cur] > 0 || have_prev) {
+        int64_t next = 0;
+#pragma omp parallel
+        {
+#pragma omp single nowait
+            {
+                if (have_prev && route_chunk(&rt, in_name, sp[1 - cur], n[1 - cur], smp[1 - cur]) < 0)
+                    route_failed = 1;
+                if (!route_failed && !read_failed && n[cur] > 0) {
+                    next = records_next(in, CHUNK_RECORDS, CHUNK_BYTES, &sp[1 - cur]);
+                    if (next < 0) {
+                        read_failed = 1;
+                        snprintf(read_err, sizeof read_err, "%s", ftk_err_msg());
+                        next = 0;
+                    }
+                }
+                progress_update(&prog, (int64_t)records_bytes(in));
+            }
+            /* every thread meets the loop, whatever the routing thread found (a worksharing
+             * construct that some threads skip would hang the others) */
+            tokenize_chunk(tok, scr, sp[cur], n[cur], smp[cur]);
+        }
+        if (route_failed) {
             progress_done(&prog);
-            ftk_error("%s: %s", in_name, ftk_err_msg());
-            rc = FTK_EXIT_USAGE;
+            ftk_error("%s", rt.err);
+            rc = rt.exit_code;
             goto done;
         }
-        tokenize_chunk(tok, scr, sp, n, smp);
-        for (int64_t i = 0; i < n; i++) {
-            sample_t *s = &smp[i];
-            if (s->status) {
-                progress_done(&prog);
-                ftk_error("%s%s%s", s->status == 1 ? in_name : "", s->status == 1 ? ": " : "", s->err);
-                rc = s->status == 1 ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
-                goto done;
-            }
-            m.n_records++;
-            if (s->full_len > max_len) {
-                if (drop_long) {
-                    m.n_dropped++;
-                    continue;
-                }
-                m.n_truncated++;
-            }
-            if (mask_prompt && s->n_prompt >= s->len)
-                no_target++;
-            n_kept++;
-            m.n_tokens += s->len;
-            if (s->len > max_seen)
-                max_seen = s->len;
-            tokens_sample_t ts = {s->ids, s->mask, s->len, sp[i].index};
-            uint64_t key = val_key(sp[i].index);
-            int e;
-            if (val_count < 0) {
-                e = tokens_packer_add(key < threshold ? pk_val : pk_train, &ts);
-                n_val += key < threshold;
-            } else if (val_count == 0) {
-                e = tokens_packer_add(pk_train, &ts);
-            } else {
-                held_t h = {key, sp[i].index, s->len, NULL, NULL};
-                e = 0;
-                if (n_held < (size_t)val_count || held_less(&h, &held[0])) {
-                    if (n_held == (size_t)val_count) { /* the largest key leaves for training */
-                        held_t *o = &held[0];
-                        tokens_sample_t out = {o->ids, o->mask, o->len, o->record};
-                        e = tokens_packer_add(pk_train, &out);
-                        free(o->ids);
-                        free(o->mask);
-                        held[0] = held[--n_held];
-                        heap_down(held, n_held, 0);
-                    }
-                    h.ids = malloc((size_t)s->len * sizeof *h.ids);
-                    h.mask = malloc((size_t)s->len);
-                    if (!h.ids || !h.mask) {
-                        free(h.ids);
-                        free(h.mask);
-                        ftk_err_set("out of memory");
-                        e = -1;
-                    } else {
-                        memcpy(h.ids, s->ids, (size_t)s->len * sizeof *h.ids);
-                        memcpy(h.mask, s->mask, (size_t)s->len);
-                        held[n_held++] = h;
-                        heap_up(held, n_held - 1);
-                    }
-                } else {
-                    e = tokens_packer_add(pk_train, &ts);
-                }
-            }
-            if (e < 0) {
-                progress_done(&prog);
-                ftk_error("%s", ftk_err_msg());
-                goto done;
-            }
-        }
-        progress_update(&prog, (int64_t)records_bytes(in));
+        have_prev = n[cur] > 0;
+        cur = 1 - cur;
+        n[cur] = next;
     }
     progress_done(&prog);
+    if (read_failed) { /* after every record before the fault, so errors come in input order */
+        ftk_error("%s: %s", in_name, read_err);
+        rc = FTK_EXIT_USAGE;
+        goto done;
+    }
     m.src_hash = records_hash(in);
-    m.n_samples = n_kept;
-    if (n_kept == 0) {
+    m.n_samples = rt.n_kept;
+    if (rt.n_kept == 0) {
         ftk_error("%s: every record is longer than --max-len %d and --drop-long is set: nothing to write", in_name,
                   max_len);
         rc = FTK_EXIT_USAGE;
         goto done;
     }
     if (val_count >= 0)
-        n_val = (int64_t)n_held;
-    if (n_val >= n_kept) {
-        ftk_error("the validation split (%lld samples) leaves no training samples out of %lld", (long long)n_val,
-                  (long long)n_kept);
+        rt.n_val = (int64_t)rt.n_held;
+    if (rt.n_val >= rt.n_kept) {
+        ftk_error("the validation split (%lld samples) leaves no training samples out of %lld", (long long)rt.n_val,
+                  (long long)rt.n_kept);
         rc = FTK_EXIT_USAGE;
         goto done;
     }
     /* Held validation samples, in input order. */
-    if (n_held)
-        qsort(held, n_held, sizeof *held, by_record);
-    for (size_t k = 0; k < n_held; k++) {
-        tokens_sample_t ts = {held[k].ids, held[k].mask, held[k].len, held[k].record};
-        if (tokens_packer_add(pk_val, &ts) < 0) {
+    if (rt.n_held)
+        qsort(rt.held, rt.n_held, sizeof *rt.held, by_record);
+    for (size_t k = 0; k < rt.n_held; k++) {
+        tokens_sample_t ts = {rt.held[k].ids, rt.held[k].mask, rt.held[k].len, rt.held[k].record};
+        if (tokens_packer_add(rt.val, &ts) < 0) {
             ftk_error("%s", ftk_err_msg());
             goto done;
         }
     }
-    if (tokens_packer_finish(pk_train) < 0 || tokens_packer_finish(pk_val) < 0) {
+    if (tokens_packer_finish(rt.train) < 0 || tokens_packer_finish(rt.val) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -520,12 +614,12 @@ int main(int argc, char **argv)
         if (stat(names[k], &st) == 0)
             bytes += st.st_size;
     }
-    if (no_target)
-        ftk_warn("%lld samples have no target token left (prompt reaches --max-len)", (long long)no_target);
+    if (rt.no_target)
+        ftk_warn("%lld samples have no target token left (prompt reaches --max-len)", (long long)rt.no_target);
     ftk_info("%s: %lld records -> %lld samples (train %lld, val %lld), %lld tokens", in_name, (long long)m.n_records,
-             (long long)m.n_samples, (long long)(n_kept - n_val), (long long)n_val, (long long)m.n_tokens);
+             (long long)m.n_samples, (long long)(rt.n_kept - rt.n_val), (long long)rt.n_val, (long long)m.n_tokens);
     ftk_info("sample length: mean %.1f, max %lld (max-len %d); truncated %lld, dropped %lld",
-             (double)m.n_tokens / (double)n_kept, (long long)max_seen, max_len, (long long)m.n_truncated,
+             (double)m.n_tokens / (double)rt.n_kept, (long long)rt.max_seen, max_len, (long long)m.n_truncated,
              (long long)m.n_dropped);
     ftk_info("%s rows: train %lld, val %lld; %s %.1f%%", pack ? "packed" : "unpacked", (long long)train_rows,
              (long long)val_rows, pack ? "packing efficiency" : "efficiency if padded to max-len", 100 * eff);
@@ -539,8 +633,8 @@ int main(int argc, char **argv)
                "\"tokens\": %lld, \"mean_len\": %.3f, \"max_len_seen\": %lld, \"max_len\": %d, \"truncated\": %lld, "
                "\"dropped\": %lld, \"packed\": %s, \"train_rows\": %lld, \"val_rows\": %lld, \"efficiency\": %.6f, "
                "\"mask_prompt\": %s, \"outputs\": [",
-               j.data, (long long)m.n_records, (long long)m.n_samples, (long long)(n_kept - n_val), (long long)n_val,
-               (long long)m.n_tokens, (double)m.n_tokens / (double)n_kept, (long long)max_seen, max_len,
+               j.data, (long long)m.n_records, (long long)m.n_samples, (long long)(rt.n_kept - rt.n_val), (long long)rt.n_val,
+               (long long)m.n_tokens, (double)m.n_tokens / (double)rt.n_kept, (long long)rt.max_seen, max_len,
                (long long)m.n_truncated, (long long)m.n_dropped, pack ? "true" : "false", (long long)train_rows,
                (long long)val_rows, eff, mask_prompt ? "true" : "false");
         for (int k = 0; k < shards; k++) {
@@ -557,20 +651,22 @@ done:
             free(names[k]);
     free(names);
     free(dir);
-    tokens_packer_free(pk_train);
-    tokens_packer_free(pk_val);
+    tokens_packer_free(rt.train);
+    tokens_packer_free(rt.val);
     tokens_spill_free(sp_train);
     tokens_spill_free(sp_val);
-    for (size_t k = 0; held && k < n_held; k++) {
-        free(held[k].ids);
-        free(held[k].mask);
+    for (size_t k = 0; rt.held && k < rt.n_held; k++) {
+        free(rt.held[k].ids);
+        free(rt.held[k].mask);
     }
-    free(held);
-    for (int i = 0; smp && i < CHUNK_RECORDS; i++) {
-        free(smp[i].ids);
-        free(smp[i].mask);
+    free(rt.held);
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; smp[b] && i < CHUNK_RECORDS; i++) {
+            free(smp[b][i].ids);
+            free(smp[b][i].mask);
+        }
+        free(smp[b]);
     }
-    free(smp);
     for (int i = 0; scr && i < n_scr; i++) {
         tok_ws_free(scr[i].ws);
         buf_free(&scr[i].prompt);
