@@ -5,7 +5,7 @@
 #  2. a 3 GB file of records of 100 KB each (an ignored member: reading and parsing
 #     dominate).
 # Each must pack with a maximum resident size under 64 MB (tools/ftk-pack.c states the
-# bound: about 45 MB at the defaults with max-len 512 and 2 threads), and ftk-verify the
+# bound: under 60 MB at the defaults with max-len 512 and 2 threads), and ftk-verify the
 # result. The files are deleted as soon as they are used (the work needs ~8 GB of disk).
 # Usage: tests/fault/pack_big.sh BIN_DIR WORK_DIR [GB of ordinary records (default 1)]
 set -u
@@ -31,9 +31,9 @@ big() { # big NAME FILE ARGS...: packs FILE, checks the resident size and the fi
 }
 
 $G 20000 >"$WORK/unit.jsonl" || exit 1
-n=$((GB * 1000 / 15 + 1))
+copies=$((GB * 1000 / 15 + 1))
 i=0
-while [ $i -lt $n ]; do cat "$WORK/unit.jsonl"; i=$((i + 1)); done >"$WORK/records.jsonl"
+while [ $i -lt $copies ]; do cat "$WORK/unit.jsonl"; i=$((i + 1)); done >"$WORK/records.jsonl"
 big "ordinary records (${GB} GB)" "$WORK/records.jsonl" --pack -j 2
 
 $G 100 --pad 100000 >"$WORK/unit.jsonl" || exit 1
