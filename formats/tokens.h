@@ -11,7 +11,8 @@
  *   mask_prompt        int64   1: only response tokens (and EOS) are targets
  *   max_len            int64   longest row, in tokens
  *   packed             int64   1: rows are exactly max_len, several samples each
- *   seed               int64   shuffle / split / packing seed
+ *   seed               int64   seed of the validation split (tools/ftk-pack.c: record i is
+ *                              in it when a hash of (seed, i) says so)
  *   source_name        string  input file name as given ("-" for stdin)
  *   source_xxh3        string  XXH3-64 of the input file's bytes
  *   n_records          int64   records read from the input (whole set, all shards)
@@ -47,8 +48,18 @@
  * separately (as LitGPT does, so the mask boundary is exact), cut to max_len.
  * Training keeps attention inside a sample and restarts positions at each sample start.
  *
- * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k holds a
- * contiguous range of the rows of each split.
+ * Row order: the order in which the packer (below, "Streaming build") finishes rows; not
+ * shuffled, since ftk-train permutes the rows of each epoch from (seed, epoch). Unpacked
+ * rows are in input order. Files written before the streaming packer had shuffled rows;
+ * readers must not rely on either.
+ *
+ * Sharded sets (ftk-pack --shards N) are named BASE-00001-of-0000N.h5; shard k (0-based) of
+ * N holds the rows [R·k/N, R·(k+1)/N) of each split's global order (R rows), so the rows
+ * and their order are the same whatever N.
+ *
+ * Storage: every dataset is contiguous (or chunked by about 1 MiB when compressed), written
+ * with its final size known: the streaming build keeps rows in temporary files until the
+ * end, then writes each shard in one pass.
  */
 #ifndef FTK_TOKENS_H
 #define FTK_TOKENS_H
@@ -79,7 +90,8 @@ typedef struct {
     int64_t record;
 } tokens_sample_t;
 
-/* Builds a split from samples. packed: best-fit-decreasing bin packing into rows of
+/* Builds a split from samples in memory (tests build small files with it; ftk-pack uses
+ * the streaming build below). packed: best-fit-decreasing bin packing into rows of
  * exactly max_len (padded with pad_id), rows then shuffled with seed; otherwise one row
  * per sample, in the given order. Returns 0, or -1 (out of memory). */
 int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t max_len, int32_t pad_id,
@@ -104,9 +116,10 @@ int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t m
  * leave in the order they were opened. The row order is therefore a function of the
  * sample sequence alone. Memory: (BATCH + WINDOW) · max_len · 5 bytes, plus 16 bytes per
  * sample of an open row. Unpacked: one row per sample, in arrival order, nothing held.
- * On the shared Alpaca subsets (max_len 512) this leaves 1.3–1.9 % padding, against
- * 1.1–1.9 % for best-fit-decreasing over the whole split (tokens_build()) and 3.3–4.2 %
- * for first-fit in input order (docs/design.md, "Packing"). */
+ * On the shared Alpaca subsets (max_len 512, one split) this leaves 1.28–1.58 % padding,
+ * against 1.06–1.94 % for best-fit-decreasing over the whole split (tokens_build(), the
+ * former packer) and 3.28–4.23 % for first-fit in input order
+ * (tests/bench/pack_efficiency.py; docs/design.md, "Packing that streams"). */
 #define TOKENS_PACK_BATCH 512
 #define TOKENS_PACK_WINDOW 256
 
