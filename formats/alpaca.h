@@ -46,6 +46,10 @@ typedef struct {
 } alpaca_t;
 
 int alpaca_parse(const char *text, size_t len, alpaca_t *out);
+/* One record: r (a parsed value of doc, the idx-th record, 0-based) checked and its
+ * fields pointed at (they live in doc). Errors as for alpaca_parse(). This is what a
+ * streaming reader (formats/records.h) calls per record. */
+int alpaca_record(const json_doc_t *doc, const json_value_t *r, size_t idx, alpaca_rec_t *a);
 void alpaca_free(alpaca_t *a);
 
 /* The fields of one parsed record (index from 0, for messages); the strings point into

@@ -18,6 +18,7 @@ typedef struct block {
 struct json_doc {
     const char *text;
     size_t len;
+    unsigned line0, col0; /* position of text[0] */
     block_t *blocks;
 };
 
@@ -57,7 +58,7 @@ static void *arena_alloc(json_doc_t *d, size_t size)
 
 void json_position(const json_doc_t *doc, size_t off, unsigned *line, unsigned *col)
 {
-    unsigned l = 1, c = 1;
+    unsigned l = doc->line0, c = doc->col0;
     if (off > doc->len)
         off = doc->len;
     for (size_t i = 0; i < off; i++) {
@@ -545,6 +546,8 @@ json_doc_t *json_parse(const char *text, size_t len, const json_opts_t *opts, js
     }
     doc->text = text;
     doc->len = len;
+    doc->line0 = opts && opts->line0 ? opts->line0 : 1;
+    doc->col0 = opts && opts->col0 ? opts->col0 : 1;
     parser_t p = {.doc = doc, .s = text, .n = len};
     p.max_depth = opts && opts->max_depth > 0 ? opts->max_depth : 256;
     int multi = opts && opts->multi;

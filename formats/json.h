@@ -63,6 +63,10 @@ struct json_member {
 typedef struct {
     int max_depth; /* 0: 256 */
     int multi;     /* JSON Lines: root becomes an array of the top-level values */
+    /* Position of text[0] when the text is a piece of a larger input (a record that a
+     * streaming reader cut out): errors and json_position() then count from there.
+     * 0 means line 1, column 1. */
+    unsigned line0, col0;
 } json_opts_t;
 
 typedef struct json_doc json_doc_t;

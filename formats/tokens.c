@@ -1,8 +1,10 @@
 #include "tokens.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
@@ -379,4 +381,467 @@ uint64_t tokens_set_hash(const uint64_t (*sums)[2 * TOKENS_N_DATASETS], int n_sh
     uint64_t v = hash_digest(h);
     hash_free(h);
     return v;
+}
+
+/* ---------------------------------------------------------------- streaming build */
+
+/* A spill is one split's rows on disk, in emission order, in four anonymous files
+ * (created in the output's directory and unlinked at once, so nothing is left behind
+ * whatever happens): tokens (int32, padding included), masks (uint8), one (n_samples,
+ * row_len) pair of int64 per row, and one (length, record) pair of int64 per sample. */
+enum { SP_TOK, SP_MASK, SP_ROW, SP_SMP, SP_N };
+#define SP_BUF (1u << 18)
+
+struct tokens_spill {
+    FILE *f[SP_N];
+    char *wbuf[SP_N];
+    int64_t n_rows, n_tokens, n_samples;
+    /* read side: the next row and the file offsets where it starts */
+    int64_t next_row;
+    off_t pos[SP_N];
+    int failed;
+};
+
+void tokens_spill_free(tokens_spill_t *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < SP_N; i++) {
+        if (s->f[i])
+            fclose(s->f[i]);
+        free(s->wbuf[i]);
+    }
+    free(s);
+}
+
+tokens_spill_t *tokens_spill_new(const char *dir)
+{
+    tokens_spill_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    size_t dl = strlen(dir);
+    char *path = malloc(dl + 32);
+    for (int i = 0; path && i < SP_N; i++) {
+        snprintf(path, dl + 32, "%s/.ftk-pack-spill-XXXXXX", dir);
+        int fd = mkstemp(path);
+        if (fd < 0) {
+            ftk_err_set("%s: cannot create a temporary file: %s", dir, strerror(errno));
+            free(path);
+            tokens_spill_free(s);
+            return NULL;
+        }
+        unlink(path);
+        s->f[i] = fdopen(fd, "w+b");
+        s->wbuf[i] = malloc(SP_BUF);
+        if (!s->f[i] || !s->wbuf[i]) {
+            if (!s->f[i])
+                close(fd);
+            break;
+        }
+        setvbuf(s->f[i], s->wbuf[i], _IOFBF, SP_BUF);
+    }
+    if (!path || !s->f[SP_N - 1] || !s->wbuf[SP_N - 1]) {
+        ftk_err_set("out of memory");
+        free(path);
+        tokens_spill_free(s);
+        return NULL;
+    }
+    free(path);
+    return s;
+}
+
+int64_t tokens_spill_rows(const tokens_spill_t *s) { return s->n_rows; }
+int64_t tokens_spill_tokens(const tokens_spill_t *s) { return s->n_tokens; }
+
+static int spill_put(tokens_spill_t *s, int i, const void *p, size_t n)
+{
+    if (n && fwrite(p, 1, n, s->f[i]) != n) {
+        s->failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+int tokens_spill_row(tokens_spill_t *s, const int32_t *ids, const uint8_t *mask, int64_t used, int64_t row_len,
+                     int n, const int64_t *lens, const int64_t *records, int32_t pad)
+{
+    static const uint8_t zeros[256];
+    int32_t pads[256];
+    for (int k = 0; k < 256; k++)
+        pads[k] = pad;
+    int64_t head[2] = {n, row_len};
+    int rc = spill_put(s, SP_TOK, ids, (size_t)used * sizeof *ids) | spill_put(s, SP_MASK, mask, (size_t)used) |
+             spill_put(s, SP_ROW, head, sizeof head);
+    for (int64_t t = used; t < row_len && !rc; t += 256) {
+        size_t m = (size_t)(row_len - t < 256 ? row_len - t : 256);
+        rc = spill_put(s, SP_TOK, pads, m * sizeof *pads) | spill_put(s, SP_MASK, zeros, m);
+    }
+    for (int k = 0; k < n && !rc; k++) {
+        int64_t p[2] = {lens[k], records[k]};
+        rc = spill_put(s, SP_SMP, p, sizeof p);
+    }
+    if (rc) {
+        ftk_err_set("cannot write a temporary file: %s (disk full?)", strerror(errno));
+        return -1;
+    }
+    s->n_rows++;
+    s->n_tokens += row_len;
+    s->n_samples += n;
+    return 0;
+}
+
+/* A sequential reader over one spill file (pread, so the files' stdio state is left alone). */
+typedef struct {
+    int fd;
+    off_t *pos;
+    char buf[1 << 16];
+    size_t len, at;
+} spill_rd_t;
+
+static int rd_get(spill_rd_t *r, void *out, size_t n)
+{
+    char *o = out;
+    while (n) {
+        if (r->at == r->len) {
+            ssize_t k = pread(r->fd, r->buf, sizeof r->buf, *r->pos);
+            if (k <= 0) {
+                ftk_err_set("cannot read back a temporary file: %s", k < 0 ? strerror(errno) : "too short");
+                return -1;
+            }
+            *r->pos += k;
+            r->len = (size_t)k;
+            r->at = 0;
+        }
+        size_t m = r->len - r->at < n ? r->len - r->at : n;
+        memcpy(o, r->buf + r->at, m);
+        r->at += m;
+        o += m;
+        n -= m;
+    }
+    return 0;
+}
+
+/* Puts back what a reader read ahead, so the next reader starts where this one stopped. */
+static void rd_done(spill_rd_t *r) { *r->pos -= (off_t)(r->len - r->at); }
+
+#define WBLK 65536 /* elements per append */
+
+typedef struct {
+    h5w_stream_t *st;
+    int64_t *v;
+    size_t n;
+} i64_out_t;
+
+static int out_put(i64_out_t *o, int64_t x)
+{
+    o->v[o->n++] = x;
+    if (o->n == WBLK) {
+        o->n = 0;
+        return h5w_append(o->st, o->v, WBLK);
+    }
+    return 0;
+}
+
+int tokens_spill_write(tokens_spill_t *s, hid_t file, const char *group, int64_t r0, int64_t r1,
+                       const h5w_opts_t *o, uint64_t sums[TOKENS_N_DATASETS])
+{
+    if (r0 != s->next_row || r1 < r0 || r1 > s->n_rows) {
+        ftk_err_set("%s: rows %lld..%lld asked out of order", group, (long long)r0, (long long)r1);
+        return -1;
+    }
+    for (int i = 0; i < SP_N; i++)
+        if (fflush(s->f[i]) != 0) {
+            ftk_err_set("cannot write a temporary file: %s (disk full?)", strerror(errno));
+            return -1;
+        }
+    /* First pass over the rows' heads: the sizes of the datasets. */
+    int64_t T = 0, S = 0, R = r1 - r0;
+    spill_rd_t *rd = malloc(sizeof *rd);
+    void *blk = malloc(WBLK * sizeof(int32_t));
+    i64_out_t out[5] = {{0}};
+    h5w_stream_t *tok = NULL, *msk = NULL;
+    hid_t g = -1;
+    int rc = -1;
+    if (!rd || !blk)
+        goto oom;
+    off_t row_pos = s->pos[SP_ROW];
+    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &row_pos};
+    for (int64_t r = 0; r < R; r++) {
+        int64_t h[2];
+        if (rd_get(rd, h, sizeof h) < 0)
+            goto fail;
+        S += h[0];
+        T += h[1];
+    }
+    if ((g = h5_group_create(file, group)) < 0)
+        goto fail;
+    hsize_t dT = (hsize_t)T, dR = (hsize_t)R + 1, dS = (hsize_t)S;
+    static const char *const names64[5] = {"row_offsets", "row_samples", "sample_starts", "sample_lengths",
+                                           "sample_record"};
+    tok = h5w_open(g, "tokens", H5T_NATIVE_INT32, 1, &dT, o);
+    msk = h5w_open(g, "loss_mask", H5T_NATIVE_UINT8, 1, &dT, o);
+    if (!tok || !msk)
+        goto fail;
+    for (int i = 0; i < 5; i++) {
+        out[i].st = h5w_open(g, names64[i], H5T_NATIVE_INT64, 1, i < 2 ? &dR : &dS, o);
+        out[i].v = malloc(WBLK * sizeof(int64_t));
+        if (!out[i].st)
+            goto fail;
+        if (!out[i].v)
+            goto oom;
+    }
+    /* Tokens and masks: a straight copy. */
+    for (int k = 0; k < 2; k++) {
+        spill_rd_t *t = rd;
+        *t = (spill_rd_t){.fd = fileno(s->f[k == 0 ? SP_TOK : SP_MASK]), .pos = &s->pos[k == 0 ? SP_TOK : SP_MASK]};
+        size_t es = k == 0 ? sizeof(int32_t) : 1;
+        for (int64_t i = 0; i < T; i += WBLK) {
+            size_t m = (size_t)(T - i < WBLK ? T - i : WBLK);
+            if (rd_get(t, blk, m * es) < 0 || h5w_append(k == 0 ? tok : msk, blk, m) < 0)
+                goto fail;
+        }
+        rd_done(t);
+    }
+    /* Offsets from the rows' heads and the samples' (length, record) pairs. */
+    spill_rd_t *rs = malloc(sizeof *rs);
+    if (!rs)
+        goto oom;
+    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &s->pos[SP_ROW]};
+    *rs = (spill_rd_t){.fd = fileno(s->f[SP_SMP]), .pos = &s->pos[SP_SMP]};
+    int64_t t = 0, n_s = 0, n_pad = 0;
+    int e = 0;
+    for (int64_t r = 0; r < R && !e; r++) {
+        int64_t h[2], used = 0;
+        e = rd_get(rd, h, sizeof h) < 0 || out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
+        for (int64_t k = 0; k < h[0] && !e; k++) {
+            int64_t p[2];
+            e = rd_get(rs, p, sizeof p) < 0 || out_put(&out[2], t + used) < 0 || out_put(&out[3], p[0]) < 0 ||
+                out_put(&out[4], p[1]) < 0;
+            used += p[0];
+        }
+        n_pad += h[1] - used;
+        t += h[1];
+        n_s += h[0];
+    }
+    if (!e)
+        e = out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
+    rd_done(rd);
+    rd_done(rs);
+    free(rs);
+    for (int i = 0; i < 5 && !e; i++)
+        if (out[i].n && h5w_append(out[i].st, out[i].v, out[i].n) < 0)
+            e = 1;
+    if (e)
+        goto fail;
+    s->next_row = r1;
+    rc = h5w_close(tok, &sums[0]) | h5w_close(msk, &sums[1]);
+    tok = msk = NULL;
+    for (int i = 0; i < 5; i++) {
+        rc |= h5w_close(out[i].st, &sums[2 + i]);
+        out[i].st = NULL;
+    }
+    if (rc == 0 && (h5_attr_set_i64(g, "n_rows", R) || h5_attr_set_i64(g, "n_samples", S) ||
+                    h5_attr_set_i64(g, "n_tokens", T) || h5_attr_set_i64(g, "n_pad", n_pad)))
+        rc = -1;
+    goto fail;
+oom:
+    ftk_err_set("out of memory");
+fail:
+    if (tok)
+        h5w_close(tok, NULL);
+    if (msk)
+        h5w_close(msk, NULL);
+    for (int i = 0; i < 5; i++) {
+        if (out[i].st)
+            h5w_close(out[i].st, NULL);
+        free(out[i].v);
+    }
+    if (g >= 0)
+        H5Gclose(g);
+    if (rc < 0)
+        ftk_err_prefix("%s: ", group);
+    free(rd);
+    free(blk);
+    return rc;
+}
+
+/* The packer: samples come in a stream; each batch of TOKENS_PACK_BATCH is sorted by
+ * length (longest first, then arrival order) and placed best-fit into a window of at most
+ * TOKENS_PACK_WINDOW open rows (the row with the least room that fits, the earliest opened
+ * on ties). A row that is full leaves the window at once; when nothing fits and the window
+ * is full, the fullest open row (least room, earliest opened on ties) leaves to make
+ * room. Rows are written in the order they leave; at the end, the open rows leave in the
+ * order they were opened. Unpacked: one row per sample, in arrival order. */
+typedef struct {
+    int32_t *ids;
+    uint8_t *mask;
+    int64_t used;
+    int n, cap;
+    int64_t *lens, *records; /* cap entries, grown on demand */
+} open_row_t;
+
+typedef struct {
+    int64_t off, len, record, seq;
+} pending_t;
+
+struct tokens_packer {
+    int packed;
+    int64_t max_len;
+    int32_t pad;
+    tokens_spill_t *out;
+    int32_t *ids; /* the batch's samples, back to back */
+    uint8_t *mask;
+    int64_t n_tok;
+    pending_t *b;
+    size_t nb;
+    open_row_t *rows; /* the window, in opening order */
+    int n_open;
+};
+
+void tokens_packer_free(tokens_packer_t *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; p->rows && i < TOKENS_PACK_WINDOW; i++) {
+        free(p->rows[i].ids);
+        free(p->rows[i].mask);
+        free(p->rows[i].lens);
+        free(p->rows[i].records);
+    }
+    free(p->rows);
+    free(p->ids);
+    free(p->mask);
+    free(p->b);
+    free(p);
+}
+
+tokens_packer_t *tokens_packer_new(int packed, int64_t max_len, int32_t pad_id, tokens_spill_t *out)
+{
+    tokens_packer_t *p = calloc(1, sizeof *p);
+    if (!p)
+        goto oom;
+    *p = (tokens_packer_t){.packed = packed, .max_len = max_len, .pad = pad_id, .out = out};
+    if (!packed)
+        return p;
+    size_t bt = (size_t)TOKENS_PACK_BATCH * (size_t)max_len;
+    p->ids = malloc(bt * sizeof *p->ids);
+    p->mask = malloc(bt);
+    p->b = malloc(TOKENS_PACK_BATCH * sizeof *p->b);
+    p->rows = calloc(TOKENS_PACK_WINDOW, sizeof *p->rows);
+    if (!p->ids || !p->mask || !p->b || !p->rows)
+        goto oom;
+    for (int i = 0; i < TOKENS_PACK_WINDOW; i++) {
+        open_row_t *r = &p->rows[i];
+        r->ids = malloc((size_t)max_len * sizeof *r->ids);
+        r->mask = malloc((size_t)max_len);
+        if (!r->ids || !r->mask)
+            goto oom;
+    }
+    return p;
+oom:
+    tokens_packer_free(p);
+    ftk_err_set("out of memory");
+    return NULL;
+}
+
+/* Row i leaves the window (written out); the others keep their order. */
+static int leave(tokens_packer_t *p, int i)
+{
+    open_row_t r = p->rows[i];
+    if (tokens_spill_row(p->out, r.ids, r.mask, r.used, p->max_len, r.n, r.lens, r.records, p->pad) < 0)
+        return -1;
+    memmove(&p->rows[i], &p->rows[i + 1], (size_t)(p->n_open - i - 1) * sizeof *p->rows);
+    r.used = 0;
+    r.n = 0;
+    p->rows[--p->n_open] = r; /* its buffers, for reuse */
+    return 0;
+}
+
+static int by_len_then_seq(const void *a, const void *b)
+{
+    const pending_t *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len > y->len ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static int place_batch(tokens_packer_t *p)
+{
+    qsort(p->b, p->nb, sizeof *p->b, by_len_then_seq);
+    for (size_t k = 0; k < p->nb; k++) {
+        const pending_t *s = &p->b[k];
+        int best = -1;
+        for (int i = 0; i < p->n_open; i++) {
+            int64_t room = p->max_len - p->rows[i].used;
+            if (room >= s->len && (best < 0 || room < p->max_len - p->rows[best].used))
+                best = i;
+        }
+        if (best < 0) {
+            if (p->n_open == TOKENS_PACK_WINDOW) {
+                int full = 0;
+                for (int i = 1; i < p->n_open; i++)
+                    if (p->rows[i].used > p->rows[full].used)
+                        full = i;
+                if (leave(p, full) < 0)
+                    return -1;
+            }
+            best = p->n_open++;
+        }
+        open_row_t *r = &p->rows[best];
+        if (r->n == r->cap) {
+            int cap = r->cap ? 2 * r->cap : 16;
+            int64_t *l = realloc(r->lens, (size_t)cap * sizeof *l);
+            if (l)
+                r->lens = l;
+            int64_t *rec = l ? realloc(r->records, (size_t)cap * sizeof *rec) : NULL;
+            if (!rec) {
+                ftk_err_set("out of memory");
+                return -1;
+            }
+            r->records = rec;
+            r->cap = cap;
+        }
+        memcpy(r->ids + r->used, p->ids + s->off, (size_t)s->len * sizeof *r->ids);
+        memcpy(r->mask + r->used, p->mask + s->off, (size_t)s->len);
+        r->lens[r->n] = s->len;
+        r->records[r->n++] = s->record;
+        r->used += s->len;
+        if (r->used == p->max_len && leave(p, best) < 0)
+            return -1;
+    }
+    p->nb = 0;
+    p->n_tok = 0;
+    return 0;
+}
+
+int tokens_packer_add(tokens_packer_t *p, const tokens_sample_t *s)
+{
+    if (s->len < 1 || s->len > p->max_len) {
+        ftk_err_set("sample of record %lld has %lld tokens, outside 1..max_len", (long long)s->record,
+                    (long long)s->len);
+        return -1;
+    }
+    if (!p->packed)
+        return tokens_spill_row(p->out, s->ids, s->mask, s->len, s->len, 1, &s->len, &s->record, p->pad);
+    memcpy(p->ids + p->n_tok, s->ids, (size_t)s->len * sizeof *s->ids);
+    memcpy(p->mask + p->n_tok, s->mask, (size_t)s->len);
+    p->b[p->nb] = (pending_t){p->n_tok, s->len, s->record, (int64_t)p->nb};
+    p->n_tok += s->len;
+    if (++p->nb == TOKENS_PACK_BATCH)
+        return place_batch(p);
+    return 0;
+}
+
+int tokens_packer_finish(tokens_packer_t *p)
+{
+    if (!p->packed)
+        return 0;
+    if (place_batch(p) < 0)
+        return -1;
+    while (p->n_open)
+        if (leave(p, 0) < 0)
+            return -1;
+    return 0;
 }

