@@ -5,6 +5,7 @@
  * the embedding ~ Normal(0, initializer_range), RMSNorm gains = 1. Each row of each tensor
  * draws from its own xoshiro256** stream seeded from (seed, tensor index, row), so the
  * file is the same whatever the number of threads, and any row can be regenerated alone. */
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -125,6 +126,19 @@ static int store_tok(void *ctx, hid_t file)
     return in->tok_name ? weights_put_file(file, in->tok_name, in->tok.data, in->tok.len) : 0;
 }
 
+/* "70369.6 GB", "230.1 kB": a size in the unit that keeps it readable. */
+static const char *size_text(double bytes, char out[32])
+{
+    const char *unit[] = {"bytes", "kB", "MB", "GB"};
+    int u = 0;
+    while (u < 3 && bytes >= 1000) {
+        bytes /= 1000;
+        u++;
+    }
+    snprintf(out, 32, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+    return out;
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-init");
@@ -197,10 +211,11 @@ int main(int argc, char **argv)
             *slash = slash == dir ? (slash[1] = 0, '/') : 0;
         struct statvfs sv;
         if (dir && statvfs(slash ? dir : ".", &sv) == 0 && need > (double)sv.f_bavail * (double)sv.f_frsize) {
-            ftk_error("%s: the weights need %.1f GB (%.3g parameters of %s%s) and %s has %.1f GB free: nothing written",
-                      output, need / 1e9, (double)model_n_params(&in.cfg), dtype_name(in.dt),
-                      zstd ? ", half of it with --compress" : "", slash ? dir : ".",
-                      (double)sv.f_bavail * (double)sv.f_frsize / 1e9);
+            char a[32], b[32];
+            ftk_error("%s: %s: the weights need %s (%.3g parameters of %s%s) and %s has %s free; nothing written",
+                      output, strerror(ENOSPC), size_text(need, a), (double)model_n_params(&in.cfg),
+                      dtype_name(in.dt), zstd ? ", half of it with --compress" : "", slash ? dir : ".",
+                      size_text((double)sv.f_bavail * (double)sv.f_frsize, b));
             free(dir);
             buf_free(&in.tok);
             return FTK_EXIT_FAIL;
