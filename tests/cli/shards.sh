@@ -147,10 +147,14 @@ grep -q "nothing: no such file, nor a set of shards" "$WORK/err" && ok "... mess
 # --- the set as a whole ----------------------------------------------------------------------------
 expect "ftk-verify the set by one shard and by its base (checked once)" 0 "$BIN/ftk-verify" "$S-00002-of-00003.h5" "$S"
 check "... one OK line per shard and one for the set" test "$(grep -c ': OK' "$WORK/out")" = 4
-grep -q "three: OK (token set of 3 shards, 24 train and 3 val rows" "$WORK/out" && ok "... the set line counts the rows" ||
-    notok "... the set line counts the rows"
+# The set's rows are the 1-file pack's: R train and V val rows, shard k holding [R·k/3, R·(k+1)/3).
+"$BIN/ftk-info" "$WORK/one.h5" >"$WORK/one.info" 2>&1
+R=$(awk '$1 == "n_rows" { print $2; exit }' "$WORK/one.info")
+V=$(awk '$1 == "n_rows" { n++; if (n == 2) { print $2; exit } }' "$WORK/one.info")
+grep -q "three: OK (token set of 3 shards, $R train and $V val rows" "$WORK/out" && ok "... the set line counts the rows ($R, $V)" ||
+    notok "... the set line counts the rows ($R, $V)"
 expect "ftk-info the set" 0 "$BIN/ftk-info" "$S"
-grep -q "ftk token set of 3 shards" "$WORK/out" && grep -q "/train 24 rows, 36 samples" "$WORK/out" &&
-    grep -q "three-00003-of-00003.h5  train 16..24, val 2..3" "$WORK/out" && ok "... shares, totals and global rows" ||
-    notok "... shares, totals and global rows"
+grep -q "ftk token set of 3 shards" "$WORK/out" && grep -q "/train $R rows, 36 samples" "$WORK/out" &&
+    grep -q "three-00003-of-00003.h5  train $((R * 2 / 3))..$R, val $((V * 2 / 3))..$V" "$WORK/out" &&
+    ok "... shares, totals and global rows" || notok "... shares, totals and global rows"
 finish
