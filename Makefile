@@ -211,7 +211,7 @@ gpu-check:
 	@$(MAKE) --no-print-directory all
 	@sh tests/gpu/check.sh $(REPORT)
 
-# The long fuzz run of the safetensors header parser (make test runs 20 s of it).
+# The long fuzz run of the safetensors header parser (make test runs 10 s of it).
 FUZZ_SECONDS ?= 600
 fuzz: deps
 	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) build/fuzz

@@ -52,11 +52,27 @@ finish() {
     [ $fail -eq 0 ]
 }
 
+# sanitizer_env: what the ASan+UBSan build's runs need (a finding fails the test: exit 86).
+sanitizer_env() {
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
+}
+
 # The slow set: the same kinds of test at full size (make test runs smaller counts).
 if [ "$SET" = slow ]; then
     run slow/shards-memory-3GB sh tests/slow/shards_memory.sh "$ROOT/bin" "$WORK/shards-memory" 3
     run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     run fault/pack-multi-gb sh tests/fault/pack_big.sh "$ROOT/bin" "$WORK/pack-big"
+    run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
+    # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
+    # plans and the communication contract under them; these two take 3 minutes)
+    sanitizer_env
+    run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/dist.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-dist" 0
+    run asan/cli-checkpoint-tools env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
+        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/ckpt.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-ckpt"
     finish
     exit
 fi
@@ -86,7 +102,7 @@ run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
 run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
 run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
 run cli/shards sh tests/cli/shards.sh "$ROOT/bin" "$WORK/shards" "$DATA"
-run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 6
+run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 2
 run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
@@ -99,7 +115,7 @@ run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
 run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
 run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
 run fault/unbounded-input sh tests/fault/unbounded.sh "$ROOT/bin" "$WORK/unbounded"
-run fuzz/safetensors-header-20s sh tests/fuzz/run.sh 20 "$ROOT/build/fuzz"
+run fuzz/safetensors-header-10s sh tests/fuzz/run.sh 10 "$ROOT/build/fuzz"
 
 # Reference tests against independent implementations.
 if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; then
@@ -133,8 +149,7 @@ fi
 
 # The same unit and CLI tests under AddressSanitizer + UndefinedBehaviorSanitizer.
 if [ -d build/asan/bin ]; then
-    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86
-    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
+    sanitizer_env
     for t in build/asan/tests/test_*; do
         [ -x "$t" ] && run "asan/unit/$(basename "$t")" "$t" "$ROOT"
     done
@@ -150,9 +165,6 @@ if [ -d build/asan/bin ]; then
     run asan/fault-unbounded-input sh tests/fault/unbounded.sh "$ROOT/build/asan/bin" "$WORK/asan-unbounded"
     # Several ranks under mpirun: Open MPI's own allocations are not ours to report
     # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
-    run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/dist.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-dist" 0
     run asan/cli-comm env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/comm.sh "$ROOT/build/asan/tests/test_comm" \
         "$WORK/asan-comm" 4
@@ -162,9 +174,6 @@ if [ -d build/asan/bin ]; then
     run asan/fault-async-save env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
         LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/fault/async_kill.sh "$ROOT/build/asan/bin" \
         "$WORK/asan-async-kill" quick
-    run asan/cli-checkpoint-tools env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/ckpt.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-ckpt"
 else
     run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
 fi
