@@ -14,6 +14,8 @@ if [ "$what" = test ]; then
     pkgs="$pkgs python3 python3-numpy python3-h5py python3-sentencepiece python3-torch python3-pip"
     # clang's libFuzzer for the safetensors header fuzz run (tests/fuzz/run.sh).
     pkgs="$pkgs clang libclang-rt-dev"
+    # gdb stops ftk-reshard at a breakpoint, so the signal-cleanup test hits a write under way.
+    pkgs="$pkgs gdb"
 fi
 
 missing=""
