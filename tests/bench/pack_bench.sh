@@ -2,14 +2,14 @@
 # ftk-pack's throughput (records/s, MB/s of input) with 1 and 2 threads on ~100k generated
 # records, the ratio of the two, then the padding of its packer against first-fit in
 # input order and whole-split best-fit-decreasing (pack_efficiency.py).
-# FTK_PACK_BENCH_KIND=chat benches conversational records ({"messages": [...]}: for
-# ftk-pack builds that read them); the default is Alpaca records. FTK_PACK_BENCH_N sets
+# Conversational records ({"messages": [...]}, multi-turn, llama-2-chat) are
+# the default; FTK_PACK_BENCH_KIND=alpaca benches Alpaca records. FTK_PACK_BENCH_N sets
 # the record count.
 # Usage: tests/bench/pack_bench.sh BIN_DIR DATA_DIR WORK_DIR
 set -eu
 BIN=$1 DATA=$2 WORK=$3
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-KIND=${FTK_PACK_BENCH_KIND:-alpaca} N=${FTK_PACK_BENCH_N:-100000}
+KIND=${FTK_PACK_BENCH_KIND:-chat} N=${FTK_PACK_BENCH_N:-100000}
 mkdir -p "$WORK"
 TOK=$DATA/llama2-tokenizer/tokenizer.model
 [ -f "$TOK" ] || TOK=$ROOT/examples/demo/tokenizer.model
