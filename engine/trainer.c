@@ -406,9 +406,18 @@ int trainer_ckpt_reports(trainer_t *t, trainer_ckpt_t *out, int max)
 
 /* Rank 0 makes the hidden directory of the checkpoint of `step`; every rank learns its
  * name (agreed). */
-static int save_begin(trainer_t *t, int64_t step, ckpt_writer_t *w, char dir[4096])
+static int save_settle(trainer_t *t);
+
+/* Every rank: settles the checkpoint in flight (steps stay in order; its wait is its own
+ * stall), then rank 0 makes the hidden directory of this step's checkpoint, whose path
+ * every rank gets in dir. *t0: when this checkpoint's own time began. Agreed. */
+static int save_begin(trainer_t *t, ckpt_writer_t *w, char dir[4096], double *t0)
 {
-    int code = 0;
+    int code = save_settle(t);
+    if (code)
+        return code;
+    *t0 = time_now();
+    int64_t step = t->meta.step;
     dir[0] = 0;
     memset(w, 0, sizeof *w);
     if (t->rank == 0) {
@@ -542,14 +551,12 @@ static int save_poll(trainer_t *t, int running, int failed)
 
 int trainer_save(trainer_t *t)
 {
-    int code = save_settle(t); /* the checkpoint in flight first: steps stay in order */
-    if (code)
-        return code;
     const ckpt_meta_t *meta = &t->meta;
-    double t0 = time_now();
     ckpt_writer_t w;
     char dir[4096];
-    if ((code = save_begin(t, meta->step, &w, dir)))
+    double t0;
+    int code = save_begin(t, &w, dir, &t0);
+    if (code)
         return code;
 
     int n_units;
@@ -590,16 +597,14 @@ int trainer_save_async(trainer_t *t)
 {
     if (!t->async)
         return trainer_save(t);
-    /* At most one checkpoint in flight: the previous one's write is waited for here (its
-     * stall) and committed before this one starts. */
-    int code = save_settle(t);
-    if (code)
-        return code;
+    /* At most one checkpoint in flight: the previous one's write is waited for in
+     * save_begin (its stall) and committed before this one starts. */
     const ckpt_meta_t *meta = &t->meta;
-    double t0 = time_now();
     ckpt_writer_t w;
     char dir[4096];
-    if ((code = save_begin(t, meta->step, &w, dir)))
+    double t0;
+    int code = save_begin(t, &w, dir, &t0);
+    if (code)
         return code;
     int rc = 0;
     int64_t idx = shard_index(t->sh);
