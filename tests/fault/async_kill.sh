@@ -28,6 +28,18 @@ demo_init "$WORK/w.h5" tiny 1 || exit 1
 STEPS=12
 T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 -j1 --steps $STEPS --save-every 2 --keep 3"
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
+# writing RUN: a background write is under way in RUN (its hidden step directory exists);
+# committed_writing RUN: and a checkpoint was committed before it.
+writing() { ls -a "$1" 2>/dev/null | grep -q '^\.step-'; }
+committed_writing() { [ -e "$1/latest" ] && writing "$1"; }
+# wait_until CMD...: polls CMD every 50 ms until it succeeds, at most 15 s.
+wait_until() {
+    _w=0
+    while [ $_w -lt 300 ] && ! "$@"; do
+        sleep 0.05
+        _w=$((_w + 1))
+    done
+}
 # same_ckpts NAME RUN_A RUN_B STEP...: those checkpoints byte-identical (shards and manifest)
 same_ckpts() {
     name=$1 a=$2 b=$3
@@ -80,11 +92,7 @@ same "bf16-true: async and sync losses identical" "$WORK/la" "$WORK/ls"
 # --- stopping while a write is under way ------------------------------------------------------
 FTK_TEST_WRITE_DELAY_MS=60 $TO $P -o "$WORK/tterm" --async-save 2>/dev/null &
 pt=$!
-i=0
-while [ $i -lt 300 ] && ! ls -a "$WORK/tterm" 2>/dev/null | grep -q '^\.step-'; do
-    sleep 0.05
-    i=$((i + 1))
-done
+wait_until writing "$WORK/tterm"
 kill -TERM $pt
 wait $pt
 rc=$?
@@ -106,11 +114,7 @@ done
 # removed under it; the shard file's fsync then fails in the writer thread.
 FTK_TEST_WRITE_DELAY_MS=60 $TO $P -o "$WORK/tfail" --async-save 2>"$WORK/fail.err" &
 pf=$!
-i=0
-while [ $i -lt 300 ] && ! { [ -e "$WORK/tfail/latest" ] && ls -a "$WORK/tfail" | grep -q '^\.step-'; }; do
-    sleep 0.05
-    i=$((i + 1))
-done
+wait_until committed_writing "$WORK/tfail"
 rm -rf "$WORK"/tfail/.step-*
 wait $pf
 rc=$?
@@ -133,11 +137,7 @@ while [ $i -lt "$TRIALS" ]; do
     mp=$!
     # A random instant once the first background write has begun (most of the run from
     # there on has one under way): the start-up of MPI takes anything from 0.5 to 5 s here.
-    j=0
-    while [ $j -lt 300 ] && ! ls -a "$run" 2>/dev/null | grep -q '^\.step-'; do
-        sleep 0.05
-        j=$((j + 1))
-    done
+    wait_until writing "$run"
     sleep "$(awk -v s=$i 'BEGIN { srand(s + systime()); printf "%.2f", rand() * 1.5 }')"
     kill_ranks $mp $i
     resume_after_kill $i "$run" $STEPS $TO $MPI -np 2 $(echo "$T" | sed 's/ -q / /') -o "$run" --async-save --resume auto
