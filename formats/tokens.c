@@ -26,7 +26,7 @@ void tokens_split_free(tokens_split_t *s)
     memset(s, 0, sizeof *s);
 }
 
-static int alloc_split(tokens_split_t *s, int64_t n_tokens, int64_t n_rows, int64_t n_samples)
+int tokens_split_alloc(tokens_split_t *s, int64_t n_tokens, int64_t n_rows, int64_t n_samples)
 {
     memset(s, 0, sizeof *s);
     s->n_tokens = n_tokens;
@@ -150,7 +150,7 @@ int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t m
         rng_seed(&rng, seed ^ 0x7061636b696e67ull); /* "packing" */
         rng_shuffle_i64(&rng, row_perm, (size_t)n_rows);
     }
-    if (alloc_split(out, n_tokens, n_rows, (int64_t)n) < 0) {
+    if (tokens_split_alloc(out, n_tokens, n_rows, (int64_t)n) < 0) {
         free(by_row);
         goto fail;
     }
@@ -199,7 +199,7 @@ int tokens_slice(const tokens_split_t *s, int64_t r0, int64_t r1, tokens_split_t
 {
     int64_t t0 = s->row_offsets[r0], t1 = s->row_offsets[r1];
     int64_t s0 = s->row_samples[r0], s1 = s->row_samples[r1];
-    if (alloc_split(out, t1 - t0, r1 - r0, s1 - s0) < 0)
+    if (tokens_split_alloc(out, t1 - t0, r1 - r0, s1 - s0) < 0)
         return -1;
     memcpy(out->tokens, s->tokens + t0, (size_t)(t1 - t0) * sizeof *out->tokens);
     memcpy(out->loss_mask, s->loss_mask + t0, (size_t)(t1 - t0));
@@ -269,7 +269,7 @@ int tokens_read_split(hid_t file, const char *group, tokens_split_t *s)
         H5Gclose(g);
         return -1;
     }
-    if (alloc_split(s, nt, nr, ns) < 0) {
+    if (tokens_split_alloc(s, nt, nr, ns) < 0) {
         H5Gclose(g);
         return -1;
     }

@@ -157,6 +157,9 @@ int tokens_slice(const tokens_split_t *s, int64_t r0, int64_t r1, tokens_split_t
 int tokens_write_split(hid_t file, const char *group, const tokens_split_t *s, const h5w_opts_t *o,
                        uint64_t sums[TOKENS_N_DATASETS]);
 int tokens_read_split(hid_t file, const char *group, tokens_split_t *s);
+/* Zeroes s and allocates its arrays for the given sizes (contents uninitialised, counts
+ * set); 0, or -1 with "out of memory" (s then empty). */
+int tokens_split_alloc(tokens_split_t *s, int64_t n_tokens, int64_t n_rows, int64_t n_samples);
 void tokens_split_free(tokens_split_t *s);
 
 /* Checks the invariants above. Returns 0 when they hold, 1 when not (ftk_err_msg()

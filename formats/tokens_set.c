@@ -619,25 +619,11 @@ static int read_run(tokens_set_t *s, int sp, int k, int64_t r0, int64_t n, token
     return 0;
 }
 
+/* A split of R rows, T tokens and S samples whose offsets end where a split's do. */
 static int alloc_rows(tokens_split_t *out, int64_t R, int64_t T, int64_t S)
 {
-    memset(out, 0, sizeof *out);
-    out->n_rows = R;
-    out->n_tokens = T;
-    out->n_samples = S;
-    out->tokens = malloc((size_t)T * sizeof *out->tokens + 1);
-    out->loss_mask = malloc((size_t)T + 1);
-    out->row_offsets = malloc((size_t)(R + 1) * sizeof(int64_t));
-    out->row_samples = malloc((size_t)(R + 1) * sizeof(int64_t));
-    out->sample_starts = malloc((size_t)S * sizeof(int64_t) + 1);
-    out->sample_lengths = malloc((size_t)S * sizeof(int64_t) + 1);
-    out->sample_record = malloc((size_t)S * sizeof(int64_t) + 1);
-    if (!out->tokens || !out->loss_mask || !out->row_offsets || !out->row_samples || !out->sample_starts ||
-        !out->sample_lengths || !out->sample_record) {
-        tokens_split_free(out);
-        ftk_err_set("out of memory");
+    if (tokens_split_alloc(out, T, R, S) < 0)
         return -1;
-    }
     out->row_offsets[R] = T;
     out->row_samples[R] = S;
     return 0;
