@@ -139,7 +139,7 @@ struct model {
     acts_t *a;   /* L of them, or 1 shared when recomputing */
     bk_buf_t xnf, xc, dxc, dxnf, dlog;
     float *rstdf, *logits; /* fp32 logits of a head chunk; dlog: their gradient in the activation dtype */
-    bk_buf_t dx, dmid, dxn, dh, dg, du, datt, dq, dk, dv, trash;
+    bk_buf_t dx, dxn, dh, dg, du, datt, dq, dk, dv, trash;
     void **allocs;
     size_t n_allocs, cap_allocs;
 };
@@ -330,9 +330,9 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         }
     }
     int64_t hc = m->head_chunk;
-    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dmid, &m->dxn, &m->dh, &m->dg, &m->du,
+    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dxn, &m->dh, &m->dg, &m->du,
                      &m->datt, &m->dq, &m->dk, &m->dv, &m->trash};
-    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->F, n * m->F,
+    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->F, n * m->F,
                     n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk, n * m->D};
     for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
         if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
@@ -471,9 +471,10 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     float theta = (float)m->c.rope_theta;
     if (m->recompute)
         block_fwd(m, w, n, seg, n_seg, m->x[l], a, m->trash);
-    size_t bytes = (size_t)(n * m->D) * dtype_size(dx.dt);
+    /* dx is the gradient of the block output, then of xmid, then of the block input: each
+     * part reads it (the products) before its RMSNorm backward adds into it, which is the
+     * residual path's sum with no copy. */
     /* MLP */
-    be->copy(be, m->dmid.p, dx.p, bytes);
     be->matmul(be, 0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
     be->matmul(be, 1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
     be->swiglu_bwd(be, m->dg, m->du, m->dh, a->g, a->u, n * m->F);
@@ -481,10 +482,10 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     be->matmul(be, 0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
     be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
     be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
-    be->rmsnorm_bwd(be, m->dmid, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
-    /* attention */
-    be->matmul(be, 0, 0, n, m->Hq, m->D, 1, m->dmid, w->wo, 0, m->datt);
-    be->matmul(be, 1, 0, m->D, m->Hq, n, 1, m->dmid, a->att, 1, dw->wo);
+    be->rmsnorm_bwd(be, dx, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
+    /* attention: dx is now ∂loss/∂xmid */
+    be->matmul(be, 0, 0, n, m->Hq, m->D, 1, dx, w->wo, 0, m->datt);
+    be->matmul(be, 1, 0, m->D, m->Hq, n, 1, dx, a->att, 1, dw->wo);
     be->attn_bwd(be, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
                  (int)m->KV, (int)m->hd);
     if (be->rope_qk) {
@@ -499,7 +500,6 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
     be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
     be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
-    be->copy(be, dx.p, m->dmid.p, bytes);
     be->rmsnorm_bwd(be, dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
 }
 
