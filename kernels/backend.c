@@ -245,3 +245,58 @@ void backend_free(backend_t *be)
         be->destroy(be);
     free(be);
 }
+
+/* ---- FTK_FUSED: which optional fused ops an instance offers ---------------------------------- */
+
+/* The switchable ops by name, and the entries each one covers. */
+static void fused_clear(backend_t *be, int k)
+{
+    switch (k) {
+    case 0:
+        be->rope_qk = NULL;
+        break;
+    }
+}
+static const char *const fused_names[] = {"rope_qk"};
+enum { N_FUSED = sizeof fused_names / sizeof *fused_names };
+
+int bk_fused_select(backend_t *be, int default_all)
+{
+    const char *env = getenv("FTK_FUSED");
+    int on[N_FUSED];
+    for (int k = 0; k < N_FUSED; k++)
+        on[k] = default_all;
+    if (env && *env && !strcmp(env, "all")) {
+        for (int k = 0; k < N_FUSED; k++)
+            on[k] = 1;
+    } else if (env && *env) {
+        for (int k = 0; k < N_FUSED; k++)
+            on[k] = 0;
+        if (strcmp(env, "none")) {
+            const char *p = env;
+            while (*p) {
+                size_t len = strcspn(p, ",");
+                int found = 0;
+                for (int k = 0; k < N_FUSED; k++)
+                    if (strlen(fused_names[k]) == len && !strncmp(p, fused_names[k], len))
+                        on[k] = found = 1;
+                if (!found) {
+                    char list[128] = "";
+                    for (int k = 0; k < N_FUSED; k++)
+                        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "",
+                                 fused_names[k]);
+                    ftk_err_set("FTK_FUSED=%s: unknown fused op '%.*s' (expected all, none or a comma list of %s)",
+                                env, (int)len, p, list);
+                    return -1;
+                }
+                p += len;
+                if (*p == ',')
+                    p++;
+            }
+        }
+    }
+    for (int k = 0; k < N_FUSED; k++)
+        if (!on[k])
+            fused_clear(be, k);
+    return 0;
+}

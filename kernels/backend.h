@@ -70,6 +70,16 @@
  * sequence each one documents. A backend grows fused kernels one at a time and the op
  * tests compare each with its sequence on the CPU backend.
  *
+ * FTK_FUSED, read when an instance is made (bk_fused_select), picks which of them an
+ * instance offers, so each fused kernel stays switchable against the simple ops it
+ * replaces: "all", "none", or a comma list of rope_qk, qkv_rope, glu (glu_fwd and
+ * glu_bwd), add_rmsnorm; unset or empty: the backend's default, every fused op on CUDA
+ * and none on the CPU (the reference runs the sequence, so its numbers stay those of the
+ * plain ops; the CPU implements every fused op all the same, so FTK_FUSED=all runs the
+ * model's fused path there). An unknown name fails the creation. The planning backend
+ * follows the same switch with the default of the device it plans for: what the model
+ * allocates depends on which ops are fused.
+ *
  * ## Memory accounting and the memory plan
  *
  * bk_alloc() counts what it hands out per class (bk_mem_class_t) and keeps the
@@ -285,6 +295,11 @@ void backend_free(backend_t *be);
 /* For implementations: a new instance with the generic parts set (device and accounting);
  * NULL with ftk_err_msg() set. */
 backend_t *bk_instance_new(const char *name, const char *device);
+/* For implementations, at the end of backend_*_new: clears the optional fused ops that
+ * FTK_FUSED (see "Fused ops") does not select; default_all is the backend's default (1:
+ * every fused op it implements, 0: none). 0, or -1 with ftk_err_msg() set when FTK_FUSED
+ * names something unknown (the caller then frees be and fails). */
+int bk_fused_select(backend_t *be, int default_all);
 /* For implementations whose ops have finished when they return (the CPU, planning): the
  * stream and event entries as valid handles that do nothing; event_sync is sync(). */
 void bk_host_streams(backend_t *be);

@@ -790,6 +790,19 @@ static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_
     }
 }
 
+/* ---- optional fused ops (backend.h; off unless FTK_FUSED selects them) ---------------------- */
+
+/* Each is its documented sequence in one call, with the sequence's arithmetic element by
+ * element: the same bits as the plain ops, so FTK_FUSED=all on the CPU checks the model's
+ * fused path, not other numerics. */
+
+static void cpu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
+                        int hd, float theta, int inverse)
+{
+    cpu_rope(be, q, pos, n, n_head, hd, theta, inverse);
+    cpu_rope(be, k, pos, n, n_kv, hd, theta, inverse);
+}
+
 static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_cpu_new(void)
@@ -831,8 +844,13 @@ backend_t *backend_cpu_new(void)
     be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;
     be->adamw = cpu_adamw;
-    be->rope_qk = NULL; /* the reference runs the sequence */
+    be->rope_qk = cpu_rope_qk;
     if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
+        backend_free(be);
+        return NULL;
+    }
+    /* The reference runs the sequence unless FTK_FUSED says otherwise. */
+    if (bk_fused_select(be, 0) < 0) {
         backend_free(be);
         return NULL;
     }

@@ -1777,6 +1777,8 @@ extern "C" backend_t *backend_cuda_new(int device)
         return fail_new(be, ftk_err_msg());
     if (cu_sync(be) < 0) /* the workspace's zeroing, or anything else that failed */
         return fail_new(be, ftk_err_msg());
+    if (bk_fused_select(be, 1) < 0) /* every fused op unless FTK_FUSED says otherwise */
+        return fail_new(be, ftk_err_msg());
     return be;
 }
 

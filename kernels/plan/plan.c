@@ -115,6 +115,14 @@ static void plan_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf
     (void)be, (void)p, (void)g, (void)m, (void)v, (void)n, (void)h;
 }
 
+/* The optional fused ops: present as on the planned device (FTK_FUSED), since the model's
+ * allocations depend on which are fused. */
+static void plan_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
+                         int hd, float theta, int inverse)
+{
+    (void)be, (void)q, (void)k, (void)pos, (void)n, (void)n_head, (void)n_kv, (void)hd, (void)theta, (void)inverse;
+}
+
 static void plan_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_plan_new(const char *device)
@@ -158,9 +166,12 @@ backend_t *backend_plan_new(const char *device)
     be->scale = plan_scale;
     be->sumsq = plan_sumsq;
     be->adamw = plan_adamw;
-    /* What the planned device's backend allocates when it starts. */
+    be->rope_qk = plan_rope_qk;
+    /* What the planned device's backend allocates when it starts, and the fused ops it
+     * offers. */
     if (!bk_alloc(be, cuda ? BK_CUDA_WORKSPACE_BYTES : BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE,
-                  cuda ? "cuBLASLt workspace" : "the bf16 product tiles")) {
+                  cuda ? "cuBLASLt workspace" : "the bf16 product tiles") ||
+        bk_fused_select(be, cuda) < 0) {
         backend_free(be);
         return NULL;
     }
