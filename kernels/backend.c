@@ -255,9 +255,19 @@ static void fused_clear(backend_t *be, int k)
     case 0:
         be->rope_qk = NULL;
         break;
+    case 1:
+        be->glu_fwd = NULL;
+        be->glu_bwd = NULL;
+        break;
+    case 2:
+        be->qkv_rope = NULL;
+        break;
+    case 3:
+        be->add_rmsnorm_fwd = NULL;
+        break;
     }
 }
-static const char *const fused_names[] = {"rope_qk"};
+static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm"};
 enum { N_FUSED = sizeof fused_names / sizeof *fused_names };
 
 int bk_fused_select(backend_t *be, int default_all)

@@ -73,7 +73,7 @@
  * FTK_FUSED, read when an instance is made (bk_fused_select), picks which of them an
  * instance offers, so each fused kernel stays switchable against the simple ops it
  * replaces: "all", "none", or a comma list of rope_qk, qkv_rope, glu (glu_fwd and
- * glu_bwd), add_rmsnorm; unset or empty: the backend's default, every fused op on CUDA
+ * glu_bwd), add_rmsnorm (the names of the ops below); unset or empty: the backend's default, every fused op on CUDA
  * and none on the CPU (the reference runs the sequence, so its numbers stay those of the
  * plain ops; the CPU implements every fused op all the same, so FTK_FUSED=all runs the
  * model's fused path there). An unknown name fails the creation. The planning backend
@@ -278,6 +278,39 @@ struct backend {
      * = rope(q, pos, n, n_head, …); rope(k, pos, n, n_kv, …). */
     void (*rope_qk)(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
                     int hd, float theta, int inverse);
+
+    /* SwiGLU on the gate and up projections made as one product (FTK_FUSED name "glu"):
+     * gu[n, 2F] = x·[Wg; Wu]ᵀ (the two weights are adjacent in a unit), gate in columns
+     * [0, F), up in [F, 2F). glu_fwd: h[i, j] = silu(gu[i, j])·gu[i, F + j], h[n, F]
+     *   = swiglu_fwd(h, g, u, n·F) with g = gu[:, :F], u = gu[:, F:].
+     * glu_bwd overwrites dgu[n, 2F] with ∂/∂gate in its first F columns and ∂/∂up in the
+     * others: = swiglu_bwd(dg, du, dh, g, u, n·F) into those column blocks.
+     * One dtype for all; element by element the arithmetic of swiglu_fwd/bwd. */
+    void (*glu_fwd)(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F);
+    void (*glu_bwd)(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F);
+
+    /* q, k, v from one product qkv[n, Hq + 2·Hk] = x·[Wq; Wk; Wv]ᵀ (adjacent in a unit;
+     * Hq = n_head·hd, Hk = n_kv·hd), with rope (FTK_FUSED name "qkv_rope"). One dtype for
+     * all; pos is device memory.
+     *   inverse = 0 (forward) writes q[n, Hq], k[n, Hk], v[n, Hk] from qkv's column blocks
+     *     [0, Hq), [Hq, Hq + Hk), [Hq + Hk, Hq + 2·Hk) and applies rope to q and k:
+     *     = copy the three blocks; rope_qk(q, k, pos, n, n_head, n_kv, hd, theta, 0).
+     *   inverse = 1 (backward) writes qkv (then ∂/∂qkv) from q, k, v (then dq, dk, dv):
+     *     the inverse rotation of dq and dk, and dv, into those blocks; q, k, v unchanged:
+     *     = rope_qk(dq, dk, …, 1) on copies, then the three copies into the blocks.
+     * The model then makes one product each for dxn (K = Hq + 2·Hk) and d[Wq; Wk; Wv]. */
+    void (*qkv_rope)(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos, int64_t n,
+                     int n_head, int n_kv, int hd, float theta, int inverse);
+
+    /* The residual add and the RMSNorm after it (FTK_FUSED name "add_rmsnorm"):
+     *   xsum = x + r (fp32 sum rounded once to xsum's dtype); out = rmsnorm(xsum)·w, rstd as
+     *   rmsnorm_fwd = copy(xsum, x); add(xsum, r, n·d); rmsnorm_fwd(out, rstd, xsum, w, …).
+     * xsum, x, r of one dtype; out and w any. The model makes the attention output product
+     * into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the product is
+     * rounded before the add (as PyTorch does), where the unfused path adds x inside the
+     * product (beta 1) and rounds once; it is why this fusion is switchable. */
+    void (*add_rmsnorm_fwd)(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
+                            bk_buf_t w, int64_t n, int64_t d, float eps);
 };
 
 /* ---- every backend (kernels/backend.c) ---- */

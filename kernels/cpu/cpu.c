@@ -803,6 +803,129 @@ static void cpu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *po
     cpu_rope(be, k, pos, n, n_kv, hd, theta, inverse);
 }
 
+/* swiglu_fwd/bwd's expressions, with g and u the column blocks of one gu row. */
+static void cpu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F)
+{
+    bk_buf_t b[2] = {h, gu};
+    if (same_dt(be, "glu_fwd", 2, b) < 0)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < F; j++) {
+            float gi = ld(gu, i * 2 * F + j);
+            st(h, i * F + j, gi / (1.0f + expf(-gi)) * ld(gu, i * 2 * F + F + j));
+        }
+}
+
+static void cpu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F)
+{
+    bk_buf_t b[3] = {dgu, dh, gu};
+    if (same_dt(be, "glu_bwd", 3, b) < 0)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < F; j++) {
+            int64_t g = i * 2 * F + j, u = g + F;
+            float gi = ld(gu, g), ui = ld(gu, u), dhi = ld(dh, i * F + j);
+            float sg = 1.0f / (1.0f + expf(-gi));
+            st(dgu, u, dhi * gi * sg);
+            st(dgu, g, dhi * ui * sg * (1.0f + gi * (1.0f - sg)));
+        }
+}
+
+/* q, k, v and the fused product's row side by side; per row, cpu_rope's rotation (the same
+ * table and expressions) between the widened source and the stored destination. */
+static void cpu_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos,
+                         int64_t n, int n_head, int n_kv, int hd, float theta, int inverse)
+{
+    bk_buf_t b[4] = {qkv, q, k, v};
+    if (same_dt(be, "qkv_rope", 4, b) < 0)
+        return;
+    int half = hd / 2;
+    int64_t Hq = (int64_t)n_head * hd, Hk = (int64_t)n_kv * hd, W = Hq + 2 * Hk;
+    size_t es = dtype_size(qkv.dt);
+    float *inv = scratch(half);
+    for (int j = 0; j < half; j++)
+        inv[j] = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+#pragma omp parallel
+    {
+        float *t = scratch(W), *o = scratch(W); /* a row of [q k] read, and rotated */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            /* source and destination of the q and k parts, as fp32 rows */
+            const float *src;
+            if (!inverse) {
+                src = rd(qkv, i * W, Hq + Hk, t);
+            } else {
+                rd(q, i * Hq, Hq, t);
+                rd(k, i * Hk, Hk, t + Hq);
+                if (q.dt == DT_F32) { /* rd returned the buffers themselves: gather them */
+                    memcpy(t, (const float *)q.p + i * Hq, (size_t)Hq * sizeof *t);
+                    memcpy(t + Hq, (const float *)k.p + i * Hk, (size_t)Hk * sizeof *t);
+                }
+                src = t;
+            }
+            for (int j = 0; j < half; j++) {
+                float a = (float)pos[i] * inv[j];
+                float c = cosf(a), s = inverse ? -sinf(a) : sinf(a);
+                for (int h = 0; h < n_head + n_kv; h++) {
+                    const float *x = src + (int64_t)h * hd;
+                    float *y = o + (int64_t)h * hd;
+                    float x1 = x[j], x2 = x[j + half];
+                    y[j] = x1 * c - x2 * s;
+                    y[j + half] = x2 * c + x1 * s;
+                }
+            }
+            if (!inverse) {
+                for (int64_t e = 0; e < Hq; e++)
+                    st(q, i * Hq + e, o[e]);
+                for (int64_t e = 0; e < Hk; e++)
+                    st(k, i * Hk + e, o[Hq + e]);
+                memcpy((char *)v.p + (size_t)(i * Hk) * es, (const char *)qkv.p + (size_t)(i * W + Hq + Hk) * es,
+                       (size_t)Hk * es);
+            } else {
+                for (int64_t e = 0; e < Hq + Hk; e++)
+                    st(qkv, i * W + e, o[e]);
+                memcpy((char *)qkv.p + (size_t)(i * W + Hq + Hk) * es, (const char *)v.p + (size_t)(i * Hk) * es,
+                       (size_t)Hk * es);
+            }
+        }
+        free(t);
+        free(o);
+    }
+    free(inv);
+}
+
+/* add's sum rounded to xsum, then cpu_rmsnorm_fwd's row on the stored values. */
+static void cpu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
+                                bk_buf_t w, int64_t n, int64_t d, float eps)
+{
+    bk_buf_t s3[3] = {xsum, x, r}, b[2] = {out, w};
+    if (same_dt(be, "add_rmsnorm_fwd", 3, s3) < 0 || check_dt(be, "add_rmsnorm_fwd", 2, b) < 0)
+        return;
+    float *wtmp = scratch(d);
+    const float *wf = rd(w, 0, d, wtmp);
+#pragma omp parallel
+    {
+        float *tx = scratch(d), *to = scratch(d);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            for (int64_t j = 0; j < d; j++)
+                st(xsum, i * d + j, ld(x, i * d + j) + ld(r, i * d + j));
+            const float *xi = rd(xsum, i * d, d, tx);
+            float *oi = wp(out, i * d, to);
+            float rs = 1.0f / sqrtf(dot(xi, xi, d) / (float)d + eps);
+            rstd[i] = rs;
+            for (int64_t j = 0; j < d; j++)
+                oi[j] = (xi[j] * rs) * wf[j];
+            wr(out, i * d, d, oi);
+        }
+        free(tx);
+        free(to);
+    }
+    free(wtmp);
+}
+
 static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_cpu_new(void)
@@ -845,6 +968,10 @@ backend_t *backend_cpu_new(void)
     be->sumsq = cpu_sumsq;
     be->adamw = cpu_adamw;
     be->rope_qk = cpu_rope_qk;
+    be->glu_fwd = cpu_glu_fwd;
+    be->glu_bwd = cpu_glu_bwd;
+    be->qkv_rope = cpu_qkv_rope;
+    be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
     if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
         backend_free(be);
         return NULL;

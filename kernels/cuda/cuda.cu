@@ -907,6 +907,62 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
     launched(c, "rmsnorm_bwd dw sum");
 }
 
+/* The residual add and RMSNorm (backend.h add_rmsnorm_fwd): a block per row as
+ * rmsnorm_fwd_kernel, with the same partition of the row over threads and the same
+ * reduction, on the sums as stored (rounded to xsum's type): the bits of add then
+ * rmsnorm_fwd on this device. Each thread reads back only the sums it wrote. */
+__device__ __forceinline__ float st_get(float *p, int64_t i, float x)
+{
+    p[i] = x;
+    return x;
+}
+__device__ __forceinline__ float st_get(uint16_t *p, int64_t i, float x)
+{
+    uint16_t b = f32_to_bf16_dev(x);
+    p[i] = b;
+    return __uint_as_float((uint32_t)b << 16);
+}
+
+template <typename TS, typename TO, typename TW>
+__global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS *x, const TS *r, const TW *w, int64_t d,
+                                       float eps)
+{
+    __shared__ float sh[32];
+    int64_t i = blockIdx.x;
+    TS *si = xsum + i * d;
+    const TS *xi = x + i * d, *ri = r + i * d;
+    float s = 0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float xj = st_get(si, j, ld(xi, j) + ld(ri, j));
+        s += xj * xj;
+    }
+    s = block_sum(s, sh);
+    float rs = 1.0f / sqrtf(s / (float)d + eps);
+    if (threadIdx.x == 0)
+        rstd[i] = rs;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+        st(out, i * d + j, (ld(si, j) * rs) * ld(w, j));
+}
+
+static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
+                               bk_buf_t w, int64_t n, int64_t d, float eps)
+{
+    cuda_t *c = enter(be);
+    const char *op = "add_rmsnorm_fwd";
+    if (n == 0 || failed(c) || !same_dt(c, op, xsum.dt, x.dt) || !same_dt(c, op, xsum.dt, r.dt) ||
+        !dt_ok(c, op, out.dt) || !dt_ok(c, op, w.dt))
+        return;
+    on_dt(xsum.dt, [&](auto ts) {
+        on_dt(out.dt, [&](auto to) {
+            on_dt(w.dt, [&](auto tw) {
+                add_rmsnorm_fwd_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(ts, xsum), AS(to, out), rstd, AS(ts, x),
+                                                                        AS(ts, r), AS(tw, w), d, eps);
+            });
+        });
+    });
+    launched(c, op);
+}
+
 /* ---- rotary embedding --------------------------------------------------------------------- */
 
 /* The rotation of pair j at position pos, from inv = inv_freq_j. HF: inv_freq_j =
@@ -1018,6 +1074,66 @@ static void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos
         });
     });
     launched(c, "rope_qk");
+}
+
+/* q, k, v and the fused product qkv[n, Hq + 2·Hk] (backend.h qkv_rope): a thread per (token,
+ * pair) as rope_qk_kernel, the same rotation (rope_cs, and rope_rot's expressions) between a
+ * source and a destination, then the pair's elements of every v head copied. Threads of a
+ * row take consecutive pairs: reads and writes are coalesced within each head. */
+template <typename T> __device__ __forceinline__ void rope_to(T *y, const T *x, int j, int half, float c, float s)
+{
+    float x1 = ld(x, j), x2 = ld(x, j + half);
+    st(y, j, x1 * c - x2 * s);
+    st(y, j + half, x2 * c + x1 * s);
+}
+
+template <typename T>
+__global__ void qkv_rope_kernel(T *qkv, T *q, T *k, T *v, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
+                                const rope_freq_t f, int inverse)
+{
+    int half = hd / 2;
+    int64_t Hq = (int64_t)n_head * hd, Hk = (int64_t)n_kv * hd, W = Hq + 2 * Hk;
+    GRID_STRIDE(e, n * half)
+    {
+        int j = (int)(e % half);
+        int64_t i = e / half;
+        float c, s;
+        rope_cs(f.v[j], pos[i], inverse, &c, &s);
+        T *row = qkv + i * W, *qi = q + i * Hq, *ki = k + i * Hk, *vi = v + i * Hk, *vr = row + Hq + Hk;
+        for (int h = 0; h < n_head; h++)
+            if (inverse)
+                rope_to(row + h * hd, qi + h * hd, j, half, c, s);
+            else
+                rope_to(qi + h * hd, row + h * hd, j, half, c, s);
+        for (int h = 0; h < n_kv; h++) {
+            int64_t o = (int64_t)h * hd;
+            if (inverse) {
+                rope_to(row + Hq + o, ki + o, j, half, c, s);
+                vr[o + j] = vi[o + j];
+                vr[o + j + half] = vi[o + j + half];
+            } else {
+                rope_to(ki + o, row + Hq + o, j, half, c, s);
+                vi[o + j] = vr[o + j];
+                vi[o + j + half] = vr[o + j + half];
+            }
+        }
+    }
+}
+
+static void cu_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos, int64_t n,
+                        int n_head, int n_kv, int hd, float theta, int inverse)
+{
+    cuda_t *c = enter(be);
+    const char *op = "qkv_rope";
+    rope_freq_t f;
+    if (n == 0 || hd < 2 || failed(c) || !same_dt(c, op, qkv.dt, q.dt) || !same_dt(c, op, qkv.dt, k.dt) ||
+        !same_dt(c, op, qkv.dt, v.dt) || !rope_freqs(c, op, hd, theta, &f))
+        return;
+    on_dt(qkv.dt, [&](auto t) {
+        qkv_rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, qkv), AS(t, q), AS(t, k), AS(t, v),
+                                                                           pos, n, n_head, n_kv, hd, f, inverse);
+    });
+    launched(c, op);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -1424,6 +1540,54 @@ static void cu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, 
     launched(c, op);
 }
 
+/* SwiGLU on one [n, 2F] product (backend.h glu_fwd/bwd): swiglu's expressions, so the bits
+ * of the swiglu sequence on the same device. A thread per output element; gate and up
+ * reads are coalesced along each row. */
+template <typename T> __global__ void glu_fwd_kernel(T *h, const T *gu, int64_t n, int64_t F)
+{
+    GRID_STRIDE(e, n * F)
+    {
+        int64_t i = e / F, g = e + i * F; /* i·2F + j */
+        float gi = ld(gu, g);
+        st(h, e, gi / (1.0f + expf(-gi)) * ld(gu, g + F));
+    }
+}
+
+template <typename T> __global__ void glu_bwd_kernel(T *dgu, const T *dh, const T *gu, int64_t n, int64_t F)
+{
+    GRID_STRIDE(e, n * F)
+    {
+        int64_t i = e / F, g = e + i * F;
+        float gi = ld(gu, g), d = ld(dh, e);
+        float sg = 1.0f / (1.0f + expf(-gi));
+        st(dgu, g + F, d * gi * sg);
+        st(dgu, g, d * ld(gu, g + F) * sg * (1.0f + gi * (1.0f - sg)));
+    }
+}
+
+static void cu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F)
+{
+    cuda_t *c = enter(be);
+    if (n * F == 0 || failed(c) || !same_dt(c, "glu_fwd", h.dt, gu.dt))
+        return;
+    on_dt(h.dt, [&](auto t) {
+        glu_fwd_kernel<<<blocks_for(n * F, 256), 256, 0, c->cur>>>(AS(t, h), AS(t, gu), n, F);
+    });
+    launched(c, "glu_fwd");
+}
+
+static void cu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F)
+{
+    cuda_t *c = enter(be);
+    const char *op = "glu_bwd";
+    if (n * F == 0 || failed(c) || !same_dt(c, op, dgu.dt, gu.dt) || !same_dt(c, op, dh.dt, gu.dt))
+        return;
+    on_dt(gu.dt, [&](auto t) {
+        glu_bwd_kernel<<<blocks_for(n * F, 256), 256, 0, c->cur>>>(AS(t, dgu), AS(t, dh), AS(t, gu), n, F);
+    });
+    launched(c, op);
+}
+
 /* ---- cross-entropy ------------------------------------------------------------------------ */
 
 /* A block per row, the CPU's arithmetic: max in float, Σexp in double. */
@@ -1758,6 +1922,10 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->sumsq = cu_sumsq;
     be->adamw = cu_adamw;
     be->rope_qk = cu_rope_qk;
+    be->glu_fwd = cu_glu_fwd;
+    be->glu_bwd = cu_glu_bwd;
+    be->qkv_rope = cu_qkv_rope;
+    be->add_rmsnorm_fwd = cu_add_rmsnorm_fwd;
 
     char m[256];
     if ((e = cudaStreamCreateWithFlags(&c->def, cudaStreamNonBlocking)) != cudaSuccess ||

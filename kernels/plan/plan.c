@@ -122,6 +122,25 @@ static void plan_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *p
 {
     (void)be, (void)q, (void)k, (void)pos, (void)n, (void)n_head, (void)n_kv, (void)hd, (void)theta, (void)inverse;
 }
+static void plan_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F)
+{
+    (void)be, (void)h, (void)gu, (void)n, (void)F;
+}
+static void plan_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F)
+{
+    (void)be, (void)dgu, (void)dh, (void)gu, (void)n, (void)F;
+}
+static void plan_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos,
+                          int64_t n, int n_head, int n_kv, int hd, float theta, int inverse)
+{
+    (void)be, (void)qkv, (void)q, (void)k, (void)v, (void)pos, (void)n, (void)n_head, (void)n_kv, (void)hd,
+        (void)theta, (void)inverse;
+}
+static void plan_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
+                                 bk_buf_t w, int64_t n, int64_t d, float eps)
+{
+    (void)be, (void)xsum, (void)out, (void)rstd, (void)x, (void)r, (void)w, (void)n, (void)d, (void)eps;
+}
 
 static void plan_destroy(backend_t *be) { free(be->ctx); }
 
@@ -167,6 +186,10 @@ backend_t *backend_plan_new(const char *device)
     be->sumsq = plan_sumsq;
     be->adamw = plan_adamw;
     be->rope_qk = plan_rope_qk;
+    be->glu_fwd = plan_glu_fwd;
+    be->glu_bwd = plan_glu_bwd;
+    be->qkv_rope = plan_qkv_rope;
+    be->add_rmsnorm_fwd = plan_add_rmsnorm_fwd;
     /* What the planned device's backend allocates when it starts, and the fused ops it
      * offers. */
     if (!bk_alloc(be, cuda ? BK_CUDA_WORKSPACE_BYTES : BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE,

@@ -3,7 +3,9 @@
  *     own, in every dtype configuration the case lists, on the same inputs on both
  *     backends, with the bounds of gpu_bound();
  *  2. every backward op, and a large weight-gradient product, gives the same bits twice;
- *  3. the fused rope_qk (when the backend has one) against the CPU's rope sequence;
+ *  3. the fused rope_qk (when the backend has one) against the CPU's rope sequence, and
+ *     every fused op of tests/ops (ops_fused_table) against its sequence on the CPU and on
+ *     the GPU (test_fused);
  *  4. an event recorded on one stream and waited for on another orders a producer and a
  *     consumer; errors: a failed allocation leaves no error, a refused dtype is reported
  *     at sync() and stays;
@@ -351,6 +353,71 @@ static void test_rope_qk(void)
     verdict(!bad, "rope_qk against the rope sequence on the CPU: %d runs, worst error %.3e", runs, worst);
 }
 
+/* ---- the other fused ops ---------------------------------------------------------------- */
+
+/* Every case of ops_fused_table (tests/ops) in f32 and bf16: the CUDA fused op against the
+ * CPU's sequence of plain ops, with the bounds of the ops it fuses (copies and the residual
+ * add exact: 0; glu: swiglu's 1e-6; rope and RMSNorm 1e-5 (rstd exactly as rmsnorm_fwd's
+ * 1e-5); plus a bf16 ulp, 2u, for a bf16 output), and against the sequence on the GPU
+ * itself, which runs the same arithmetic (the same expressions, rope's table and sincospi,
+ * RMSNorm's reduction order): the same bits. */
+static double fused_bound(const ops_fcase_t *c, const ops_out_t *o)
+{
+    double b;
+    if (!strcmp(o->name, "xsum") || !strcmp(o->name, "dqkv[v]") || !strcmp(o->name, "v"))
+        return 0;
+    b = c->op == FU_GLU_FWD || c->op == FU_GLU_BWD ? 1e-6 : 1e-5;
+    return b + (o->dt == DT_BF16 ? 2 * U_BF16 : 0);
+}
+
+static void test_fused(void)
+{
+    int runs = 0, bad = 0, notbits = 0, absent = 0;
+    double worst = 0;
+    for (int k = 0; k < ops_fused_len; k++) {
+        const ops_fcase_t *c = &ops_fused_table[k];
+        char name[160];
+        ops_fcase_name(c, name, sizeof name);
+        if (!ops_fused_has(G, c)) {
+            absent++;
+            printf("note %s: not fused on this backend (FTK_FUSED)\n", name);
+            continue;
+        }
+        for (int b = 0; b < 2; b++) {
+            dtype_t dt = b ? DT_BF16 : DT_F32;
+            ops_result_t rc, rg, rgs;
+            uint64_t sd = seed + (uint64_t)k;
+            if (ops_fused_run(C, c, dt, 0, sd, &rc) < 0 || ops_fused_run(G, c, dt, 1, sd, &rg) < 0 ||
+                ops_fused_run(G, c, dt, 0, sd, &rgs) < 0) {
+                verdict(0, "%s %s: %s", name, dtype_name(dt), ftk_err_msg());
+                continue;
+            }
+            runs++;
+            for (int o = 0; o < rc.n_out; o++) {
+                ops_err_t e = ops_compare(rc.out[o].v, rg.out[o].v, rc.out[o].n);
+                ops_err_t s2 = ops_compare(rgs.out[o].v, rg.out[o].v, rc.out[o].n);
+                double bd = fused_bound(c, &rc.out[o]);
+                worst = e.max_rel > worst ? e.max_rel : worst;
+                if (e.nan || e.max_rel > bd) {
+                    bad++;
+                    printf("FAIL %s %s: %s against the CPU's sequence: %.3e (bound %.0e), %lld NaN\n", name,
+                           dtype_name(dt), rc.out[o].name, e.max_rel, bd, (long long)e.nan);
+                }
+                if (s2.differ) {
+                    notbits++;
+                    printf("FAIL %s %s: %s: %lld elements differ from the GPU's own sequence\n", name, dtype_name(dt),
+                           rc.out[o].name, (long long)s2.differ);
+                }
+            }
+            ops_result_free(&rc), ops_result_free(&rg), ops_result_free(&rgs);
+        }
+    }
+    verdict(!bad && !notbits,
+            "fused ops against their sequences: %d runs (f32, bf16), worst error against the CPU %.3e, %d outputs "
+            "not the GPU sequence's bits; %d cases not fused here",
+            runs, worst, notbits, absent);
+}
+
 /* ---- streams and events ------------------------------------------------------------------ */
 
 /* A producer on stream 1 (a long product, then a scale) records an event; stream 2 waits
@@ -613,6 +680,7 @@ int main(void)
     test_table();
     test_determinism();
     test_rope_qk();
+    test_fused();
     test_events();
     test_errors();
     test_step(PREC_FP32);

@@ -681,3 +681,278 @@ void ops_result_free(ops_result_t *r)
         free(r->out[i].v);
     memset(r, 0, sizeof *r);
 }
+
+/* ---- fused ops against their sequences ---------------------------------------------------- */
+
+const char *const ops_fop_names[FU_COUNT] = {"rope_qk", "qkv_rope", "glu_fwd", "glu_bwd", "add_rmsnorm_fwd"};
+
+#define FQK(o, n_, h, kv, d_, th, inv, ps) \
+    {.op = o, .n = n_, .n_head = h, .n_kv = kv, .hd = d_, .theta = th, .inverse = inv, .pos_step = ps}
+const ops_fcase_t ops_fused_table[] = {
+    FQK(FU_ROPE_QK, 37, 8, 2, 64, 10000.0f, 0, 0),
+    FQK(FU_ROPE_QK, 5, 4, 1, 80, 500000.0f, 1, 997),
+    FQK(FU_ROPE_QK, 1, 2, 2, 128, 10000.0f, 0, 0),
+    FQK(FU_QKV_ROPE, 37, 8, 2, 64, 10000.0f, 0, 0),
+    FQK(FU_QKV_ROPE, 37, 8, 2, 64, 10000.0f, 1, 0),
+    FQK(FU_QKV_ROPE, 5, 4, 1, 80, 500000.0f, 0, 997),
+    FQK(FU_QKV_ROPE, 5, 4, 1, 80, 500000.0f, 1, 997),
+    FQK(FU_QKV_ROPE, 130, 6, 2, 96, 10000.0f, 0, 31),
+    FQK(FU_QKV_ROPE, 130, 6, 2, 96, 10000.0f, 1, 31),
+    FQK(FU_QKV_ROPE, 1, 2, 2, 128, 10000.0f, 0, 0),
+    FQK(FU_QKV_ROPE, 33, 4, 1, 128, 10000.0f, 1, 123),
+    {.op = FU_GLU_FWD, .n = 7, .d = 1000},
+    {.op = FU_GLU_FWD, .n = 33, .d = 250},
+    {.op = FU_GLU_FWD, .n = 1, .d = 1},
+    {.op = FU_GLU_FWD, .n = 130, .d = 688},
+    {.op = FU_GLU_BWD, .n = 7, .d = 1000},
+    {.op = FU_GLU_BWD, .n = 33, .d = 250},
+    {.op = FU_GLU_BWD, .n = 1, .d = 1},
+    {.op = FU_GLU_BWD, .n = 130, .d = 688},
+    {.op = FU_ADD_RMSNORM, .n = 7, .d = 1000},
+    {.op = FU_ADD_RMSNORM, .n = 33, .d = 100},
+    {.op = FU_ADD_RMSNORM, .n = 1, .d = 64},
+    {.op = FU_ADD_RMSNORM, .n = 130, .d = 96},
+};
+const int ops_fused_len = (int)(sizeof ops_fused_table / sizeof *ops_fused_table);
+
+void ops_fcase_name(const ops_fcase_t *c, char *out, size_t size)
+{
+    const char *op = ops_fop_names[c->op];
+    if (c->op == FU_ROPE_QK || c->op == FU_QKV_ROPE)
+        snprintf(out, size, "%s n=%lld H=%d KV=%d hd=%d theta=%g pos*%d%s", op, (long long)c->n, c->n_head, c->n_kv,
+                 c->hd, c->theta, c->pos_step ? c->pos_step : 1, c->inverse ? " inverse" : "");
+    else
+        snprintf(out, size, "%s n=%lld %s=%lld", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
+                 (long long)c->d);
+}
+
+int ops_fused_has(const backend_t *be, const ops_fcase_t *c)
+{
+    switch (c->op) {
+    case FU_ROPE_QK:
+        return be->rope_qk != NULL;
+    case FU_QKV_ROPE:
+        return be->qkv_rope != NULL;
+    case FU_GLU_FWD:
+    case FU_GLU_BWD:
+        return be->glu_fwd != NULL && be->glu_bwd != NULL;
+    case FU_ADD_RMSNORM:
+        return be->add_rmsnorm_fwd != NULL;
+    default:
+        return 0;
+    }
+}
+
+/* Columns [c0, c0 + w) of the rows of a row-major [n, W] host matrix, as [n, w] (malloc'd). */
+static float *cols(const float *a, int64_t n, int64_t W, int64_t c0, int64_t w)
+{
+    float *p = ops_xmalloc((size_t)(n * w > 0 ? n * w : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(p + i * w, a + i * W + c0, (size_t)w * sizeof *p);
+    return p;
+}
+/* The [n, w] blocks b[k] side by side as one [n, Σw] matrix (malloc'd). */
+static float *side_by_side(float *const *b, const int64_t *w, int k, int64_t n)
+{
+    int64_t W = 0;
+    for (int j = 0; j < k; j++)
+        W += w[j];
+    float *p = ops_xmalloc((size_t)(n * W > 0 ? n * W : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0, c0 = 0; j < k; c0 += (int)w[j], j++)
+            memcpy(p + i * W + c0, b[j] + i * w[j], (size_t)w[j] * sizeof *p);
+    return p;
+}
+
+static void add_out(ops_result_t *r, const char *name, backend_t *be, bk_buf_t b, int64_t n)
+{
+    ops_out_t *o = &r->out[r->n_out++];
+    o->name = name;
+    o->v = ops_get(be, b, n);
+    o->n = n;
+    o->dt = b.dt;
+    o->rounds = 1;
+}
+/* An output downloaded as one buffer and handed back as column blocks. */
+static void add_cols(ops_result_t *r, const char *const *names, const float *all, int64_t n, int64_t W,
+                     const int64_t *w, int k, dtype_t dt)
+{
+    for (int j = 0, c0 = 0; j < k; c0 += (int)w[j], j++) {
+        ops_out_t *o = &r->out[r->n_out++];
+        o->name = names[j];
+        o->v = cols(all, n, W, c0, w[j]);
+        o->n = n * w[j];
+        o->dt = dt;
+        o->rounds = 1;
+    }
+}
+
+int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, uint64_t seed, ops_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    ops_rng_t rng;
+    ops_rng_seed(&rng, seed ^ (0x66757365ull + (uint64_t)c->op));
+    int64_t n = c->n;
+    void *dev[8] = {0};
+    int nd = 0;
+    float *host[8] = {0};
+    int nh = 0;
+    int32_t *pos = NULL;
+    if (c->op == FU_ROPE_QK || c->op == FU_QKV_ROPE) {
+        int32_t *hp = ops_xmalloc((size_t)n * sizeof *hp);
+        for (int64_t i = 0; i < n; i++)
+            hp[i] = (int32_t)((i * (c->pos_step ? c->pos_step : 1)) % 4096);
+        pos = dev[nd++] = ops_put_raw(be, hp, (size_t)n * sizeof *hp);
+        free(hp);
+    }
+    switch (c->op) {
+    case FU_ROPE_QK: {
+        int64_t qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
+        float *hq = host[nh++] = ops_rand(&rng, qn, 2, 0), *hk = host[nh++] = ops_rand(&rng, kn, 2, 0);
+        bk_buf_t q = ops_put(be, dt, hq, qn), k = ops_put(be, dt, hk, kn);
+        dev[nd++] = q.p, dev[nd++] = k.p;
+        if (fused) {
+            be->rope_qk(be, q, k, pos, n, c->n_head, c->n_kv, c->hd, c->theta, c->inverse);
+        } else {
+            be->rope(be, q, pos, n, c->n_head, c->hd, c->theta, c->inverse);
+            be->rope(be, k, pos, n, c->n_kv, c->hd, c->theta, c->inverse);
+        }
+        add_out(r, "q", be, q, qn);
+        add_out(r, "k", be, k, kn);
+        break;
+    }
+    case FU_QKV_ROPE: {
+        int64_t Hq = (int64_t)c->n_head * c->hd, Hk = (int64_t)c->n_kv * c->hd, W = Hq + 2 * Hk;
+        int64_t w[3] = {Hq, Hk, Hk};
+        if (!c->inverse) { /* qkv in; q, k, v out */
+            float *hx = host[nh++] = ops_rand(&rng, n * W, 2, 0);
+            bk_buf_t x = ops_put(be, dt, hx, n * W);
+            bk_buf_t q = ops_nan(be, dt, n * Hq), k = ops_nan(be, dt, n * Hk), v = ops_nan(be, dt, n * Hk);
+            dev[nd++] = x.p, dev[nd++] = q.p, dev[nd++] = k.p, dev[nd++] = v.p;
+            if (fused) {
+                be->qkv_rope(be, x, q, k, v, pos, n, c->n_head, c->n_kv, c->hd, c->theta, 0);
+            } else {
+                /* the blocks cut out on the host: the sequence's copies, exact */
+                float *b[3] = {cols(hx, n, W, 0, Hq), cols(hx, n, W, Hq, Hk), cols(hx, n, W, Hq + Hk, Hk)};
+                bk_buf_t d3[3] = {q, k, v};
+                for (int j = 0; j < 3; j++) {
+                    void *raw = ops_xmalloc((size_t)(n * w[j]) * dtype_size(dt));
+                    dtype_convert(raw, dt, b[j], DT_F32, (size_t)(n * w[j]));
+                    be->upload(be, d3[j].p, raw, (size_t)(n * w[j]) * dtype_size(dt));
+                    free(raw), free(b[j]);
+                }
+                be->rope(be, q, pos, n, c->n_head, c->hd, c->theta, 0);
+                be->rope(be, k, pos, n, c->n_kv, c->hd, c->theta, 0);
+            }
+            add_out(r, "q", be, q, n * Hq);
+            add_out(r, "k", be, k, n * Hk);
+            add_out(r, "v", be, v, n * Hk);
+        } else { /* dq, dk, dv in; dqkv out */
+            float *hq = host[nh++] = ops_rand(&rng, n * Hq, 2, 0), *hk = host[nh++] = ops_rand(&rng, n * Hk, 2, 0);
+            float *hv = host[nh++] = ops_rand(&rng, n * Hk, 2, 0);
+            bk_buf_t q = ops_put(be, dt, hq, n * Hq), k = ops_put(be, dt, hk, n * Hk), v = ops_put(be, dt, hv, n * Hk);
+            bk_buf_t x = ops_nan(be, dt, n * W);
+            dev[nd++] = x.p, dev[nd++] = q.p, dev[nd++] = k.p, dev[nd++] = v.p;
+            float *all;
+            if (fused) {
+                be->qkv_rope(be, x, q, k, v, pos, n, c->n_head, c->n_kv, c->hd, c->theta, 1);
+                all = ops_get(be, x, n * W);
+                /* the inputs are left as they were */
+                float *q2 = ops_get(be, q, n * Hq), *k2 = ops_get(be, k, n * Hk), *v2 = ops_get(be, v, n * Hk);
+                int same = !memcmp(q2, hq, (size_t)(n * Hq) * 4) && !memcmp(k2, hk, (size_t)(n * Hk) * 4) &&
+                           !memcmp(v2, hv, (size_t)(n * Hk) * 4);
+                free(q2), free(k2), free(v2);
+                if (!same) /* shows as a NaN output */
+                    all[0] = NAN;
+            } else {
+                be->rope(be, q, pos, n, c->n_head, c->hd, c->theta, 1);
+                be->rope(be, k, pos, n, c->n_kv, c->hd, c->theta, 1);
+                float *b[3] = {ops_get(be, q, n * Hq), ops_get(be, k, n * Hk), ops_get(be, v, n * Hk)};
+                all = side_by_side(b, w, 3, n);
+                free(b[0]), free(b[1]), free(b[2]);
+            }
+            const char *names[3] = {"dqkv[q]", "dqkv[k]", "dqkv[v]"};
+            add_cols(r, names, all, n, W, w, 3, dt);
+            free(all);
+        }
+        break;
+    }
+    case FU_GLU_FWD:
+    case FU_GLU_BWD: {
+        int64_t F = c->d, nf = n * F;
+        float *hgu = host[nh++] = ops_rand(&rng, 2 * nf, 4, 0);
+        float *hdh = host[nh++] = ops_rand(&rng, nf, 1, 0);
+        bk_buf_t gu = ops_put(be, dt, hgu, 2 * nf), dh = ops_put(be, dt, hdh, nf);
+        dev[nd++] = gu.p, dev[nd++] = dh.p;
+        int64_t w[2] = {F, F};
+        if (c->op == FU_GLU_FWD) {
+            bk_buf_t h = ops_nan(be, dt, nf);
+            dev[nd++] = h.p;
+            if (fused) {
+                be->glu_fwd(be, h, gu, n, F);
+            } else {
+                float *g = cols(hgu, n, 2 * F, 0, F), *u = cols(hgu, n, 2 * F, F, F);
+                bk_buf_t G = ops_put(be, dt, g, nf), U = ops_put(be, dt, u, nf);
+                be->swiglu_fwd(be, h, G, U, nf);
+                bk_free(be, G.p), bk_free(be, U.p), free(g), free(u);
+            }
+            add_out(r, "h", be, h, nf);
+        } else {
+            float *all;
+            if (fused) {
+                bk_buf_t dgu = ops_nan(be, dt, 2 * nf);
+                dev[nd++] = dgu.p;
+                be->glu_bwd(be, dgu, dh, gu, n, F);
+                all = ops_get(be, dgu, 2 * nf);
+            } else {
+                float *g = cols(hgu, n, 2 * F, 0, F), *u = cols(hgu, n, 2 * F, F, F);
+                bk_buf_t G = ops_put(be, dt, g, nf), U = ops_put(be, dt, u, nf);
+                bk_buf_t dG = ops_nan(be, dt, nf), dU = ops_nan(be, dt, nf);
+                be->swiglu_bwd(be, dG, dU, dh, G, U, nf);
+                float *b[2] = {ops_get(be, dG, nf), ops_get(be, dU, nf)};
+                all = side_by_side(b, w, 2, n);
+                free(b[0]), free(b[1]), free(g), free(u);
+                bk_free(be, G.p), bk_free(be, U.p), bk_free(be, dG.p), bk_free(be, dU.p);
+            }
+            const char *names[2] = {"dgu[g]", "dgu[u]"};
+            add_cols(r, names, all, n, 2 * F, w, 2, dt);
+            free(all);
+        }
+        break;
+    }
+    case FU_ADD_RMSNORM: {
+        int64_t d = c->d, nd2 = n * d;
+        float *hx = host[nh++] = ops_rand(&rng, nd2, 2, 0), *hr = host[nh++] = ops_rand(&rng, nd2, 2, 0);
+        float *hw = host[nh++] = ops_rand(&rng, d, 1, 0);
+        for (int64_t j = 0; j < d; j++)
+            hw[j] += 1.0f;
+        bk_buf_t x = ops_put(be, dt, hx, nd2), rr = ops_put(be, dt, hr, nd2), w = ops_put(be, dt, hw, d);
+        bk_buf_t xs = ops_nan(be, dt, nd2), out = ops_nan(be, dt, nd2);
+        float *rstd = ops_put_raw(be, hx, (size_t)n * sizeof(float)); /* overwritten */
+        dev[nd++] = x.p, dev[nd++] = rr.p, dev[nd++] = w.p, dev[nd++] = xs.p, dev[nd++] = out.p, dev[nd++] = rstd;
+        if (fused) {
+            be->add_rmsnorm_fwd(be, xs, out, rstd, x, rr, w, n, d, 1e-5f);
+        } else {
+            be->copy(be, xs.p, x.p, (size_t)nd2 * dtype_size(dt));
+            be->add(be, xs, rr, nd2);
+            be->rmsnorm_fwd(be, out, rstd, xs, w, n, d, 1e-5f);
+        }
+        add_out(r, "xsum", be, xs, nd2);
+        add_out(r, "out", be, out, nd2);
+        add_out(r, "rstd", be, bk_buf(rstd, DT_F32), n);
+        break;
+    }
+    default:
+        break;
+    }
+    int rc = be->sync(be);
+    for (int i = 0; i < nd; i++)
+        bk_free(be, dev[i]);
+    for (int i = 0; i < nh; i++)
+        free(host[i]);
+    if (rc < 0) {
+        ops_result_free(r);
+        return -1;
+    }
+    return 0;
+}

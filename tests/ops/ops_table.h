@@ -117,6 +117,33 @@ typedef struct {
 int ops_run(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, int full, ops_result_t *r);
 void ops_result_free(ops_result_t *r);
 
+/* ---- fused ops: each against its unfused sequence ------------------------------------- */
+
+/* The optional fused ops of backend.h, each run two ways on the same inputs: as the fused op
+ * (the backend must have it) and as the sequence of plain ops it documents. On the CPU the
+ * two give the same bits (tests/unit/test_ops.c); on CUDA the fused op is compared with the
+ * CPU's sequence and with its own device's (tests/gpu/gpu_ops.c). Shapes as above: token
+ * counts not a multiple of 4 and one-token batches, head dims 64/80/96/128 with grouped
+ * queries, ragged widths (F = 1000, 250, 1; d = 1000, 100). */
+typedef enum { FU_ROPE_QK, FU_QKV_ROPE, FU_GLU_FWD, FU_GLU_BWD, FU_ADD_RMSNORM, FU_COUNT } ops_fop_t;
+extern const char *const ops_fop_names[FU_COUNT];
+typedef struct {
+    ops_fop_t op;
+    int64_t n, d;         /* tokens; F (glu), D (add_rmsnorm) */
+    int n_head, n_kv, hd; /* rope_qk, qkv_rope */
+    float theta;
+    int inverse;
+    int32_t pos_step;     /* pos[i] = (i * pos_step) % 4096 (0: i) */
+} ops_fcase_t;
+extern const ops_fcase_t ops_fused_table[];
+extern const int ops_fused_len;
+void ops_fcase_name(const ops_fcase_t *c, char *out, size_t size);
+/* Runs case c in dtype dt (f32 or bf16 for every buffer but rstd) on be, fused or as the
+ * sequence; inputs from seed alone. 0, or -1 with ftk_err_msg() when be->sync() fails. */
+int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, uint64_t seed, ops_result_t *r);
+/* Whether be has the fused op of case c. */
+int ops_fused_has(const backend_t *be, const ops_fcase_t *c);
+
 /* ---- comparing two runs --------------------------------------------------------------- */
 
 typedef struct {

@@ -1091,6 +1091,59 @@ static void test_plan(void)
     printf("planning backend (cpu, cuda): creation workspace counted, 1 TiB counted not allocated, ops do nothing\n");
 }
 
+/* ---- fused ops against their sequences ------------------------------------------------- */
+
+/* Every case of ops_fused_table in f32 and bf16: the fused op on an instance made with
+ * FTK_FUSED=all against its sequence of plain ops on the default instance (which has no
+ * fused op): the same bits, every output written. */
+static void test_fused_ops(backend_t *be)
+{
+    CHECK(!be->rope_qk && !be->qkv_rope && !be->glu_fwd && !be->glu_bwd && !be->add_rmsnorm_fwd);
+    setenv("FTK_FUSED", "all", 1);
+    backend_t *fb = backend_cpu_new();
+    unsetenv("FTK_FUSED");
+    CHECK(fb != NULL);
+    if (!fb)
+        return;
+    int runs = 0, differ = 0, missing = 0;
+    for (int k = 0; k < ops_fused_len; k++) {
+        const ops_fcase_t *c = &ops_fused_table[k];
+        char name[160];
+        ops_fcase_name(c, name, sizeof name);
+        if (!ops_fused_has(fb, c)) {
+            missing++;
+            fprintf(stderr, "%s: not on the CPU backend\n", name);
+            continue;
+        }
+        for (int b = 0; b < 2; b++) {
+            dtype_t dt = b ? DT_BF16 : DT_F32;
+            ops_result_t rs, rf;
+            int ok = ops_fused_run(be, c, dt, 0, SEED + (uint64_t)k, &rs) == 0 &&
+                     ops_fused_run(fb, c, dt, 1, SEED + (uint64_t)k, &rf) == 0;
+            CHECK(ok);
+            if (!ok)
+                continue;
+            runs++;
+            for (int o = 0; o < rs.n_out; o++) {
+                ops_err_t e = ops_compare(rs.out[o].v, rf.out[o].v, rs.out[o].n);
+                if (e.differ || e.nan) {
+                    differ++;
+                    fprintf(stderr, "%s %s: output %s: %lld elements differ from the sequence, %lld NaN\n", name,
+                            dtype_name(dt), rs.out[o].name, (long long)e.differ, (long long)e.nan);
+                }
+            }
+            ops_result_free(&rs);
+            ops_result_free(&rf);
+        }
+    }
+    CHECK(differ == 0 && missing == 0);
+    CHECK(bk_mem(fb)->allocs == 1);
+    backend_free(fb);
+    printf("fused ops (rope_qk, qkv_rope, glu_fwd/bwd, add_rmsnorm_fwd): %d runs (f32, bf16) against their sequences: "
+           "%d with outputs whose bits differ\n",
+           runs, differ);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc, (void)argv;
@@ -1112,6 +1165,7 @@ int main(int argc, char **argv)
     test_convert(be);
     test_pointwise_mixed(be);
     test_streams(be);
+    test_fused_ops(be);
     CHECK(bk_mem(be)->allocs == 1); /* every test freed what it allocated: only the workspace */
     CHECK(be->sync(be) == 0);
     backend_free(be);
