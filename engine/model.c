@@ -113,9 +113,10 @@ typedef struct {
 } layer_w_t;
 
 /* What a block's forward pass keeps for its backward pass (activation dtype; rstd and lse
- * fp32). */
+ * fp32). With the fused glu, gu[n, 2F] (gate and up side by side, one product) takes the
+ * place of g and u. */
 typedef struct {
-    bk_buf_t xn1, q, k, v, att, xmid, xn2, g, u, h;
+    bk_buf_t xn1, q, k, v, att, xmid, xn2, g, u, gu, h;
     float *rstd1, *rstd2, *lse;
 } acts_t;
 
@@ -125,6 +126,9 @@ struct model {
     precision_dtypes_t dt;
     int64_t D, F, H, KV, hd, V, L, Hq, Hk;
     int training, recompute;
+    /* Fused paths (backend.h "Fused ops"), decided once at creation from the backend's
+     * optional ops: what is allocated depends on them. */
+    int glu, fqkv, addnorm;
     int64_t cap;        /* tokens per call */
     int64_t head_chunk; /* target rows per head chunk */
     ckpt_unit_t *units;
@@ -139,7 +143,8 @@ struct model {
     acts_t *a;   /* L of them, or 1 shared when recomputing */
     bk_buf_t xnf, xc, dxc, dxnf, dlog;
     float *rstdf, *logits; /* fp32 logits of a head chunk; dlog: their gradient in the activation dtype */
-    bk_buf_t dx, dxn, dh, dg, du, datt, dq, dk, dv, trash;
+    bk_buf_t dx, dxn, dh, dg, du, dgu, datt, dq, dk, dv, trash;
+    bk_buf_t qkv; /* fused qkv_rope: the [n, Hq + 2·Hk] product, and its gradient in the backward */
     void **allocs;
     size_t n_allocs, cap_allocs;
 };
@@ -222,15 +227,29 @@ static void own_nothing(void *ctx, int u)
     (void)u;
 }
 
+/* Whether tensor b of every block unit starts where tensor a ends. */
+static int adjacent(const model_t *m, int a, int b)
+{
+    for (int64_t l = 0; l < m->L; l++) {
+        const ckpt_tensor_t *t = m->units[1 + l].t;
+        if (t[a].offset + t[a].numel != t[b].offset)
+            return 0;
+    }
+    return 1;
+}
+
 static int alloc_acts(model_t *m, acts_t *a)
 {
     int64_t n = m->cap;
-    bk_buf_t *f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->g, &a->u, &a->h};
+    bk_buf_t *f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->h, &a->g, &a->u};
     int64_t sz[] = {n * m->D, n * m->Hq, n * m->Hk, n * m->Hk, n * m->Hq, n * m->D, n * m->D,
                     n * m->F, n * m->F, n * m->F};
-    for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
+    size_t nf = sizeof sz / sizeof *sz - (m->glu ? 2 : 0);
+    for (size_t i = 0; i < nf; i++)
         if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
             return -1;
+    if (m->glu && act_alloc(m, &a->gu, 2 * n * m->F, BK_MEM_ACTS, "activations") < 0)
+        return -1;
     if (!(a->rstd1 = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
         !(a->rstd2 = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
         !(a->lse = m_alloc(m, n * m->H, DT_F32, BK_MEM_ACTS, "activations")))
@@ -302,6 +321,11 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
                 (training && !(m->g[u] = m_alloc(m, m->units[u].padded, m->dt.grad, BK_MEM_GRADS, "gradients"))))
                 goto fail;
     }
+    /* [Wg; Wu] is one [2F, D] matrix when the two are adjacent in the unit (they are in
+     * ckpt_units' layout; checked, not assumed). */
+    m->glu = be->glu_fwd && be->glu_bwd && adjacent(m, 6, 7);
+    m->fqkv = be->qkv_rope && adjacent(m, 1, 2) && adjacent(m, 2, 3); /* [Wq; Wk; Wv] likewise */
+    m->addnorm = be->add_rmsnorm_fwd != NULL;
     m->x = calloc((size_t)m->L + 1, sizeof *m->x);
     m->a = calloc((size_t)m->L, sizeof *m->a);
     if (!m->x || !m->a) {
@@ -330,13 +354,18 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         }
     }
     int64_t hc = m->head_chunk;
-    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dxn, &m->dh, &m->dg, &m->du,
-                     &m->datt, &m->dq, &m->dk, &m->dv, &m->trash};
-    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->F, n * m->F,
-                    n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk, n * m->D};
-    for (size_t i = 0; i < sizeof sz / sizeof *sz; i++)
+    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dxn, &m->dh, &m->datt, &m->dq, &m->dk, &m->dv, &m->trash,
+                     &m->dg, &m->du};
+    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk,
+                    n * m->D, n * m->F, n * m->F};
+    size_t nf = sizeof sz / sizeof *sz - (m->glu ? 2 : 0);
+    for (size_t i = 0; i < nf; i++)
         if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
             goto fail;
+    if (m->glu && act_alloc(m, &m->dgu, 2 * n * m->F, BK_MEM_ACTS, "activations") < 0)
+        goto fail;
+    if (m->fqkv && act_alloc(m, &m->qkv, n * (m->Hq + 2 * m->Hk), BK_MEM_ACTS, "activations") < 0)
+        goto fail;
     if (!(m->rstdf = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
         act_alloc(m, &m->xc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
         act_alloc(m, &m->dxc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
@@ -442,22 +471,41 @@ static void block_fwd(model_t *m, const layer_w_t *w, int64_t n, const int64_t *
     backend_t *be = m->be;
     float eps = (float)m->c.rms_norm_eps, theta = (float)m->c.rope_theta;
     be->rmsnorm_fwd(be, a->xn1, a->rstd1, x, w->ln1, n, m->D, eps);
-    be->matmul(be, 0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
-    be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wk, 0, a->k);
-    be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wv, 0, a->v);
-    if (be->rope_qk) {
-        be->rope_qk(be, a->q, a->k, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 0);
+    if (m->fqkv) { /* [Wq; Wk; Wv]: one product, then split with rope */
+        be->matmul(be, 0, 1, n, m->Hq + 2 * m->Hk, m->D, 1, a->xn1, w->wq, 0, m->qkv);
+        be->qkv_rope(be, m->qkv, a->q, a->k, a->v, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 0);
     } else {
-        be->rope(be, a->q, m->d_pos, n, (int)m->H, (int)m->hd, theta, 0);
-        be->rope(be, a->k, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 0);
+        be->matmul(be, 0, 1, n, m->Hq, m->D, 1, a->xn1, w->wq, 0, a->q);
+        be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wk, 0, a->k);
+        be->matmul(be, 0, 1, n, m->Hk, m->D, 1, a->xn1, w->wv, 0, a->v);
+        if (be->rope_qk) {
+            be->rope_qk(be, a->q, a->k, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 0);
+        } else {
+            be->rope(be, a->q, m->d_pos, n, (int)m->H, (int)m->hd, theta, 0);
+            be->rope(be, a->k, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 0);
+        }
     }
     be->attn_fwd(be, a->att, a->lse, a->q, a->k, a->v, seg, n_seg, (int)m->H, (int)m->KV, (int)m->hd);
-    be->copy(be, a->xmid.p, x.p, (size_t)(n * m->D) * dtype_size(x.dt));
-    be->matmul(be, 0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 1, a->xmid);
-    be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
-    be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wg, 0, a->g);
-    be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wu, 0, a->u);
-    be->swiglu_fwd(be, a->h, a->g, a->u, n * m->F);
+    if (m->addnorm) {
+        /* The output product alone into dxn (free until the backward, also when the forward
+         * is recomputed inside it), then xmid = x + r and its norm in one pass. In bf16 the
+         * product is rounded before the add (PyTorch's order); the other branch adds x
+         * inside the product (beta 1) and rounds once. */
+        be->matmul(be, 0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 0, m->dxn);
+        be->add_rmsnorm_fwd(be, a->xmid, a->xn2, a->rstd2, x, m->dxn, w->ln2, n, m->D, eps);
+    } else {
+        be->copy(be, a->xmid.p, x.p, (size_t)(n * m->D) * dtype_size(x.dt));
+        be->matmul(be, 0, 1, n, m->D, m->Hq, 1, a->att, w->wo, 1, a->xmid);
+        be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
+    }
+    if (m->glu) { /* [Wg; Wu]: one product */
+        be->matmul(be, 0, 1, n, 2 * m->F, m->D, 1, a->xn2, w->wg, 0, a->gu);
+        be->glu_fwd(be, a->h, a->gu, n, m->F);
+    } else {
+        be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wg, 0, a->g);
+        be->matmul(be, 0, 1, n, m->F, m->D, 1, a->xn2, w->wu, 0, a->u);
+        be->swiglu_fwd(be, a->h, a->g, a->u, n * m->F);
+    }
     be->copy(be, y.p, a->xmid.p, (size_t)(n * m->D) * dtype_size(y.dt));
     be->matmul(be, 0, 1, n, m->D, m->F, 1, a->h, w->wd, 1, y);
 }
@@ -477,29 +525,42 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     /* MLP */
     be->matmul(be, 0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
     be->matmul(be, 1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
-    be->swiglu_bwd(be, m->dg, m->du, m->dh, a->g, a->u, n * m->F);
-    be->matmul(be, 0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
-    be->matmul(be, 0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
-    be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
-    be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
+    if (m->glu) { /* K = 2F: one product for dxn, one for d[Wg; Wu] */
+        be->glu_bwd(be, m->dgu, m->dh, a->gu, n, m->F);
+        be->matmul(be, 0, 0, n, m->D, 2 * m->F, 1, m->dgu, w->wg, 0, m->dxn);
+        be->matmul(be, 1, 0, 2 * m->F, m->D, n, 1, m->dgu, a->xn2, 1, dw->wg);
+    } else {
+        be->swiglu_bwd(be, m->dg, m->du, m->dh, a->g, a->u, n * m->F);
+        be->matmul(be, 0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
+        be->matmul(be, 0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
+        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
+        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
+    }
     be->rmsnorm_bwd(be, dx, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
     /* attention: dx is now ∂loss/∂xmid */
     be->matmul(be, 0, 0, n, m->Hq, m->D, 1, dx, w->wo, 0, m->datt);
     be->matmul(be, 1, 0, m->D, m->Hq, n, 1, dx, a->att, 1, dw->wo);
     be->attn_bwd(be, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
                  (int)m->KV, (int)m->hd);
-    if (be->rope_qk) {
-        be->rope_qk(be, m->dq, m->dk, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
+    if (m->fqkv) { /* dqkv, then K = Hq + 2·Hk: one product for dxn, one for d[Wq; Wk; Wv] */
+        int64_t W = m->Hq + 2 * m->Hk;
+        be->qkv_rope(be, m->qkv, m->dq, m->dk, m->dv, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
+        be->matmul(be, 0, 0, n, m->D, W, 1, m->qkv, w->wq, 0, m->dxn);
+        be->matmul(be, 1, 0, W, m->D, n, 1, m->qkv, a->xn1, 1, dw->wq);
     } else {
-        be->rope(be, m->dq, m->d_pos, n, (int)m->H, (int)m->hd, theta, 1);
-        be->rope(be, m->dk, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 1);
+        if (be->rope_qk) {
+            be->rope_qk(be, m->dq, m->dk, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
+        } else {
+            be->rope(be, m->dq, m->d_pos, n, (int)m->H, (int)m->hd, theta, 1);
+            be->rope(be, m->dk, m->d_pos, n, (int)m->KV, (int)m->hd, theta, 1);
+        }
+        be->matmul(be, 0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
+        be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
+        be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
+        be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
+        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
+        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
     }
-    be->matmul(be, 0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
-    be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
-    be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
-    be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
-    be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
-    be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
     be->rmsnorm_bwd(be, dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
 }
 
