@@ -5,6 +5,7 @@
 #    full --recompute on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
 #    2-step run with the same options, exactly (stories260K's shape; tiny's untied one on 2
 #    ranks, full);
+#  - with FTK_FUSED=all (the CPU runs the model's fused paths) the plan still equals the run;
 #  - --recompute swaps the activations row and its "with/without --recompute" figure;
 #  - --plan writes nothing (no run directory even with --out) and needs no --out, and
 #    --device cuda plans without a GPU;
@@ -58,6 +59,26 @@ for prec in fp32 bf16-mixed bf16-true; do
         got=$(peak "$WORK/$id")
         check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
             test -n "$want" -a "$want" = "$got"
+    done
+done
+
+# --- FTK_FUSED=all (the CPU's default is none): the fused paths allocate other activations
+# (one [n, 2F] gate/up buffer, the q/k/v product's scratch); the plan follows the switch
+for prec in fp32 bf16-true; do
+    for rec in "" --recompute; do
+        tag="FTK_FUSED=all, $prec, s260, 2 ranks, full $rec"
+        id="fused-$prec$rec"
+        expect "$tag: --plan" 0 env FTK_FUSED=all $BIN/ftk-train --plan -m "$WORK/s260.h5" $OPTS --ranks 2 \
+            --precision "$prec" --strategy full $rec
+        cp "$WORK/out" "$WORK/$id.plan"
+        want=$(total "$WORK/$id.plan")
+        expect "$tag: 2 steps" 0 env FTK_FUSED=all $TO $MPI -np 2 $T -m "$WORK/s260.h5" -o "$WORK/$id" \
+            --precision "$prec" --strategy full $rec
+        got=$(peak "$WORK/$id")
+        check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
+            test -n "$want" -a "$want" = "$got"
+        none=$(total "$WORK/$prec-s260-2-full$rec.plan")
+        check "$tag: differs from the unfused plan ($none bytes)" test -n "$none" -a "$want" != "$none"
     done
 done
 

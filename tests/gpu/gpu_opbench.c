@@ -8,6 +8,7 @@
  * Bytes are the fewest an op must move (each input read once, each output written
  * once); time is the median of 9 timed batches of repetitions after a warm-up, measured on
  * the host around the batch and a sync() (the ops are asynchronous on one stream).
+ * The fused ops (FTK_FUSED) get rows of their own where the instance has them.
  * Random inputs, never zeros. Run by `make bench` where a GPU is present; exit 77 without. */
 #include <math.h>
 #include <stdint.h>
@@ -178,6 +179,34 @@ static void op_rope_qk(void *c)
     set_t *s = c;
     s->be->rope_qk(s->be, s->q, s->k, pos, N, H, H, HD, 10000.0f, 0);
 }
+/* The fused ops (FTK_FUSED) on buffers of their own, per storage dtype: gate/up side by
+ * side [N, 2F] and its gradient, the q/k/v product [N, 3·H·HD]. */
+static bk_buf_t gu2[2], dgu2[2], qkv2[2];
+static void op_glu_fwd(void *c)
+{
+    set_t *s = c;
+    s->be->glu_fwd(s->be, s->c, gu2[s->dt == DT_BF16], N, F);
+}
+static void op_glu_bwd(void *c)
+{
+    set_t *s = c;
+    s->be->glu_bwd(s->be, dgu2[s->dt == DT_BF16], s->a, gu2[s->dt == DT_BF16], N, F);
+}
+static void op_qkv_rope(void *c)
+{
+    set_t *s = c;
+    s->be->qkv_rope(s->be, qkv2[s->dt == DT_BF16], s->q, s->k, s->vv, pos, N, H, H, HD, 10000.0f, 0);
+}
+static void op_qkv_rope_inv(void *c)
+{
+    set_t *s = c;
+    s->be->qkv_rope(s->be, qkv2[s->dt == DT_BF16], s->dq, s->dk, s->dv, pos, N, H, H, HD, 10000.0f, 1);
+}
+static void op_add_rms(void *c)
+{
+    set_t *s = c;
+    s->be->add_rmsnorm_fwd(s->be, s->y, s->dq, rstd, s->x, s->o, s->w, N, D, 1e-5f);
+}
 static void op_swiglu_fwd(void *c)
 {
     set_t *s = c;
@@ -330,6 +359,11 @@ int main(void)
     for (int i = 0; i < XC; i++)
         ones[i] = 1;
     G->upload(G, wts, ones, sizeof ones);
+    for (int k = 0; k < 2; k++) {
+        gu2[k] = dev_rnd(G, 2 * nf, 4, S[k].dt);
+        dgu2[k] = dev_rnd(G, 2 * nf, 1, S[k].dt);
+        qkv2[k] = dev_rnd(G, 3 * nq, 1, S[k].dt);
+    }
     mm_t tf32, fp32;
     mm_instance(&tf32, "tf32");
     mm_instance(&fp32, "fp32");
@@ -350,6 +384,19 @@ int main(void)
     rows_bw("rope_qk (q and k)", op_rope_qk, 4.0 * nq);
     rows_bw("swiglu_fwd", op_swiglu_fwd, 3.0 * nf);
     rows_bw("swiglu_bwd", op_swiglu_bwd, 5.0 * nf);
+    /* the fused ops, when this instance has them (FTK_FUSED): each against the plain ops
+     * it replaces above (glu: swiglu; qkv_rope: three copies and rope_qk; add_rmsnorm: a
+     * copy, add and rmsnorm_fwd) */
+    if (G->glu_fwd) {
+        rows_bw("glu_fwd (fused)", op_glu_fwd, 3.0 * nf);
+        rows_bw("glu_bwd (fused)", op_glu_bwd, 5.0 * nf);
+    }
+    if (G->qkv_rope) {
+        rows_bw("qkv_rope split (fused)", op_qkv_rope, 6.0 * nq);
+        rows_bw("qkv_rope pack, inverse (fused)", op_qkv_rope_inv, 6.0 * nq);
+    }
+    if (G->add_rmsnorm_fwd)
+        rows_bw("add_rmsnorm_fwd (fused)", op_add_rms, 4.0 * nd);
     rows_bw("add", op_add, 3.0 * nf);
     rows_bw("scale", op_scale, 2.0 * nf);
     rows_bw("sumsq", op_sumsq, 1.0 * nf);

@@ -1076,6 +1076,14 @@ static void test_plan(void)
         be->attn_cached(be, Q, Q, Q, Q, 1, 3, 1, 1, 2);
         be->swiglu_fwd(be, Q, Q, Q, 4), be->swiglu_bwd(be, Q, Q, Q, Q, Q, 4);
         be->add(be, Q, Q, 4), be->scale(be, Q, 2, 4);
+        /* the fused ops: as the planned device offers them (FTK_FUSED's default) */
+        CHECK(!be->glu_fwd == !k && !be->qkv_rope == !k && !be->add_rmsnorm_fwd == !k && !be->rope_qk == !k);
+        if (k) {
+            be->rope_qk(be, Q, Q, q, 4, 1, 1, 2, 1e4f, 0);
+            be->qkv_rope(be, Q, Q, Q, Q, q, 4, 1, 1, 2, 1e4f, 1);
+            be->glu_fwd(be, Q, Q, 4, 1), be->glu_bwd(be, Q, Q, Q, 4, 1);
+            be->add_rmsnorm_fwd(be, Q, Q, q, Q, Q, Q, 4, 1, 1e-5f);
+        }
         bk_adamw_t h = adam_h(1, 0, 1);
         be->adamw(be, Q, Q, Q, Q, 4, &h);
         CHECK(be->xent(be, q, q, q, 4, 1, 1) == 0 && be->sumsq(be, Q, 4) == 0 && be->sync(be) == 0);
