@@ -84,10 +84,11 @@ done
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
     # every CUDA op and a whole training step against the CPU backend: bf16 matrix products
-    # (the default), then exact fp32 ones for tight bounds
+    # (the default), then exact fp32 ones for tight bounds, with the model's unfused path
+    # (FTK_FUSED=none; the first run has every fused op, the CUDA default)
     if build/tests/gpu_smoke >/dev/null 2>&1; then
         run gpu/ops-vs-cpu build/tests/gpu_ops
-        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple build/tests/gpu_ops
+        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none build/tests/gpu_ops
         if command -v compute-sanitizer >/dev/null; then
             run gpu/ops-compute-sanitizer compute-sanitizer --error-exitcode 1 --report-api-errors no \
                 build/tests/gpu_ops

@@ -6,8 +6,9 @@
 #   smoke       the device answers (tests/gpu/gpu_smoke)
 #   ops         tests/gpu/gpu_ops: every op and dtype against the CPU backend, determinism,
 #               events, errors, a training step per precision (bf16 products)
-#   ops-fp32    the same with exact fp32 products (FTK_CUDA_MATMUL=fp32: tight bounds) and
-#               the simple attention kernels (FTK_CUDA_ATTN=simple) in bf16
+#   ops-fp32    the same with exact fp32 products (FTK_CUDA_MATMUL=fp32: tight bounds), the
+#               simple attention kernels (FTK_CUDA_ATTN=simple) in bf16, and the model's
+#               unfused path (FTK_FUSED=none; "ops" runs the fused ops, the default)
 #   attn-e2e    tests/gpu/attn_e2e.sh: a small model trained with the tensor-core attention
 #               and with the simple kernels: the same losses
 #   nccl-comm   tests/unit/test_comm.c --nccl: comm.h's contract over NCCL (1 rank; also 2–4
@@ -90,7 +91,7 @@ if ! build/tests/gpu_smoke >/dev/null 2>&1; then
     exit 0
 fi
 step ops 150 build/tests/gpu_ops
-step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple build/tests/gpu_ops
+step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none build/tests/gpu_ops
 step attn-e2e 90 sh tests/gpu/attn_e2e.sh "$ROOT/bin" "$DATA" "$REP/work/attn-e2e"
 # NCCL's first checks: right after the kernels', so that the time budget never leaves them out
 step nccl-comm 90 sh -c '
