@@ -433,52 +433,78 @@ static void refresh_working_copy(shard_t *s)
         s->be->convert(s->be, bk_buf(s->w[u], s->dt.compute), bk_buf(s->p[u], s->dt.state), s->len[u]);
 }
 
+/* The weights of this rank's slices, from a weights file (weights.h). The host side is one
+ * buffer of the largest slice in the state's dtype (page-locked where the backend has it,
+ * so the upload runs at the bus's speed) and one read buffer of the largest partial read,
+ * both reused for every unit. Whole rows stored in the state's dtype (a bf16 file for
+ * bf16-true, the whole model on one GPU) are read straight into place; anything else is
+ * read in the file's dtype and converted once into place (formats/dtype.h: bf16 → f32 is
+ * exact, and a direct narrowing rounds as the way through f32 did, so the bits are those
+ * of the former path). That path widened every tensor to fp32 in fresh buffers and
+ * narrowed it again, ~4 new copies of each unit: first-touch page faults dominated, and a
+ * 13.5 GB 7B file took ~55 s to load on the H200 machine. */
 int shard_load_weights(shard_t *s, hid_t weights)
 {
+    size_t es = dtype_size(s->dt.state), most = 1, most_read = 0;
+    for (int u = 0; u < s->n_units; u++) {
+        const ckpt_unit_t *x = &s->units[u];
+        int64_t lo = s->lo[u], hi = lo + s->len[u];
+        most = sbytes(s, s->len[u]) > most ? sbytes(s, s->len[u]) : most;
+        for (int k = 0; k < x->n_tensors; k++) {
+            const ckpt_tensor_t *t = &x->t[k];
+            int64_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+            int64_t w = t->rank == 2 ? t->shape[1] : t->numel;
+            /* the rows covering [a, b), in the widest stored dtype */
+            size_t rows = a < b ? (size_t)(((b - t->offset - 1) / w + 1 - (a - t->offset) / w) * w) * sizeof(float) : 0;
+            most_read = rows > most_read ? rows : most_read;
+        }
+    }
+    int pinned = s->be->host_alloc != NULL;
+    char *host = pinned ? s->be->host_alloc(s->be, most) : malloc(most);
+    char *rd = NULL; /* made on first use: a whole-model load in the state's dtype needs none */
+    if (!host) {
+        ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", most);
+        return -1;
+    }
     int rc = 0;
     for (int u = 0; u < s->n_units && rc == 0; u++) {
         const ckpt_unit_t *x = &s->units[u];
         int64_t lo = s->lo[u], hi = lo + s->len[u];
-        float *host = calloc((size_t)s->len[u], sizeof *host);
-        if (!host) {
-            ftk_err_set("out of memory");
-            return -1;
+        /* the unit's padding past its tensors is zero */
+        if (hi > x->length) {
+            int64_t z = x->length > lo ? x->length : lo;
+            memset(host + (size_t)(z - lo) * es, 0, (size_t)(hi - z) * es);
         }
         for (int k = 0; k < x->n_tensors && rc == 0; k++) {
             const ckpt_tensor_t *t = &x->t[k];
             int64_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
             if (a >= b)
                 continue;
-            /* Rows of the tensor covering [a, b), then the overlap out of them. */
-            /* (weights_read_rows: a 1-D tensor is one row) */
+            /* Rows of the tensor covering [a, b) (weights_read_rows: a 1-D tensor is one row). */
             int64_t w = t->rank == 2 ? t->shape[1] : t->numel, r0 = (a - t->offset) / w, r1 = (b - t->offset - 1) / w + 1;
-            float *rows = malloc((size_t)((r1 - r0) * w) * sizeof *rows);
-            uint16_t *scratch = malloc((size_t)((r1 - r0) * w) * sizeof *scratch);
+            char *dst = host + (size_t)(a - lo) * es;
             dtype_t dt = weights_tensor_dtype(weights, t->name);
-            if (!rows || !scratch) {
-                ftk_err_set("out of memory");
+            int whole = (a - t->offset) % w == 0 && (b - t->offset) % w == 0;
+            if (dt == DT_INVALID) {
                 rc = -1;
-            } else if (dt == DT_INVALID ||
-                       weights_read_rows(weights, t->name, DT_F32, r0, r1 - r0, rows, dt == DT_F32 ? NULL : scratch) < 0) {
+            } else if (whole && dt == s->dt.state) {
+                rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, dst, NULL);
+            } else if (!rd && !(rd = malloc(most_read))) {
+                ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", most_read);
                 rc = -1;
-            } else {
-                memcpy(host + (a - lo), rows + (a - t->offset - r0 * w), (size_t)(b - a) * sizeof *host);
+            } else if ((rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, rd, NULL)) == 0) {
+                dtype_convert(dst, s->dt.state, rd + (size_t)(a - t->offset - r0 * w) * dtype_size(dt), dt,
+                              (size_t)(b - a));
             }
-            free(rows);
-            free(scratch);
         }
-        void *narrow = rc == 0 && s->dt.state != DT_F32 ? malloc(sbytes(s, s->len[u])) : NULL;
-        if (rc == 0 && s->dt.state != DT_F32 && !narrow) {
-            ftk_err_set("out of memory");
-            rc = -1;
-        }
-        if (narrow)
-            dtype_convert(narrow, s->dt.state, host, DT_F32, (size_t)s->len[u]);
         if (rc == 0)
-            s->be->upload(s->be, s->p[u], narrow ? narrow : (void *)host, sbytes(s, s->len[u]));
-        free(narrow);
-        free(host);
+            s->be->upload(s->be, s->p[u], host, sbytes(s, s->len[u]));
     }
+    free(rd);
+    if (pinned)
+        s->be->host_free(s->be, host);
+    else
+        free(host);
     if (rc == 0)
         refresh_working_copy(s);
     return rc;

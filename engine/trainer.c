@@ -753,10 +753,16 @@ int trainer_resume(trainer_t *t)
     int found = 0, code;
     if (strcmp(t->o.resume, "none") && (code = resume_from(t, &found)))
         return code;
-    if (!found && (code = agree(t, shard_load_weights(t->sh, t->wf) < 0
-                                       ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg())
-                                       : 0)))
-        return code;
+    if (!found) {
+        double t0 = time_now();
+        if ((code = agree(t, shard_load_weights(t->sh, t->wf) < 0
+                                 ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg())
+                                 : 0)))
+            return code;
+        /* a 7B file is 13.5 GB: say how long it took (rank 0's part; the ranks agreed after it) */
+        if (t->rank == 0)
+            ftk_info("%s: weights loaded in %.1f s", t->o.model_path, time_now() - t0);
+    }
     train_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
     return 0;
 }
