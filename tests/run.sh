@@ -88,7 +88,7 @@ if [ -x build/tests/gpu_smoke ]; then
     # (FTK_FUSED=none; the first run has every fused op, the CUDA default)
     if build/tests/gpu_smoke >/dev/null 2>&1; then
         run gpu/ops-vs-cpu build/tests/gpu_ops
-        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none build/tests/gpu_ops
+        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none FTK_CUDA_VEC=0 build/tests/gpu_ops
         if command -v compute-sanitizer >/dev/null; then
             run gpu/ops-compute-sanitizer compute-sanitizer --error-exitcode 1 --report-api-errors no \
                 build/tests/gpu_ops

@@ -22,6 +22,9 @@
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
+ *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu) take 8 elements a
+ *    thread with 16-byte accesses where every operand is 16-byte aligned (ELEMENTWISE),
+ *    one element otherwise and with FTK_CUDA_VEC=0; the same arithmetic on both paths.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
@@ -80,6 +83,7 @@ typedef struct {
     int device;
     cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
     int attn_simple;                 /* FTK_CUDA_ATTN=simple: no tensor-core attention */
+    int vec;                         /* elementwise kernels may take 8 elements a thread (FTK_CUDA_VEC) */
     char err[512];                   /* first error, "" when none */
     cudaStream_t def;                /* the instance's default stream */
     cudaStream_t cur;                /* the current stream: def or one of streams */
@@ -231,6 +235,75 @@ __device__ __forceinline__ uint16_t f32_to_bf16_dev(float f)
 
 __device__ __forceinline__ void st(float *p, int64_t i, float x) { p[i] = x; }
 __device__ __forceinline__ void st(uint16_t *p, int64_t i, float x) { p[i] = f32_to_bf16_dev(x); }
+
+/* ---- elementwise kernels, 8 elements a thread -------------------------------------------- */
+
+/* A memory-bound kernel that moves 2 bytes a thread per access (bf16) keeps too few bytes in
+ * flight to fill the memory system: the first H200 run measured 26% of a device copy for
+ * bf16 SwiGLU. Where every operand is 16-byte aligned, a thread takes VEC = 8 consecutive
+ * elements with one 16-byte access per bf16 operand (two per fp32 one); the elements past
+ * the last whole group, and unaligned views, take the one-element path. The arithmetic of
+ * an element is the same expression on both paths (one function templated on the group
+ * size), so the bits do not depend on the path. FTK_CUDA_VEC=0 keeps the one-element path
+ * everywhere, for comparison. */
+enum { VEC = 8 };
+
+template <int K> __device__ __forceinline__ void ldk(const float *p, int64_t i, float *x)
+{
+    if (K == VEC) {
+        float4 a = *(const float4 *)(p + i), b = *(const float4 *)(p + i + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+        for (int k = 0; k < K; k++)
+            x[k] = p[i + k];
+    }
+}
+template <int K> __device__ __forceinline__ void ldk(const uint16_t *p, int64_t i, float *x)
+{
+    if (K == VEC) {
+        uint4 a = *(const uint4 *)(p + i);
+        uint32_t w[4] = {a.x, a.y, a.z, a.w};
+        for (int k = 0; k < 4; k++) { /* little-endian: element 2k is the low half */
+            x[2 * k] = __uint_as_float(w[k] << 16);
+            x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else {
+        for (int k = 0; k < K; k++)
+            x[k] = ld(p, i + k);
+    }
+}
+template <int K> __device__ __forceinline__ void stk(float *p, int64_t i, const float *x)
+{
+    if (K == VEC) {
+        *(float4 *)(p + i) = make_float4(x[0], x[1], x[2], x[3]);
+        *(float4 *)(p + i + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+        for (int k = 0; k < K; k++)
+            p[i + k] = x[k];
+    }
+}
+template <int K> __device__ __forceinline__ void stk(uint16_t *p, int64_t i, const float *x)
+{
+    if (K == VEC) {
+        uint32_t w[4];
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)f32_to_bf16_dev(x[2 * k]) | (uint32_t)f32_to_bf16_dev(x[2 * k + 1]) << 16;
+        *(uint4 *)(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+        for (int k = 0; k < K; k++)
+            st(p, i + k, x[k]);
+    }
+}
+
+/* Runs f<VEC>(args…, i) for every whole group i = 0, VEC, … below n when vec, then
+ * f<1>(args…, i) for the rest, in a grid-stride loop (grid: ew_blocks). */
+#define ELEMENTWISE(n, vec, f, ...)                                                                                 \
+    do {                                                                                                            \
+        int64_t nv_ = (vec) ? (n) / VEC : 0, step_ = (int64_t)gridDim.x * blockDim.x;                               \
+        GRID_STRIDE(e_, nv_) f<VEC>(__VA_ARGS__, e_ * VEC);                                                         \
+        for (int64_t i_ = nv_ * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i_ < (n); i_ += step_)       \
+            f<1>(__VA_ARGS__, i_);                                                                                  \
+    } while (0)
 
 /* ---- reductions inside a block ---------------------------------------------------------- */
 
@@ -510,16 +583,41 @@ static int cu_event_sync(backend_t *be, bk_event_t *ev)
 
 /* ---- conversion, scaling ------------------------------------------------------------------ */
 
-template <typename TD, typename TS> __global__ void convert_kernel(TD *dst, const TS *src, int64_t n)
+/* Whether an elementwise op may take its 8-element path (ELEMENTWISE): every operand 16-byte
+ * aligned (a view into a buffer may not be), and not FTK_CUDA_VEC=0. */
+static int vec_ok(const cuda_t *c, std::initializer_list<const void *> bufs)
 {
-    GRID_STRIDE(i, n) st(dst, i, ld(src, i));
+    if (!c->vec)
+        return 0;
+    for (const void *p : bufs)
+        if ((uintptr_t)p % 16)
+            return 0;
+    return 1;
+}
+/* Blocks for an elementwise op over n elements. */
+static unsigned ew_blocks(int64_t n, int vec) { return blocks_for(vec ? (n + VEC - 1) / VEC : n, 256); }
+
+template <int K, typename TD, typename TS> __device__ __forceinline__ void convert_at(TD *dst, const TS *src, int64_t i)
+{
+    float x[K];
+    ldk<K>(src, i, x);
+    stk<K>(dst, i, x);
+}
+template <typename TD, typename TS> __global__ void convert_kernel(TD *dst, const TS *src, int64_t n, int vec)
+{
+    ELEMENTWISE(n, vec, convert_at, dst, src);
 }
 
 /* y *= a (0·NaN is NaN, as on the CPU). */
-template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n)
+template <int K, typename T> __device__ __forceinline__ void mul_at(T *y, float a, int64_t i)
 {
-    GRID_STRIDE(i, n) st(y, i, ld(y, i) * a);
+    float x[K];
+    ldk<K>(y, i, x);
+    for (int k = 0; k < K; k++)
+        x[k] = x[k] * a;
+    stk<K>(y, i, x);
 }
+template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n, int vec) { ELEMENTWISE(n, vec, mul_at, y, a); }
 
 /* C = beta·C of a product with K = 0: beta = 0 overwrites, as BLAS does. */
 template <typename T> __global__ void scale_c_kernel(T *y, float a, int64_t n)
@@ -538,7 +636,10 @@ static void cu_convert(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n)
     }
     on_dt(dst.dt, [&](auto td) {
         on_dt(src.dt,
-              [&](auto ts) { convert_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(td, dst), AS(ts, src), n); });
+              [&](auto ts) {
+                  int v = vec_ok(c, {dst.p, src.p});
+                  convert_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(td, dst), AS(ts, src), n, v);
+              });
     });
     launched(c, "convert");
 }
@@ -1494,25 +1595,58 @@ static void cu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc,
 
 /* ---- SwiGLU ------------------------------------------------------------------------------- */
 
-template <typename T> __global__ void swiglu_fwd_kernel(T *h, const T *g_, const T *u, int64_t n)
+/* The element arithmetic of swiglu and glu, shared: h = silu(g)·u and its derivatives. */
+__device__ __forceinline__ float swiglu_h(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ void swiglu_d(float d, float g, float u, float *dg, float *du)
 {
-    GRID_STRIDE(i, n)
-    {
-        float gi = ld(g_, i);
-        st(h, i, gi / (1.0f + expf(-gi)) * ld(u, i));
-    }
+    float sg = 1.0f / (1.0f + expf(-g));
+    *du = d * g * sg;
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+}
+
+/* SwiGLU of elements i … i+K-1: gate at g_ + ig, up at u + iu, output at h + i. */
+template <int K, typename T>
+__device__ __forceinline__ void swiglu_fwd_at(T *h, const T *g_, const T *u, int64_t ig, int64_t iu, int64_t i)
+{
+    float a[K], b[K];
+    ldk<K>(g_, ig, a);
+    ldk<K>(u, iu, b);
+    for (int k = 0; k < K; k++)
+        a[k] = swiglu_h(a[k], b[k]);
+    stk<K>(h, i, a);
+}
+template <int K, typename T>
+__device__ __forceinline__ void swiglu_bwd_at(T *dg, T *du, const T *dh, const T *g_, const T *u, int64_t ig,
+                                              int64_t iu, int64_t i)
+{
+    float a[K], b[K], d[K], x[K], y[K];
+    ldk<K>(g_, ig, a);
+    ldk<K>(u, iu, b);
+    ldk<K>(dh, i, d);
+    for (int k = 0; k < K; k++)
+        swiglu_d(d[k], a[k], b[k], &x[k], &y[k]);
+    stk<K>(du, iu, y);
+    stk<K>(dg, ig, x);
+}
+template <int K, typename T> __device__ __forceinline__ void swiglu_fwd_el(T *h, const T *g_, const T *u, int64_t i)
+{
+    swiglu_fwd_at<K>(h, g_, u, i, i, i);
+}
+template <int K, typename T>
+__device__ __forceinline__ void swiglu_bwd_el(T *dg, T *du, const T *dh, const T *g_, const T *u, int64_t i)
+{
+    swiglu_bwd_at<K>(dg, du, dh, g_, u, i, i, i);
+}
+
+template <typename T> __global__ void swiglu_fwd_kernel(T *h, const T *g_, const T *u, int64_t n, int vec)
+{
+    ELEMENTWISE(n, vec, swiglu_fwd_el, h, g_, u);
 }
 
 template <typename T>
-__global__ void swiglu_bwd_kernel(T *dg, T *du, const T *dh, const T *g_, const T *u, int64_t n)
+__global__ void swiglu_bwd_kernel(T *dg, T *du, const T *dh, const T *g_, const T *u, int64_t n, int vec)
 {
-    GRID_STRIDE(i, n)
-    {
-        float gi = ld(g_, i), d = ld(dh, i);
-        float sg = 1.0f / (1.0f + expf(-gi));
-        st(du, i, d * gi * sg);
-        st(dg, i, d * ld(u, i) * sg * (1.0f + gi * (1.0f - sg)));
-    }
+    ELEMENTWISE(n, vec, swiglu_bwd_el, dg, du, dh, g_, u);
 }
 
 static void cu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g_, bk_buf_t u, int64_t n)
@@ -1521,7 +1655,8 @@ static void cu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g_, bk_buf_t u, in
     if (n == 0 || failed(c) || !same_dt(c, "swiglu_fwd", h.dt, g_.dt) || !same_dt(c, "swiglu_fwd", u.dt, g_.dt))
         return;
     on_dt(h.dt, [&](auto t) {
-        swiglu_fwd_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, h), AS(t, g_), AS(t, u), n);
+        int v = vec_ok(c, {h.p, g_.p, u.p});
+        swiglu_fwd_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(t, h), AS(t, g_), AS(t, u), n, v);
     });
     launched(c, "swiglu_fwd");
 }
@@ -1534,35 +1669,37 @@ static void cu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, 
         !same_dt(c, op, dh.dt, g_.dt) || !same_dt(c, op, u.dt, g_.dt))
         return;
     on_dt(g_.dt, [&](auto t) {
-        swiglu_bwd_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, dg), AS(t, du), AS(t, dh), AS(t, g_),
-                                                                  AS(t, u), n);
+        int v = vec_ok(c, {dg.p, du.p, dh.p, g_.p, u.p});
+        swiglu_bwd_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(t, dg), AS(t, du), AS(t, dh), AS(t, g_),
+                                                               AS(t, u), n, v);
     });
     launched(c, op);
 }
 
-/* SwiGLU on one [n, 2F] product (backend.h glu_fwd/bwd): swiglu's expressions, so the bits
- * of the swiglu sequence on the same device. A thread per output element; gate and up
- * reads are coalesced along each row. */
-template <typename T> __global__ void glu_fwd_kernel(T *h, const T *gu, int64_t n, int64_t F)
+/* SwiGLU on one [n, 2F] product (backend.h glu_fwd/bwd): swiglu's element functions, so the
+ * bits of the swiglu sequence on the same device. Output element e = i·F + j reads gate
+ * i·2F + j and up i·2F + F + j; a group of VEC outputs stays in one row when F is a
+ * multiple of VEC (the only case given the 8-element path). */
+template <int K, typename T> __device__ __forceinline__ void glu_fwd_el(T *h, const T *gu, int64_t F, int64_t e)
 {
-    GRID_STRIDE(e, n * F)
-    {
-        int64_t i = e / F, g = e + i * F; /* i·2F + j */
-        float gi = ld(gu, g);
-        st(h, e, gi / (1.0f + expf(-gi)) * ld(gu, g + F));
-    }
+    int64_t g = e + e / F * F;
+    swiglu_fwd_at<K>(h, gu, gu, g, g + F, e);
+}
+template <int K, typename T>
+__device__ __forceinline__ void glu_bwd_el(T *dgu, const T *dh, const T *gu, int64_t F, int64_t e)
+{
+    int64_t g = e + e / F * F;
+    swiglu_bwd_at<K>(dgu, dgu, dh, gu, gu, g, g + F, e);
 }
 
-template <typename T> __global__ void glu_bwd_kernel(T *dgu, const T *dh, const T *gu, int64_t n, int64_t F)
+template <typename T> __global__ void glu_fwd_kernel(T *h, const T *gu, int64_t n, int64_t F, int vec)
 {
-    GRID_STRIDE(e, n * F)
-    {
-        int64_t i = e / F, g = e + i * F;
-        float gi = ld(gu, g), d = ld(dh, e);
-        float sg = 1.0f / (1.0f + expf(-gi));
-        st(dgu, g + F, d * gi * sg);
-        st(dgu, g, d * ld(gu, g + F) * sg * (1.0f + gi * (1.0f - sg)));
-    }
+    ELEMENTWISE(n * F, vec, glu_fwd_el, h, gu, F);
+}
+
+template <typename T> __global__ void glu_bwd_kernel(T *dgu, const T *dh, const T *gu, int64_t n, int64_t F, int vec)
+{
+    ELEMENTWISE(n * F, vec, glu_bwd_el, dgu, dh, gu, F);
 }
 
 static void cu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F)
@@ -1571,7 +1708,8 @@ static void cu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_
     if (n * F == 0 || failed(c) || !same_dt(c, "glu_fwd", h.dt, gu.dt))
         return;
     on_dt(h.dt, [&](auto t) {
-        glu_fwd_kernel<<<blocks_for(n * F, 256), 256, 0, c->cur>>>(AS(t, h), AS(t, gu), n, F);
+        int v = F % VEC == 0 && vec_ok(c, {h.p, gu.p});
+        glu_fwd_kernel<<<ew_blocks(n * F, v), 256, 0, c->cur>>>(AS(t, h), AS(t, gu), n, F, v);
     });
     launched(c, "glu_fwd");
 }
@@ -1583,7 +1721,8 @@ static void cu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, in
     if (n * F == 0 || failed(c) || !same_dt(c, op, dgu.dt, gu.dt) || !same_dt(c, op, dh.dt, gu.dt))
         return;
     on_dt(gu.dt, [&](auto t) {
-        glu_bwd_kernel<<<blocks_for(n * F, 256), 256, 0, c->cur>>>(AS(t, dgu), AS(t, dh), AS(t, gu), n, F);
+        int v = F % VEC == 0 && vec_ok(c, {dgu.p, dh.p, gu.p});
+        glu_bwd_kernel<<<ew_blocks(n * F, v), 256, 0, c->cur>>>(AS(t, dgu), AS(t, dh), AS(t, gu), n, F, v);
     });
     launched(c, op);
 }
@@ -1665,9 +1804,18 @@ static double cu_xent(backend_t *be, float *logits, const int32_t *targets, cons
 
 /* ---- vectors, the optimizer ---------------------------------------------------------------- */
 
-template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n)
+template <int K, typename TY, typename TX> __device__ __forceinline__ void add_at(TY *y, const TX *x, int64_t i)
 {
-    GRID_STRIDE(i, n) st(y, i, ld(y, i) + ld(x, i));
+    float a[K], b[K];
+    ldk<K>(y, i, a);
+    ldk<K>(x, i, b);
+    for (int k = 0; k < K; k++)
+        a[k] = a[k] + b[k];
+    stk<K>(y, i, a);
+}
+template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, int vec)
+{
+    ELEMENTWISE(n, vec, add_at, y, x);
 }
 
 /* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
@@ -1724,7 +1872,10 @@ static void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
     if (n == 0 || failed(c) || !dt_ok(c, "add", y.dt) || !dt_ok(c, "add", x.dt))
         return;
     on_dt(y.dt, [&](auto ty) {
-        on_dt(x.dt, [&](auto tx) { add_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(ty, y), AS(tx, x), n); });
+        on_dt(x.dt, [&](auto tx) {
+            int v = vec_ok(c, {y.p, x.p});
+            add_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(ty, y), AS(tx, x), n, v);
+        });
     });
     launched(c, "add");
 }
@@ -1734,7 +1885,8 @@ static void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
     cuda_t *c = enter(be);
     if (n == 0 || failed(c) || !dt_ok(c, "scale", y.dt))
         return;
-    on_dt(y.dt, [&](auto t) { mul_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, y), a, n); });
+    int v = vec_ok(c, {y.p});
+    on_dt(y.dt, [&](auto t) { mul_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(t, y), a, n, v); });
     launched(c, "scale");
 }
 
@@ -1852,6 +2004,11 @@ extern "C" backend_t *backend_cuda_new(int device)
         ftk_err_set("FTK_CUDA_ATTN=%s: expected flash or simple", at);
         return NULL;
     }
+    const char *vv = getenv("FTK_CUDA_VEC");
+    if (vv && *vv && strcmp(vv, "0") && strcmp(vv, "1")) {
+        ftk_err_set("FTK_CUDA_VEC=%s: expected 1 (8 elements a thread where aligned) or 0", vv);
+        return NULL;
+    }
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -1883,6 +2040,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->seg_n = -1;
     c->f32_compute = f32_compute;
     c->attn_simple = at && !strcmp(at, "simple");
+    c->vec = !(vv && !strcmp(vv, "0"));
 
     be->destroy = cu_destroy;
     be->mem_alloc = cu_mem_alloc;

@@ -8,7 +8,8 @@
 #               events, errors, a training step per precision (bf16 products)
 #   ops-fp32    the same with exact fp32 products (FTK_CUDA_MATMUL=fp32: tight bounds), the
 #               simple attention kernels (FTK_CUDA_ATTN=simple) in bf16, and the model's
-#               unfused path (FTK_FUSED=none; "ops" runs the fused ops, the default)
+#               unfused path (FTK_FUSED=none; "ops" runs the fused ops, the default) and the
+#               one-element elementwise kernels (FTK_CUDA_VEC=0; "ops": 8 a thread)
 #   attn-e2e    tests/gpu/attn_e2e.sh: a small model trained with the tensor-core attention
 #               and with the simple kernels: the same losses
 #   nccl-comm   tests/unit/test_comm.c --nccl: comm.h's contract over NCCL (1 rank; also 2–4
@@ -91,7 +92,7 @@ if ! build/tests/gpu_smoke >/dev/null 2>&1; then
     exit 0
 fi
 step ops 150 build/tests/gpu_ops
-step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none build/tests/gpu_ops
+step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none FTK_CUDA_VEC=0 build/tests/gpu_ops
 step attn-e2e 90 sh tests/gpu/attn_e2e.sh "$ROOT/bin" "$DATA" "$REP/work/attn-e2e"
 # NCCL's first checks: right after the kernels', so that the time budget never leaves them out
 step nccl-comm 90 sh -c '
