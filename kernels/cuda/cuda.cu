@@ -22,7 +22,8 @@
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
- *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu) take 8 elements a
+ *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu, the embedding's
+ *    gather, rows_scatter) take 8 elements a
  *    thread with 16-byte accesses where every operand is 16-byte aligned (ELEMENTWISE),
  *    one element otherwise and with FTK_CUDA_VEC=0; the same arithmetic on both paths.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
@@ -806,14 +807,30 @@ static void cu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64
 
 /* ---- embedding, rows ---------------------------------------------------------------------- */
 
-template <typename T>
-__global__ void embed_fwd_kernel(T *out, const int32_t *ids, const T *table, int64_t n, int64_t d)
+/* K elements of one dtype moved as they are (16-byte accesses for a whole group). */
+template <int K, typename T> __device__ __forceinline__ void cpk(T *dst, const T *src)
 {
-    GRID_STRIDE(e, n * d)
-    {
-        int64_t i = e / d, j = e - i * d;
-        out[e] = table[(int64_t)ids[i] * d + j];
+    if (K == VEC) {
+        for (int k = 0; k < (int)(VEC * sizeof(T) / 16); k++)
+            ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
+    } else {
+        for (int k = 0; k < K; k++)
+            dst[k] = src[k];
     }
+}
+
+/* Output element e = i·d + j is row ids[i]'s element j; a group of VEC stays in one row when d
+ * is a multiple of VEC (the only case given the 8-element path). */
+template <int K, typename T>
+__device__ __forceinline__ void embed_fwd_el(T *out, const int32_t *ids, const T *table, int64_t d, int64_t e)
+{
+    int64_t i = e / d;
+    cpk<K>(out + e, table + (int64_t)ids[i] * d + (e - i * d));
+}
+template <typename T>
+__global__ void embed_fwd_kernel(T *out, const int32_t *ids, const T *table, int64_t n, int64_t d, int vec)
+{
+    ELEMENTWISE(n * d, vec, embed_fwd_el, out, ids, table, d);
 }
 
 /* A thread per column, tokens in order: repeated ids add in the CPU's order, and a bf16
@@ -830,14 +847,16 @@ __global__ void embed_bwd_kernel(TT *dtable, const int32_t *ids, const TD *dout,
     }
 }
 
-template <typename T>
-__global__ void rows_scatter_kernel(T *dst, const int32_t *idx, const T *src, int64_t n, int64_t d)
+template <int K, typename T>
+__device__ __forceinline__ void rows_scatter_el(T *dst, const int32_t *idx, const T *src, int64_t d, int64_t e)
 {
-    GRID_STRIDE(e, n * d)
-    {
-        int64_t i = e / d, j = e - i * d;
-        dst[(int64_t)idx[i] * d + j] = src[e];
-    }
+    int64_t i = e / d;
+    cpk<K>(dst + (int64_t)idx[i] * d + (e - i * d), src + e);
+}
+template <typename T>
+__global__ void rows_scatter_kernel(T *dst, const int32_t *idx, const T *src, int64_t n, int64_t d, int vec)
+{
+    ELEMENTWISE(n * d, vec, rows_scatter_el, dst, idx, src, d);
 }
 
 static int same_dt(cuda_t *c, const char *op, dtype_t a, dtype_t b)
@@ -857,7 +876,8 @@ static void cu_embed_fwd(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf
     if (n * d == 0 || failed(c) || !same_dt(c, "embed_fwd", out.dt, table.dt))
         return;
     on_dt(out.dt, [&](auto t) {
-        embed_fwd_kernel<<<blocks_for(n * d, 256), 256, 0, c->cur>>>(AS(t, out), ids, AS(t, table), n, d);
+        int v = d % VEC == 0 && vec_ok(c, {out.p, table.p});
+        embed_fwd_kernel<<<ew_blocks(n * d, v), 256, 0, c->cur>>>(AS(t, out), ids, AS(t, table), n, d, v);
     });
     launched(c, "embed_fwd");
 }
@@ -882,7 +902,8 @@ static void cu_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_
     if (n * d == 0 || failed(c) || !same_dt(c, "rows_scatter", dst.dt, src.dt))
         return;
     on_dt(dst.dt, [&](auto t) {
-        rows_scatter_kernel<<<blocks_for(n * d, 256), 256, 0, c->cur>>>(AS(t, dst), idx, AS(t, src), n, d);
+        int v = d % VEC == 0 && vec_ok(c, {dst.p, src.p});
+        rows_scatter_kernel<<<ew_blocks(n * d, v), 256, 0, c->cur>>>(AS(t, dst), idx, AS(t, src), n, d, v);
     });
     launched(c, "rows_scatter");
 }
