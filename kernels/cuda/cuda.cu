@@ -23,9 +23,9 @@
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
  *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu, the embedding's
- *    gather, rows_scatter) take 8 elements a
- *    thread with 16-byte accesses where every operand is 16-byte aligned (ELEMENTWISE),
- *    one element otherwise and with FTK_CUDA_VEC=0; the same arithmetic on both paths.
+ *    gather, rows_scatter) take 8 elements a thread with 16-byte accesses where every
+ *    operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
+ *    FTK_CUDA_VEC=0; the same arithmetic on both paths.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
