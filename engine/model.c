@@ -274,12 +274,14 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
     m->training = training;
     m->recompute = recompute;
     m->cap = max_tokens > 0 ? max_tokens : 1;
-    /* ~32 MiB of logits per chunk, at least 16 rows. */
-    m->head_chunk = (32 << 20) / (4 * m->V);
-    if (m->head_chunk < 16)
-        m->head_chunk = 16;
-    if (m->head_chunk > m->cap)
-        m->head_chunk = m->cap;
+    /* ~32 MiB of fp32 logits per chunk in whole 128-row tiles (the products' tiles: a
+     * ragged chunk would run a partial tile every time), at least one tile, at most the
+     * capacity rounded up to a tile. */
+    m->head_chunk = (32 << 20) / (4 * m->V) / 128 * 128;
+    if (m->head_chunk < 128)
+        m->head_chunk = 128;
+    if (m->head_chunk > (m->cap + 127) / 128 * 128)
+        m->head_chunk = (m->cap + 127) / 128 * 128;
     if (io) {
         m->n_units = n_units;
         if (!(m->units = malloc((size_t)n_units * sizeof *units))) {
