@@ -138,6 +138,7 @@ struct model {
     /* device inputs */
     int32_t *d_ids, *d_pos, *d_tgt_at, *d_tgt;
     float *d_tgt_w;
+    double *d_loss; /* Σ weight·loss of the passes since the last model_loss_take() */
     /* activations */
     bk_buf_t *x; /* L+1 block inputs (x[L]: the last block's output) */
     acts_t *a;   /* L of them, or 1 shared when recomputing */
@@ -292,12 +293,14 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
     m->training = training;
     m->recompute = recompute;
     m->cap = max_tokens > 0 ? max_tokens : 1;
-    /* ~32 MiB of logits per chunk, at least 16 rows. */
-    m->head_chunk = (32 << 20) / (4 * m->V);
-    if (m->head_chunk < 16)
-        m->head_chunk = 16;
-    if (m->head_chunk > m->cap)
-        m->head_chunk = m->cap;
+    /* ~32 MiB of fp32 logits per chunk in whole 128-row tiles (the products' tiles: a
+     * ragged chunk would run a partial tile every time), at least one tile, at most the
+     * capacity rounded up to a tile. */
+    m->head_chunk = (32 << 20) / (4 * m->V) / 128 * 128;
+    if (m->head_chunk < 128)
+        m->head_chunk = 128;
+    if (m->head_chunk > (m->cap + 127) / 128 * 128)
+        m->head_chunk = (m->cap + 127) / 128 * 128;
     if (io) {
         m->n_units = n_units;
         if (!(m->units = malloc((size_t)n_units * sizeof *units))) {
@@ -340,7 +343,8 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         !(m->d_pos = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
         !(m->d_tgt_at = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
         !(m->d_tgt = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")))
+        !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_loss = m_alloc(m, sizeof(double) / sizeof(float), DT_F32, BK_MEM_OTHER, "the loss accumulator")))
         goto fail;
     for (int64_t l = 0; l <= m->L; l++)
         if (act_alloc(m, &m->x[l], n * m->D, BK_MEM_ACTS, "activations") < 0)
@@ -564,7 +568,7 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     be->rmsnorm_bwd(be, dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
 }
 
-double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
+int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits)
 {
     backend_t *be = m->be;
     const model_io_t *io = &m->io;
@@ -574,7 +578,7 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     int H = m->n_units - 1, tie = tied(m);
     if (n > m->cap || !m->d_ids) {
         ftk_err_set("internal: a batch of %lld tokens for a model sized for %lld", (long long)n, (long long)m->cap);
-        return NAN;
+        return -1;
     }
     be->upload(be, m->d_ids, b->ids, (size_t)n * sizeof(int32_t));
     be->upload(be, m->d_pos, b->pos, (size_t)n * sizeof(int32_t));
@@ -608,8 +612,8 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     }
     /* The head on target rows only, a chunk at a time: gather, logits, loss and its
      * gradient in place, then back through the head. Its forward and backward run here
-     * back to back, so the head unit is asked for once per pass. */
-    double loss = 0;
+     * back to back, so the head unit is asked for once per pass. The chunks' losses add
+     * into the device accumulator: nothing here waits for the device. */
     if (train) {
         head_view(m, io->grads(io->ctx, H), tie ? io->grads(io->ctx, 0) : NULL, gdt, &dnormf, &dhead);
         be->zero(be, m->dxnf.p, (size_t)(n * m->D) * dtype_size(m->dxnf.dt));
@@ -618,7 +622,7 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
         int64_t c = b->n_tgt - r0 < m->head_chunk ? b->n_tgt - r0 : m->head_chunk;
         be->embed_fwd(be, m->xc, m->d_tgt_at + r0, m->xnf, c, m->D);
         be->matmul(be, 0, 1, c, m->V, m->D, 1, m->xc, head, 0, lg);
-        loss += be->xent(be, m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f);
+        be->xent(be, m->logits, m->d_tgt + r0, m->d_tgt_w + r0, c, m->V, train ? grad_scale : 0.0f, m->d_loss);
         if (train) {
             if (m->dlog.p != m->logits)
                 be->convert(be, m->dlog, lg, c * m->V);
@@ -635,7 +639,7 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     if (tie)
         io->release(io->ctx, 0);
     if (!train)
-        return loss;
+        return 0;
     io->grads_done(io->ctx, H);
 
     for (int64_t l = m->L - 1; l >= 0; l--) {
@@ -648,7 +652,23 @@ double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
     /* The embedding's backward reads only the ids: its parameters are not needed. */
     be->embed_bwd(be, bk_at(bk_buf(io->grads(io->ctx, 0), gdt), m->units[0].t[0].offset), m->d_ids, m->dx, n, m->D);
     io->grads_done(io->ctx, 0);
+    return 0;
+}
+
+double model_loss_take(model_t *m)
+{
+    if (!m->d_loss)
+        return NAN;
+    /* NaN stays when a failed backend skips the download (its error is kept for sync()). */
+    double loss = NAN;
+    m->be->download(m->be, &loss, m->d_loss, sizeof loss);
+    m->be->zero(m->be, m->d_loss, sizeof loss);
     return loss;
+}
+
+double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
+{
+    return model_pass(m, b, grad_scale, logits) < 0 ? NAN : model_loss_take(m);
 }
 
 /* ---- decoding with a cache ----------------------------------------------------------------- */

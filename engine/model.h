@@ -20,8 +20,8 @@
  * (model_new_io, engine/shard.h), which is how ZeRO-3 keeps only the units in use whole.
  *
  * Ownership: model_new() allocates everything on the backend up front (parameters,
- * gradients, activations for max_tokens tokens; bk_alloc classes weights, gradients,
- * activations, other); nothing is allocated per step.
+ * gradients, activations for max_tokens tokens, the loss accumulator; bk_alloc classes
+ * weights, gradients, activations, other); nothing is allocated per step.
  * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
  */
 #ifndef FTK_MODEL_H
@@ -60,7 +60,7 @@ void batch_free(batch_t *b);
 
 typedef struct model model_t;
 
-/* Where a model's units live when it does not own them. model_step() calls, in this
+/* Where a model's units live when it does not own them. model_pass() calls, in this
  * order for a training pass (forward then backward):
  *   params(0) [release(0) unless the head is tied], for each block l: params(1+l),
  *   release(1+l); params(H) [params(0) when tied]; grads(H) [grads(0) when tied];
@@ -100,12 +100,22 @@ int model_load_weights(model_t *m, hid_t file);
 
 void model_zero_grad(model_t *m);
 
-/* Forward over a batch; returns Σ weight·loss over its targets, or NaN with
- * ftk_err_msg() set when the batch is larger than model_new()'s max_tokens or the model
- * was made for inference. With grad_scale != 0 also runs the
- * backward pass and ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. With
- * logits != NULL (host, [n, vocab]) the logits of every position are written there
- * (forward only; for tests). */
+/* Issues the forward pass over a batch, and with grad_scale != 0 the backward pass, which
+ * ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. Σ weight·loss over the batch's
+ * targets is ADDED to the model's loss accumulator, a double on the device (backend.h
+ * xent): the pass does not wait for the device (only the batch's uploads block, as
+ * upload does). With logits != NULL (host, [n, vocab]) the logits of every position are
+ * written there (forward only; for tests). 0, or -1 with ftk_err_msg() set when the batch
+ * is larger than model_new()'s max_tokens or the model was made for inference. */
+int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits);
+/* The loss accumulated since the last take, brought back (the host waits for the passes
+ * issued), and the accumulator zeroed: a training step takes it once, after its last
+ * micro-batch. The chunks' losses of every pass are added in order into one double, so
+ * the value is that of one running sum over the step's chunks. NaN for a model made for
+ * inference, or when the backend has failed (its sync() says why). */
+double model_loss_take(model_t *m);
+/* model_pass, then model_loss_take: the batch's Σ weight·loss (when nothing was pending),
+ * or NaN with ftk_err_msg() set. For callers that want one pass's loss (tests, probes). */
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits);
 
 /* Incremental decoding with a key/value cache of ctx positions (ftk-generate;

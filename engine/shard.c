@@ -42,6 +42,9 @@ struct shard {
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
     model_io_t io;
     comm_stats_t stats;
+    double *d_sq;           /* Σg² of the owned gradients, accumulated on the device */
+    bk_adamw_seg_t *segs;   /* adamw_multi's table: every owned tensor slice */
+    int n_segs;
 };
 
 static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
@@ -366,6 +369,13 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
             (s->w && !(s->w[u] = bk_alloc(be, cbytes(s, s->len[u]), BK_MEM_WEIGHTS, "the bf16 working copy"))))
             goto fail;
     }
+    if (!(s->d_sq = bk_alloc(be, sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulator")))
+        goto fail;
+    int n_tensors = 0;
+    for (int u = 0; u < n; u++)
+        n_tensors += s->units[u].n_tensors;
+    if (!(s->segs = calloc((size_t)n_tensors, sizeof *s->segs)))
+        goto oom;
     s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done};
     return s;
 oom:
@@ -396,6 +406,8 @@ void shard_free(shard_t *s)
     for (int i = 0; i < s->n_pool; i++)
         bk_free(s->be, s->pool[i].p);
     free(s->pool);
+    bk_free(s->be, s->d_sq);
+    free(s->segs);
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]);
     free(s->lo);
@@ -567,10 +579,15 @@ double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
             comm_allreduce(s->cross, s->g[u], s->len[u], gdt, &s->ar[u]);
     for (int u = 0; u < n; u++)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
-    /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1. */
-    double sq = 0;
+    /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
+     * The units' Σg² add into one double on the device, in unit order, and come back in
+     * one download. The association is unchanged: ((0 + Σ_0) + Σ_1) + …, each Σ_u summed
+     * by sumsq in its fixed order, as the host summed the values sumsq returned. */
+    be->zero(be, s->d_sq, sizeof(double));
     for (int u = 0; u < n; u++)
-        sq += be->sumsq(be, bk_buf(s->g[u], gdt), s->len[u]);
+        be->sumsq(be, bk_buf(s->g[u], gdt), s->len[u], s->d_sq);
+    double sq = NAN; /* stays NaN when a failed backend skips the download */
+    be->download(be, &sq, s->d_sq, sizeof sq);
     if (sharded(s))
         comm_allreduce_f64(s->group, &sq, 1, COMM_SUM);
     double norm = sqrt(sq);
@@ -584,6 +601,9 @@ double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
     bk_adamw_t h = {.lr = (float)lr, .b1 = (float)t->beta1, .b2 = (float)t->beta2, .eps = (float)t->eps,
                     .gscale = gscale, .bc1 = 1.0 - pow(t->beta1, (double)step),
                     .bc2 = 1.0 - pow(t->beta2, (double)step), .stochastic = s->stochastic};
+    /* Every owned tensor slice: one adamw_multi call when the backend has it, else an adamw
+     * call each (the same bits, backend.h). */
+    s->n_segs = 0;
     for (int u = 0; u < n; u++) {
         int64_t lo = s->lo[u], hi = lo + s->len[u];
         for (int k = 0; k < s->units[u].n_tensors; k++) {
@@ -591,16 +611,33 @@ double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
             int64_t a = x->offset > lo ? x->offset : lo, b = x->offset + x->numel < hi ? x->offset + x->numel : hi;
             if (a >= b)
                 continue;
-            h.wd = x->is_norm && !t->decay_norms ? 0.0f : (float)t->weight_decay;
-            /* the rounding bits of an element depend on its tensor and index, not the slicing */
-            h.key = bk_sround_key((uint64_t)t->seed, step, (int64_t)u * 16 + k);
-            h.index0 = a - x->offset;
             int64_t o = a - lo;
-            be->adamw(be, bk_at(bk_buf(s->p[u], sdt), o), bk_at(bk_buf(s->g[u], gdt), o),
-                      bk_at(bk_buf(s->m[u], sdt), o), bk_at(bk_buf(s->v[u], sdt), o), b - a, &h);
+            bk_adamw_seg_t *sg = &s->segs[s->n_segs++];
+            sg->p = bk_at(bk_buf(s->p[u], sdt), o).p;
+            sg->m = bk_at(bk_buf(s->m[u], sdt), o).p;
+            sg->v = bk_at(bk_buf(s->v[u], sdt), o).p;
+            sg->g = bk_at(bk_buf(s->g[u], gdt), o).p;
+            sg->n = b - a;
+            sg->wd = x->is_norm && !t->decay_norms ? 0.0f : (float)t->weight_decay;
+            /* the rounding bits of an element depend on its tensor and index, not the slicing */
+            sg->key = bk_sround_key((uint64_t)t->seed, step, (int64_t)u * 16 + k);
+            sg->index0 = a - x->offset;
         }
-        be->zero(be, s->g[u], gbytes(s, s->len[u]));
     }
+    if (be->adamw_multi) {
+        be->adamw_multi(be, s->segs, s->n_segs, sdt, gdt, &h);
+    } else {
+        for (int i = 0; i < s->n_segs; i++) {
+            const bk_adamw_seg_t *sg = &s->segs[i];
+            h.wd = sg->wd;
+            h.key = sg->key;
+            h.index0 = sg->index0;
+            be->adamw(be, bk_buf(sg->p, sdt), bk_buf((void *)sg->g, gdt), bk_buf(sg->m, sdt), bk_buf(sg->v, sdt),
+                      sg->n, &h);
+        }
+    }
+    for (int u = 0; u < n; u++)
+        be->zero(be, s->g[u], gbytes(s, s->len[u]));
     refresh_working_copy(s);
     return norm;
 }

@@ -777,6 +777,7 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
     int64_t lo = rows * t->rank / t->nranks, hi = rows * (t->rank + 1) / t->nranks;
     int64_t per = (rows + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
     double v[3] = {0, 0, 0}; /* loss, targets, errors */
+    double lost = 0;          /* NaN when a pass could not run */
     char err[1024] = "";
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
@@ -795,11 +796,14 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
             make_batch(&t->b, val, NULL, 0, 0); /* keep the collectives in step */
         }
         shard_pass_begin(t->sh, 0, 0);
-        v[0] += model_step(t->m, &t->b, 0.0f, NULL);
+        if (model_pass(t->m, &t->b, 0.0f, NULL) < 0)
+            lost = NAN;
         shard_pass_end(t->sh);
         v[1] += (double)t->b.n_tgt;
     }
     shard_drop(t->sh);
+    /* The passes' losses stayed on the device: one download for all of them. */
+    v[0] = model_loss_take(t->m) + lost;
     comm_allreduce_f64(t->world, v, 3, COMM_SUM);
     *n_tgt = (int64_t)v[1];
     *loss = v[1] ? v[0] / v[1] : NAN;
@@ -845,6 +849,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
      * checkpoint write is under way, a checkpoint write or commit failed */
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
+    double lost = 0; /* NaN when a pass could not run */
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
         if (make_batch(&t->b, tr, NULL, r0 - lo, kk) < 0) {
@@ -853,9 +858,14 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
             make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
         }
         shard_pass_begin(t->sh, 1, p + 1 == passes);
-        v[0] += model_step(t->m, &t->b, scale, NULL);
+        if (model_pass(t->m, &t->b, scale, NULL) < 0)
+            lost = NAN;
         shard_pass_end(t->sh);
     }
+    /* The micro-batches' losses stayed on the device (no host wait inside the step's
+     * passes): one download for the step, summed as one running sum over every chunk of
+     * every micro-batch (before: a sum per micro-batch, then their sum on the host). */
+    v[0] = model_loss_take(t->m) + lost;
     v[1] = v[1] || (stop && *stop);
     /* The background write, learned at no cost: this all-reduce happens every step. */
     if (t->pend.active && !bgsave_done(t->bg))

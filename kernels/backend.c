@@ -265,9 +265,12 @@ static void fused_clear(backend_t *be, int k)
     case 3:
         be->add_rmsnorm_fwd = NULL;
         break;
+    case 4:
+        be->adamw_multi = NULL;
+        break;
     }
 }
-static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm"};
+static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm", "adamw_multi"};
 enum { N_FUSED = sizeof fused_names / sizeof *fused_names };
 
 int bk_fused_select(backend_t *be, int default_all)

@@ -42,7 +42,9 @@
  *    add or overwrite.
  *  - Host-side arguments (scalars, segment lists on the host) are marked; everything else
  *    is the backend's memory. upload and download block the host: when they return, the
- *    host buffer may be reused (upload) or holds the data (download).
+ *    host buffer may be reused (upload) or holds the data (download). No op blocks the
+ *    host: the reductions (xent's loss, sumsq) add into a double in the backend's memory,
+ *    so a step downloads its loss and its Σg² once each, when it needs them.
  *  - A backend's own limits (the CUDA backend's attention takes head dims up to 256) are
  *    failures like any other: recorded, and reported at sync().
  *  - Ops do not fail: shapes and dtypes are the caller's contract (engine/model.c checks
@@ -73,8 +75,8 @@
  * FTK_FUSED, read when an instance is made (bk_fused_select), picks which of them an
  * instance offers, so each fused kernel stays switchable against the simple ops it
  * replaces: "all", "none", or a comma list of rope_qk, qkv_rope, glu (glu_fwd and
- * glu_bwd), add_rmsnorm (the names of the ops below); unset or empty: the backend's default, every fused op on CUDA
- * and none on the CPU (the reference runs the sequence, so its numbers stay those of the
+ * glu_bwd), add_rmsnorm, adamw_multi (the names of the ops below); unset or empty: the
+ * backend's default, every fused op on CUDA and none on the CPU (the reference runs the sequence, so its numbers stay those of the
  * plain ops; the CPU implements every fused op all the same, so FTK_FUSED=all runs the
  * model's fused path there). An unknown name fails the creation. The planning backend
  * follows the same switch with the default of the device it plans for: what the model
@@ -157,6 +159,16 @@ typedef struct {
     uint64_t key;
     int64_t index0; /* the index in its tensor of element 0 of this call */
 } bk_adamw_t;
+
+/* One tensor (slice) of an adamw_multi call: element 0 of p, g, m, v (dtypes given once
+ * per call), its length, and the per-tensor fields of bk_adamw_t. */
+typedef struct {
+    void *p, *m, *v; /* state dtype */
+    const void *g;   /* gradient dtype */
+    int64_t n, index0;
+    uint64_t key;
+    float wd;
+} bk_adamw_seg_t;
 
 typedef struct backend backend_t;
 struct backend {
@@ -258,15 +270,20 @@ struct backend {
     void (*swiglu_bwd)(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n);
 
     /* Cross-entropy of fp32 logits[n, V] against targets with per-row weights (device
-     * arrays). Returns Σ weight·loss (a host double). When grad_scale != 0, logits are
+     * arrays). ADDS Σ weight·loss to *acc, one double in the backend's memory: the rows'
+     * losses are summed in row order from 0 and that sum is added, *acc = *acc + Σ, in
+     * issue order on the current stream; the host does not wait (a loss is brought back
+     * with download, once per step, not once per call). When grad_scale != 0, logits are
      * replaced by their gradient grad_scale·weight·(softmax − onehot). */
-    double (*xent)(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-                   float grad_scale);
+    void (*xent)(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
+                 float grad_scale, double *acc);
 
-    /* y += x; y *= a; Σx² (double, summed in a fixed order). Any dtypes. */
+    /* y += x; y *= a. Any dtypes. sumsq ADDS Σx² to *acc (one double in the backend's
+     * memory, as xent: Σx² is summed in double in a fixed order — blocks of 65536
+     * elements, then the blocks' sums in order — and then added to *acc; no host wait). */
     void (*add)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
     void (*scale)(backend_t *be, bk_buf_t y, float a, int64_t n);
-    double (*sumsq)(backend_t *be, bk_buf_t x, int64_t n);
+    void (*sumsq)(backend_t *be, bk_buf_t x, int64_t n, double *acc);
 
     /* One AdamW step on n elements (bk_adamw_t). p, m, v of one dtype (f32 or bf16); g f32
      * or bf16, read only. */
@@ -311,6 +328,17 @@ struct backend {
      * product (beta 1) and rounds once; it is why this fusion is switchable. */
     void (*add_rmsnorm_fwd)(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
                             bk_buf_t w, int64_t n, int64_t d, float eps);
+
+    /* AdamW over many tensors in one call (the optimizer step of every owned slice):
+     * = for each s < n_segs: h' = *h with wd, key, index0 taken from segs[s];
+     *   adamw(be, bk_buf(p, state_dt), bk_buf(g, grad_dt), bk_buf(m, state_dt),
+     *         bk_buf(v, state_dt), segs[s].n, &h')
+     * with the same bits (the stochastic rounding bits depend on key and index0 + i only).
+     * segs is a HOST array, free for reuse when the call returns; the segments must not
+     * overlap. h's gscale is the clipping coefficient, applied inside. FTK_FUSED name
+     * "adamw_multi"; NULL: the optimizer calls adamw per tensor slice. */
+    void (*adamw_multi)(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt,
+                        const bk_adamw_t *h);
 };
 
 /* ---- every backend (kernels/backend.c) ---- */
@@ -356,9 +384,10 @@ backend_t *backend_cuda_new(int device);
 int backend_cuda_devices(void);
 
 /* The planning backend (kernels/plan/plan.c): bk_alloc() on it counts and hands out
- * addresses that must never be dereferenced; every op and byte move does nothing;
- * reductions return 0. device is the device planned for, "cpu" or "cuda": the instance
- * makes the creation-time allocations that device's backend makes. */
+ * addresses that must never be dereferenced; every op and byte move does nothing (the
+ * reductions add nothing to their accumulator). device is the device planned for, "cpu"
+ * or "cuda": the instance makes the creation-time allocations that device's backend
+ * makes. */
 backend_t *backend_plan_new(const char *device);
 
 #endif

@@ -64,6 +64,8 @@ if [ "$SET" = slow ]; then
     run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     run fault/pack-multi-gb sh tests/fault/pack_big.sh "$ROOT/bin" "$WORK/pack-big"
     run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
+    # every strategy and precision on the CPU's fused ops (adamw_multi over sharded slices)
+    run cli/dist-fused env FTK_FUSED=all sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist-fused" 2
     # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
     # plans and the communication contract under them; these two take 3 minutes)
     sanitizer_env
@@ -81,6 +83,8 @@ fi
 for t in build/tests/test_*; do
     [ -x "$t" ] && run "unit/$(basename "$t")" "$t" "$ROOT"
 done
+# the trainer (shard engine, optimizer, resume) on the CPU's fused ops, adamw_multi included
+run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
     # every CUDA op and a whole training step against the CPU backend: bf16 matrix products

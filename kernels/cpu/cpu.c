@@ -647,11 +647,11 @@ static void cpu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh,
     }
 }
 
-static double cpu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n,
-                       int64_t V, float grad_scale)
+static void cpu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n,
+                     int64_t V, float grad_scale, double *acc)
 {
     if (FAILED(be))
-        return NAN;
+        return;
     double *row_loss = malloc((size_t)(n ? n : 1) * sizeof *row_loss);
     if (!row_loss)
         abort();
@@ -684,7 +684,7 @@ static double cpu_xent(backend_t *be, float *logits, const int32_t *targets, con
     for (int64_t i = 0; i < n; i++)
         total += row_loss[i];
     free(row_loss);
-    return total;
+    *acc += total;
 }
 
 static void cpu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
@@ -715,10 +715,10 @@ static void cpu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
 }
 
 #define SUMSQ_BLOCK 65536
-static double cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n)
+static void cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
 {
     if (check_dt(be, "sumsq", 1, &x) < 0)
-        return NAN;
+        return;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
     double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
     if (!part)
@@ -743,7 +743,7 @@ static double cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n)
     for (int64_t b = 0; b < nb; b++)
         total += part[b];
     free(part);
-    return total;
+    *acc += total;
 }
 
 /* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call. */
@@ -926,6 +926,22 @@ static void cpu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, floa
     free(wtmp);
 }
 
+/* The reference: adamw tensor by tensor, exactly backend.h's definition. Off by default
+ * like every fused op on the CPU; FTK_FUSED=all (unit/trainer-fused) runs the sharding
+ * engine's path through it. */
+static void cpu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt,
+                            const bk_adamw_t *h)
+{
+    for (int s = 0; s < n_segs; s++) {
+        bk_adamw_t hs = *h;
+        hs.wd = segs[s].wd;
+        hs.key = segs[s].key;
+        hs.index0 = segs[s].index0;
+        cpu_adamw(be, bk_buf(segs[s].p, state_dt), bk_buf((void *)segs[s].g, grad_dt), bk_buf(segs[s].m, state_dt),
+                  bk_buf(segs[s].v, state_dt), segs[s].n, &hs);
+    }
+}
+
 static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_cpu_new(void)
@@ -972,6 +988,7 @@ backend_t *backend_cpu_new(void)
     be->glu_bwd = cpu_glu_bwd;
     be->qkv_rope = cpu_qkv_rope;
     be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
+    be->adamw_multi = cpu_adamw_multi;
     if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
         backend_free(be);
         return NULL;

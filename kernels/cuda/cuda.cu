@@ -109,6 +109,11 @@ typedef struct {
     cudaEvent_t seg_ev; /* after the upload from seg_host */
     void *tmp;
     size_t tmp_cap;
+    /* adamw_multi's segment table: built in pinned memory, copied into tmp on the stream;
+     * am_ev follows that copy, so the host rewrites am_host only after it has run. */
+    void *am_host;
+    size_t am_host_cap;
+    cudaEvent_t am_ev;
 } cuda_t;
 
 static int failed(cuda_t *c) { return c->err[0] != 0; }
@@ -1788,39 +1793,37 @@ __global__ void xent_kernel(float *logits, double *row_loss, const int32_t *targ
         x[j] = c * (float)exp((double)x[j] - lse) - (j == t ? c : 0.0f);
 }
 
-/* Σ of n doubles in order (one thread: the loss of a chunk is a few thousand rows). */
-__global__ void sum_in_order_kernel(double *out, const double *v, int64_t n)
+/* *acc += Σ v[0 … n), the sum taken in order from 0 and then added, as the CPU does (one
+ * thread: the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+__global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
 {
     double t = 0;
     for (int64_t i = 0; i < n; i++)
         t += v[i];
-    *out = t;
+    *acc += t;
 }
 
-/* Σ of part[1 … n] in order, on the device, brought back; NaN after an error. */
-static double sum_parts(cuda_t *c, double *part, int64_t n, const char *what)
+/* Adds the in-order sum of part[0 … n) to *acc on the current stream: nothing is brought
+ * back, so the host does not wait (backend.h). */
+static void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what)
 {
-    sum_in_order_kernel<<<1, 1, 0, c->cur>>>(part, part + 1, n);
+    add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
     launched(c, what);
-    double total = NAN;
-    if (!failed(c) && ck(c, cudaMemcpyAsync(&total, part, sizeof total, cudaMemcpyDeviceToHost, c->cur), what) == 0)
-        ck(c, cudaStreamSynchronize(c->cur), what);
-    return failed(c) ? NAN : total;
 }
 
-static double cu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n,
-                      int64_t V, float grad_scale)
+static void cu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
+                    float grad_scale, double *acc)
 {
     cuda_t *c = enter(be);
     if (n == 0 || failed(c))
-        return failed(c) ? NAN : 0.0;
+        return;
     scratch_claim(c);
-    double *part = (double *)tmp_for(c, (size_t)(n + 1) * sizeof(double));
+    double *part = (double *)tmp_for(c, (size_t)n * sizeof(double));
     if (!part)
-        return NAN;
-    xent_kernel<<<(unsigned)n, 256, 0, c->cur>>>(logits, part + 1, targets, weights, V, grad_scale);
+        return;
+    xent_kernel<<<(unsigned)n, 256, 0, c->cur>>>(logits, part, targets, weights, V, grad_scale);
     launched(c, "xent");
-    return sum_parts(c, part, n, "xent sum");
+    add_parts(c, acc, part, n, "xent sum");
 }
 
 /* ---- vectors, the optimizer ---------------------------------------------------------------- */
@@ -1870,21 +1873,61 @@ __device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const 
     p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
 }
 
-/* backend.h's formula operation by operation, rounded as written (no FMA contraction). */
+/* backend.h's formula operation by operation, rounded as written (no FMA contraction),
+ * for element i: the one body of adamw_kernel and adamw_multi_kernel. */
+template <typename TP, typename TG>
+__device__ __forceinline__ void adamw_elem(TP *p, const TG *g_, TP *m, TP *v, int64_t i, const adamw_args_t &a)
+{
+    float gi = __fmul_rn(ld(g_, i), a.gscale);
+    float mi = __fadd_rn(__fmul_rn(a.b1, ld(m, i)), __fmul_rn(a.omb1, gi));
+    float vi = __fadd_rn(__fmul_rn(a.b2, ld(v, i)), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
+    float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2s), a.eps);
+    float pi = __fsub_rn(__fmul_rn(ld(p, i), a.decay), __fdiv_rn(__fmul_rn(a.step, mi), den));
+    st_adamw(p, i, pi, a, 0);
+    st_adamw(m, i, mi, a, 1);
+    st_adamw(v, i, vi, a, 2);
+}
+
 template <typename TP, typename TG>
 __global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a)
 {
-    GRID_STRIDE(i, n)
-    {
-        float gi = __fmul_rn(ld(g_, i), a.gscale);
-        float mi = __fadd_rn(__fmul_rn(a.b1, ld(m, i)), __fmul_rn(a.omb1, gi));
-        float vi = __fadd_rn(__fmul_rn(a.b2, ld(v, i)), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
-        float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2s), a.eps);
-        float pi = __fsub_rn(__fmul_rn(ld(p, i), a.decay), __fdiv_rn(__fmul_rn(a.step, mi), den));
-        st_adamw(p, i, pi, a, 0);
-        st_adamw(m, i, mi, a, 1);
-        st_adamw(v, i, vi, a, 2);
+    GRID_STRIDE(i, n) adamw_elem(p, g_, m, v, i, a);
+}
+
+/* One segment of adamw_multi as the kernel reads it: the per-tensor arguments (decay
+ * derived on the host as cu_adamw does) and the first thread block that works on it. */
+typedef struct {
+    void *p, *m, *v;
+    const void *g;
+    int64_t n, index0, block0;
+    uint64_t key;
+    float decay;
+} adamw_seg_dev_t;
+enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
+
+/* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of the segment whose block0 is the
+ * largest not above b (a binary search of the table: block0 grows with the segment). */
+template <typename TP, typename TG>
+__global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, int n_segs, adamw_args_t a)
+{
+    int64_t b = blockIdx.x;
+    int lo = 0, hi = n_segs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (segs[mid].block0 <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
+    const adamw_seg_dev_t &s = segs[lo];
+    a.decay = s.decay;
+    a.key = s.key;
+    a.index0 = s.index0;
+    int64_t i0 = (b - s.block0) * ADAMW_MULTI_CHUNK, i1 = i0 + ADAMW_MULTI_CHUNK < s.n ? i0 + ADAMW_MULTI_CHUNK : s.n;
+    TP *p = (TP *)s.p, *m = (TP *)s.m, *v = (TP *)s.v;
+    const TG *g_ = (const TG *)s.g;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        adamw_elem(p, g_, m, v, i, a);
 }
 
 static void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
@@ -1911,27 +1954,23 @@ static void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
     launched(c, "scale");
 }
 
-static double cu_sumsq(backend_t *be, bk_buf_t x, int64_t n)
+static void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
 {
     cuda_t *c = enter(be);
     if (n == 0 || failed(c) || !dt_ok(c, "sumsq", x.dt))
-        return failed(c) ? NAN : 0.0;
+        return;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
     scratch_claim(c);
-    double *part = (double *)tmp_for(c, (size_t)(nb + 1) * sizeof(double));
+    double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
     if (!part)
-        return NAN;
-    on_dt(x.dt, [&](auto t) { sumsq_part_kernel<<<(unsigned)nb, 256, 0, c->cur>>>(part + 1, AS(t, x), n); });
+        return;
+    on_dt(x.dt, [&](auto t) { sumsq_part_kernel<<<(unsigned)nb, 256, 0, c->cur>>>(part, AS(t, x), n); });
     launched(c, "sumsq");
-    return sum_parts(c, part, nb, "sumsq sum");
+    add_parts(c, acc, part, nb, "sumsq sum");
 }
 
-static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
+static adamw_args_t adamw_args_of(const bk_adamw_t *h)
 {
-    cuda_t *c = enter(be);
-    if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
-        !dt_ok(c, "adamw", g_.dt))
-        return;
     adamw_args_t a;
     a.b1 = h->b1;
     a.b2 = h->b2;
@@ -1945,12 +1984,82 @@ static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_
     a.stochastic = h->stochastic;
     a.key = h->key;
     a.index0 = h->index0;
+    return a;
+}
+
+static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
+        !dt_ok(c, "adamw", g_.dt))
+        return;
+    adamw_args_t a = adamw_args_of(h);
     on_dt(p.dt, [&](auto tp) {
         on_dt(g_.dt, [&](auto tg) {
             adamw_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a);
         });
     });
     launched(c, "adamw");
+}
+
+/* One launch for every segment: the table goes up through pinned staging (upload_seg's
+ * pattern: the host waits only for the previous table's copy) into tmp. */
+static void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
+                           const bk_adamw_t *h)
+{
+    cuda_t *c = enter(be);
+    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
+        return;
+    size_t bytes = (size_t)n_segs * sizeof(adamw_seg_dev_t);
+    if (ck(c, cudaEventSynchronize(c->am_ev), "adamw_multi table") < 0)
+        return;
+    if (bytes > c->am_host_cap) {
+        cudaFreeHost(c->am_host);
+        c->am_host = NULL;
+        c->am_host_cap = 0;
+        if (ck(c, cudaMallocHost(&c->am_host, bytes), "adamw_multi table (pinned host memory)") < 0)
+            return;
+        c->am_host_cap = bytes;
+    }
+    adamw_seg_dev_t *t = (adamw_seg_dev_t *)c->am_host;
+    int k = 0;
+    int64_t blocks = 0;
+    for (int s = 0; s < n_segs; s++) {
+        if (segs[s].n <= 0)
+            continue; /* no blocks: block0 must grow strictly for the search */
+        t[k].p = segs[s].p;
+        t[k].m = segs[s].m;
+        t[k].v = segs[s].v;
+        t[k].g = segs[s].g;
+        t[k].n = segs[s].n;
+        t[k].index0 = segs[s].index0;
+        t[k].block0 = blocks;
+        t[k].key = segs[s].key;
+        t[k].decay = 1.0f - h->lr * segs[s].wd; /* as adamw_args_of */
+        blocks += (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
+        k++;
+    }
+    if (k == 0)
+        return;
+    if (blocks > 0x7fffffff) {
+        note_err(c, "adamw_multi", "more than 2^31 - 1 thread blocks");
+        return;
+    }
+    scratch_claim(c);
+    adamw_seg_dev_t *dt = (adamw_seg_dev_t *)tmp_for(c, (size_t)k * sizeof *t);
+    if (!dt)
+        return;
+    if (ck(c, cudaMemcpyAsync(dt, t, (size_t)k * sizeof *t, cudaMemcpyHostToDevice, c->cur), "adamw_multi table") <
+            0 ||
+        ck(c, cudaEventRecord(c->am_ev, c->cur), "adamw_multi table") < 0)
+        return;
+    adamw_args_t a = adamw_args_of(h);
+    on_dt(sdt, [&](auto tp) {
+        on_dt(gdt, [&](auto tg) {
+            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, k, a);
+        });
+    });
+    launched(c, "adamw_multi");
 }
 
 /* ---- the instance ---------------------------------------------------------------------------- */
@@ -1973,6 +2082,8 @@ static void cu_destroy(backend_t *be)
         plan_release(&c->plans[i]);
     if (c->seg_host)
         cudaFreeHost(c->seg_host);
+    if (c->am_host)
+        cudaFreeHost(c->am_host);
     while (c->events) {
         bk_event *e = c->events;
         c->events = e->next;
@@ -1989,6 +2100,8 @@ static void cu_destroy(backend_t *be)
         cudaEventDestroy(c->scr_ev);
     if (c->seg_ev)
         cudaEventDestroy(c->seg_ev);
+    if (c->am_ev)
+        cudaEventDestroy(c->am_ev);
     if (c->def)
         cudaStreamDestroy(c->def);
     if (c->lt)
@@ -2105,11 +2218,13 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->glu_bwd = cu_glu_bwd;
     be->qkv_rope = cu_qkv_rope;
     be->add_rmsnorm_fwd = cu_add_rmsnorm_fwd;
+    be->adamw_multi = cu_adamw_multi;
 
     char m[256];
     if ((e = cudaStreamCreateWithFlags(&c->def, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->scr_ev, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&c->seg_ev, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&c->seg_ev, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->am_ev, cudaEventDisableTiming)) != cudaSuccess) {
         cudaGetLastError();
         snprintf(m, sizeof m, "CUDA device %d: %s", device, cudaGetErrorString(e));
         return fail_new(be, m);

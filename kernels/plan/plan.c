@@ -97,19 +97,14 @@ static void plan_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh
 {
     (void)be, (void)dg, (void)du, (void)dh, (void)g, (void)u, (void)n;
 }
-static double plan_xent(backend_t *be, float *logits, const int32_t *t, const float *w, int64_t n, int64_t V,
-                        float gs)
+static void plan_xent(backend_t *be, float *logits, const int32_t *t, const float *w, int64_t n, int64_t V, float gs,
+                      double *acc)
 {
-    (void)be, (void)logits, (void)t, (void)w, (void)n, (void)V, (void)gs;
-    return 0;
+    (void)be, (void)logits, (void)t, (void)w, (void)n, (void)V, (void)gs, (void)acc;
 }
 static void plan_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n) { (void)be, (void)y, (void)x, (void)n; }
 static void plan_scale(backend_t *be, bk_buf_t y, float a, int64_t n) { (void)be, (void)y, (void)a, (void)n; }
-static double plan_sumsq(backend_t *be, bk_buf_t x, int64_t n)
-{
-    (void)be, (void)x, (void)n;
-    return 0;
-}
+static void plan_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc) { (void)be, (void)x, (void)n, (void)acc; }
 static void plan_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
 {
     (void)be, (void)p, (void)g, (void)m, (void)v, (void)n, (void)h;
@@ -140,6 +135,11 @@ static void plan_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, flo
                                  bk_buf_t w, int64_t n, int64_t d, float eps)
 {
     (void)be, (void)xsum, (void)out, (void)rstd, (void)x, (void)r, (void)w, (void)n, (void)d, (void)eps;
+}
+static void plan_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
+                             const bk_adamw_t *h)
+{
+    (void)be, (void)segs, (void)n_segs, (void)sdt, (void)gdt, (void)h;
 }
 
 static void plan_destroy(backend_t *be) { free(be->ctx); }
@@ -190,6 +190,7 @@ backend_t *backend_plan_new(const char *device)
     be->glu_bwd = plan_glu_bwd;
     be->qkv_rope = plan_qkv_rope;
     be->add_rmsnorm_fwd = plan_add_rmsnorm_fwd;
+    be->adamw_multi = plan_adamw_multi;
     /* What the planned device's backend allocates when it starts, and the fused ops it
      * offers. */
     if (!bk_alloc(be, cuda ? BK_CUDA_WORKSPACE_BYTES : BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE,

@@ -130,6 +130,11 @@ typedef struct {
 
 static set_t S[2]; /* fp32, bf16 storage; on one instance */
 static float *rstd, *logits, *wts;
+static double *acc; /* what sumsq and xent add into */
+/* adamw_multi over the same nf elements as adamw, cut into AM_SEGS tensors of unequal
+ * lengths (per storage dtype) */
+enum { AM_SEGS = 9 };
+static bk_adamw_seg_t am_segs[2][AM_SEGS];
 static int32_t *ids, *pos, *tgt;
 static bk_buf_t dw32; /* an fp32 gradient [F, D] for the bf16 weight-gradient product */
 
@@ -230,17 +235,22 @@ static void op_scale(void *c)
 static void op_sumsq(void *c)
 {
     set_t *s = c;
-    s->be->sumsq(s->be, s->a, nf);
+    s->be->sumsq(s->be, s->a, nf, acc);
 }
 static void op_adamw(void *c)
 {
     set_t *s = c;
     s->be->adamw(s->be, s->a, s->b, s->m, s->v, nf, &s->h);
 }
+static void op_adamw_multi(void *c)
+{
+    set_t *s = c;
+    s->be->adamw_multi(s->be, am_segs[s == &S[1]], AM_SEGS, s->dt, s->dt, &s->h);
+}
 static void op_xent(void *c)
 {
     set_t *s = c;
-    s->be->xent(s->be, logits, tgt, wts, XC, V, 1.0f);
+    s->be->xent(s->be, logits, tgt, wts, XC, V, 1.0f, acc);
 }
 static void op_attn_fwd(void *c)
 {
@@ -339,6 +349,16 @@ int main(void)
     rstd = dev_rnd(G, N, 1, DT_F32).p;
     logits = dev_rnd(G, (int64_t)XC * V, 4, DT_F32).p;
     wts = dev_alloc(G, XC * sizeof(float));
+    acc = dev_alloc(G, sizeof(double));
+    for (int k = 0; k < 2; k++) {
+        size_t es = dtype_size(S[k].dt);
+        for (int j = 0; j < AM_SEGS; j++) { /* ragged cuts: (nf·j/AM_SEGS) + 37·j */
+            int64_t a = nf * j / AM_SEGS + (j ? 37 * j : 0), b = j + 1 < AM_SEGS ? nf * (j + 1) / AM_SEGS + 37 * (j + 1) : nf;
+            am_segs[k][j] = (bk_adamw_seg_t){.p = (char *)S[k].a.p + a * es, .m = (char *)S[k].m.p + a * es,
+                                             .v = (char *)S[k].v.p + a * es, .g = (char *)S[k].b.p + a * es,
+                                             .n = b - a, .index0 = a, .key = 0x5eed, .wd = 0.1f};
+        }
+    }
     int32_t *h = malloc((size_t)N * sizeof *h);
     if (!h) {
         ftk_err_set("out of host memory");
@@ -401,6 +421,8 @@ int main(void)
     rows_bw("scale", op_scale, 2.0 * nf);
     rows_bw("sumsq", op_sumsq, 1.0 * nf);
     rows_bw("adamw (nearest)", op_adamw, 7.0 * nf);
+    if (G->adamw_multi)
+        rows_bw("adamw_multi (9 tensors, nearest)", op_adamw_multi, 7.0 * nf);
     S[1].h.stochastic = 1;
     row_bw("adamw (stochastic) bf16", time_op(G, op_adamw, &S[1]), 7.0 * nf * 2);
     row_bw("xent (256 rows, gradient) fp32", time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);

@@ -418,6 +418,72 @@ static void test_fused(void)
             runs, worst, notbits, absent);
 }
 
+/* ---- accumulating reductions, adamw_multi ---------------------------------------------------- */
+
+/* xent and sumsq add into a device double (backend.h): from a non-zero start, a sumsq of
+ * f32 values, then of bf16 ones, and two xent losses; each accumulator against the CPU's
+ * with the table's scalar bound (double sums in another order). On the GPU no download
+ * happens between the calls: what the host reads is what the device added. */
+static void test_accumulate(void)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, seed ^ 0xacc);
+    const int64_t n = 3 * 65536 + 11, rows = 37, V = 32003;
+    const double start = 0.3125 + 1e-9;
+    float *x = ops_rand(&rng, n, 3, 0), *lg = ops_rand(&rng, rows * V, 8, 0), *w = ops_xmalloc(rows * sizeof *w);
+    for (int64_t i = 0; i < rows; i++)
+        w[i] = i % 3 == 1 ? 0.0f : i % 3 == 2 ? 0.5f : 1.0f;
+    int32_t *t = ops_rand_ids(&rng, rows, V);
+    backend_t *B[2] = {C, G};
+    double got[2][2];
+    for (int k = 0; k < 2; k++) {
+        backend_t *be = B[k];
+        bk_buf_t X = ops_put(be, DT_F32, x, n), XB = ops_put(be, DT_BF16, x, n);
+        float *L = ops_put_raw(be, lg, (size_t)(rows * V) * sizeof *lg), *W = ops_put_raw(be, w, rows * sizeof *w);
+        int32_t *T = ops_put_raw(be, t, rows * sizeof *t);
+        double *a = ops_put_raw(be, &start, sizeof start), *b = ops_put_raw(be, &start, sizeof start);
+        be->sumsq(be, X, n, a);
+        be->sumsq(be, XB, n, a);
+        be->xent(be, L, T, W, rows, V, 0.0f, b);
+        be->xent(be, L, T, W, rows, V, 0.0f, b);
+        be->download(be, &got[k][0], a, sizeof(double));
+        be->download(be, &got[k][1], b, sizeof(double));
+        if (be->sync(be) < 0)
+            verdict(0, "accumulating reductions on %s: %s", be->name, ftk_err_msg());
+        bk_free(be, X.p), bk_free(be, XB.p), bk_free(be, L), bk_free(be, W), bk_free(be, T), bk_free(be, a),
+            bk_free(be, b);
+    }
+    for (int j = 0; j < 2; j++) {
+        double e = fabs(got[1][j] - got[0][j]) / fabs(got[0][j]);
+        verdict(!isnan(got[1][j]) && e <= 1e-12 && got[0][j] > start,
+                "%s twice into a non-zero accumulator: %.15g vs the CPU's %.15g, error %.2e (bound 1e-12)",
+                j ? "xent" : "sumsq", got[1][j], got[0][j], e);
+    }
+    free(x), free(lg), free(w), free(t);
+}
+
+/* adamw_multi on the GPU against adamw segment by segment on the CPU: the same bits (as
+ * adamw's own comparison: no contraction, the same stochastic-rounding bits). */
+static void test_adamw_multi(void)
+{
+    if (!G->adamw_multi) {
+        printf("note adamw_multi: not on this backend (the optimizer runs adamw per tensor)\n");
+        return;
+    }
+    const struct {
+        dtype_t st, gt;
+        const char *name;
+    } cfg[4] = {{DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"},
+                {DT_BF16, DT_F32, "narrow"}};
+    for (int k = 0; k < 4; k++)
+        for (int sr = 0; sr < 2; sr++) {
+            int64_t d = ops_adamw_multi_diff(C, G, cfg[k].st, cfg[k].gt, sr, 3 + k, seed ^ (uint64_t)(16 * k + sr));
+            verdict(d == 0, "adamw_multi %-6s %-10s against adamw per segment on the CPU: %lld bytes differ%s%s",
+                    cfg[k].name, sr ? "stochastic" : "nearest", (long long)d, d < 0 ? ": " : "",
+                    d < 0 ? ftk_err_msg() : "");
+        }
+}
+
 /* ---- streams and events ------------------------------------------------------------------ */
 
 /* A producer on stream 1 (a long product, then a scale) records an event; stream 2 waits
@@ -681,6 +747,8 @@ int main(void)
     test_determinism();
     test_rope_qk();
     test_fused();
+    test_accumulate();
+    test_adamw_multi();
     test_events();
     test_errors();
     test_step(PREC_FP32);

@@ -573,7 +573,9 @@ static void run_xent(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
     bk_buf_t logits = put(R, DT_F32, hrand(R, n * V, 8), n * V);
     const int32_t *d_tgt = put_raw(R, tgt, (size_t)n * sizeof *tgt);
     const float *d_w = put_raw(R, w, (size_t)n * sizeof *w);
-    R->r->scalar = R->be->xent(R->be, logits.p, d_tgt, d_w, n, V, c->grad_scale);
+    double *acc = put_raw(R, &(double){0}, sizeof(double));
+    R->be->xent(R->be, logits.p, d_tgt, d_w, n, V, c->grad_scale, acc);
+    R->be->download(R->be, &R->r->scalar, acc, sizeof(double));
     R->r->has_scalar = 1;
     output(R, c->grad_scale != 0.0f ? "dlogits" : "logits", logits, n * V, 1);
 }
@@ -593,7 +595,9 @@ static void run_pointwise(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
         output(R, "y", y, n, 1);
     } else {
         bk_buf_t x = put(R, in_dt(cfg), hrand(R, n, 3), n);
-        R->r->scalar = be->sumsq(be, x, n);
+        double *acc = put_raw(R, &(double){0}, sizeof(double));
+        be->sumsq(be, x, n, acc);
+        be->download(be, &R->r->scalar, acc, sizeof(double));
         R->r->has_scalar = 1;
     }
 }
@@ -955,4 +959,69 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
         return -1;
     }
     return 0;
+}
+
+/* ---- adamw_multi against adamw ---------------------------------------------------------------- */
+
+/* Segments in one buffer: lengths 1, odd, across the CUDA kernel's 4096-element blocks and
+ * the CPU's chunks, an empty one; index0 offsets; gaps (elements no segment covers, which
+ * must keep their bits); offsets that leave bf16 pointers 2-byte aligned only. */
+static const struct {
+    int64_t at, n, index0;
+} am_layout[] = {{0, 1, 0},        {1, 7, 3},          {9, 1000, 100000}, {1011, 4097, 17},
+                 {5109, 3, 0},     {5113, 0, 5},       {5113, 70001, 4096}, {75115, 8193, 1 << 20},
+                 {83309, 1, 77}};
+#define AM_TOTAL 83312 /* the last segment's end, and 2 gap elements */
+
+int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
+                             uint64_t seed)
+{
+    enum { NS = sizeof am_layout / sizeof *am_layout };
+    const int64_t T = AM_TOTAL;
+    ops_rng_t rng;
+    ops_rng_seed(&rng, seed);
+    float *h[4] = {ops_rand(&rng, T, 1, 0), ops_rand(&rng, T, 1e-2f, 0), ops_rand(&rng, T, 1e-3f, 0),
+                   ops_rand(&rng, T, 1e-5f, 0)}; /* p, g, m, v */
+    for (int64_t i = 0; i < T; i++)
+        h[3][i] = fabsf(h[3][i]);
+    bk_adamw_t hp = {.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .gscale = 0.75f,
+                     .bc1 = 1.0 - pow(0.9, step), .bc2 = 1.0 - pow(0.95, step), .stochastic = stochastic,
+                     /* ignored by adamw_multi: the segments' own are used */
+                     .wd = 123.0f, .key = 1, .index0 = 999};
+    backend_t *bes[2] = {ref, be};
+    bk_buf_t b[2][4];
+    const dtype_t dts[4] = {st, gt, st, st};
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++)
+            b[k][j] = ops_put(bes[k], dts[j], h[j], T);
+    bk_adamw_seg_t segs[NS];
+    for (int s = 0; s < NS; s++) {
+        segs[s] = (bk_adamw_seg_t){.p = bk_at(b[1][0], am_layout[s].at).p, .g = bk_at(b[1][1], am_layout[s].at).p,
+                                   .m = bk_at(b[1][2], am_layout[s].at).p, .v = bk_at(b[1][3], am_layout[s].at).p,
+                                   .n = am_layout[s].n, .index0 = am_layout[s].index0,
+                                   .key = bk_sround_key(seed, step, s), .wd = s % 3 ? 0.1f : 0.0f};
+        bk_adamw_t hs = hp;
+        hs.wd = segs[s].wd;
+        hs.key = segs[s].key;
+        hs.index0 = segs[s].index0;
+        int64_t a = am_layout[s].at;
+        ref->adamw(ref, bk_at(b[0][0], a), bk_at(b[0][1], a), bk_at(b[0][2], a), bk_at(b[0][3], a), segs[s].n, &hs);
+    }
+    be->adamw_multi(be, segs, NS, st, gt, &hp);
+    int64_t differ = ref->sync(ref) < 0 || be->sync(be) < 0 ? -1 : 0;
+    size_t bytes = (size_t)T * dtype_size(st);
+    unsigned char *x = ops_xmalloc(bytes), *y = ops_xmalloc(bytes);
+    for (int j = 0; j < 4 && differ >= 0; j += j == 0 ? 2 : 1) { /* p, m, v */
+        ref->download(ref, x, b[0][j].p, bytes);
+        be->download(be, y, b[1][j].p, bytes);
+        for (size_t i = 0; i < bytes; i++)
+            differ += x[i] != y[i];
+    }
+    free(x), free(y);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++)
+            bk_free(bes[k], b[k][j].p);
+    for (int j = 0; j < 4; j++)
+        free(h[j]);
+    return differ;
 }

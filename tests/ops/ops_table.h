@@ -108,7 +108,7 @@ typedef struct {
 typedef struct {
     int n_out;
     ops_out_t out[OPS_MAX_OUT];
-    int has_scalar; /* xent's loss, sumsq */
+    int has_scalar; /* xent's loss, sumsq (what they added to a zeroed accumulator) */
     double scalar;
 } ops_result_t;
 
@@ -182,5 +182,14 @@ void *ops_put_raw(backend_t *be, const void *host, size_t bytes);
 float *ops_get(backend_t *be, bk_buf_t b, int64_t n);
 /* x rounded to nearest even bf16 and widened back. */
 float ops_round_bf16(float x);
+
+/* adamw_multi on be against adamw segment by segment on ref (ref may be be) over one
+ * fixed layout of segments in one buffer (odd lengths, index0 offsets, an empty segment,
+ * gaps no segment covers), the inputs made from seed, states in st and gradients in gt,
+ * with nearest (stochastic = 0) or stochastic rounding at optimizer step `step`. Returns
+ * the bytes of p, m, v (whole buffers, gaps included) that differ, or -1 when a backend
+ * reported a failure (ftk_err_msg()). */
+int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
+                             uint64_t seed);
 
 #endif

@@ -7,6 +7,7 @@
  *  - adamw against the header's formula in double, its bf16 rounding (nearest, and
  *    stochastic: unbiased, two neighbours only, slicing- and thread-independent);
  *  - convert round trips; add, scale, sumsq in mixed dtypes against the host;
+ *  - xent and sumsq add into their device accumulator; adamw_multi = adamw per segment;
  *  - streams and events; bk_alloc() accounting and its error; the planning backend.
  * Prints one summary line per op with the worst error seen. Exit 0 pass, 1 fail. */
 #include <float.h>
@@ -539,9 +540,11 @@ static double xent_loss(fd_t *f, float *const *x)
     backend_t *be = f->be;
     bk_buf_t X = up(be, x[0], c->n * c->V), W = up(be, f->w, c->n);
     int32_t *t = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *t);
-    double L = be->xent(be, X.p, t, W.p, c->n, c->V, 0);
+    double L = 0, *acc = ops_put_raw(be, &L, sizeof L);
+    be->xent(be, X.p, t, W.p, c->n, c->V, 0, acc);
+    be->download(be, &L, acc, sizeof L);
     f->T = fabs(L);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t), bk_free(be, acc);
     return L;
 }
 static void fd_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
@@ -554,11 +557,12 @@ static void fd_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
     f.ids = ops_rand_ids(rng, c->n, c->V);
     bk_buf_t X = up(be, f.x[0], c->n * c->V), W = up(be, f.w, c->n);
     int32_t *t = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *t);
-    be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f);
+    double *acc = ops_put_raw(be, &(double){0}, sizeof(double));
+    be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f, acc);
     float *g[1] = {down(be, X, c->n * c->V)};
     fd_check(&f, g);
     free(g[0]);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t);
+    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t), bk_free(be, acc);
     fd_free(&f);
 }
 
@@ -962,7 +966,10 @@ static void test_pointwise_mixed(backend_t *be)
                 float want = r[i] * -0.37f;
                 bad += s[i] != (dts[yi] == DT_BF16 ? ops_round_bf16(want) : want);
             }
-            double ss = be->sumsq(be, X, n), want = 0;
+            double ss = 0, want = 0, *acc = ops_put_raw(be, &ss, sizeof ss);
+            be->sumsq(be, X, n, acc);
+            be->download(be, &ss, acc, sizeof ss);
+            bk_free(be, acc);
             for (int64_t i = 0; i < n; i++)
                 want += (double)x[i] * x[i];
             double rel = fabs(ss - want) / want;
@@ -975,6 +982,89 @@ static void test_pointwise_mixed(backend_t *be)
     printf("add, scale in the 4 dtype pairs: %lld elements differ from fp32-then-round; sumsq: worst %.2e (bound "
            "n*2^-52 = %.2e)\n",
            (long long)bad, worst_sq, (double)n * DBL_EPSILON);
+}
+
+/* ---- accumulating reductions, adamw_multi ------------------------------------------------------ */
+
+/* xent and sumsq ADD into a double in the backend's memory (backend.h): from a non-zero
+ * start, twice in a row, the result is start + Σ + Σ with each Σ the sum the op computes
+ * from 0 (the one an accumulator starting at 0 receives), added in that order. */
+static void test_accumulate(backend_t *be)
+{
+    ops_rng_t rng;
+    ops_rng_seed(&rng, SEED ^ 0xacc);
+    const int64_t n = 2 * 65536 + 5, rows = 7, V = 301;
+    const double start = 0.3125 + 1e-9; /* not representable with few bits: the adds round */
+    float *x = ops_rand(&rng, n, 3, 0), *lg = ops_rand(&rng, rows * V, 8, 0), *w = ops_xmalloc(rows * sizeof *w);
+    for (int64_t i = 0; i < rows; i++)
+        w[i] = i % 3 == 1 ? 0.0f : i % 3 == 2 ? 0.5f : 1.0f;
+    int32_t *t = ops_rand_ids(&rng, rows, V);
+    bk_buf_t X = ops_put(be, DT_F32, x, n), XB = ops_put(be, DT_BF16, x, n);
+    float *L = ops_put_raw(be, lg, (size_t)(rows * V) * sizeof *lg), *W = ops_put_raw(be, w, rows * sizeof *w);
+    int32_t *T = ops_put_raw(be, t, rows * sizeof *t);
+    double zero = 0, one_sq = 0, one_xe = 0, got_sq = 0, got_xe = 0, want_sq, want_xe;
+    double *a0 = ops_put_raw(be, &zero, sizeof zero), *a1 = ops_put_raw(be, &start, sizeof start);
+    /* sumsq: f32, then the same values in bf16 (a second call on other data) */
+    be->sumsq(be, X, n, a0);
+    be->download(be, &one_sq, a0, sizeof one_sq);
+    be->sumsq(be, X, n, a1);
+    be->sumsq(be, XB, n, a1);
+    be->download(be, &got_sq, a1, sizeof got_sq);
+    be->zero(be, a0, sizeof zero);
+    be->sumsq(be, XB, n, a0);
+    double one_sq_b = 0;
+    be->download(be, &one_sq_b, a0, sizeof one_sq_b);
+    want_sq = (start + one_sq) + one_sq_b;
+    /* xent: the loss only (grad_scale 0 leaves the logits as they were), twice */
+    be->zero(be, a0, sizeof zero);
+    be->upload(be, a1, &start, sizeof start);
+    be->xent(be, L, T, W, rows, V, 0.0f, a0);
+    be->download(be, &one_xe, a0, sizeof one_xe);
+    be->xent(be, L, T, W, rows, V, 0.0f, a1);
+    be->xent(be, L, T, W, rows, V, 0.0f, a1);
+    be->download(be, &got_xe, a1, sizeof got_xe);
+    want_xe = (start + one_xe) + one_xe;
+    CHECK(be->sync(be) == 0);
+    int ok_sq = !memcmp(&got_sq, &want_sq, sizeof got_sq) && one_sq > 0 && one_sq_b > 0;
+    int ok_xe = !memcmp(&got_xe, &want_xe, sizeof got_xe) && one_xe > 0;
+    CHECK(ok_sq);
+    CHECK(ok_xe);
+    printf("sumsq, xent add into a non-zero accumulator twice: (start + S1) + S2 bit for bit: sumsq %s, xent %s\n",
+           ok_sq ? "ok" : "FAIL", ok_xe ? "ok" : "FAIL");
+    bk_free(be, X.p), bk_free(be, XB.p), bk_free(be, L), bk_free(be, W), bk_free(be, T), bk_free(be, a0),
+        bk_free(be, a1);
+    free(x), free(lg), free(w), free(t);
+}
+
+/* adamw_multi against adamw segment by segment: the same bits in every dtype
+ * configuration the table's adamw runs in, with nearest and stochastic rounding. */
+static void test_adamw_multi(void)
+{
+    setenv("FTK_FUSED", "adamw_multi", 1); /* off by default on the CPU, like every fused op */
+    backend_t *be = backend_cpu_new();
+    unsetenv("FTK_FUSED");
+    CHECK(be && be->adamw_multi);
+    if (!be || !be->adamw_multi)
+        return;
+    const struct {
+        dtype_t st, gt;
+        const char *name;
+    } cfg[4] = {{DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"},
+                {DT_BF16, DT_F32, "narrow"}};
+    int64_t worst = 0;
+    for (int k = 0; k < 4; k++)
+        for (int sr = 0; sr < 2; sr++) {
+            int64_t d = ops_adamw_multi_diff(be, be, cfg[k].st, cfg[k].gt, sr, 3 + k, SEED ^ (uint64_t)(16 * k + sr));
+            if (d != 0)
+                printf("  adamw_multi %s %s: %lld bytes differ\n", cfg[k].name, sr ? "stochastic" : "nearest",
+                       (long long)d);
+            CHECK(d == 0);
+            worst = d > worst || d < 0 ? d : worst;
+        }
+    printf("adamw_multi = adamw per segment (9 segments: odd lengths, index0 offsets, an empty one, gaps), "
+           "f32/bf16/mixed/narrow x nearest/stochastic: %s\n",
+           worst == 0 ? "same bits" : "DIFFERENT");
+    backend_free(be);
 }
 
 /* ---- streams, events, memory, the planning backend --------------------------------------- */
@@ -1077,7 +1167,8 @@ static void test_plan(void)
         be->swiglu_fwd(be, Q, Q, Q, 4), be->swiglu_bwd(be, Q, Q, Q, Q, Q, 4);
         be->add(be, Q, Q, 4), be->scale(be, Q, 2, 4);
         /* the fused ops: as the planned device offers them (FTK_FUSED's default) */
-        CHECK(!be->glu_fwd == !k && !be->qkv_rope == !k && !be->add_rmsnorm_fwd == !k && !be->rope_qk == !k);
+        CHECK(!be->glu_fwd == !k && !be->qkv_rope == !k && !be->add_rmsnorm_fwd == !k && !be->rope_qk == !k &&
+              !be->adamw_multi == !k);
         if (k) {
             be->rope_qk(be, Q, Q, q, 4, 1, 1, 2, 1e4f, 0);
             be->qkv_rope(be, Q, Q, Q, Q, q, 4, 1, 1, 2, 1e4f, 1);
@@ -1086,7 +1177,11 @@ static void test_plan(void)
         }
         bk_adamw_t h = adam_h(1, 0, 1);
         be->adamw(be, Q, Q, Q, Q, 4, &h);
-        CHECK(be->xent(be, q, q, q, 4, 1, 1) == 0 && be->sumsq(be, Q, 4) == 0 && be->sync(be) == 0);
+        be->xent(be, q, q, q, 4, 1, 1, (double *)q), be->sumsq(be, Q, 4, (double *)q);
+        bk_adamw_seg_t aseg = {.p = q, .m = q, .v = q, .g = q, .n = 4};
+        if (k)
+            be->adamw_multi(be, &aseg, 1, DT_F32, DT_F32, &h);
+        CHECK(be->sync(be) == 0);
         bk_stream_t *s = be->stream_new(be);
         bk_event_t *e = be->event_new(be);
         CHECK(s && e);
@@ -1172,6 +1267,8 @@ int main(int argc, char **argv)
     test_adamw_stochastic(be);
     test_convert(be);
     test_pointwise_mixed(be);
+    test_accumulate(be);
+    test_adamw_multi();
     test_streams(be);
     test_fused_ops(be);
     CHECK(bk_mem(be)->allocs == 1); /* every test freed what it allocated: only the workspace */
