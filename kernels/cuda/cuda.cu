@@ -23,7 +23,7 @@
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
  *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu, the embedding's
- *    gather, rows_scatter) take 8 elements a thread with 16-byte accesses where every
+ *    gather, rows_scatter, AdamW) take 8 elements a thread with 16-byte accesses where every
  *    operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
  *    FTK_CUDA_VEC=0; the same arithmetic on both paths.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
@@ -1873,25 +1873,58 @@ __device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const 
     p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
 }
 
-/* backend.h's formula operation by operation, rounded as written (no FMA contraction),
- * for element i: the one body of adamw_kernel and adamw_multi_kernel. */
-template <typename TP, typename TG>
-__device__ __forceinline__ void adamw_elem(TP *p, const TG *g_, TP *m, TP *v, int64_t i, const adamw_args_t &a)
+/* The stores of K elements of state w from i (stk for a whole group: 16-byte accesses). */
+template <int K>
+__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, int)
 {
-    float gi = __fmul_rn(ld(g_, i), a.gscale);
-    float mi = __fadd_rn(__fmul_rn(a.b1, ld(m, i)), __fmul_rn(a.omb1, gi));
-    float vi = __fadd_rn(__fmul_rn(a.b2, ld(v, i)), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
-    float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2s), a.eps);
-    float pi = __fsub_rn(__fmul_rn(ld(p, i), a.decay), __fdiv_rn(__fmul_rn(a.step, mi), den));
-    st_adamw(p, i, pi, a, 0);
-    st_adamw(m, i, mi, a, 1);
-    st_adamw(v, i, vi, a, 2);
+    stk<K>(p, i, x);
+}
+template <int K>
+__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a, int w)
+{
+    if (!a.stochastic) {
+        stk<K>(p, i, x);
+    } else if (K == VEC) {
+        uint32_t q[4];
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = bk_sround_bf16(x[2 * k], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k) + w));
+            uint32_t hi = bk_sround_bf16(x[2 * k + 1], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k + 1) + w));
+            q[k] = lo | hi << 16;
+        }
+        *(uint4 *)(p + i) = make_uint4(q[0], q[1], q[2], q[3]);
+    } else {
+        for (int k = 0; k < K; k++)
+            st_adamw(p, i + k, x[k], a, w);
+    }
+}
+
+/* backend.h's formula operation by operation, rounded as written (no FMA contraction),
+ * for elements i … i+K-1 (8 with 16-byte accesses, or 1): the one body of adamw_kernel
+ * and adamw_multi_kernel. p's update reads the fp32 m and v before they are stored. */
+template <int K, typename TP, typename TG>
+__device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, const adamw_args_t &a, int64_t i)
+{
+    float P[K], G[K], M[K], W[K];
+    ldk<K>(p, i, P);
+    ldk<K>(g_, i, G);
+    ldk<K>(m, i, M);
+    ldk<K>(v, i, W);
+    for (int k = 0; k < K; k++) {
+        float gi = __fmul_rn(G[k], a.gscale);
+        M[k] = __fadd_rn(__fmul_rn(a.b1, M[k]), __fmul_rn(a.omb1, gi));
+        W[k] = __fadd_rn(__fmul_rn(a.b2, W[k]), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
+        float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(W[k]), a.bc2s), a.eps);
+        P[k] = __fsub_rn(__fmul_rn(P[k], a.decay), __fdiv_rn(__fmul_rn(a.step, M[k]), den));
+    }
+    stk_adamw<K>(p, i, P, a, 0);
+    stk_adamw<K>(m, i, M, a, 1);
+    stk_adamw<K>(v, i, W, a, 2);
 }
 
 template <typename TP, typename TG>
-__global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a)
+__global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a, int vec)
 {
-    GRID_STRIDE(i, n) adamw_elem(p, g_, m, v, i, a);
+    ELEMENTWISE(n, vec, adamw_at, p, g_, m, v, a);
 }
 
 /* One segment of adamw_multi as the kernel reads it: the per-tensor arguments (decay
@@ -1902,6 +1935,7 @@ typedef struct {
     int64_t n, index0, block0;
     uint64_t key;
     float decay;
+    int vec; /* p, m, v, g 16-byte aligned: 8 elements a thread */
 } adamw_seg_dev_t;
 enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
 
@@ -1926,8 +1960,19 @@ __global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs
     int64_t i0 = (b - s.block0) * ADAMW_MULTI_CHUNK, i1 = i0 + ADAMW_MULTI_CHUNK < s.n ? i0 + ADAMW_MULTI_CHUNK : s.n;
     TP *p = (TP *)s.p, *m = (TP *)s.m, *v = (TP *)s.v;
     const TG *g_ = (const TG *)s.g;
-    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
-        adamw_elem(p, g_, m, v, i, a);
+    if (!s.vec) {
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+            adamw_at<1>(p, g_, m, v, a, i);
+        return;
+    }
+    /* i0 is a multiple of CHUNK, so of VEC: whole groups from the aligned base, then the tail */
+    for (int64_t i = i0 + VEC * (int64_t)threadIdx.x; i < i1; i += VEC * (int64_t)blockDim.x) {
+        if (i + VEC <= i1)
+            adamw_at<VEC>(p, g_, m, v, a, i);
+        else
+            for (int64_t j = i; j < i1; j++)
+                adamw_at<1>(p, g_, m, v, a, j);
+    }
 }
 
 static void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
@@ -1996,7 +2041,9 @@ static void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_
     adamw_args_t a = adamw_args_of(h);
     on_dt(p.dt, [&](auto tp) {
         on_dt(g_.dt, [&](auto tg) {
-            adamw_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a);
+            int vec = vec_ok(c, {p.p, g_.p, m.p, v.p});
+            adamw_kernel<<<ew_blocks(n, vec), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a,
+                                                                vec);
         });
     });
     launched(c, "adamw");
@@ -2036,6 +2083,7 @@ static void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs
         t[k].block0 = blocks;
         t[k].key = segs[s].key;
         t[k].decay = 1.0f - h->lr * segs[s].wd; /* as adamw_args_of */
+        t[k].vec = vec_ok(c, {segs[s].p, segs[s].m, segs[s].v, segs[s].g});
         blocks += (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
         k++;
     }
