@@ -25,7 +25,9 @@
  *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu, the embedding's
  *    gather, rows_scatter, AdamW) take 8 elements a thread with 16-byte accesses where every
  *    operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
- *    FTK_CUDA_VEC=0; the same arithmetic on both paths.
+ *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The RMSNorm row kernels take 8
+ *    consecutive elements a thread on the same condition (a row's sum is then partitioned
+ *    otherwise: deterministic, not the one-element path's bits).
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
@@ -915,27 +917,47 @@ static void cu_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_
 
 /* ---- RMSNorm ------------------------------------------------------------------------------ */
 
-template <typename TO, typename TX, typename TW>
+/* A block per row; each thread takes K consecutive elements at a time (K = VEC with 16-byte
+ * accesses where the row width is a multiple of VEC and every operand aligned, else 1), so
+ * the partition of a row, hence the bits of its sum, depends on K: the same K for the same
+ * shapes and alignment, so still deterministic. */
+template <typename F> static void on_vec(int vec, F &&f)
+{
+    if (vec)
+        f(std::integral_constant<int, VEC>());
+    else
+        f(std::integral_constant<int, 1>());
+}
+
+template <int K, typename TO, typename TX, typename TW>
 __global__ void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *w, int64_t d, float eps)
 {
     __shared__ float sh[32];
     int64_t i = blockIdx.x;
     const TX *xi = x + i * d;
     float s = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        float xj = ld(xi, j);
-        s += xj * xj;
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float a[K];
+        ldk<K>(xi, j, a);
+        for (int k = 0; k < K; k++)
+            s += a[k] * a[k];
     }
     s = block_sum(s, sh);
     float r = 1.0f / sqrtf(s / (float)d + eps);
     if (threadIdx.x == 0)
         rstd[i] = r;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        st(out, i * d + j, (ld(xi, j) * r) * ld(w, j));
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float a[K], b[K];
+        ldk<K>(xi, j, a);
+        ldk<K>(w, j, b);
+        for (int k = 0; k < K; k++)
+            a[k] = (a[k] * r) * b[k];
+        stk<K>(out, i * d + j, a);
+    }
 }
 
 /* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
-template <typename TDX, typename TG, typename TX, typename TW>
+template <int K, typename TDX, typename TG, typename TX, typename TW>
 __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, const TW *w, const float *rstd,
                                       int64_t d)
 {
@@ -944,12 +966,26 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
     const TX *xi = x + i * d;
     const TG *gi = dout + i * d;
     float s = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        s += ld(gi, j) * ld(w, j) * ld(xi, j);
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float g[K], b[K], a[K];
+        ldk<K>(gi, j, g);
+        ldk<K>(w, j, b);
+        ldk<K>(xi, j, a);
+        for (int k = 0; k < K; k++)
+            s += g[k] * b[k] * a[k];
+    }
     s = block_sum(s, sh);
     float r = rstd[i], c = s * r * r * r / (float)d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        st(dx, i * d + j, ld(dx, i * d + j) + (r * ld(gi, j) * ld(w, j) - c * ld(xi, j)));
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float y[K], g[K], b[K], a[K];
+        ldk<K>(dx, i * d + j, y);
+        ldk<K>(gi, j, g);
+        ldk<K>(w, j, b);
+        ldk<K>(xi, j, a);
+        for (int k = 0; k < K; k++)
+            y[k] = y[k] + (r * g[k] * b[k] - c * a[k]);
+        stk<K>(dx, i * d + j, y);
+    }
 }
 
 /* dw = Σ_i dy·x·r: rows cut into fixed chunks (blockIdx.y), a thread per column, then
@@ -991,7 +1027,10 @@ static void cu_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x,
     on_dt(out.dt, [&](auto to) {
         on_dt(x.dt, [&](auto tx) {
             on_dt(w.dt, [&](auto tw) {
-                rmsnorm_fwd_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(to, out), rstd, AS(tx, x), AS(tw, w), d, eps);
+                on_vec(d % VEC == 0 && vec_ok(c, {out.p, x.p, w.p}), [&](auto K) {
+                    rmsnorm_fwd_kernel<decltype(K)::value>
+                        <<<(unsigned)n, 256, 0, c->cur>>>(AS(to, out), rstd, AS(tx, x), AS(tw, w), d, eps);
+                });
             });
         });
     });
@@ -1009,8 +1048,10 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
         on_dt(dout.dt, [&](auto tg) {
             on_dt(x.dt, [&](auto tx) {
                 on_dt(w.dt, [&](auto tw) {
-                    rmsnorm_bwd_dx_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(tdx, dx), AS(tg, dout), AS(tx, x),
-                                                                           AS(tw, w), rstd, d);
+                    on_vec(d % VEC == 0 && vec_ok(c, {dx.p, dout.p, x.p, w.p}), [&](auto K) {
+                        rmsnorm_bwd_dx_kernel<decltype(K)::value><<<(unsigned)n, 256, 0, c->cur>>>(
+                            AS(tdx, dx), AS(tg, dout), AS(tx, x), AS(tw, w), rstd, d);
+                    });
                 });
             });
         });
@@ -1035,22 +1076,18 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
 }
 
 /* The residual add and RMSNorm (backend.h add_rmsnorm_fwd): a block per row as
- * rmsnorm_fwd_kernel, with the same partition of the row over threads and the same
+ * rmsnorm_fwd_kernel, with the same partition of the row over threads (the same K where
+ * rmsnorm_fwd on xsum would take the same: same width and alignment) and the same
  * reduction, on the sums as stored (rounded to xsum's type): the bits of add then
  * rmsnorm_fwd on this device. Each thread reads back only the sums it wrote. */
-__device__ __forceinline__ float st_get(float *p, int64_t i, float x)
+/* x as stored in a buffer of p's type (rounded to bf16 for uint16_t). */
+__device__ __forceinline__ float as_stored(const float *, float x) { return x; }
+__device__ __forceinline__ float as_stored(const uint16_t *, float x)
 {
-    p[i] = x;
-    return x;
-}
-__device__ __forceinline__ float st_get(uint16_t *p, int64_t i, float x)
-{
-    uint16_t b = f32_to_bf16_dev(x);
-    p[i] = b;
-    return __uint_as_float((uint32_t)b << 16);
+    return __uint_as_float((uint32_t)f32_to_bf16_dev(x) << 16);
 }
 
-template <typename TS, typename TO, typename TW>
+template <int K, typename TS, typename TO, typename TW>
 __global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS *x, const TS *r, const TW *w, int64_t d,
                                        float eps)
 {
@@ -1059,16 +1096,28 @@ __global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS 
     TS *si = xsum + i * d;
     const TS *xi = x + i * d, *ri = r + i * d;
     float s = 0;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-        float xj = st_get(si, j, ld(xi, j) + ld(ri, j));
-        s += xj * xj;
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float a[K], b[K];
+        ldk<K>(xi, j, a);
+        ldk<K>(ri, j, b);
+        for (int k = 0; k < K; k++) {
+            a[k] = as_stored(si, a[k] + b[k]);
+            s += a[k] * a[k];
+        }
+        stk<K>(si, j, a); /* representable: stored as computed */
     }
     s = block_sum(s, sh);
     float rs = 1.0f / sqrtf(s / (float)d + eps);
     if (threadIdx.x == 0)
         rstd[i] = rs;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
-        st(out, i * d + j, (ld(si, j) * rs) * ld(w, j));
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float a[K], b[K];
+        ldk<K>(si, j, a);
+        ldk<K>(w, j, b);
+        for (int k = 0; k < K; k++)
+            a[k] = (a[k] * rs) * b[k];
+        stk<K>(out, i * d + j, a);
+    }
 }
 
 static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
@@ -1082,8 +1131,10 @@ static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float
     on_dt(xsum.dt, [&](auto ts) {
         on_dt(out.dt, [&](auto to) {
             on_dt(w.dt, [&](auto tw) {
-                add_rmsnorm_fwd_kernel<<<(unsigned)n, 256, 0, c->cur>>>(AS(ts, xsum), AS(to, out), rstd, AS(ts, x),
-                                                                        AS(ts, r), AS(tw, w), d, eps);
+                on_vec(d % VEC == 0 && vec_ok(c, {xsum.p, out.p, x.p, r.p, w.p}), [&](auto K) {
+                    add_rmsnorm_fwd_kernel<decltype(K)::value><<<(unsigned)n, 256, 0, c->cur>>>(
+                        AS(ts, xsum), AS(to, out), rstd, AS(ts, x), AS(ts, r), AS(tw, w), d, eps);
+                });
             });
         });
     });
