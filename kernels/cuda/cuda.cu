@@ -23,11 +23,11 @@
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.
  *  - Memory-bound elementwise ops (convert, scale, add, swiglu, glu, the embedding's
- *    gather, rows_scatter, AdamW) take 8 elements a thread with 16-byte accesses where every
- *    operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
- *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The RMSNorm row kernels take 8
- *    consecutive elements a thread on the same condition (a row's sum is then partitioned
- *    otherwise: deterministic, not the one-element path's bits).
+ *    gather, rows_scatter, AdamW) take 8 elements a thread with 16-byte accesses where
+ *    every operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
+ *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The row reductions (RMSNorm,
+ *    Σx²'s blocks) take 8 consecutive elements a thread on the same condition: a sum is
+ *    then partitioned otherwise (deterministic, not the one-element path's bits).
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
@@ -1895,14 +1895,23 @@ template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *
 
 /* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
 enum { SUMSQ_BLOCK = 65536 };
-template <typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
+template <int K, typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
 {
     __shared__ double sh[32];
     int64_t a = (int64_t)blockIdx.x * SUMSQ_BLOCK, b = a + SUMSQ_BLOCK < n ? a + SUMSQ_BLOCK : n;
     double s = 0;
-    for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x) {
-        double xi = ld(x, i);
-        s += xi * xi;
+    /* K consecutive elements a thread (a is a multiple of VEC: whole groups from an aligned
+     * x), the last partial group one by one */
+    for (int64_t i = a + K * threadIdx.x; i < b; i += K * blockDim.x) {
+        float v[K];
+        int k1 = i + K <= b ? K : (int)(b - i);
+        if (k1 == K)
+            ldk<K>(x, i, v);
+        else
+            for (int k = 0; k < k1; k++)
+                v[k] = ld(x, i + k);
+        for (int k = 0; k < k1; k++)
+            s += (double)v[k] * (double)v[k];
     }
     s = block_sum(s, sh);
     if (threadIdx.x == 0)
@@ -2060,7 +2069,11 @@ static void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
     if (!part)
         return;
-    on_dt(x.dt, [&](auto t) { sumsq_part_kernel<<<(unsigned)nb, 256, 0, c->cur>>>(part, AS(t, x), n); });
+    on_dt(x.dt, [&](auto t) {
+        on_vec(vec_ok(c, {x.p}), [&](auto K) {
+            sumsq_part_kernel<decltype(K)::value><<<(unsigned)nb, 256, 0, c->cur>>>(part, AS(t, x), n);
+        });
+    });
     launched(c, "sumsq");
     add_parts(c, acc, part, nb, "sumsq sum");
 }
