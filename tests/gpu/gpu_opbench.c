@@ -446,6 +446,20 @@ int main(void)
         row_flops(label, time_op(att[k]->be, op_attn_bwd, (void *)att[k]), 8 * pairs * HD);
     }
     backend_free(simple.be);
+    /* the one-element kernels (FTK_CUDA_VEC=0), bf16, beside the 8-element rows above */
+    setenv("FTK_CUDA_VEC", "0", 1);
+    set_t one = S[1];
+    one.be = backend_cuda_new(0);
+    unsetenv("FTK_CUDA_VEC");
+    if (!one.be)
+        fail();
+    row_bw("embed_fwd bf16, one element a thread", time_op(one.be, op_embed, &one), 2.0 * nd * 2);
+    row_bw("rmsnorm_fwd bf16, one element a thread", time_op(one.be, op_rms_fwd, &one), 2.0 * nd * 2);
+    row_bw("swiglu_fwd bf16, one element a thread", time_op(one.be, op_swiglu_fwd, &one), 3.0 * nf * 2);
+    row_bw("sumsq bf16, one element a thread", time_op(one.be, op_sumsq, &one), 1.0 * nf * 2);
+    one.h.stochastic = 0;
+    row_bw("adamw (nearest) bf16, one element a thread", time_op(one.be, op_adamw, &one), 7.0 * nf * 2);
+    backend_free(one.be);
     row_flops("matmul x·Wᵀ [4096x11008x4096] bf16", time_op(G, op_mm_up, &S[1]), mm);
     row_flops("matmul x·Wᵀ fp32 in bf16 (default)", time_op(G, op_mm_up, &S[0]), mm);
     row_flops("matmul x·Wᵀ fp32 in TF32", time_op(tf32.be, op_mm_up_fp32, &tf32), mm);
