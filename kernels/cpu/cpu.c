@@ -896,34 +896,18 @@ static void cpu_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk
     free(inv);
 }
 
-/* add's sum rounded to xsum, then cpu_rmsnorm_fwd's row on the stored values. */
+/* add's sum rounded to xsum, then cpu_rmsnorm_fwd on the stored values: the reference is
+ * the sequence itself (two passes; the fusion is the GPU's business). */
 static void cpu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
                                 bk_buf_t w, int64_t n, int64_t d, float eps)
 {
     bk_buf_t s3[3] = {xsum, x, r}, b[2] = {out, w};
     if (same_dt(be, "add_rmsnorm_fwd", 3, s3) < 0 || check_dt(be, "add_rmsnorm_fwd", 2, b) < 0)
         return;
-    float *wtmp = scratch(d);
-    const float *wf = rd(w, 0, d, wtmp);
-#pragma omp parallel
-    {
-        float *tx = scratch(d), *to = scratch(d);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            for (int64_t j = 0; j < d; j++)
-                st(xsum, i * d + j, ld(x, i * d + j) + ld(r, i * d + j));
-            const float *xi = rd(xsum, i * d, d, tx);
-            float *oi = wp(out, i * d, to);
-            float rs = 1.0f / sqrtf(dot(xi, xi, d) / (float)d + eps);
-            rstd[i] = rs;
-            for (int64_t j = 0; j < d; j++)
-                oi[j] = (xi[j] * rs) * wf[j];
-            wr(out, i * d, d, oi);
-        }
-        free(tx);
-        free(to);
-    }
-    free(wtmp);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n * d; i++)
+        st(xsum, i, ld(x, i) + ld(r, i));
+    cpu_rmsnorm_fwd(be, out, rstd, xsum, w, n, d, eps);
 }
 
 /* The reference: adamw tensor by tensor, exactly backend.h's definition. Off by default

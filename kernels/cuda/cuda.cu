@@ -929,6 +929,27 @@ template <typename F> static void on_vec(int vec, F &&f)
         f(std::integral_constant<int, 1>());
 }
 
+/* The end of row i's RMSNorm, given each thread's part s of Σx²: the block's sum, rstd, and
+ * out = x·rstd·w (each thread reads back only the elements of its own part). Shared by
+ * rmsnorm_fwd and add_rmsnorm_fwd, whose bits must agree. */
+template <int K, typename TO, typename TX, typename TW>
+__device__ __forceinline__ void rms_row_end(TO *out, float *rstd, const TX *xi, const TW *w, int64_t i, int64_t d,
+                                            float s, float eps, float *sh)
+{
+    s = block_sum(s, sh);
+    float r = 1.0f / sqrtf(s / (float)d + eps);
+    if (threadIdx.x == 0)
+        rstd[i] = r;
+    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
+        float a[K], b[K];
+        ldk<K>(xi, j, a);
+        ldk<K>(w, j, b);
+        for (int k = 0; k < K; k++)
+            a[k] = (a[k] * r) * b[k];
+        stk<K>(out, i * d + j, a);
+    }
+}
+
 template <int K, typename TO, typename TX, typename TW>
 __global__ void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *w, int64_t d, float eps)
 {
@@ -942,18 +963,7 @@ __global__ void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *
         for (int k = 0; k < K; k++)
             s += a[k] * a[k];
     }
-    s = block_sum(s, sh);
-    float r = 1.0f / sqrtf(s / (float)d + eps);
-    if (threadIdx.x == 0)
-        rstd[i] = r;
-    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
-        float a[K], b[K];
-        ldk<K>(xi, j, a);
-        ldk<K>(w, j, b);
-        for (int k = 0; k < K; k++)
-            a[k] = (a[k] * r) * b[k];
-        stk<K>(out, i * d + j, a);
-    }
+    rms_row_end<K>(out, rstd, xi, w, i, d, s, eps, sh);
 }
 
 /* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
@@ -1106,18 +1116,7 @@ __global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS 
         }
         stk<K>(si, j, a); /* representable: stored as computed */
     }
-    s = block_sum(s, sh);
-    float rs = 1.0f / sqrtf(s / (float)d + eps);
-    if (threadIdx.x == 0)
-        rstd[i] = rs;
-    for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
-        float a[K], b[K];
-        ldk<K>(si, j, a);
-        ldk<K>(w, j, b);
-        for (int k = 0; k < K; k++)
-            a[k] = (a[k] * rs) * b[k];
-        stk<K>(out, i * d + j, a);
-    }
+    rms_row_end<K>(out, rstd, (const TS *)si, w, i, d, s, eps, sh);
 }
 
 static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,

@@ -470,11 +470,7 @@ static void test_adamw_multi(void)
         printf("note adamw_multi: not on this backend (the optimizer runs adamw per tensor)\n");
         return;
     }
-    const struct {
-        dtype_t st, gt;
-        const char *name;
-    } cfg[4] = {{DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"},
-                {DT_BF16, DT_F32, "narrow"}};
+    const ops_adamw_cfg_t *cfg = ops_adamw_cfgs;
     for (int k = 0; k < 4; k++)
         for (int sr = 0; sr < 2; sr++) {
             int64_t d = ops_adamw_multi_diff(C, G, cfg[k].st, cfg[k].gt, sr, 3 + k, seed ^ (uint64_t)(16 * k + sr));

@@ -973,6 +973,9 @@ static const struct {
                  {83309, 1, 77}};
 #define AM_TOTAL 83312 /* the last segment's end, and 2 gap elements */
 
+const ops_adamw_cfg_t ops_adamw_cfgs[4] = {
+    {DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"}, {DT_BF16, DT_F32, "narrow"}};
+
 int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
                              uint64_t seed)
 {

@@ -191,5 +191,11 @@ float ops_round_bf16(float x);
  * reported a failure (ftk_err_msg()). */
 int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
                              uint64_t seed);
+/* The dtype configurations adamw runs in (states, gradients): f32, bf16, mixed, narrow. */
+typedef struct {
+    dtype_t st, gt;
+    const char *name;
+} ops_adamw_cfg_t;
+extern const ops_adamw_cfg_t ops_adamw_cfgs[4];
 
 #endif

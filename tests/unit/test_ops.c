@@ -1046,11 +1046,7 @@ static void test_adamw_multi(void)
     CHECK(be && be->adamw_multi);
     if (!be || !be->adamw_multi)
         return;
-    const struct {
-        dtype_t st, gt;
-        const char *name;
-    } cfg[4] = {{DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"},
-                {DT_BF16, DT_F32, "narrow"}};
+    const ops_adamw_cfg_t *cfg = ops_adamw_cfgs;
     int64_t worst = 0;
     for (int k = 0; k < 4; k++)
         for (int sr = 0; sr < 2; sr++) {
