@@ -189,14 +189,14 @@ int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)
 {
     if (c->self) /* one process: its collectives stay copies through the backend */
         return 0;
-    if (!ops) /* a build without the library: the same on every rank, no need to agree */
-        return -1;
     if (c->dev) {
-        ftk_err_set("internal: %s communication enabled twice on one communicator", ops->name);
+        ftk_err_set("internal: %s communication enabled twice on one communicator", c->dev->name);
         return -1;
     }
+    /* No library (ops NULL: a build without it, or libnccl.so.2 missing on this node only)
+     * takes part in the agreement too, or the ranks that have it would wait for this one. */
     char msg[512] = "";
-    void *ctx = ops->ctx_new(be, c->rank);
+    void *ctx = ops ? ops->ctx_new(be, c->rank) : NULL;
     if (!ctx)
         snprintf(msg, sizeof msg, "%s", ftk_err_msg());
     int who;

@@ -23,9 +23,12 @@
  * Errors: every CUDA and NCCL call is checked; a message names the world rank, the call,
  * and NCCL's words (ncclGetErrorString, ncclGetLastError). An asynchronous error (a peer
  * gone, a network failure) is looked for with ncclCommGetAsyncError whenever a request is
- * waited for or tested, and by status(); then the communicator is aborted (ncclCommAbort)
- * so that no stream waits for it forever, and the world's context keeps the first message:
- * every later call and status() fail with it.
+ * waited for or tested; then the communicator is aborted (ncclCommAbort) so that no stream
+ * waits for it forever, and the world's context keeps the first message: every later call
+ * and status() fail with it. Not detected: a peer lost while the host already waits in the
+ * backend's sync() for a compute stream that waits for a collective; that sync blocks
+ * until the job's time limit (a polling sync is the remedy, not written yet). A failed
+ * world's communicators are aborted, not destroyed, when freed.
  *
  * libnccl.so.2 is opened at run time (dlopen), not linked: the tools that link this start
  * on a machine without NCCL (a GPU node lent with the CUDA toolkit alone) and run on one
@@ -286,7 +289,12 @@ static void nc_comm_free(void *dc)
         int cur = -1;
         if (cudaGetDevice(&cur) == cudaSuccess && cur != d->x->device)
             cudaSetDevice(d->x->device);
-        nc.CommDestroy(d->comm); /* after what is queued on it */
+        /* Destroy waits for what is queued on it, which may never finish in a failed world
+         * (a peer gone): abort that one. */
+        if (d->x->failed)
+            nc.CommAbort(d->comm);
+        else
+            nc.CommDestroy(d->comm);
     }
     free(d);
 }
@@ -393,8 +401,15 @@ static int nc_test(void *dc, void *token, int *done)
         return 0;
     int rc = healthy(d);
     if (rc == 0) {
+        /* A query that answers "not ready" leaves cudaErrorNotReady as the thread's last
+         * error, which the CUDA backend would take for a failed kernel (it reads
+         * cudaGetLastError after each launch): cleared here, unless an error was already
+         * pending, which stays the backend's to report. */
+        cudaError_t prior = cudaPeekAtLastError();
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaErrorNotReady) {
+            if (prior == cudaSuccess)
+                (void)cudaGetLastError();
             *done = 0;
             return 0;
         }

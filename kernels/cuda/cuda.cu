@@ -144,7 +144,15 @@ static int ck_lt(cuda_t *c, cublasStatus_t s, const char *what)
     return -1;
 }
 
-static void launched(cuda_t *c, const char *kernel) { ck(c, cudaGetLastError(), kernel); }
+/* cudaErrorNotReady is an answer, not a failure: a query elsewhere in the process (NCCL's
+ * polling, engine/comm_nccl.c) may leave it as the thread's last error. */
+static cudaError_t last_error(void)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaErrorNotReady ? cudaSuccess : e;
+}
+
+static void launched(cuda_t *c, const char *kernel) { ck(c, last_error(), kernel); }
 
 /* The instance behind be, its device made current (another instance may have changed it). */
 static cuda_t *enter(backend_t *be)
@@ -467,7 +475,7 @@ static int cu_sync(backend_t *be)
     ck(c, cudaStreamSynchronize(c->def), "synchronize");
     for (bk_stream *s = c->streams; s; s = s->next)
         ck(c, cudaStreamSynchronize(s->s), "synchronize");
-    ck(c, cudaGetLastError(), "a kernel");
+    ck(c, last_error(), "a kernel");
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;

@@ -95,6 +95,8 @@ step ops 150 build/tests/gpu_ops
 step ops-fp32 150 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none FTK_CUDA_VEC=0 build/tests/gpu_ops
 step attn-e2e 90 sh tests/gpu/attn_e2e.sh "$ROOT/bin" "$DATA" "$REP/work/attn-e2e"
 # NCCL's first checks: right after the kernels', so that the time budget never leaves them out
+# (NCCL_DEBUG=WARN: a failure names its cause in the step's log)
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 step nccl-comm 90 sh -c '
     command -v mpirun >/dev/null || { echo "skipped (mpirun not found)"; exit 77; }
     MPI="mpirun --oversubscribe"; [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"

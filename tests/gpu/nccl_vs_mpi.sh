@@ -8,7 +8,8 @@
 #   hybrid, groups of 1  the cross-group all-reduce (each rank a shard group of its own)
 # then the full run stopped after 8 steps and resumed on 2 GPUs: the same losses. First, on
 # one GPU: one rank under mpirun (a 1-rank NCCL world) against one process alone.
-# Exit 77 without mpirun, without a GPU, or with one (after the 1-rank checks pass).
+# Exit 77 without mpirun, without a GPU, without NCCL, or with one GPU (after the 1-rank
+# checks pass).
 set -u
 BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,6 +18,9 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 need_mpi
 TO="timeout -k 5 100"
 "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1 || { echo "skipped (no GPU)"; exit 77; }
+# a GPU node without libnccl.so.2 (or a build without NCCL): a skip, as in nccl-comm
+nccl=$($MPI -np 1 "$ROOT/build/tests/test_comm" "$ROOT" 2>&1 | grep -m1 '^NCCL: ')
+case $nccl in *"libnccl.so.2 loads"*) ;; *) echo "skipped (${nccl:-NCCL: test_comm did not say})"; exit 77 ;; esac
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 demo_pack "$WORK/demo.h5" 256 || exit 1
 demo_init "$WORK/init.h5" stories260k 42 || exit 1
