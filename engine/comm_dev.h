@@ -49,6 +49,11 @@ typedef struct {
     int (*wait)(void *dc, void *token);
     /* *done = 1 when the collective has finished on the device; then token is released. */
     int (*test)(void *dc, void *token, int *done);
+    /* Optional: looks for an asynchronous error on every communicator of ctx; on one, aborts
+     * them all (their collectives end, so no stream waits for them forever) and keeps the
+     * message (status). 0, or -1. comm_enable_device makes the backend call it while the
+     * host waits for the device (backend.h wait_hook). */
+    int (*poll)(void *ctx);
 } comm_dev_ops_t;
 
 /* NCCL's table (engine/comm_nccl.c), or NULL with ftk_err_msg() saying why in a build

@@ -124,8 +124,22 @@ comm_t *comm_init(int *argc, char ***argv)
     return wrap(MPI_COMM_WORLD);
 }
 
+/* The world whose library the backend's host waits poll (backend.h wait_hook), or NULL:
+ * the hook goes through this, not through its argument, so that it is harmless whichever
+ * of the backend and the world is freed first. */
+static comm_t *poll_world;
+
+static void dev_wait_hook(void *arg)
+{
+    (void)arg;
+    if (poll_world && poll_world->dev && poll_world->dev->poll)
+        poll_world->dev->poll(poll_world->dev_ctx);
+}
+
 static void dev_release(comm_t *c)
 {
+    if (poll_world == c)
+        poll_world = NULL;
     if (c->dc)
         c->dev->comm_free(c->dc);
     if (c->owns_dev && c->dev_ctx)
@@ -214,6 +228,11 @@ int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)
     if (dev_attach(c) < 0) {
         dev_release(c);
         return -1;
+    }
+    if (ops->poll) {
+        poll_world = c;
+        be->wait_hook = dev_wait_hook;
+        be->wait_arg = NULL;
     }
     return 0;
 }

@@ -25,10 +25,14 @@
  * gone, a network failure) is looked for with ncclCommGetAsyncError whenever a request is
  * waited for or tested; then the communicator is aborted (ncclCommAbort) so that no stream
  * waits for it forever, and the world's context keeps the first message: every later call
- * and status() fail with it. Not detected: a peer lost while the host already waits in the
- * backend's sync() for a compute stream that waits for a collective; that sync blocks
- * until the job's time limit (a polling sync is the remedy, not written yet). A failed
- * world's communicators are aborted, not destroyed, when freed.
+ * and status() fail with it. While the host waits for the device (the backend's sync,
+ * upload, download), the backend polls and calls nc_poll (backend.h wait_hook, set by
+ * comm_enable_device), which looks at every communicator: a peer lost while the compute
+ * stream waits for a collective aborts them all, so the wait ends and the step fails
+ * instead of blocking until the job's time limit. A failed world's communicators are
+ * aborted, not destroyed, when freed. Not handled: a rank that fails before it enters
+ * ncclCommInitRank leaves the others in that blocking call (a non-blocking init with a
+ * deadline is the remedy).
  *
  * libnccl.so.2 is opened at run time (dlopen), not linked: the tools that link this start
  * on a machine without NCCL (a GPU node lent with the CUDA toolkit alone) and run on one
@@ -110,19 +114,23 @@ static int nccl_load(void)
     return 1;
 }
 
+typedef struct nccl_comm nccl_comm_t;
+
 typedef struct {
     int device, rank; /* rank: this process's rank in the world, for messages */
     cudaStream_t compute, stream;
     cudaEvent_t ready;
     int failed;     /* the first error, kept: why */
     char why[512];
+    nccl_comm_t **comms; /* the live communicators, for nc_poll */
+    int n_comms, cap_comms;
 } nccl_ctx_t;
 
-typedef struct {
+struct nccl_comm {
     nccl_ctx_t *x;
     ncclComm_t comm;
     int rank, size, aborted;
-} nccl_comm_t;
+};
 
 static int fail(nccl_ctx_t *x, const char *fmt, ...) FTK_PRINTF(2, 3);
 static int fail(nccl_ctx_t *x, const char *fmt, ...)
@@ -226,6 +234,7 @@ static void nc_ctx_free(void *ctx)
         cudaSetDevice(x->device);
     cudaEventDestroy(x->ready);
     cudaStreamDestroy(x->stream); /* what is queued still runs */
+    free(x->comms);
     free(x);
 }
 
@@ -277,6 +286,19 @@ static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int
         free(d);
         return NULL;
     }
+    if (x->n_comms == x->cap_comms) {
+        int cap = x->cap_comms ? 2 * x->cap_comms : 4;
+        nccl_comm_t **p = realloc(x->comms, (size_t)cap * sizeof *p);
+        if (!p) {
+            nc.CommAbort(d->comm);
+            free(d);
+            fail(x, "out of memory");
+            return NULL;
+        }
+        x->comms = p;
+        x->cap_comms = cap;
+    }
+    x->comms[x->n_comms++] = d;
     return d;
 }
 
@@ -285,6 +307,11 @@ static void nc_comm_free(void *dc)
     nccl_comm_t *d = dc;
     if (!d)
         return;
+    for (int i = 0; i < d->x->n_comms; i++)
+        if (d->x->comms[i] == d) {
+            d->x->comms[i] = d->x->comms[--d->x->n_comms];
+            break;
+        }
     if (!d->aborted) {
         int cur = -1;
         if (cudaGetDevice(&cur) == cudaSuccess && cur != d->x->device)
@@ -419,6 +446,25 @@ static int nc_test(void *dc, void *token, int *done)
     return rc;
 }
 
+/* Called while the host waits for the device (comm_dev.h poll): an asynchronous error on any
+ * communicator fails the world, and every communicator is then aborted, so that a stream
+ * waiting for one of their collectives is released and the wait ends. */
+static int nc_poll(void *ctx)
+{
+    nccl_ctx_t *x = ctx;
+    for (int i = 0; i < x->n_comms && !x->failed; i++)
+        if (!x->comms[i]->aborted)
+            healthy(x->comms[i]);
+    if (!x->failed)
+        return 0;
+    for (int i = 0; i < x->n_comms; i++)
+        if (!x->comms[i]->aborted) {
+            nc.CommAbort(x->comms[i]->comm);
+            x->comms[i]->aborted = 1;
+        }
+    return -1;
+}
+
 static const comm_dev_ops_t nccl_ops = {
     .name = "NCCL",
     .ctx_new = nc_ctx_new,
@@ -432,6 +478,7 @@ static const comm_dev_ops_t nccl_ops = {
     .allreduce = nc_allreduce,
     .wait = nc_wait,
     .test = nc_test,
+    .poll = nc_poll,
 };
 
 const comm_dev_ops_t *comm_nccl_ops(void)

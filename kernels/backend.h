@@ -202,6 +202,15 @@ struct backend {
      * later ops are skipped). */
     int (*sync)(backend_t *be);
 
+    /* Optional, set by a communication library (engine/comm_mpi.c, for NCCL), not by the
+     * backend: while the host waits for the device (sync, upload, download, event_sync) a
+     * backend whose ops run asynchronously polls and calls wait_hook(wait_arg) every few
+     * tens of microseconds, so that a collective that will never finish (a peer gone) is
+     * found and aborted rather than the wait blocking forever. NULL: a plain blocking wait.
+     * The CPU backend has nothing to wait for and never calls it. */
+    void (*wait_hook)(void *arg);
+    void *wait_arg;
+
     /* ---- streams and events (see above) ---- */
     bk_stream_t *(*stream_new)(backend_t *be);   /* NULL with ftk_err_msg() on failure */
     void (*stream_free)(backend_t *be, bk_stream_t *s);

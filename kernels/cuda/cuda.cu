@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern "C" {
 #include "../../libcommon/log.h"
@@ -154,6 +155,27 @@ static cudaError_t last_error(void)
 
 static void launched(cuda_t *c, const char *kernel) { ck(c, last_error(), kernel); }
 
+/* The host waits for stream s, or for event e when it is not NULL: blocking, or with a wait
+ * hook (backend.h: a communication library's check for collectives that will never end)
+ * polling, calling the hook between queries. A "not ready" answer is cleared from the
+ * thread's last error unless an error was pending before. */
+static cudaError_t host_wait(cuda_t *c, cudaStream_t s, cudaEvent_t e)
+{
+    backend_t *be = c->be;
+    if (!be->wait_hook)
+        return e ? cudaEventSynchronize(e) : cudaStreamSynchronize(s);
+    cudaError_t prior = cudaPeekAtLastError();
+    for (;;) {
+        cudaError_t r = e ? cudaEventQuery(e) : cudaStreamQuery(s);
+        if (r != cudaErrorNotReady)
+            return r;
+        if (prior == cudaSuccess)
+            (void)cudaGetLastError();
+        be->wait_hook(be->wait_arg);
+        usleep(20);
+    }
+}
+
 /* The instance behind be, its device made current (another instance may have changed it). */
 static cuda_t *enter(backend_t *be)
 {
@@ -207,7 +229,7 @@ static void *scratch(cuda_t *c, void **p, size_t *cap, size_t bytes, const char 
         return NULL;
     /* Kernels issued earlier may still read it; they all come before the current stream's
      * tail (scratch_claim). */
-    if (ck(c, cudaStreamSynchronize(c->cur), what) < 0)
+    if (ck(c, host_wait(c, c->cur, NULL), what) < 0)
         return NULL;
     bk_free(c->be, *p);
     *p = NULL;
@@ -416,7 +438,7 @@ static void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes)
     /* Waiting makes the host buffer free on return whatever memory it is (pinned memory
      * would otherwise be read later). */
     if (ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->cur), "upload") == 0)
-        ck(c, cudaStreamSynchronize(c->cur), "upload");
+        ck(c, host_wait(c, c->cur, NULL), "upload");
 }
 
 static void cu_download(backend_t *be, void *dst, const void *src, size_t bytes)
@@ -425,7 +447,7 @@ static void cu_download(backend_t *be, void *dst, const void *src, size_t bytes)
     if (!bytes)
         return;
     if (failed(c) || ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->cur), "download") < 0 ||
-        ck(c, cudaStreamSynchronize(c->cur), "download") < 0)
+        ck(c, host_wait(c, c->cur, NULL), "download") < 0)
         memset(dst, 0xff, bytes); /* NaN where floats: a failed run cannot look healthy */
 }
 
@@ -472,9 +494,9 @@ static void cu_copy(backend_t *be, void *dst, const void *src, size_t bytes)
 static int cu_sync(backend_t *be)
 {
     cuda_t *c = enter(be);
-    ck(c, cudaStreamSynchronize(c->def), "synchronize");
+    ck(c, host_wait(c, c->def, NULL), "synchronize");
     for (bk_stream *s = c->streams; s; s = s->next)
-        ck(c, cudaStreamSynchronize(s->s), "synchronize");
+        ck(c, host_wait(c, s->s, NULL), "synchronize");
     ck(c, last_error(), "a kernel");
     if (failed(c)) {
         ftk_err_set("%s", c->err);
@@ -589,7 +611,7 @@ static void cu_event_wait(backend_t *be, bk_event_t *ev)
 static int cu_event_sync(backend_t *be, bk_event_t *ev)
 {
     cuda_t *c = enter(be);
-    ck(c, cudaEventSynchronize(ev->e), "event synchronize"); /* waits also after a failure, as sync() */
+    ck(c, host_wait(c, NULL, ev->e), "event synchronize"); /* waits also after a failure, as sync() */
     if (failed(c)) {
         ftk_err_set("%s", c->err);
         return -1;
@@ -1555,7 +1577,7 @@ static const int64_t *upload_seg(cuda_t *c, const int64_t *seg, int64_t n_seg)
         return c->seg;
     c->seg_n = -1;
     /* seg_host is the source of the last upload, which may not have run yet */
-    if (ck(c, cudaEventSynchronize(c->seg_ev), "segments") < 0)
+    if (ck(c, host_wait(c, NULL, c->seg_ev), "segments") < 0)
         return NULL;
     if (bytes > c->seg_host_cap) {
         cudaFreeHost(c->seg_host);
@@ -2129,7 +2151,7 @@ static void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs
     if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
         return;
     size_t bytes = (size_t)n_segs * sizeof(adamw_seg_dev_t);
-    if (ck(c, cudaEventSynchronize(c->am_ev), "adamw_multi table") < 0)
+    if (ck(c, host_wait(c, NULL, c->am_ev), "adamw_multi table") < 0)
         return;
     if (bytes > c->am_host_cap) {
         cudaFreeHost(c->am_host);

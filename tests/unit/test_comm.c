@@ -168,7 +168,7 @@ static void contract(comm_t *c, backend_t *be, const char *what)
 /* ---- a fake device library (engine/comm_dev.h): host memory, MPI underneath ---------- */
 
 static struct {
-    int ids, joins, colls, waits, tests;
+    int ids, joins, colls, waits, tests, polls;
     int fail_id, fail_join_rank; /* provoked failures: rank 0's id; one rank's join */
     int fail_done;                /* wait and test report a failed collective */
     int creator[8], size[8], rank[8]; /* the joins, in order */
@@ -286,11 +286,17 @@ static int fk_test(void *c, void *token, int *done)
     }
     return 0;
 }
+static int fk_poll(void *x)
+{
+    (void)x;
+    fk.polls++;
+    return 0;
+}
 static const comm_dev_ops_t fake_ops = {
     .name = "fake", .ctx_new = fk_ctx_new, .ctx_free = fk_ctx_free, .status = fk_status,
     .unique_id = fk_unique_id, .comm_new = fk_comm_new, .comm_free = fk_comm_free,
     .allgather = fk_allgather, .reduce_scatter = fk_reduce_scatter, .allreduce = fk_allreduce,
-    .wait = fk_wait, .test = fk_test,
+    .wait = fk_wait, .test = fk_test, .poll = fk_poll,
 };
 
 /* ---- groups and agreement ------------------------------------------------------------- */
@@ -398,7 +404,15 @@ static void fake(comm_t *world, backend_t *be)
            strstr(ftk_err_msg(), "fake: the collective failed"));
     RCHECK(comm_allreduce(d, x, 4, DT_F32, &q) == 0 && comm_test(&q, &done) < 0 && done && !q.active);
     fk.fail_done = 0;
+    /* the backend's host waits poll the library while its world lives, and not after */
+    RCHECK(be->wait_hook != NULL);
+    int polls = fk.polls;
+    be->wait_hook(be->wait_arg);
+    RCHECK(fk.polls == polls + 1);
     comm_free(d);
+    be->wait_hook(be->wait_arg);
+    RCHECK(fk.polls == polls + 1);
+    be->wait_hook = NULL;
     MPI_Op_free(&fk_bf16);
 }
 
