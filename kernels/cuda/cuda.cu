@@ -172,7 +172,7 @@ static cudaError_t host_wait(cuda_t *c, cudaStream_t s, cudaEvent_t e)
         if (prior == cudaSuccess)
             (void)cudaGetLastError();
         be->wait_hook(be->wait_arg);
-        usleep(20);
+        usleep(50);
     }
 }
 
