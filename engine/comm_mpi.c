@@ -229,7 +229,7 @@ int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)
         dev_release(c);
         return -1;
     }
-    if (ops->poll) {
+    if (ops->poll && be) {
         poll_world = c;
         be->wait_hook = dev_wait_hook;
         be->wait_arg = NULL;
