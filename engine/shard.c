@@ -464,25 +464,37 @@ static void refresh_working_copy(shard_t *s)
  * of the former path). That path widened every tensor to fp32 in fresh buffers and
  * narrowed it again, ~4 new copies of each unit: first-touch page faults dominated, and a
  * 13.5 GB 7B file took ~55 s to load on the H200 machine. */
+/* The part [*a, *b) of tensor t inside the element range [lo, hi) of its unit; 0 when empty. */
+static int overlap(const ckpt_tensor_t *t, int64_t lo, int64_t hi, int64_t *a, int64_t *b)
+{
+    *a = t->offset > lo ? t->offset : lo;
+    *b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
+    return *a < *b;
+}
+
+/* *buf with room for need bytes (what it held is not kept); -1 with a message without memory. */
+static int read_room(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    free(*buf);
+    *cap = 0;
+    if (!(*buf = malloc(need))) {
+        ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", need);
+        return -1;
+    }
+    *cap = need;
+    return 0;
+}
+
 int shard_load_weights(shard_t *s, hid_t weights)
 {
-    size_t es = dtype_size(s->dt.state), most = 1, most_read = 0;
-    for (int u = 0; u < s->n_units; u++) {
-        const ckpt_unit_t *x = &s->units[u];
-        int64_t lo = s->lo[u], hi = lo + s->len[u];
+    size_t es = dtype_size(s->dt.state), most = 1, rd_cap = 0;
+    for (int u = 0; u < s->n_units; u++)
         most = sbytes(s, s->len[u]) > most ? sbytes(s, s->len[u]) : most;
-        for (int k = 0; k < x->n_tensors; k++) {
-            const ckpt_tensor_t *t = &x->t[k];
-            int64_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-            int64_t w = t->rank == 2 ? t->shape[1] : t->numel;
-            /* the rows covering [a, b), in the widest stored dtype */
-            size_t rows = a < b ? (size_t)(((b - t->offset - 1) / w + 1 - (a - t->offset) / w) * w) * sizeof(float) : 0;
-            most_read = rows > most_read ? rows : most_read;
-        }
-    }
     int pinned = s->be->host_alloc != NULL;
     char *host = pinned ? s->be->host_alloc(s->be, most) : malloc(most);
-    char *rd = NULL; /* made on first use: a whole-model load in the state's dtype needs none */
+    char *rd = NULL; /* grown on demand: a whole-model load in the state's dtype needs none */
     if (!host) {
         ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", most);
         return -1;
@@ -498,20 +510,20 @@ int shard_load_weights(shard_t *s, hid_t weights)
         }
         for (int k = 0; k < x->n_tensors && rc == 0; k++) {
             const ckpt_tensor_t *t = &x->t[k];
-            int64_t a = t->offset > lo ? t->offset : lo, b = t->offset + t->numel < hi ? t->offset + t->numel : hi;
-            if (a >= b)
+            int64_t a, b;
+            if (!overlap(t, lo, hi, &a, &b))
                 continue;
             /* Rows of the tensor covering [a, b) (weights_read_rows: a 1-D tensor is one row). */
             int64_t w = t->rank == 2 ? t->shape[1] : t->numel, r0 = (a - t->offset) / w, r1 = (b - t->offset - 1) / w + 1;
             char *dst = host + (size_t)(a - lo) * es;
             dtype_t dt = weights_tensor_dtype(weights, t->name);
+            size_t need = (size_t)((r1 - r0) * w) * dtype_size(dt);
             int whole = (a - t->offset) % w == 0 && (b - t->offset) % w == 0;
             if (dt == DT_INVALID) {
                 rc = -1;
             } else if (whole && dt == s->dt.state) {
                 rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, dst, NULL);
-            } else if (!rd && !(rd = malloc(most_read))) {
-                ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", most_read);
+            } else if (read_room(&rd, &rd_cap, need) < 0) {
                 rc = -1;
             } else if ((rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, rd, NULL)) == 0) {
                 dtype_convert(dst, s->dt.state, rd + (size_t)(a - t->offset - r0 * w) * dtype_size(dt), dt,
@@ -617,8 +629,8 @@ double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
         int64_t lo = s->lo[u], hi = lo + s->len[u];
         for (int k = 0; k < s->units[u].n_tensors; k++) {
             const ckpt_tensor_t *x = &s->units[u].t[k];
-            int64_t a = x->offset > lo ? x->offset : lo, b = x->offset + x->numel < hi ? x->offset + x->numel : hi;
-            if (a >= b)
+            int64_t a, b;
+            if (!overlap(x, lo, hi, &a, &b))
                 continue;
             int64_t o = a - lo;
             bk_adamw_seg_t *sg = &s->segs[s->n_segs++];
