@@ -612,6 +612,15 @@ static void cpu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc
     }
 }
 
+/* SwiGLU's element arithmetic, shared by swiglu and glu (the fused op must give its bits). */
+static inline float swiglu_h(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+static inline void swiglu_d(float d, float g, float u, float *dg, float *du)
+{
+    float sg = 1.0f / (1.0f + expf(-g));
+    *du = d * g * sg;
+    *dg = d * u * sg * (1.0f + g * (1.0f - sg));
+}
+
 static void cpu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n)
 {
     bk_buf_t b[3] = {h, g, u};
@@ -622,14 +631,12 @@ static void cpu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, in
         const float *gp = g.p, *up = u.p;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++)
-            hp[i] = gp[i] / (1.0f + expf(-gp[i])) * up[i];
+            hp[i] = swiglu_h(gp[i], up[i]);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = ld(g, i);
-        st(h, i, gi / (1.0f + expf(-gi)) * ld(u, i));
-    }
+    for (int64_t i = 0; i < n; i++)
+        st(h, i, swiglu_h(ld(g, i), ld(u, i)));
 }
 
 /* silu(g) = g·σ(g); silu'(g) = σ(g)·(1 + g·(1 − σ(g))). */
@@ -640,10 +647,10 @@ static void cpu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh,
         return;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float gi = ld(g, i), ui = ld(u, i), dhi = ld(dh, i);
-        float sg = 1.0f / (1.0f + expf(-gi));
-        st(du, i, dhi * gi * sg);
-        st(dg, i, dhi * ui * sg * (1.0f + gi * (1.0f - sg)));
+        float a, b;
+        swiglu_d(ld(dh, i), ld(g, i), ld(u, i), &a, &b);
+        st(du, i, b);
+        st(dg, i, a);
     }
 }
 
@@ -811,10 +818,8 @@ static void cpu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64
         return;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < F; j++) {
-            float gi = ld(gu, i * 2 * F + j);
-            st(h, i * F + j, gi / (1.0f + expf(-gi)) * ld(gu, i * 2 * F + F + j));
-        }
+        for (int64_t j = 0; j < F; j++)
+            st(h, i * F + j, swiglu_h(ld(gu, i * 2 * F + j), ld(gu, i * 2 * F + F + j)));
 }
 
 static void cpu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F)
@@ -826,10 +831,10 @@ static void cpu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, i
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < F; j++) {
             int64_t g = i * 2 * F + j, u = g + F;
-            float gi = ld(gu, g), ui = ld(gu, u), dhi = ld(dh, i * F + j);
-            float sg = 1.0f / (1.0f + expf(-gi));
-            st(dgu, u, dhi * gi * sg);
-            st(dgu, g, dhi * ui * sg * (1.0f + gi * (1.0f - sg)));
+            float a, b;
+            swiglu_d(ld(dh, i * F + j), ld(gu, g), ld(gu, u), &a, &b);
+            st(dgu, u, b);
+            st(dgu, g, a);
         }
 }
 
