@@ -157,15 +157,21 @@ static int cu_ok(nccl_ctx_t *x, cudaError_t e, const char *what)
 }
 
 /* A failed NCCL call: the message; the communicator is aborted so that nothing waits on it. */
+/* Ends d's collectives and the communicator (once): nothing waits for it any more. */
+static void abort_comm(nccl_comm_t *d)
+{
+    if (d->comm && !d->aborted) {
+        nc.CommAbort(d->comm);
+        d->aborted = 1;
+    }
+}
+
 static int nc_fail(nccl_comm_t *d, ncclResult_t r, const char *what)
 {
     const char *last = d->comm ? nc.GetLastError(d->comm) : nc.GetLastError(NULL);
     fail(d->x, "NCCL %s (rank %d of %d in the group): %s%s%s%s", what, d->rank, d->size, nc.GetErrorString(r),
          last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
-    if (d->comm && !d->aborted) {
-        nc.CommAbort(d->comm);
-        d->aborted = 1;
-    }
+    abort_comm(d);
     return -1;
 }
 
@@ -428,15 +434,10 @@ static int nc_test(void *dc, void *token, int *done)
         return 0;
     int rc = healthy(d);
     if (rc == 0) {
-        /* A query that answers "not ready" leaves cudaErrorNotReady as the thread's last
-         * error, which the CUDA backend would take for a failed kernel (it reads
-         * cudaGetLastError after each launch): cleared here, unless an error was already
-         * pending, which stays the backend's to report. */
-        cudaError_t prior = cudaPeekAtLastError();
+        /* "not ready" also stays as the thread's last CUDA error: the CUDA backend, which
+         * reads that after each launch, takes it for no error (cuda.cu last_error). */
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaErrorNotReady) {
-            if (prior == cudaSuccess)
-                (void)cudaGetLastError();
             *done = 0;
             return 0;
         }
@@ -458,10 +459,7 @@ static int nc_poll(void *ctx)
     if (!x->failed)
         return 0;
     for (int i = 0; i < x->n_comms; i++)
-        if (!x->comms[i]->aborted) {
-            nc.CommAbort(x->comms[i]->comm);
-            x->comms[i]->aborted = 1;
-        }
+        abort_comm(x->comms[i]);
     return -1;
 }
 

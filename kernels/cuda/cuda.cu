@@ -145,8 +145,8 @@ static int ck_lt(cuda_t *c, cublasStatus_t s, const char *what)
     return -1;
 }
 
-/* cudaErrorNotReady is an answer, not a failure: a query elsewhere in the process (NCCL's
- * polling, engine/comm_nccl.c) may leave it as the thread's last error. */
+/* cudaErrorNotReady is an answer, not a failure: a query (host_wait's, NCCL's polling in
+ * engine/comm_nccl.c) leaves it as the thread's last error. The one place that says so. */
 static cudaError_t last_error(void)
 {
     cudaError_t e = cudaGetLastError();
@@ -157,20 +157,16 @@ static void launched(cuda_t *c, const char *kernel) { ck(c, last_error(), kernel
 
 /* The host waits for stream s, or for event e when it is not NULL: blocking, or with a wait
  * hook (backend.h: a communication library's check for collectives that will never end)
- * polling, calling the hook between queries. A "not ready" answer is cleared from the
- * thread's last error unless an error was pending before. */
+ * polling, calling the hook between queries. */
 static cudaError_t host_wait(cuda_t *c, cudaStream_t s, cudaEvent_t e)
 {
     backend_t *be = c->be;
     if (!be->wait_hook)
         return e ? cudaEventSynchronize(e) : cudaStreamSynchronize(s);
-    cudaError_t prior = cudaPeekAtLastError();
     for (;;) {
         cudaError_t r = e ? cudaEventQuery(e) : cudaStreamQuery(s);
         if (r != cudaErrorNotReady)
             return r;
-        if (prior == cudaSuccess)
-            (void)cudaGetLastError();
         be->wait_hook(be->wait_arg);
         usleep(50);
     }
