@@ -54,6 +54,9 @@ TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
 TEST_SRC  := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(O)/tests/%,$(TEST_SRC))
 PLUGIN    := $(O)/plugin/libh5zstd.so
+# tests/fault/lock.sh's LD_PRELOAD shim: one for both builds (preloaded into the sanitizer
+# build's programs too, ahead of their runtime).
+LOCK_SHIM := build/tests/lock_delay.so
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -101,7 +104,7 @@ COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
+all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -165,6 +168,11 @@ $(O)/plugin/h5zstd.o: formats/h5zstd.c
 	$(CC) $(CFLAGS) -DH5ZSTD_PLUGIN -c $< -o $@
 $(PLUGIN): $(O)/plugin/h5zstd.o
 	$(CC) -shared $(LDFLAGS) $< -lzstd -o $@
+
+# tests/fault/lock.sh's LD_PRELOAD shim (LOCK_SHIM, above): never sanitized.
+$(LOCK_SHIM): tests/fault/lock_delay.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -fPIC -shared $< -ldl -o $@
 
 ifneq ($(CUDA_BINS),)
 $(O)/kernels/cuda/%.o: kernels/cuda/%.cu

@@ -1,6 +1,7 @@
 /* trainer.c — the training job (trainer.h). */
 #include "trainer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -200,6 +201,20 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
     return 0;
 }
 
+/* Whether DIR holds nothing but the lock file. */
+static int holds_only_lock(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    int only = 1;
+    while (only && (e = readdir(d)))
+        only = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, ".lock");
+    closedir(d);
+    return only;
+}
+
 /* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
  * of checkpoints whose writers died. */
 static int prepare_out_dir(trainer_t *t)
@@ -212,13 +227,22 @@ static int prepare_out_dir(trainer_t *t)
     /* one writer per run directory, for the life of the job; only then may temporaries
      * be taken for a dead run's */
     int fd = ckpt_lock_run(out);
-    if (fd == -1)
+    if (fd == -1) {
+        /* Another writer holds it: even if our mkdir made the directory, it is that
+         * writer's run now (two started together), so a failure must not remove it. */
+        t->made_dir = 0;
         return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
+    }
     if (fd == -2)
         ftk_warn("%s; going on without the lock: make sure no other ftk-train writes to %s", ftk_err_msg(), out);
     else if (fd < 0)
         return fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
     t->lock_fd = fd;
+    /* Our mkdir made it, but another writer started at the same moment may have locked it
+     * first and run to its end meanwhile: then what it holds is that writer's, and a
+     * failure of ours (the run exists) must leave it. */
+    if (t->made_dir && !holds_only_lock(out))
+        t->made_dir = 0;
     char latest[4096];
     snprintf(latest, sizeof latest, "%s/latest", out);
     struct stat sb;

@@ -517,14 +517,36 @@ int ckpt_lock_run(const char *run_dir)
         ftk_err_set("out of memory");
         return -3;
     }
-    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    int fd, tries = 0;
+again:
+    fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        ftk_err_set("%s: %s", p, strerror(errno));
+        if (errno == ENOENT && tries)
+            ftk_err_set("%s was removed while this ftk-train started (another one started on it at the same time "
+                        "and failed): start again",
+                        run_dir);
+        else
+            ftk_err_set("%s: %s", p, strerror(errno));
         free(p);
         return -3;
     }
     struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    if (fcntl(fd, F_SETLK, &l) < 0) {
+    int locked = fcntl(fd, F_SETLK, &l) == 0;
+    if (locked) {
+        /* A writer that made the directory and failed removes it, lock file included, while
+         * holding the lock: a lock won on that unlinked file guards nothing, so the file
+         * must still be the one at the path. */
+        struct stat a, b;
+        if (fstat(fd, &a) < 0 || stat(p, &b) < 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+            close(fd);
+            if (++tries < 10)
+                goto again;
+            ftk_err_set("%s: the lock file keeps being replaced", p);
+            free(p);
+            return -3;
+        }
+    }
+    if (!locked) {
         int e = errno;
         if (e == EACCES || e == EAGAIN) {
             char who[256] = "";

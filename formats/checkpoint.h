@@ -199,7 +199,9 @@ int ckpt_remove_stale(const char *run_dir);
  * until it is closed or the process ends (kill -9 included: the kernel drops it); -1 when
  * another process holds it (ftk_err_msg() names its host and process id from the file);
  * -2 when the file system keeps no locks (ENOLCK, ENOSYS, EOPNOTSUPP: the caller may warn
- * and go on); -3 on any other error. */
+ * and go on); -3 on any other error. A lock won on a file that is no longer at the path
+ * (the directory's creator failed and removed it meanwhile) is not taken: it opens again.
+ * A caller that made RUN but gets -1 must leave RUN alone: it is the other writer's. */
 int ckpt_lock_run(const char *run_dir);
 
 /* ---- reading ----

@@ -2,8 +2,10 @@
 # One writer per run directory (formats/checkpoint.h ckpt_lock_run): a second ftk-train on
 # a live run's --out exits 2 naming the first one's host and process id, with or without
 # --resume, and touches nothing (the first run's metrics stay one line per step, in
-# order); two started together: exactly one runs; after kill -9 the lock is gone with the
-# process and --resume auto continues.
+# order); two started together: exactly one runs, and the one that fails never removes
+# the other's run, even where its own mkdir made the directory (the races forced with the
+# LD_PRELOAD shim tests/fault/lock_delay.c, built as build/tests/lock_delay.so); after
+# kill -9 the lock is gone with the process and --resume auto continues.
 # Usage: tests/fault/lock.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -43,18 +45,103 @@ check "its metrics: one line per step, 1, 2, 3, … in order" awk '$1 != NR { ex
 expect "after it ended, --resume auto runs (2 steps)" 75 $T -o "$WORK/a" --steps 100000 --save-every 20 \
     --resume auto --stop-after 2
 
-# two started together: exactly one runs
-$TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
-p1=$!
-$TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b2.err" &
-p2=$!
-wait $p1
-r1=$?
-wait $p2
-r2=$?
-check "two started together: one exit 0, the other exit 2 ($r1, $r2)" \
-    test "$r1$r2" = 02 -o "$r1$r2" = 20
-check "the run has its 30 steps once" test "$(steps "$WORK/b")" = 30
+# two started together: exactly one runs, and the one that fails leaves the other's run
+# alone (even when its mkdir made the directory); a few rounds, as the order varies
+together() { # together ROUND STEPS
+    rm -rf "$WORK/b"
+    $TO $T -o "$WORK/b" --steps $2 >/dev/null 2>"$WORK/b1.err" &
+    p1=$!
+    $TO $T -o "$WORK/b" --steps $2 >/dev/null 2>"$WORK/b2.err" &
+    p2=$!
+    wait $p1
+    r1=$?
+    wait $p2
+    r2=$?
+    if [ "$r1$r2" = 02 ] || [ "$r1$r2" = 20 ]; then
+        ok "two started together (round $1): one exit 0, the other exit 2"
+    else
+        notok "two started together (round $1): one exit 0, the other exit 2 ($r1, $r2)"
+        sed 's/^/     | /' "$WORK/b1.err" "$WORK/b2.err"
+    fi
+    check "round $1: the run has its $2 steps once" test "$(steps "$WORK/b")" = $2
+}
+together 1 30
+for r in 2 3 4 5; do together $r 2; done
+
+# The same races made to happen (tests/fault/lock_delay.c widens the lock's windows).
+SHIM=$ROOT/build/tests/lock_delay.so
+wait_path() { # wait_path PATH: until it exists (30 s at most)
+    i=0
+    while [ ! -e "$1" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+}
+if [ -f "$SHIM" ]; then
+    # ASan wants its runtime first; the shim only sleeps around fcntl
+    SHIM_ENV="LD_PRELOAD=$SHIM ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
+    # 1a. the first one's mkdir makes the directory, the second one locks it first and is
+    #     still running when the first one tries: the first one exits 2 and leaves it
+    rm -rf "$WORK/b"
+    env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=4000 $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
+    p1=$!
+    wait_path "$WORK/b"
+    $T -o "$WORK/b" --steps 100000 --save-every 20 >/dev/null 2>"$WORK/b2.err" &
+    p2=$!
+    wait $p1
+    r1=$?
+    check "mkdir by one, lock by the other (running): the one that made it exits 2 ($r1)" test $r1 = 2
+    grep -q "in use by another ftk-train" "$WORK/b1.err" && ok "  saying the directory is in use" ||
+        { notok "  saying the directory is in use"; sed 's/^/     | /' "$WORK/b1.err"; }
+    s0=$(steps "$WORK/b")
+    wait_steps "$WORK/b" $((s0 + 2))
+    kill -TERM $p2
+    wait $p2
+    r2=$?
+    check "  the other's run goes on, and stops on SIGTERM (exit 75) ($r2)" test $r2 = 75
+    check "  with its metrics and checkpoint" test -f "$WORK/b/latest" -a "$(steps "$WORK/b")" -gt "$s0"
+    # 1b. the same, but the second one has ended when the first one locks: a run is there
+    rm -rf "$WORK/b"
+    env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=8000 $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
+    p1=$!
+    wait_path "$WORK/b"
+    expect "mkdir by one, lock and 2 steps by the other, which ends first: exit 0" 0 $T -o "$WORK/b" --steps 2
+    kill -0 $p1 2>/dev/null && ok "  (the first one still waits to lock)" || notok "  (the first one still waits to lock)"
+    wait $p1
+    r1=$?
+    check "  the first one exits 2 ($r1)" test $r1 = 2
+    grep -q "already holds a run" "$WORK/b1.err" && ok "  saying the directory holds a run" ||
+        { notok "  saying the directory holds a run"; sed 's/^/     | /' "$WORK/b1.err"; }
+    check "  and leaves it: 2 steps, their checkpoint" \
+        test "$(steps "$WORK/b")" = 2 -a -f "$WORK/b/step-00000002/manifest.json"
+
+    # 2. the first one locks, then fails (an infinite norm gain: the loss of step 1 is NaN,
+    #    exit 1) and removes the directory it made while the second one waits on the lock
+    #    file it opened: the second one must not take a lock on the removed file and run
+    #    in a removed directory
+    PY=${PYTHON:-/usr/bin/python3}
+    if "$PY" -c 'import h5py, numpy' 2>/dev/null; then
+        cp "$WORK/w.h5" "$WORK/fw.h5"
+        HDF5_PLUGIN_PATH="$ROOT/build/plugin" "$PY" "$ROOT/tests/fault/forge.py" "$WORK/fw.h5" \
+            /tensors/model.norm.weight set:0:1$(printf '%039d' 0) >/dev/null 2>&1
+        Tf=$(echo "$T" | sed "s|$WORK/w.h5|$WORK/fw.h5|")
+        rm -rf "$WORK/e"
+        env $SHIM_ENV FTK_TEST_LOCK_HOLD_MS=3000 $TO $Tf -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e1.err" &
+        p1=$!
+        wait_path "$WORK/e/.lock"
+        env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=6000 $TO $T -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e2.err"
+        r2=$?
+        wait $p1
+        r1=$?
+        check "lock, then failure and removal: the failing one exits 1 ($r1)" test $r1 = 1
+        check "  the waiting one exits 1 ($r2)" test $r2 = 1
+        grep -q "was removed while this ftk-train started" "$WORK/e2.err" &&
+            ok "  saying the directory was removed while it started" ||
+            { notok "  saying the directory was removed while it started"; sed 's/^/     | /' "$WORK/e2.err"; }
+        check "  and nothing is left" test ! -e "$WORK/e"
+    else
+        echo "skipped: lock, then failure and removal ($PY lacks h5py/numpy)"
+    fi
+else
+    echo "skipped: the forced races ($SHIM not built)"
+fi
 
 # kill -9: the kernel drops the lock with the process
 $T -o "$WORK/c" --steps 100000 --save-every 5 2>/dev/null &
