@@ -65,9 +65,11 @@ NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h
 CUDA_BINS :=
 ifneq ($(SAN),1)
 ifneq ($(NVCC),)
+# -ffp-contract=off for the host compiler: host arithmetic the CPU backend shares (AdamW's
+# factors) must round as in C11, also where the host has FMA (aarch64: Grace Hopper).
 NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 \
-             -Xcompiler -Wall,-Wextra,-Werror
+             -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64

@@ -1145,6 +1145,8 @@ __global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS 
     rms_row_end<K>(out, rstd, (const TS *)si, w, i, d, s, eps, sh);
 }
 
+static void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
+
 static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
                                bk_buf_t w, int64_t n, int64_t d, float eps)
 {
@@ -1153,10 +1155,19 @@ static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float
     if (n == 0 || failed(c) || !same_dt(c, op, xsum.dt, x.dt) || !same_dt(c, op, xsum.dt, r.dt) ||
         !dt_ok(c, op, out.dt) || !dt_ok(c, op, w.dt))
         return;
+    /* The row's partition is the one rmsnorm_fwd on xsum takes (its operands' alignment).
+     * Where that is 8-wide but x or r cannot be read 8-wide, the op is its sequence. */
+    int vec = d % VEC == 0 && vec_ok(c, {out.p, xsum.p, w.p});
+    if (vec && !vec_ok(c, {x.p, r.p})) {
+        copy_bytes(c, xsum.p, x.p, (size_t)(n * d) * dtype_size(x.dt), op);
+        cu_add(be, xsum, r, n * d);
+        cu_rmsnorm_fwd(be, out, rstd, xsum, w, n, d, eps);
+        return;
+    }
     on_dt(xsum.dt, [&](auto ts) {
         on_dt(out.dt, [&](auto to) {
             on_dt(w.dt, [&](auto tw) {
-                on_vec(d % VEC == 0 && vec_ok(c, {xsum.p, out.p, x.p, r.p, w.p}), [&](auto K) {
+                on_vec(vec, [&](auto K) {
                     add_rmsnorm_fwd_kernel<decltype(K)::value><<<(unsigned)n, 256, 0, c->cur>>>(
                         AS(ts, xsum), AS(to, out), rstd, AS(ts, x), AS(ts, r), AS(tw, w), d, eps);
                 });
@@ -1205,12 +1216,20 @@ static int rope_freqs(cuda_t *c, const char *op, int hd, float theta, rope_freq_
     return 1;
 }
 
-/* Elements j and j + half of one head's row v. */
+/* Elements j and j + half of one head's row x, rotated into y (which may be x). Each
+ * product and sum rounded on its own (the _rn intrinsics are never contracted into an
+ * FMA): the CPU's arithmetic, and the same in every kernel that rotates, whatever ptxas
+ * does at each call site. */
+template <typename T> __device__ __forceinline__ void rope_to(T *y, const T *x, int j, int half, float c, float s)
+{
+    float x1 = ld(x, j), x2 = ld(x, j + half);
+    st(y, j, __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)));
+    st(y, j + half, __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
 template <typename T> __device__ __forceinline__ void rope_rot(T *v, int j, int half, float c, float s)
 {
-    float x1 = ld(v, j), x2 = ld(v, j + half);
-    st(v, j, x1 * c - x2 * s);
-    st(v, j + half, x2 * c + x1 * s);
+    rope_to(v, v, j, half, c, s);
 }
 
 /* A thread per (token, pair), the heads in a loop: the angle is the same for all of them,
@@ -1280,15 +1299,9 @@ static void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos
 }
 
 /* q, k, v and the fused product qkv[n, Hq + 2·Hk] (backend.h qkv_rope): a thread per (token,
- * pair) as rope_qk_kernel, the same rotation (rope_cs, and rope_rot's expressions) between a
- * source and a destination, then the pair's elements of every v head copied. Threads of a
- * row take consecutive pairs: reads and writes are coalesced within each head. */
-template <typename T> __device__ __forceinline__ void rope_to(T *y, const T *x, int j, int half, float c, float s)
-{
-    float x1 = ld(x, j), x2 = ld(x, j + half);
-    st(y, j, x1 * c - x2 * s);
-    st(y, j + half, x2 * c + x1 * s);
-}
+ * pair) as rope_qk_kernel, the same rotation (rope_cs, rope_to) between a source and a
+ * destination, then the pair's elements of every v head copied. Threads of a row take
+ * consecutive pairs: reads and writes are coalesced within each head. */
 
 template <typename T>
 __global__ void qkv_rope_kernel(T *qkv, T *q, T *k, T *v, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
@@ -1866,7 +1879,9 @@ __global__ void xent_kernel(float *logits, double *row_loss, const int32_t *targ
     __syncthreads(); /* every thread has read x[t] */
     float c = grad_scale * w;
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-        x[j] = c * (float)exp((double)x[j] - lse) - (j == t ? c : 0.0f);
+        /* rounded as the CPU's two statements (a contracted FMA would round once) */
+        x[j] = j == t ? __fsub_rn(__fmul_rn(c, (float)exp((double)x[j] - lse)), c)
+                      : __fmul_rn(c, (float)exp((double)x[j] - lse));
 }
 
 /* *acc += Σ v[0 … n), the sum taken in order from 0 and then added, as the CPU does (one

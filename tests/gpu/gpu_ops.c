@@ -86,6 +86,9 @@ static const ops_case_t large[] = {
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
     {.op = OP_XENT, .cfgs = OPS_CFG(OPS_F32), .n = 96, .V = 32000, .grad_scale = 0.25f},
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 5000017},
+    /* past the grid's cap (blocks_for: 1,048,560 blocks of 256 threads) with one element a
+     * thread (FTK_CUDA_VEC=0, the ops-fp32 run): a second grid-stride pass */
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 300000017, .alpha = 0.37f},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
 };
 

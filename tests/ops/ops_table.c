@@ -38,6 +38,7 @@ static const int64_t seg_35[] = {0, 33, 34, 35};
 const ops_case_t ops_table[] = {
     {.op = OP_CONVERT, .cfgs = ALL, .n = 1001},
     {.op = OP_CONVERT, .cfgs = ALL, .n = 1},
+    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001, .offset = 4},
 
     /* every transposition and beta across the 256 tiles, then the model's three products
      * (y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) at 37 tokens, then degenerate sizes */
@@ -59,6 +60,10 @@ const ops_case_t ops_table[] = {
     {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 1, .V = 3, .d = 64},
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 100},
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 1, .V = 3, .d = 1000},
+    /* views 4 elements in: 8-byte aligned bf16, 16-byte aligned fp32 (the CUDA 16-byte
+     * accesses are taken for one and not the other), and 2 in */
+    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000, .offset = 4},
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96, .offset = 2},
 
     {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 7, .d = 1000},
     {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 33, .d = 100},
@@ -69,6 +74,11 @@ const ops_case_t ops_table[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 1, .d = 64},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 1000, .offset = 4},
+    /* Llama widths: more than one 8-element group per thread of a row */
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 4096},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 3, .d = 5120},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
 
     {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f},
     {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f, .inverse = 1},
@@ -97,6 +107,8 @@ const ops_case_t ops_table[] = {
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1000},
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097},
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1},
+    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097, .offset = 4},
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097, .offset = 2},
 
     {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000},
     {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 0.25f},
@@ -108,6 +120,8 @@ const ops_case_t ops_table[] = {
     {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 1},
     {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f},
     {.op = OP_SCALE, .cfgs = BOTH, .n = 1, .alpha = -3.0f},
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f, .offset = 4},
+    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 4},
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 1000},
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 2 * 65536 + 17}, /* the CPU's blocks and a ragged end */
 
@@ -115,6 +129,7 @@ const ops_case_t ops_table[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .gscale = 0.5f},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
 };
 const int ops_table_len = (int)(sizeof ops_table / sizeof *ops_table);
 
@@ -716,6 +731,15 @@ const ops_fcase_t ops_fused_table[] = {
     {.op = FU_ADD_RMSNORM, .n = 33, .d = 100},
     {.op = FU_ADD_RMSNORM, .n = 1, .d = 64},
     {.op = FU_ADD_RMSNORM, .n = 130, .d = 96},
+    /* Llama widths (7B: D = 4096, F = 11008; 13B: D = 5120) */
+    {.op = FU_GLU_FWD, .n = 5, .d = 11008},
+    {.op = FU_GLU_BWD, .n = 5, .d = 11008},
+    {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096},
+    {.op = FU_ADD_RMSNORM, .n = 3, .d = 5120},
+    /* x and r misaligned, xsum, out and w not: the row is still split as rmsnorm_fwd
+     * splits it (on CUDA the op is then its sequence) */
+    {.op = FU_ADD_RMSNORM, .n = 5, .d = 1000, .offset = 1},
+    {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096, .offset = 4},
 };
 const int ops_fused_len = (int)(sizeof ops_fused_table / sizeof *ops_fused_table);
 
@@ -726,8 +750,8 @@ void ops_fcase_name(const ops_fcase_t *c, char *out, size_t size)
         snprintf(out, size, "%s n=%lld H=%d KV=%d hd=%d theta=%g pos*%d%s", op, (long long)c->n, c->n_head, c->n_kv,
                  c->hd, c->theta, c->pos_step ? c->pos_step : 1, c->inverse ? " inverse" : "");
     else
-        snprintf(out, size, "%s n=%lld %s=%lld", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
-                 (long long)c->d);
+        snprintf(out, size, "%s n=%lld %s=%lld%s%.0lld", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
+                 (long long)c->d, c->offset ? " x,r at +" : "", (long long)c->offset);
 }
 
 int ops_fused_has(const backend_t *be, const ops_fcase_t *c)
@@ -926,14 +950,16 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
     }
     case FU_ADD_RMSNORM: {
         int64_t d = c->d, nd2 = n * d;
-        float *hx = host[nh++] = ops_rand(&rng, nd2, 2, 0), *hr = host[nh++] = ops_rand(&rng, nd2, 2, 0);
+        int64_t o = c->offset; /* x and r only */
+        float *hx = host[nh++] = ops_rand(&rng, nd2 + o, 2, 0), *hr = host[nh++] = ops_rand(&rng, nd2 + o, 2, 0);
         float *hw = host[nh++] = ops_rand(&rng, d, 1, 0);
         for (int64_t j = 0; j < d; j++)
             hw[j] += 1.0f;
-        bk_buf_t x = ops_put(be, dt, hx, nd2), rr = ops_put(be, dt, hr, nd2), w = ops_put(be, dt, hw, d);
+        bk_buf_t x = ops_put(be, dt, hx, nd2 + o), rr = ops_put(be, dt, hr, nd2 + o), w = ops_put(be, dt, hw, d);
         bk_buf_t xs = ops_nan(be, dt, nd2), out = ops_nan(be, dt, nd2);
         float *rstd = ops_put_raw(be, hx, (size_t)n * sizeof(float)); /* overwritten */
         dev[nd++] = x.p, dev[nd++] = rr.p, dev[nd++] = w.p, dev[nd++] = xs.p, dev[nd++] = out.p, dev[nd++] = rstd;
+        x = bk_at(x, o), rr = bk_at(rr, o);
         if (fused) {
             be->add_rmsnorm_fwd(be, xs, out, rstd, x, rr, w, n, d, 1e-5f);
         } else {
@@ -965,13 +991,14 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
 
 /* Segments in one buffer: lengths 1, odd, across the CUDA kernel's 4096-element blocks and
  * the CPU's chunks, an empty one; index0 offsets; gaps (elements no segment covers, which
- * must keep their bits); offsets that leave bf16 pointers 2-byte aligned only. */
+ * must keep their bits); offsets that leave bf16 pointers 2-byte aligned only, then two at
+ * multiples of 8 elements (the CUDA kernel's 8-element groups, one with a ragged end). */
 static const struct {
     int64_t at, n, index0;
 } am_layout[] = {{0, 1, 0},        {1, 7, 3},          {9, 1000, 100000}, {1011, 4097, 17},
                  {5109, 3, 0},     {5113, 0, 5},       {5113, 70001, 4096}, {75115, 8193, 1 << 20},
-                 {83309, 1, 77}};
-#define AM_TOTAL 83312 /* the last segment's end, and 2 gap elements */
+                 {83309, 1, 77},   {83312, 8203, 5},   {91520, 4096, 0}};
+#define AM_TOTAL 95618 /* the last segment's end, and 2 gap elements */
 
 const ops_adamw_cfg_t ops_adamw_cfgs[4] = {
     {DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"}, {DT_BF16, DT_F32, "narrow"}};

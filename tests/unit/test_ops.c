@@ -1057,8 +1057,8 @@ static void test_adamw_multi(void)
             CHECK(d == 0);
             worst = d > worst || d < 0 ? d : worst;
         }
-    printf("adamw_multi = adamw per segment (9 segments: odd lengths, index0 offsets, an empty one, gaps), "
-           "f32/bf16/mixed/narrow x nearest/stochastic: %s\n",
+    printf("adamw_multi = adamw per segment (11 segments: odd lengths, index0 offsets, an empty one, gaps, 8-element "
+           "multiples), f32/bf16/mixed/narrow x nearest/stochastic: %s\n",
            worst == 0 ? "same bits" : "DIFFERENT");
     backend_free(be);
 }
