@@ -135,7 +135,7 @@ static const opt_spec_t spec = {
         "Environment, for comparisons (docs/design.md): FTK_FUSED=all|none|a,b picks the fused ops (rope_qk,\n"
         "qkv_rope, glu, add_rmsnorm, adamw_multi; default all on CUDA, none on the CPU). With --device cuda:\n"
         "FTK_CUDA_ATTN=simple keeps the first attention kernels, FTK_CUDA_VEC=0 the one-element elementwise\n"
-        "kernels, FTK_CUDA_MATMUL=fp32|tf32 makes fp32 products exact or TF32 (default: bf16, fp32 sums).\n"
+        "kernels and the column-wise embedding gradient, FTK_CUDA_MATMUL=fp32|tf32 makes fp32 products exact or TF32 (default: bf16, fp32 sums).\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"

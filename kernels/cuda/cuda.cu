@@ -27,7 +27,10 @@
  *    every operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
  *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The row reductions (RMSNorm,
  *    Σx²'s blocks) take 8 consecutive elements a thread on the same condition: a sum is
- *    then partitioned otherwise (deterministic, not the one-element path's bits).
+ *    then partitioned otherwise (deterministic, not the one-element path's bits). The
+ *    embedding's gradient sums each table row over its own tokens (a block per distinct
+ *    id) instead of a thread per column walking all tokens, FTK_CUDA_VEC=0: the same
+ *    additions in the same order either way.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
@@ -866,8 +869,17 @@ __global__ void embed_fwd_kernel(T *out, const int32_t *ids, const T *table, int
     ELEMENTWISE(n * d, vec, embed_fwd_el, out, ids, table, d);
 }
 
-/* A thread per column, tokens in order: repeated ids add in the CPU's order, and a bf16
- * table rounds each sum as it is stored, as the CPU does. */
+/* x as stored in a buffer of p's type (rounded to bf16 for uint16_t). */
+__device__ __forceinline__ float as_stored(const float *, float x) { return x; }
+__device__ __forceinline__ float as_stored(const uint16_t *, float x)
+{
+    return __uint_as_float((uint32_t)f32_to_bf16_dev(x) << 16);
+}
+
+/* embed_bwd, first kernel (FTK_CUDA_VEC=0): a thread per column, tokens in order: repeated
+ * ids add in the CPU's order, and a bf16 table rounds each sum as it is stored, as the
+ * CPU does. Only d threads, each through all n tokens: a chain of dependent
+ * read-add-writes, ~n memory latencies. */
 template <typename TT, typename TD>
 __global__ void embed_bwd_kernel(TT *dtable, const int32_t *ids, const TD *dout, int64_t n, int64_t d)
 {
@@ -878,6 +890,69 @@ __global__ void embed_bwd_kernel(TT *dtable, const int32_t *ids, const TD *dout,
         int64_t t = (int64_t)ids[i] * d + j;
         st(dtable, t, ld(dtable, t) + ld(dout, i * d + j));
     }
+}
+
+/* embed_bwd by id: the sums of different rows are independent, so each row of the table
+ * needs only its own tokens in order. links: for each token i, nxt[i] = the next token
+ * with its id (n: none) and lead[i] = whether none comes before it; a thread per token,
+ * all ids compared through shared memory (n² comparisons: a few µs for thousands of
+ * tokens, against the first kernel's n dependent memory round trips). */
+__global__ void embed_links_kernel(const int32_t *ids, int32_t n, int32_t *nxt, int32_t *lead)
+{
+    __shared__ int32_t sh[256];
+    int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    int32_t id = i < n ? ids[i] : -1, next = n, first = 1;
+    for (int32_t b = 0; b < n; b += 256) {
+        __syncthreads();
+        if (b + (int32_t)threadIdx.x < n)
+            sh[threadIdx.x] = ids[b + threadIdx.x];
+        __syncthreads();
+        int32_t m = n - b < 256 ? n - b : 256;
+        for (int32_t k = 0; k < m; k++)
+            if (sh[k] == id) {
+                int32_t t = b + k;
+                first = first && t >= i;
+                next = t > i && t < next ? t : next;
+            }
+    }
+    if (i < n) {
+        nxt[i] = next;
+        lead[i] = first;
+    }
+}
+
+/* Then a block per (leading token, 128 columns): the row's sum runs through its tokens in
+ * order in a register, rounded as stored after each add (the CPU's bits), and is stored
+ * once. A frequent id (padding, "the") has a long chain: its tokens are found 8 at a time
+ * (nxt stays in L1) and their 8 loads issued together, not one memory latency each. */
+template <typename TT, typename TD>
+__global__ void embed_bwd_rows_kernel(TT *dtable, const int32_t *ids, const TD *dout, const int32_t *nxt,
+                                      const int32_t *lead, int32_t n, int64_t d)
+{
+    enum { U = 8 };
+    int32_t i = (int32_t)blockIdx.x;
+    int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (!lead[i] || j >= d)
+        return;
+    int64_t at = (int64_t)ids[i] * d + j;
+    float v = ld(dtable, at);
+    for (int32_t t = i; t < n;) {
+        int32_t ts[U];
+        float x[U];
+        ts[0] = t;
+#pragma unroll
+        for (int u = 1; u < U; u++)
+            ts[u] = ts[u - 1] < n ? nxt[ts[u - 1]] : n;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            x[u] = ts[u] < n ? ld(dout, (int64_t)ts[u] * d + j) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (ts[u] < n) /* not v + 0: -0 + 0 is +0 */
+                v = as_stored(dtable, v + x[u]);
+        t = ts[U - 1] < n ? nxt[ts[U - 1]] : n;
+    }
+    st(dtable, at, v);
 }
 
 template <int K, typename T>
@@ -920,10 +995,24 @@ static void cu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_
     cuda_t *c = enter(be);
     if (n * d == 0 || failed(c) || !dt_ok(c, "embed_bwd", dtable.dt) || !dt_ok(c, "embed_bwd", dout.dt))
         return;
+    int32_t *links = NULL;
+    /* by id up to 2^18 tokens (its n² comparisons stay under the first kernel's n round
+     * trips), and not with FTK_CUDA_VEC=0 (the first kernel, for comparison) */
+    if (c->vec && n <= (1 << 18) && (d + 127) / 128 <= 65535) {
+        scratch_claim(c);
+        if (!(links = (int32_t *)tmp_for(c, (size_t)n * 2 * sizeof(int32_t))))
+            return;
+        embed_links_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->cur>>>(ids, (int32_t)n, links, links + n);
+        launched(c, "embed_bwd links");
+    }
     on_dt(dtable.dt, [&](auto tt) {
         on_dt(dout.dt, [&](auto td) {
-            embed_bwd_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tt, dtable), ids, AS(td, dout), n,
-                                                                              d);
+            if (links)
+                embed_bwd_rows_kernel<<<dim3((unsigned)n, (unsigned)((d + 127) / 128)), 128, 0, c->cur>>>(
+                    AS(tt, dtable), ids, AS(td, dout), links, links + n, (int32_t)n, d);
+            else
+                embed_bwd_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tt, dtable), ids, AS(td, dout),
+                                                                                  n, d);
         });
     });
     launched(c, "embed_bwd");
@@ -1116,13 +1205,6 @@ static void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dou
  * rmsnorm_fwd on xsum would take the same: same width and alignment) and the same
  * reduction, on the sums as stored (rounded to xsum's type): the bits of add then
  * rmsnorm_fwd on this device. Each thread reads back only the sums it wrote. */
-/* x as stored in a buffer of p's type (rounded to bf16 for uint16_t). */
-__device__ __forceinline__ float as_stored(const float *, float x) { return x; }
-__device__ __forceinline__ float as_stored(const uint16_t *, float x)
-{
-    return __uint_as_float((uint32_t)f32_to_bf16_dev(x) << 16);
-}
-
 template <int K, typename TS, typename TO, typename TW>
 __global__ void add_rmsnorm_fwd_kernel(TS *xsum, TO *out, float *rstd, const TS *x, const TS *r, const TW *w, int64_t d,
                                        float eps)

@@ -136,6 +136,7 @@ static double *acc; /* what sumsq and xent add into */
 enum { AM_SEGS = 9 };
 static bk_adamw_seg_t am_segs[2][AM_SEGS];
 static int32_t *ids, *pos, *tgt;
+static int32_t *ids_rep; /* one token in 7 the same id, as padding or "the" would be */
 static bk_buf_t dw32; /* an fp32 gradient [F, D] for the bf16 weight-gradient product */
 
 /* fp32 operands on the instances made with FTK_CUDA_MATMUL=tf32 and =fp32 */
@@ -163,6 +164,17 @@ static void op_embed(void *c)
 {
     set_t *s = c;
     s->be->embed_fwd(s->be, s->y, ids, s->w, N, D);
+}
+/* the embedding's gradient into the table (its values only grow a little) */
+static void op_embed_bwd(void *c)
+{
+    set_t *s = c;
+    s->be->embed_bwd(s->be, s->w, ids, s->y, N, D);
+}
+static void op_embed_bwd_rep(void *c)
+{
+    set_t *s = c;
+    s->be->embed_bwd(s->be, s->w, ids_rep, s->y, N, D);
 }
 static void op_rms_fwd(void *c)
 {
@@ -371,6 +383,10 @@ int main(void)
     G->upload(G, ids, h, N * 4);
     G->upload(G, tgt, h, XC * 4);
     for (int i = 0; i < N; i++)
+        h[i] = i % 7 ? (i * 7919) % V : 2;
+    ids_rep = dev_alloc(G, N * 4);
+    G->upload(G, ids_rep, h, N * 4);
+    for (int i = 0; i < N; i++)
         h[i] = i % 512;
     pos = dev_alloc(G, N * 4);
     G->upload(G, pos, h, N * 4);
@@ -398,6 +414,9 @@ int main(void)
     row_bw("convert fp32 -> bf16", time_op(G, op_to_bf16, NULL), 6.0 * nf);
     row_bw("convert bf16 -> fp32", time_op(G, op_to_f32, NULL), 6.0 * nf);
     rows_bw("embed_fwd", op_embed, 2.0 * nd);
+    /* read dout, read and write the rows: 3 [N, D] */
+    rows_bw("embed_bwd distinct ids", op_embed_bwd, 3.0 * nd);
+    rows_bw("embed_bwd 1 in 7 one id", op_embed_bwd_rep, 3.0 * nd);
     rows_bw("rmsnorm_fwd", op_rms_fwd, 2.0 * nd);
     rows_bw("rmsnorm_bwd (dx and dw)", op_rms_bwd, 4.0 * nd);
     rows_bw("rope (q)", op_rope, 2.0 * nq);
@@ -454,6 +473,9 @@ int main(void)
     if (!one.be)
         fail();
     row_bw("embed_fwd bf16, one element a thread", time_op(one.be, op_embed, &one), 2.0 * nd * 2);
+    row_bw("embed_bwd bf16, per column", time_op(one.be, op_embed_bwd, &one), 3.0 * nd * 2);
+    row_bw("embed_bwd bf16 1/7 one id, per column", time_op(one.be, op_embed_bwd_rep, &one),
+           3.0 * nd * 2);
     row_bw("rmsnorm_fwd bf16, one element a thread", time_op(one.be, op_rms_fwd, &one), 2.0 * nd * 2);
     row_bw("swiglu_fwd bf16, one element a thread", time_op(one.be, op_swiglu_fwd, &one), 3.0 * nf * 2);
     row_bw("sumsq bf16, one element a thread", time_op(one.be, op_sumsq, &one), 1.0 * nf * 2);

@@ -58,6 +58,8 @@ const ops_case_t ops_table[] = {
     {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 77, .V = 13, .d = 100},
     {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 9, .V = 40, .d = 1000},
     {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 1, .V = 3, .d = 64},
+    /* chains of ~33 tokens an id: several of the CUDA row kernel's groups of 8 */
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 100, .V = 3, .d = 200},
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 100},
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 1, .V = 3, .d = 1000},
     /* views 4 elements in: 8-byte aligned bf16, 16-byte aligned fp32 (the CUDA 16-byte
