@@ -331,7 +331,8 @@ struct backend {
     /* The residual add and the RMSNorm after it (FTK_FUSED name "add_rmsnorm"):
      *   xsum = x + r (fp32 sum rounded once to xsum's dtype); out = rmsnorm(xsum)·w, rstd as
      *   rmsnorm_fwd = copy(xsum, x); add(xsum, r, n·d); rmsnorm_fwd(out, rstd, xsum, w, …).
-     * xsum, x, r of one dtype; out and w any. The model makes the attention output product
+     * xsum, x, r of one dtype; out and w any. xsum may be x or r (where it is r, the
+     * sequence is add(xsum, x, n·d): the same sum). The model makes the attention output product
      * into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the product is
      * rounded before the add (as PyTorch does), where the unfused path adds x inside the
      * product (beta 1) and rounds once; it is why this fusion is switchable. */

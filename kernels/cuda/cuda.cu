@@ -102,7 +102,7 @@ typedef struct {
     int n_plans, evict;
     /* Scratch, one per instance, in use by one stream at a time (scratch_claim): the
      * workspace, the segment list, and tmp (partial sums, attention's D, a product's fp32
-     * rows, an overlapping copy's staging). seg and tmp are allocated through bk_alloc
+     * rows, an overlapping copy's staging, embed_bwd's token order). seg and tmp are allocated through bk_alloc
      * when an op first needs them and grown on demand, so they are not in the memory
      * plan's creation-time figure. */
     cudaStream_t scr_owner; /* the stream that used scratch last; NULL: scr_ev marks it */
@@ -893,64 +893,62 @@ __global__ void embed_bwd_kernel(TT *dtable, const int32_t *ids, const TD *dout,
 }
 
 /* embed_bwd by id: the sums of different rows are independent, so each row of the table
- * needs only its own tokens in order. links: for each token i, nxt[i] = the next token
- * with its id (n: none) and lead[i] = whether none comes before it; a thread per token,
- * all ids compared through shared memory (n² comparisons: a few µs for thousands of
- * tokens, against the first kernel's n dependent memory round trips). */
-__global__ void embed_links_kernel(const int32_t *ids, int32_t n, int32_t *nxt, int32_t *lead)
+ * needs only its own tokens in order. First the tokens sorted by (id, position), stably,
+ * by counting: a thread per token compares its id with all ids (64-entry shared-memory
+ * tiles; n² comparisons, ~n/64 blocks so that a few thousand tokens still fill the
+ * device): order[less + before] = i, where less counts the smaller ids and before the
+ * same id earlier; the first token of an id (before = 0) keeps its group's start and
+ * length, the others a length of 0. */
+__global__ void embed_order_kernel(const int32_t *ids, int32_t n, int32_t *order, int32_t *start, int32_t *len)
 {
-    __shared__ int32_t sh[256];
+    __shared__ int32_t sh[64];
     int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
-    int32_t id = i < n ? ids[i] : -1, next = n, first = 1;
-    for (int32_t b = 0; b < n; b += 256) {
+    int32_t id = i < n ? ids[i] : -1, less = 0, before = 0, same = 0;
+    for (int32_t b = 0; b < n; b += 64) {
         __syncthreads();
         if (b + (int32_t)threadIdx.x < n)
             sh[threadIdx.x] = ids[b + threadIdx.x];
         __syncthreads();
-        int32_t m = n - b < 256 ? n - b : 256;
-        for (int32_t k = 0; k < m; k++)
-            if (sh[k] == id) {
-                int32_t t = b + k;
-                first = first && t >= i;
-                next = t > i && t < next ? t : next;
-            }
+        int32_t m = n - b < 64 ? n - b : 64;
+        for (int32_t k = 0; k < m; k++) {
+            int32_t o = sh[k];
+            less += o < id;
+            same += o == id;
+            before += o == id && b + k < i;
+        }
     }
     if (i < n) {
-        nxt[i] = next;
-        lead[i] = first;
+        order[less + before] = i;
+        start[i] = less;
+        len[i] = before ? 0 : same;
     }
 }
 
-/* Then a block per (leading token, 128 columns): the row's sum runs through its tokens in
- * order in a register, rounded as stored after each add (the CPU's bits), and is stored
- * once. A frequent id (padding, "the") has a long chain: its tokens are found 8 at a time
- * (nxt stays in L1) and their 8 loads issued together, not one memory latency each. */
+/* Then a block per (token, 128 columns), at work for an id's first token only: the row's
+ * sum runs through its group of order in a register, rounded as stored after each add
+ * (the CPU's bits), and is stored once. The group's positions are contiguous, so a
+ * frequent id (padding, "the") has its loads issued 8 at a time, not one latency each. */
 template <typename TT, typename TD>
-__global__ void embed_bwd_rows_kernel(TT *dtable, const int32_t *ids, const TD *dout, const int32_t *nxt,
-                                      const int32_t *lead, int32_t n, int64_t d)
+__global__ void embed_bwd_rows_kernel(TT *dtable, const int32_t *ids, const TD *dout, const int32_t *order,
+                                      const int32_t *start, const int32_t *len, int64_t d)
 {
     enum { U = 8 };
-    int32_t i = (int32_t)blockIdx.x;
+    int32_t i = (int32_t)blockIdx.x, c = len[i];
     int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (!lead[i] || j >= d)
+    if (!c || j >= d)
         return;
+    const int32_t *g = order + start[i];
     int64_t at = (int64_t)ids[i] * d + j;
     float v = ld(dtable, at);
-    for (int32_t t = i; t < n;) {
-        int32_t ts[U];
+    for (int32_t k = 0; k < c; k += U) {
         float x[U];
-        ts[0] = t;
-#pragma unroll
-        for (int u = 1; u < U; u++)
-            ts[u] = ts[u - 1] < n ? nxt[ts[u - 1]] : n;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            x[u] = ts[u] < n ? ld(dout, (int64_t)ts[u] * d + j) : 0.0f;
+            x[u] = k + u < c ? ld(dout, (int64_t)g[k + u] * d + j) : 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++)
-            if (ts[u] < n) /* not v + 0: -0 + 0 is +0 */
+            if (k + u < c) /* not v + 0: -0 + 0 is +0 */
                 v = as_stored(dtable, v + x[u]);
-        t = ts[U - 1] < n ? nxt[ts[U - 1]] : n;
     }
     st(dtable, at, v);
 }
@@ -995,21 +993,22 @@ static void cu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_
     cuda_t *c = enter(be);
     if (n * d == 0 || failed(c) || !dt_ok(c, "embed_bwd", dtable.dt) || !dt_ok(c, "embed_bwd", dout.dt))
         return;
-    int32_t *links = NULL;
-    /* by id up to 2^18 tokens (its n² comparisons stay under the first kernel's n round
-     * trips), and not with FTK_CUDA_VEC=0 (the first kernel, for comparison) */
+    int32_t *links = NULL; /* order, start, len: n each */
+    /* by id up to 2^18 tokens (its n² comparisons stay well under the first kernel's n
+     * memory round trips), and not with FTK_CUDA_VEC=0 (the first kernel, for comparison) */
     if (c->vec && n <= (1 << 18) && (d + 127) / 128 <= 65535) {
         scratch_claim(c);
-        if (!(links = (int32_t *)tmp_for(c, (size_t)n * 2 * sizeof(int32_t))))
+        if (!(links = (int32_t *)tmp_for(c, (size_t)n * 3 * sizeof(int32_t))))
             return;
-        embed_links_kernel<<<(unsigned)((n + 255) / 256), 256, 0, c->cur>>>(ids, (int32_t)n, links, links + n);
-        launched(c, "embed_bwd links");
+        embed_order_kernel<<<(unsigned)((n + 63) / 64), 64, 0, c->cur>>>(ids, (int32_t)n, links, links + n,
+                                                                         links + 2 * n);
+        launched(c, "embed_bwd order");
     }
     on_dt(dtable.dt, [&](auto tt) {
         on_dt(dout.dt, [&](auto td) {
             if (links)
                 embed_bwd_rows_kernel<<<dim3((unsigned)n, (unsigned)((d + 127) / 128)), 128, 0, c->cur>>>(
-                    AS(tt, dtable), ids, AS(td, dout), links, links + n, (int32_t)n, d);
+                    AS(tt, dtable), ids, AS(td, dout), links, links + n, links + 2 * n, d);
             else
                 embed_bwd_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tt, dtable), ids, AS(td, dout),
                                                                                   n, d);
@@ -1241,8 +1240,12 @@ static void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float
      * Where that is 8-wide but x or r cannot be read 8-wide, the op is its sequence. */
     int vec = d % VEC == 0 && vec_ok(c, {out.p, xsum.p, w.p});
     if (vec && !vec_ok(c, {x.p, r.p})) {
-        copy_bytes(c, xsum.p, x.p, (size_t)(n * d) * dtype_size(x.dt), op);
-        cu_add(be, xsum, r, n * d);
+        if (xsum.p == r.p) { /* xsum = r + x: the same bits (IEEE addition commutes) */
+            cu_add(be, xsum, x, n * d);
+        } else {
+            copy_bytes(c, xsum.p, x.p, (size_t)(n * d) * dtype_size(x.dt), op);
+            cu_add(be, xsum, r, n * d);
+        }
         cu_rmsnorm_fwd(be, out, rstd, xsum, w, n, d, eps);
         return;
     }

@@ -738,8 +738,9 @@ const ops_fcase_t ops_fused_table[] = {
     {.op = FU_GLU_BWD, .n = 5, .d = 11008},
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096},
     {.op = FU_ADD_RMSNORM, .n = 3, .d = 5120},
-    /* x and r misaligned, xsum, out and w not: the row is still split as rmsnorm_fwd
-     * splits it (on CUDA the op is then its sequence) */
+    /* x and r misaligned (at +1; at +4 in bf16 only, fp32 is then 16-byte aligned), xsum,
+     * out and w not: the row is still split as rmsnorm_fwd splits it (on CUDA the op is
+     * then its sequence) */
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 1000, .offset = 1},
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096, .offset = 4},
 };
