@@ -46,7 +46,7 @@ expect "after it ended, --resume auto runs (2 steps)" 75 $T -o "$WORK/a" --steps
     --resume auto --stop-after 2
 
 # two started together: exactly one runs, and the one that fails leaves the other's run
-# alone (even when its mkdir made the directory); a few rounds, as the order varies
+# alone (even when its mkdir made the directory; the orders that matter are forced below)
 together() { # together ROUND STEPS
     rm -rf "$WORK/b"
     $TO $T -o "$WORK/b" --steps $2 >/dev/null 2>"$WORK/b1.err" &
@@ -66,25 +66,29 @@ together() { # together ROUND STEPS
     check "round $1: the run has its $2 steps once" test "$(steps "$WORK/b")" = $2
 }
 together 1 30
-for r in 2 3 4 5; do together $r 2; done
 
-# The same races made to happen (tests/fault/lock_delay.c widens the lock's windows).
+# The same races made to happen, in a chosen order: tests/fault/lock_delay.c holds a
+# process at the lock until the test creates a gate file.
 SHIM=$ROOT/build/tests/lock_delay.so
 wait_path() { # wait_path PATH: until it exists (30 s at most)
     i=0
-    while [ ! -e "$1" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    while [ ! -e "$1" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
 }
+G=$WORK/gates
+mkdir -p "$G"
 if [ -f "$SHIM" ]; then
-    # ASan wants its runtime first; the shim only sleeps around fcntl
+    # ASan wants its runtime first; the shim only waits around fcntl
     SHIM_ENV="LD_PRELOAD=$SHIM ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
     # 1a. the first one's mkdir makes the directory, the second one locks it first and is
-    #     still running when the first one tries: the first one exits 2 and leaves it
+    #     running when the first one tries: the first one exits 2 and leaves it
     rm -rf "$WORK/b"
-    env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=4000 $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
+    env $SHIM_ENV FTK_TEST_LOCK_BEFORE="$G/1a" $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
     p1=$!
-    wait_path "$WORK/b"
+    wait_path "$G/1a.waiting"
     $T -o "$WORK/b" --steps 100000 --save-every 20 >/dev/null 2>"$WORK/b2.err" &
     p2=$!
+    wait_steps "$WORK/b" 1
+    touch "$G/1a"
     wait $p1
     r1=$?
     check "mkdir by one, lock by the other (running): the one that made it exits 2 ($r1)" test $r1 = 2
@@ -99,11 +103,11 @@ if [ -f "$SHIM" ]; then
     check "  with its metrics and checkpoint" test -f "$WORK/b/latest" -a "$(steps "$WORK/b")" -gt "$s0"
     # 1b. the same, but the second one has ended when the first one locks: a run is there
     rm -rf "$WORK/b"
-    env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=8000 $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
+    env $SHIM_ENV FTK_TEST_LOCK_BEFORE="$G/1b" $TO $T -o "$WORK/b" --steps 30 >/dev/null 2>"$WORK/b1.err" &
     p1=$!
-    wait_path "$WORK/b"
+    wait_path "$G/1b.waiting"
     expect "mkdir by one, lock and 2 steps by the other, which ends first: exit 0" 0 $T -o "$WORK/b" --steps 2
-    kill -0 $p1 2>/dev/null && ok "  (the first one still waits to lock)" || notok "  (the first one still waits to lock)"
+    touch "$G/1b"
     wait $p1
     r1=$?
     check "  the first one exits 2 ($r1)" test $r1 = 2
@@ -123,13 +127,18 @@ if [ -f "$SHIM" ]; then
             /tensors/model.norm.weight set:0:1$(printf '%039d' 0) >/dev/null 2>&1
         Tf=$(echo "$T" | sed "s|$WORK/w.h5|$WORK/fw.h5|")
         rm -rf "$WORK/e"
-        env $SHIM_ENV FTK_TEST_LOCK_HOLD_MS=3000 $TO $Tf -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e1.err" &
+        env $SHIM_ENV FTK_TEST_LOCK_AFTER="$G/2a" $TO $Tf -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e1.err" &
         p1=$!
-        wait_path "$WORK/e/.lock"
-        env $SHIM_ENV FTK_TEST_LOCK_DELAY_MS=6000 $TO $T -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e2.err"
-        r2=$?
+        wait_path "$G/2a.waiting"
+        env $SHIM_ENV FTK_TEST_LOCK_BEFORE="$G/2b" $TO $T -o "$WORK/e" --steps 30 >/dev/null 2>"$WORK/e2.err" &
+        p2=$!
+        wait_path "$G/2b.waiting"
+        touch "$G/2a"
         wait $p1
         r1=$?
+        touch "$G/2b"
+        wait $p2
+        r2=$?
         check "lock, then failure and removal: the failing one exits 1 ($r1)" test $r1 = 1
         check "  the waiting one exits 1 ($r2)" test $r2 = 1
         grep -q "was removed while this ftk-train started" "$WORK/e2.err" &&

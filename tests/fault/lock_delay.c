@@ -1,23 +1,33 @@
-/* lock_delay.so: an LD_PRELOAD shim for tests/fault/lock.sh that widens the windows of the
- * run-directory lock (formats/checkpoint.c ckpt_lock_run) so that the races between two
- * ftk-train started together happen on demand instead of once in a while:
- *   FTK_TEST_LOCK_DELAY_MS  sleep before each fcntl(F_SETLK) (after mkdir and open)
- *   FTK_TEST_LOCK_HOLD_MS   sleep after each fcntl(F_SETLK) that took the lock
- * Everything else is the real call; the locks are real. Test-only: not part of ftk. */
+/* lock_delay.so: an LD_PRELOAD shim for tests/fault/lock.sh that holds ftk-train at the
+ * run-directory lock (formats/checkpoint.c ckpt_lock_run) until the test lets it go, so
+ * that the races between two ftk-train started together happen in a chosen order:
+ *   FTK_TEST_LOCK_BEFORE=F  before each fcntl(F_SETLK) (after mkdir and open): create
+ *                           F.waiting, then wait until F exists
+ *   FTK_TEST_LOCK_AFTER=F   the same after each fcntl(F_SETLK) that took the lock
+ * (60 s at most each). Everything else is the real call; the locks are real. Test-only:
+ * not part of ftk. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
-static void nap(const char *var)
+static void hold(const char *var)
 {
-    const char *s = getenv(var);
-    long ms = s ? atol(s) : 0;
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (ms > 0 && nanosleep(&ts, &ts) < 0)
-        ;
+    const char *f = getenv(var);
+    if (!f)
+        return;
+    char w[4096];
+    snprintf(w, sizeof w, "%s.waiting", f);
+    FILE *m = fopen(w, "w");
+    if (m)
+        fclose(m);
+    struct timespec ts = {0, 10000000L};
+    for (int i = 0; i < 6000 && access(f, F_OK) != 0; i++)
+        nanosleep(&ts, NULL);
 }
 
 int fcntl(int fd, int cmd, ...)
@@ -31,9 +41,9 @@ int fcntl(int fd, int cmd, ...)
     va_end(ap);
     if (cmd != F_SETLK)
         return real(fd, cmd, arg);
-    nap("FTK_TEST_LOCK_DELAY_MS");
+    hold("FTK_TEST_LOCK_BEFORE");
     int r = real(fd, cmd, arg);
     if (r == 0)
-        nap("FTK_TEST_LOCK_HOLD_MS");
+        hold("FTK_TEST_LOCK_AFTER");
     return r;
 }
