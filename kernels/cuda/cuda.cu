@@ -33,6 +33,8 @@
  *    additions in the same order either way.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
  *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
+ *    So are rope's rotation (every kernel that rotates has the same bits, whatever ptxas
+ *    would contract at each call site) and xent's gradient.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
  *    instance's device current, so instances on several devices share a thread.
  *  - Streams: every kernel, product and copy goes to the current stream; upload and
