@@ -29,12 +29,12 @@
  *    Σx²'s blocks) take 8 consecutive elements a thread on the same condition: a sum is
  *    then partitioned otherwise (deterministic, not the one-element path's bits). The
  *    embedding's gradient sums each table row over its own tokens (a block per distinct
- *    id) instead of a thread per column walking all tokens, FTK_CUDA_VEC=0: the same
- *    additions in the same order either way.
+ *    id; FTK_CUDA_VEC=0: a thread per column walking all tokens): the same additions in
+ *    the same order either way.
  *  - AdamW is written without contractions (__fmul_rn …): its fp32 arithmetic is the
- *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits.
- *    So are rope's rotation (every kernel that rotates has the same bits, whatever ptxas
- *    would contract at each call site) and xent's gradient.
+ *    CPU's operation for operation, so nearest and stochastic rounding give the CPU's bits;
+ *    so are rope's rotation (then every kernel that rotates has the same bits, whatever
+ *    ptxas would contract at each call site) and xent's gradient.
  *  - Instances: all state lives in cuda_t (be->ctx); every entry point makes the
  *    instance's device current, so instances on several devices share a thread.
  *  - Streams: every kernel, product and copy goes to the current stream; upload and
@@ -104,9 +104,9 @@ typedef struct {
     int n_plans, evict;
     /* Scratch, one per instance, in use by one stream at a time (scratch_claim): the
      * workspace, the segment list, and tmp (partial sums, attention's D, a product's fp32
-     * rows, an overlapping copy's staging, embed_bwd's token order). seg and tmp are allocated through bk_alloc
-     * when an op first needs them and grown on demand, so they are not in the memory
-     * plan's creation-time figure. */
+     * rows, an overlapping copy's staging, embed_bwd's token order). seg and tmp are
+     * allocated through bk_alloc when an op first needs them and grown on demand, so they
+     * are not in the memory plan's creation-time figure. */
     cudaStream_t scr_owner; /* the stream that used scratch last; NULL: scr_ev marks it */
     cudaEvent_t scr_ev;
     int64_t *seg; /* the segment list of the last attention, on the device */
