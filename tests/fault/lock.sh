@@ -23,6 +23,12 @@ wait_steps() { # wait_steps RUN N: until RUN has N steps (30 s at most)
     i=0
     while [ "$(steps "$1")" -lt "$2" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 }
+says() { # says NAME PATTERN FILE: FILE has PATTERN (else it is shown)
+    if grep -q "$2" "$3"; then ok "$1"; else
+        notok "$1"
+        sed 's/^/     | /' "$3"
+    fi
+}
 
 # a live writer, then a second one
 $T -o "$WORK/a" --steps 100000 --save-every 20 2>"$WORK/a.err" &
@@ -31,12 +37,10 @@ wait_steps "$WORK/a" 3
 # (bounded: without the lock the second writer would run on)
 TO="timeout -k 5 60"
 expect "second writer, --resume auto: exit 2" 2 $TO $T -o "$WORK/a" --steps 100000 --save-every 20 --resume auto
-grep -q "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err" &&
-    ok "message names the first one's host and process id" ||
-    { notok "message names the first one's host and process id"; sed 's/^/     | /' "$WORK/err"; }
+says "message names the first one's host and process id" \
+    "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
 expect "second writer, no --resume: exit 2" 2 $TO $T -o "$WORK/a" --steps 100000 --save-every 20
-grep -q "in use by another ftk-train" "$WORK/err" && ok "message says the directory is in use" ||
-    notok "message says the directory is in use"
+says "message says the directory is in use" "in use by another ftk-train" "$WORK/err"
 kill -TERM $pa
 wait $pa
 check "the first writer stops on SIGTERM (exit 75)" test $? -eq 75
@@ -92,8 +96,7 @@ if [ -f "$SHIM" ]; then
     wait $p1
     r1=$?
     check "mkdir by one, lock by the other (running): the one that made it exits 2 ($r1)" test $r1 = 2
-    grep -q "in use by another ftk-train" "$WORK/b1.err" && ok "  saying the directory is in use" ||
-        { notok "  saying the directory is in use"; sed 's/^/     | /' "$WORK/b1.err"; }
+    says "  saying the directory is in use" "in use by another ftk-train" "$WORK/b1.err"
     s0=$(steps "$WORK/b")
     wait_steps "$WORK/b" $((s0 + 2))
     kill -TERM $p2
@@ -111,8 +114,7 @@ if [ -f "$SHIM" ]; then
     wait $p1
     r1=$?
     check "  the first one exits 2 ($r1)" test $r1 = 2
-    grep -q "already holds a run" "$WORK/b1.err" && ok "  saying the directory holds a run" ||
-        { notok "  saying the directory holds a run"; sed 's/^/     | /' "$WORK/b1.err"; }
+    says "  saying the directory holds a run" "already holds a run" "$WORK/b1.err"
     check "  and leaves it: 2 steps, their checkpoint" \
         test "$(steps "$WORK/b")" = 2 -a -f "$WORK/b/step-00000002/manifest.json"
 
@@ -141,9 +143,8 @@ if [ -f "$SHIM" ]; then
         r2=$?
         check "lock, then failure and removal: the failing one exits 1 ($r1)" test $r1 = 1
         check "  the waiting one exits 1 ($r2)" test $r2 = 1
-        grep -q "was removed while this ftk-train started" "$WORK/e2.err" &&
-            ok "  saying the directory was removed while it started" ||
-            { notok "  saying the directory was removed while it started"; sed 's/^/     | /' "$WORK/e2.err"; }
+        says "  saying the directory was removed while it started" "was removed while this ftk-train started" \
+            "$WORK/e2.err"
         check "  and nothing is left" test ! -e "$WORK/e"
     else
         echo "skipped: lock, then failure and removal ($PY lacks h5py/numpy)"
