@@ -332,10 +332,10 @@ struct backend {
      *   xsum = x + r (fp32 sum rounded once to xsum's dtype); out = rmsnorm(xsum)·w, rstd as
      *   rmsnorm_fwd = copy(xsum, x); add(xsum, r, n·d); rmsnorm_fwd(out, rstd, xsum, w, …).
      * xsum, x, r of one dtype; out and w any. xsum may be x or r (where it is r, the
-     * sequence is add(xsum, x, n·d): the same sum). The model makes the attention output product
-     * into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the product is
-     * rounded before the add (as PyTorch does), where the unfused path adds x inside the
-     * product (beta 1) and rounds once; it is why this fusion is switchable. */
+     * sequence is add(xsum, x, n·d): the same sum). The model makes the attention output
+     * product into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the
+     * product is rounded before the add (as PyTorch does), where the unfused path adds x
+     * inside the product (beta 1) and rounds once; it is why this fusion is switchable. */
     void (*add_rmsnorm_fwd)(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
                             bk_buf_t w, int64_t n, int64_t d, float eps);
 
