@@ -320,13 +320,20 @@ static void fill(set_t *s, backend_t *be, dtype_t dt)
 }
 
 /* An instance whose fp32 products use FTK_CUDA_MATMUL=mode. */
+/* A second CUDA instance made with var=val (the backend reads its switches at creation). */
+static backend_t *instance_with(const char *var, const char *val)
+{
+    setenv(var, val, 1);
+    backend_t *be = backend_cuda_new(0);
+    unsetenv(var);
+    if (!be)
+        fail();
+    return be;
+}
+
 static void mm_instance(mm_t *t, const char *mode)
 {
-    setenv("FTK_CUDA_MATMUL", mode, 1);
-    t->be = backend_cuda_new(0);
-    unsetenv("FTK_CUDA_MATMUL");
-    if (!t->be)
-        fail();
+    t->be = instance_with("FTK_CUDA_MATMUL", mode);
     t->x = dev_rnd(t->be, nd, 1, DT_F32);
     t->w = dev_rnd(t->be, nf, 1, DT_F32);
     t->y = dev_rnd(t->be, nf, 1, DT_F32);
@@ -449,12 +456,8 @@ int main(void)
     double pairs = 8.0 * 512 * 513 / 2 * H, mm = 2.0 * N * F * D;
     /* bf16 attention on the tensor cores (the default) and with the simple kernels, which
      * fp32 always takes; the second instance uses the first one's buffers (one device) */
-    setenv("FTK_CUDA_ATTN", "simple", 1);
     set_t simple = S[1];
-    simple.be = backend_cuda_new(0);
-    unsetenv("FTK_CUDA_ATTN");
-    if (!simple.be)
-        fail();
+    simple.be = instance_with("FTK_CUDA_ATTN", "simple");
     const set_t *att[3] = {&S[1], &simple, &S[0]};
     const char *att_label[3] = {"bf16 flash (default)", "bf16 simple", "fp32 simple"};
     for (int k = 0; k < 3; k++) {
@@ -466,12 +469,8 @@ int main(void)
     }
     backend_free(simple.be);
     /* the one-element kernels (FTK_CUDA_VEC=0), bf16, beside the 8-element rows above */
-    setenv("FTK_CUDA_VEC", "0", 1);
     set_t one = S[1];
-    one.be = backend_cuda_new(0);
-    unsetenv("FTK_CUDA_VEC");
-    if (!one.be)
-        fail();
+    one.be = instance_with("FTK_CUDA_VEC", "0");
     row_bw("embed_fwd bf16, one element a thread", time_op(one.be, op_embed, &one), 2.0 * nd * 2);
     row_bw("embed_bwd bf16, per column", time_op(one.be, op_embed_bwd, &one), 3.0 * nd * 2);
     row_bw("embed_bwd bf16 1/7 one id, per column", time_op(one.be, op_embed_bwd_rep, &one),
