@@ -156,7 +156,6 @@ static int cu_ok(nccl_ctx_t *x, cudaError_t e, const char *what)
     return fail(x, "CUDA device %d: %s: %s", x->device, what, cudaGetErrorString(e));
 }
 
-/* A failed NCCL call: the message; the communicator is aborted so that nothing waits on it. */
 /* Ends d's collectives and the communicator (once): nothing waits for it any more. */
 static void abort_comm(nccl_comm_t *d)
 {
@@ -166,6 +165,7 @@ static void abort_comm(nccl_comm_t *d)
     }
 }
 
+/* A failed NCCL call: the message; the communicator is aborted so that nothing waits on it. */
 static int nc_fail(nccl_comm_t *d, ncclResult_t r, const char *what)
 {
     const char *last = d->comm ? nc.GetLastError(d->comm) : nc.GetLastError(NULL);
@@ -296,7 +296,7 @@ static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int
         int cap = x->cap_comms ? 2 * x->cap_comms : 4;
         nccl_comm_t **p = realloc(x->comms, (size_t)cap * sizeof *p);
         if (!p) {
-            nc.CommAbort(d->comm);
+            abort_comm(d);
             free(d);
             fail(x, "out of memory");
             return NULL;
@@ -325,7 +325,7 @@ static void nc_comm_free(void *dc)
         /* Destroy waits for what is queued on it, which may never finish in a failed world
          * (a peer gone): abort that one. */
         if (d->x->failed)
-            nc.CommAbort(d->comm);
+            abort_comm(d);
         else
             nc.CommDestroy(d->comm);
     }
