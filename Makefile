@@ -59,6 +59,7 @@ PLUGIN    := $(O)/plugin/libh5zstd.so
 # tests/fault/lock.sh's LD_PRELOAD shim: one for both builds (preloaded into the sanitizer
 # build's programs too, ahead of their runtime).
 LOCK_SHIM := build/tests/lock_delay.so
+FLASH_EMU := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -108,7 +109,7 @@ COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK)
+all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(FLASH_EMU)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -173,6 +174,13 @@ $(O)/plugin/h5zstd.o: formats/h5zstd.c
 $(PLUGIN): $(O)/plugin/h5zstd.o
 	$(CC) -shared $(LDFLAGS) $< -lzstd -o $@
 
+# flash_mma.cuh's attention kernels emulated on the host against the CPU backend
+# (tests/gpu/flash_emu.cc): needs neither a GPU nor nvcc. Not in the sanitizer build: its
+# fibers switch stacks under the sanitizers' feet.
+$(O)/tests/flash_emu: tests/gpu/flash_emu.cc kernels/cuda/flash_mma.cuh kernels/cuda/common.cuh $(OPS_TABLE_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@
+
 # tests/fault/lock.sh's LD_PRELOAD shim (LOCK_SHIM, above): never sanitized.
 $(LOCK_SHIM): tests/fault/lock_delay.c
 	@mkdir -p $(dir $@)
@@ -182,6 +190,8 @@ ifneq ($(CUDA_BINS),)
 $(O)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+# nvcc writes no dependency files here: the headers the CUDA sources include, by hand
+$(CUDA_OBJ): $(wildcard kernels/cuda/*.cuh kernels/cuda/*.h) kernels/backend.h kernels/sround.h libcommon/log.h
 $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@

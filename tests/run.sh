@@ -85,6 +85,8 @@ for t in build/tests/test_*; do
 done
 # the trainer (shard engine, optimizer, resume) on the CPU's fused ops, adamw_multi included
 run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
+# flash_mma.cuh's attention kernels emulated on the host against the CPU backend (no GPU needed)
+run gpu/flash-emu build/tests/flash_emu
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
     # every CUDA op and a whole training step against the CPU backend: bf16 matrix products

@@ -16,8 +16,9 @@
  *    Σx²) sum fixed partitions and then the partial sums in order; the embedding's
  *    backward gives each thread a column and walks the tokens in order, like the CPU.
  *  - Attention, bf16 with a head dimension that is a multiple of 16 up to 128: on the
- *    tensor cores in 64 × 64 tiles (flash_attn.cuh; probabilities and dS rounded to bf16
- *    before their products, as FlashAttention does). Otherwise, and with
+ *    tensor cores in 64 × 64 tiles (flash_attn.cuh's WMMA kernels; with FTK_CUDA_ATTN=mma
+ *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
+ *    probabilities and dS to bf16 before their products, as FlashAttention does). Otherwise, and with
  *    FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
@@ -86,12 +87,13 @@ typedef struct {
 } plan_t;
 
 enum { MAX_PLANS = 256 };
+enum { ATTN_FLASH, ATTN_MMA, ATTN_SIMPLE }; /* cuda_t.attn */
 
 typedef struct {
     backend_t *be;
     int device;
     cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
-    int attn_simple;                 /* FTK_CUDA_ATTN=simple: no tensor-core attention */
+    int attn;                        /* FTK_CUDA_ATTN: ATTN_FLASH (default), ATTN_MMA, ATTN_SIMPLE */
     int vec;                         /* elementwise kernels may take 8 elements a thread (FTK_CUDA_VEC) */
     char err[512];                   /* first error, "" when none */
     cudaStream_t def;                /* the instance's default stream */
@@ -262,15 +264,7 @@ static unsigned blocks_for(int64_t n, int threads)
 __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const uint16_t *p, int64_t i) { return __uint_as_float((uint32_t)p[i] << 16); }
 
-/* formats/dtype.h f32_to_bf16: nearest even; NaN keeps its sign and becomes quiet. */
-__device__ __forceinline__ uint16_t f32_to_bf16_dev(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
+#include "common.cuh" /* f32_to_bf16_dev, seg_start */
 
 __device__ __forceinline__ void st(float *p, int64_t i, float x) { p[i] = x; }
 __device__ __forceinline__ void st(uint16_t *p, int64_t i, float x) { p[i] = f32_to_bf16_dev(x); }
@@ -1485,21 +1479,6 @@ template <typename T> __device__ void row_store(T *dst, const float *r, int hd, 
     }
 }
 
-/* The segment holding token i: the last s with seg[s] <= i. */
-__device__ int64_t seg_start(const int64_t *seg, int64_t n_seg, int64_t i, int64_t *end)
-{
-    int64_t lo = 0, hi = n_seg - 1;
-    while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if (seg[mid] <= i)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    *end = seg[lo + 1];
-    return seg[lo];
-}
-
 /* One query row against keys k0 … k0+nk-1 (row stride ks), online softmax in fp32;
  * returns the log-sum-exp of the scaled scores and writes the output row. */
 template <typename T>
@@ -1616,13 +1595,18 @@ __global__ void attn_bwd_dkv_kernel(T *dk, T *dv, const float *dsum, const T *do
 }
 
 #include "flash_attn.cuh"
+#include "mma_sync.cuh"
+#include "flash_mma.cuh"
+/* both kinds of tensor-core kernel are launched on the same grids */
+static_assert(fm::BM == fa::BM && fm::BN == fa::BN, "flash_attn.cuh and flash_mma.cuh tiles");
 
-/* The tensor-core kernels (flash_attn.cuh) take bf16 with a head dimension that is a
- * multiple of 16 up to 128 and rows on 16-byte boundaries; anything else, and
- * FTK_CUDA_ATTN=simple, takes the warp-per-row kernels above. */
+/* The tensor-core kernels (flash_attn.cuh's WMMA ones, or flash_mma.cuh's with
+ * FTK_CUDA_ATTN=mma) take bf16 with a head dimension that is a multiple of 16 up to 128 and
+ * rows on 16-byte boundaries; anything else, and FTK_CUDA_ATTN=simple, takes the
+ * warp-per-row kernels above. */
 static int flash_ok(cuda_t *c, dtype_t dt, int hd, std::initializer_list<const void *> bufs)
 {
-    if (c->attn_simple || dt != DT_BF16 || hd % 16 || hd > 128)
+    if (c->attn == ATTN_SIMPLE || dt != DT_BF16 || hd % 16 || hd > 128)
         return 0;
     for (const void *p : bufs)
         if ((uintptr_t)p % 16)
@@ -1710,6 +1694,14 @@ static void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_
     if (flash_ok(c, q.dt, hd, {out.p, q.p, k.p, v.p})) {
         dim3 grid((unsigned)((n + fa::BM - 1) / fa::BM), (unsigned)n_head);
         on_hd(hd, [&](auto HD) {
+            if (c->attn == ATTN_MMA) {
+                size_t sm = fm::lay<HD>::fwd;
+                if (smem_ok(c, fm::fwd_kernel<HD>, sm, "attn_fwd (mma)"))
+                    fm::fwd_kernel<HD><<<grid, fm::THREADS, sm, c->cur>>>((uint16_t *)out.p, lse, (uint16_t *)q.p,
+                                                                          (uint16_t *)k.p, (uint16_t *)v.p, ds, n_seg,
+                                                                          n, n_head, n_kv, scale);
+                return;
+            }
             size_t sm = fa::lay<HD>::fwd;
             if (smem_ok(c, fa::fwd_kernel<HD>, sm, "attn_fwd (flash)"))
                 fa::fwd_kernel<HD><<<grid, fa::THREADS, sm, c->cur>>>((uint16_t *)out.p, lse, (uint16_t *)q.p,
@@ -1754,6 +1746,19 @@ static void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk
             fa::dsum_kernel<HD><<<blocks_for(n * n_head, 8), 256, 0, c->cur>>>(dsum, g, (const uint16_t *)out.p,
                                                                                n * n_head);
             launched(c, "attn_bwd D (flash)");
+            if (c->attn == ATTN_MMA) {
+                size_t sq = fm::lay<HD>::dq, skv = fm::lay<HD>::dkv;
+                if (smem_ok(c, fm::dq_kernel<HD>, sq, "attn_bwd dq (mma)"))
+                    fm::dq_kernel<HD><<<gq, fm::THREADS, sq, c->cur>>>((uint16_t *)dq.p, g, qq, kk, vv, lse, dsum,
+                                                                       ds, n_seg, n, n_head, n_kv, scale);
+                launched(c, "attn_bwd dq (mma)");
+                if (smem_ok(c, fm::dkv_kernel<HD>, skv, "attn_bwd dk dv (mma)"))
+                    fm::dkv_kernel<HD><<<gk, fm::THREADS, skv, c->cur>>>((uint16_t *)dk.p, (uint16_t *)dv.p, g, qq,
+                                                                         kk, vv, lse, dsum, ds, n_seg, n, n_head,
+                                                                         n_kv, scale);
+                launched(c, "attn_bwd dk dv (mma)");
+                return;
+            }
             if (smem_ok(c, fa::dq_kernel<HD>, sm, "attn_bwd dq (flash)"))
                 fa::dq_kernel<HD><<<gq, fa::THREADS, sm, c->cur>>>((uint16_t *)dq.p, g, qq, kk, vv, lse, dsum, ds,
                                                                    n_seg, n, n_head, n_kv, scale);
@@ -2373,8 +2378,8 @@ extern "C" backend_t *backend_cuda_new(int device)
         return NULL;
     }
     const char *at = getenv("FTK_CUDA_ATTN");
-    if (at && *at && strcmp(at, "flash") && strcmp(at, "simple")) {
-        ftk_err_set("FTK_CUDA_ATTN=%s: expected flash or simple", at);
+    if (at && *at && strcmp(at, "flash") && strcmp(at, "mma") && strcmp(at, "simple")) {
+        ftk_err_set("FTK_CUDA_ATTN=%s: expected flash, mma or simple", at);
         return NULL;
     }
     const char *vv = getenv("FTK_CUDA_VEC");
@@ -2412,7 +2417,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->device = device;
     c->seg_n = -1;
     c->f32_compute = f32_compute;
-    c->attn_simple = at && !strcmp(at, "simple");
+    c->attn = at && !strcmp(at, "simple") ? ATTN_SIMPLE : at && !strcmp(at, "mma") ? ATTN_MMA : ATTN_FLASH;
     c->vec = !(vv && !strcmp(vv, "0"));
 
     be->destroy = cu_destroy;
