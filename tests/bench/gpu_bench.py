@@ -13,7 +13,9 @@ AdamW on bf16 parameters; ftk: --precision bf16-true, 8 bytes per parameter, whi
 memory plan puts at 59.5 GB for 7B at micro-batch 4 × 512 with --recompute).
 
 usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B] [--no-compile]
-       gpu_bench.py BIN DATA WORK --alpaca1024   (the Alpaca1024 epoch, ftk only: wall time)
+                   [--attn flash,mma]
+       gpu_bench.py BIN DATA WORK --alpaca1024 [--attn flash,mma]   (the Alpaca1024 epoch, ftk only: wall time)
+--attn: one ftk row (or epoch) for each FTK_CUDA_ATTN value listed (default: ftk's own choice).
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
 The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
 the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
@@ -37,6 +39,7 @@ ap.add_argument("--maxlen", type=int, default=512)
 ap.add_argument("--cpu-smoke", action="store_true")
 ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--alpaca1024", action="store_true")
+ap.add_argument("--attn", default="", help="FTK_CUDA_ATTN values, comma-separated: an ftk row or epoch each")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
@@ -181,16 +184,30 @@ def gpu_used_gib():
         return 0.0
 
 
-def ftk_row(name):
+ATTNS = [x for x in a.attn.split(",") if x] or [""]
+
+
+def ftk_env(attn):
+    env = dict(os.environ)
+    if attn:
+        env["FTK_CUDA_ATTN"] = attn
+    return env
+
+
+def ftk_label(attn):
+    return f"ftk attn={attn}" if attn else "ftk"
+
+
+def ftk_row(name, attn):
     w = ftk_weights(name)
-    run = os.path.join(a.work, f"run-{name}")
+    run = os.path.join(a.work, f"run-{name}{attn}")
     sh("rm", "-rf", run)
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
            "--device", dev, "--recompute", "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
-    p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=ftk_env(attn))
     peak = 0.0
     while p.poll() is None:
         peak = max(peak, gpu_used_gib() if dev == "cuda" else 0)
@@ -226,19 +243,21 @@ if a.alpaca1024:
     data = os.path.join(a.work, "alpaca1024-512.h5")
     sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", 512, "--val-count", 0)
     w = ftk_weights("llama2-7b")
-    run = os.path.join(a.work, "run-alpaca1024")
-    sh("rm", "-rf", run)
-    t0 = time.time()
-    sh(os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
-       "--precision", "bf16-true", "--eval-every", 0, "--no-save")
-    wall = time.time() - t0
-    m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
-    toks = sum(x["tokens"] for x in m)
-    print(f"Alpaca1024 epoch ({len(recs)} records of {os.path.basename(big)}, rows of 512, Llama-2-7B bf16-true, "
-          f"global batch 64, micro-batch 4, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process), "
-          f"steps {m[-1]['elapsed_s']:.1f} s, {toks / m[-1]['elapsed_s']:.0f} tokens/s, "
-          f"{6 * n_params(SHAPES['llama2-7b']) * toks / m[-1]['elapsed_s'] / mm_peak * 100:.1f}% MFU, "
-          f"peak {m[-1].get('mem_peak_bytes', 0) / 2 ** 30:.1f} GiB, last loss {m[-1]['loss']:.3f}")
+    for attn in ATTNS:
+        run = os.path.join(a.work, "run-alpaca1024")
+        sh("rm", "-rf", run)
+        t0 = time.time()
+        sh(os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
+           "--precision", "bf16-true", "--eval-every", 0, "--no-save", env=ftk_env(attn))
+        wall = time.time() - t0
+        m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
+        toks = sum(x["tokens"] for x in m)
+        print(f"Alpaca1024 epoch{' (FTK_CUDA_ATTN=' + attn + ')' if attn else ''} ({len(recs)} records of "
+              f"{os.path.basename(big)}, rows of 512, Llama-2-7B bf16-true, "
+              f"global batch 64, micro-batch 4, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process), "
+              f"steps {m[-1]['elapsed_s']:.1f} s, {toks / m[-1]['elapsed_s']:.0f} tokens/s, "
+              f"{6 * n_params(SHAPES['llama2-7b']) * toks / m[-1]['elapsed_s'] / mm_peak * 100:.1f}% MFU, "
+              f"peak {m[-1].get('mem_peak_bytes', 0) / 2 ** 30:.1f} GiB, last loss {m[-1]['loss']:.3f}", flush=True)
     sys.exit(0)
 
 for name in shapes:
@@ -252,8 +271,9 @@ for name in shapes:
             results.append((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
             if dev == "cuda":
                 torch.cuda.empty_cache()
-    tps, peak = ftk_row(name)
-    results.append((name, "ftk", tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
+    for attn in ATTNS:
+        tps, peak = ftk_row(name, attn)
+        results.append((name, ftk_label(attn), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
 
 print(f"\n{'shape':<10} {'system':<16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager")
 for name in shapes:

@@ -5,22 +5,24 @@
 # minutes on one H100/H200. Steps, in order (name them to run a subset):
 #   smoke       the device answers (tests/gpu/gpu_smoke)
 #   ops         tests/gpu/gpu_ops: every op and dtype against the CPU backend, determinism,
-#               events, errors, a training step per precision (bf16 products)
+#               events, errors, a training step per precision (bf16 products); last, the
+#               attention of flash_mma.cuh (FTK_CUDA_ATTN=mma) against the CPU
 #   ops-fp32    the same with exact fp32 products (FTK_CUDA_MATMUL=fp32: tight bounds), the
 #               simple attention kernels (FTK_CUDA_ATTN=simple) in bf16, and the model's
 #               unfused path (FTK_FUSED=none; "ops" runs the fused ops, the default) and the
 #               one-element elementwise kernels (FTK_CUDA_VEC=0; "ops": 8 a thread)
 #   attn-e2e    tests/gpu/attn_e2e.sh: a small model trained with the tensor-core attention
-#               and with the simple kernels: the same losses
+#               (WMMA and mma) and with the simple kernels: the same losses
 #   nccl-comm   tests/unit/test_comm.c --nccl: comm.h's contract over NCCL (1 rank; also 2–4
 #               ranks where there are that many GPUs)
 #   nccl-train  tests/gpu/nccl_vs_mpi.sh: 2-rank training over NCCL against 2 MPI ranks on the
 #               CPU (skipped with one GPU, after a 1-rank NCCL world against a process alone)
 #   opbench     tests/gpu/gpu_opbench: memory-bound ops against a device copy, products
 #   bench-1b    tests/bench/gpu_bench.py at llama-1b against PyTorch + transformers (eager,
-#               torch.compile)
+#               torch.compile); ftk with each attention (FTK_CUDA_ATTN=flash, =mma)
 #   bench-7b    the same at Llama-2-7B (eager only: compiling 7B takes minutes)
-#   epoch       the Alpaca1024 epoch: 7B, rows of 512, one epoch of 1024 records, wall time
+#   epoch       the Alpaca1024 epoch: 7B, rows of 512, one epoch of 1024 records, wall time;
+#               with each attention (FTK_CUDA_ATTN=flash, =mma)
 #   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
 #               larger cases: FTK_GPU_OPS_QUICK=1), where a probe shows it works on this machine
 #               (some machines refuse the device: a skip, not a failure)
@@ -109,9 +111,9 @@ step nccl-comm 90 sh -c '
 step nccl-train 150 sh tests/gpu/nccl_vs_mpi.sh "$ROOT/bin" "$REP/work/nccl"
 step opbench 120 build/tests/gpu_opbench
 B="$REP/work/bench"
-step bench-1b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama-1b --steps 3
+step bench-1b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama-1b --steps 3 --attn flash,mma
 step bench-7b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama2-7b --steps 3 --no-compile
-step epoch 120 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --alpaca1024
+step epoch 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --alpaca1024 --attn flash,mma
 rm -rf "$B" # the 7B weights: 13.5 GB
 # after the benchmarks: its memcheck found nothing on the H200 and is the slowest step, so
 # the time budget cuts it rather than the goals' figures

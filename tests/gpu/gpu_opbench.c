@@ -454,13 +454,15 @@ int main(void)
     row_bw("xent (256 rows, gradient) fp32", time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
     /* causal pairs: 8 rows of 512: 8·512·513/2 per head */
     double pairs = 8.0 * 512 * 513 / 2 * H, mm = 2.0 * N * F * D;
-    /* bf16 attention on the tensor cores (the default) and with the simple kernels, which
-     * fp32 always takes; the second instance uses the first one's buffers (one device) */
-    set_t simple = S[1];
+    /* bf16 attention on the tensor cores (the default WMMA kernels, and flash_mma.cuh's
+     * with FTK_CUDA_ATTN=mma) and with the simple kernels, which fp32 always takes; the
+     * other instances use the first one's buffers (one device) */
+    set_t simple = S[1], mma = S[1];
     simple.be = instance_with("FTK_CUDA_ATTN", "simple");
-    const set_t *att[3] = {&S[1], &simple, &S[0]};
-    const char *att_label[3] = {"bf16 flash (default)", "bf16 simple", "fp32 simple"};
-    for (int k = 0; k < 3; k++) {
+    mma.be = instance_with("FTK_CUDA_ATTN", "mma");
+    const set_t *att[4] = {&S[1], &mma, &simple, &S[0]};
+    const char *att_label[4] = {"bf16 flash (default)", "bf16 mma", "bf16 simple", "fp32 simple"};
+    for (int k = 0; k < 4; k++) {
         char label[64];
         snprintf(label, sizeof label, "attn_fwd %s", att_label[k]);
         row_flops(label, time_op(att[k]->be, op_attn_fwd, (void *)att[k]), 4 * pairs * HD);
@@ -468,6 +470,7 @@ int main(void)
         row_flops(label, time_op(att[k]->be, op_attn_bwd, (void *)att[k]), 8 * pairs * HD);
     }
     backend_free(simple.be);
+    backend_free(mma.be);
     /* the one-element kernels (FTK_CUDA_VEC=0), bf16, beside the 8-element rows above */
     set_t one = S[1];
     one.be = instance_with("FTK_CUDA_VEC", "0");

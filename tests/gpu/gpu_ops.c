@@ -11,7 +11,9 @@
  *     at sync() and stays;
  *  5. a whole training step of a small 3-layer GQA model in fp32, bf16-mixed and bf16-true
  *     on both backends, each with the same fused ops (FTK_FUSED; unset: all on both): the
- *     loss, every unit's gradient, the weights after one AdamW step, the loss after it.
+ *     loss, every unit's gradient, the weights after one AdamW step, the loss after it;
+ *  6. last, with FTK_CUDA_ATTN unset: 1 and 2 for flash_mma.cuh's attention kernels
+ *     (FTK_CUDA_ATTN=mma, a second instance) in bf16.
  * FTK_GPU_OPS_QUICK=1 leaves out the larger cases (for compute-sanitizer, which is slow).
  * Fresh inputs each run (the seed is printed; FTK_SEED=N repeats one). The GPU's fp32
  * products run in bf16 with fp32 accumulation unless FTK_CUDA_MATMUL=fp32 (tests/run.sh
@@ -36,6 +38,7 @@
 #define U_BF16 (1.0 / 256) /* bf16's unit roundoff */
 
 static backend_t *C, *G;
+static backend_t *M; /* FTK_CUDA_ATTN=mma (flash_mma.cuh) beside a default G, for attention; else NULL */
 static int failures, exact, flash, quick;
 static uint64_t seed;
 
@@ -168,15 +171,15 @@ typedef struct {
     int runs, bad, seen;
     double worst, worst_bound; /* the error and its bound where error/bound was largest */
 } gpu_stats_t;
-static gpu_stats_t stats[OP_COUNT];
+static gpu_stats_t stats[OP_COUNT], stats_mma[OP_COUNT];
 
-static int run_both(const ops_case_t *c, ops_cfg_t cfg, uint64_t s, ops_result_t *rc, ops_result_t *rg)
+static int run_both(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s, ops_result_t *rc, ops_result_t *rg)
 {
     if (ops_run(C, c, cfg, s, 1, rc) < 0) {
         verdict(0, "%s on the CPU: %s", ops_op_names[c->op], ftk_err_msg());
         return -1;
     }
-    if (ops_run(G, c, cfg, s, 1, rg) < 0) {
+    if (ops_run(g, c, cfg, s, 1, rg) < 0) {
         verdict(0, "%s on the GPU: %s", ops_op_names[c->op], ftk_err_msg());
         ops_result_free(rc);
         return -1;
@@ -184,14 +187,17 @@ static int run_both(const ops_case_t *c, ops_cfg_t cfg, uint64_t s, ops_result_t
     return 0;
 }
 
-static void compare_case(const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
+/* Case c on g (G or M) against the CPU, into st[c->op]. */
+static void compare_case(backend_t *g, gpu_stats_t *stv, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 {
     ops_result_t rc, rg;
-    if (run_both(c, cfg, s, &rc, &rg) < 0)
+    if (run_both(g, c, cfg, s, &rc, &rg) < 0)
         return;
     char name[128];
     ops_case_name(c, name, sizeof name);
-    gpu_stats_t *st = &stats[c->op];
+    if (g == M)
+        strncat(name, " (FTK_CUDA_ATTN=mma)", sizeof name - strlen(name) - 1);
+    gpu_stats_t *st = &stv[c->op];
     st->runs++;
     /* the loss, Σx²: double sums of double terms (exp and log in double for the loss) in
      * another order, so ~1e-15 apart; 1e-6 (the loss's bound before) would let Σexp in
@@ -237,7 +243,7 @@ static void test_table(void)
         const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
         for (int cfg = 0; cfg < OPS_NCFG; cfg++)
             if (c->cfgs & OPS_CFG(cfg))
-                compare_case(c, (ops_cfg_t)cfg, seed + (uint64_t)k);
+                compare_case(G, stats, c, (ops_cfg_t)cfg, seed + (uint64_t)k);
     }
     for (int op = 0; op < OP_COUNT; op++)
         if (stats[op].runs)
@@ -257,6 +263,26 @@ static int same_results(const ops_result_t *a, const ops_result_t *b)
     return 1;
 }
 
+/* Case c twice on g: 0 the same bits, 1 not, -1 a failure (reported). */
+static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
+{
+    ops_result_t a, b;
+    if (ops_run(g, c, cfg, s, 1, &a) < 0 || ops_run(g, c, cfg, s, 1, &b) < 0) {
+        verdict(0, "%s: %s", ops_op_names[c->op], ftk_err_msg());
+        return -1;
+    }
+    int differ = !same_results(&a, &b);
+    if (differ) {
+        char name[128];
+        ops_case_name(c, name, sizeof name);
+        verdict(0, "%s [%s]%s: different bits on a second run", name, ops_cfg_names[cfg],
+                g == M ? " (FTK_CUDA_ATTN=mma)" : "");
+    }
+    ops_result_free(&a);
+    ops_result_free(&b);
+    return differ;
+}
+
 static void test_determinism(void)
 {
     int runs = 0, bad = 0;
@@ -268,21 +294,11 @@ static void test_determinism(void)
         for (int cfg = 0; backward && cfg < OPS_NCFG; cfg++) {
             if (!(c->cfgs & OPS_CFG(cfg)))
                 continue;
-            ops_result_t a, b;
-            if (ops_run(G, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &a) < 0 ||
-                ops_run(G, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &b) < 0) {
-                verdict(0, "%s: %s", ops_op_names[c->op], ftk_err_msg());
+            int r = twice(G, c, (ops_cfg_t)cfg, seed + (uint64_t)k);
+            if (r < 0)
                 return;
-            }
             runs++;
-            if (!same_results(&a, &b)) {
-                char name[128];
-                ops_case_name(c, name, sizeof name);
-                verdict(0, "%s [%s]: different bits on a second run", name, ops_cfg_names[cfg]);
-                bad++;
-            }
-            ops_result_free(&a);
-            ops_result_free(&b);
+            bad += r;
         }
     }
     verdict(!bad, "every backward op: %d runs, %d with different bits on a second run", runs, bad);
@@ -306,6 +322,37 @@ static void test_determinism(void)
         free(hy), free(hx), free(hw), free(a), free(b);
         bk_free(G, dY.p), bk_free(G, X.p), bk_free(G, W1.p), bk_free(G, W2.p);
     }
+}
+
+/* ---- flash_mma.cuh ------------------------------------------------------------------------ */
+
+/* flash_mma.cuh's kernels (FTK_CUDA_ATTN=mma, not yet the default) on every bf16 attention
+ * case of the table and the larger ones against the CPU, with the bounds of the WMMA
+ * kernels, and their backward twice. Run last: a fault of theirs ends every instance on
+ * the device, and must not hide the other checks' results. */
+static void test_mma(void)
+{
+    if (!M)
+        return;
+    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large), runs = 0, bad = 0;
+    for (int k = 0; k < ops_table_len + n_large; k++) {
+        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
+        if ((c->op != OP_ATTN_FWD && c->op != OP_ATTN_BWD) || !(c->cfgs & OPS_CFG(OPS_BF16)))
+            continue;
+        compare_case(M, stats_mma, c, OPS_BF16, seed + (uint64_t)k);
+        if (c->op == OP_ATTN_BWD) {
+            int r = twice(M, c, OPS_BF16, seed + (uint64_t)k);
+            if (r < 0)
+                return;
+            runs++;
+            bad += r;
+        }
+    }
+    for (int op = 0; op < OP_COUNT; op++)
+        if (stats_mma[op].runs)
+            verdict(!stats_mma[op].bad, "%-12s %3d runs against the CPU, FTK_CUDA_ATTN=mma: worst error %.3e (bound there %.1e)",
+                    ops_op_names[op], stats_mma[op].runs, stats_mma[op].worst, stats_mma[op].worst_bound);
+    verdict(!bad, "attn_bwd, FTK_CUDA_ATTN=mma: %d runs, %d with different bits on a second run", runs, bad);
 }
 
 /* ---- rope_qk --------------------------------------------------------------------------------- */
@@ -750,10 +797,24 @@ int main(void)
     const char *at = getenv("FTK_CUDA_ATTN"), *q = getenv("FTK_GPU_OPS_QUICK");
     quick = q && *q && strcmp(q, "0");
     flash = !(at && !strcmp(at, "simple"));
+    /* FTK_CUDA_ATTN unset: flash_mma.cuh's kernels beside the default ones (one device) */
+    if (!at || !*at) {
+        setenv("FTK_CUDA_ATTN", "mma", 1);
+        M = backend_cuda_new(0);
+        unsetenv("FTK_CUDA_ATTN");
+        if (!M) {
+            printf("FAIL: %s\n", ftk_err_msg());
+            backend_free(G);
+            backend_free(C);
+            return 1;
+        }
+    }
     seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) << 20 ^ (uint64_t)getpid();
     printf("seed %llu (FTK_SEED), %s: fp32 matrix products in %s; bf16 attention %s\n", (unsigned long long)seed,
            G->device, exact ? "fp32" : "bf16 (fp32 accumulation)",
-           flash ? "on the tensor cores (FTK_CUDA_ATTN=flash)" : "simple (FTK_CUDA_ATTN=simple)");
+           !flash ? "simple (FTK_CUDA_ATTN=simple)"
+           : M    ? "on the tensor cores (WMMA, and FTK_CUDA_ATTN=mma beside it)"
+                  : "on the tensor cores (FTK_CUDA_ATTN set)");
     test_table();
     test_determinism();
     test_rope_qk();
@@ -765,9 +826,13 @@ int main(void)
     test_step(PREC_FP32);
     test_step(PREC_BF16_MIXED);
     test_step(PREC_BF16_TRUE);
+    test_mma();
     if (G->sync(G) < 0)
         verdict(0, "the GPU reported: %s", ftk_err_msg());
     printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
+    if (M && M->sync(M) < 0)
+        verdict(0, "the GPU reported (FTK_CUDA_ATTN=mma): %s", ftk_err_msg());
+    backend_free(M);
     backend_free(G);
     backend_free(C);
     return failures ? 1 : 0;
