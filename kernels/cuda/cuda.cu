@@ -1599,6 +1599,9 @@ __global__ void attn_bwd_dkv_kernel(T *dk, T *dv, const float *dsum, const T *do
 #include "flash_mma.cuh"
 /* both kinds of tensor-core kernel are launched on the same grids */
 static_assert(fm::BM == fa::BM && fm::BN == fa::BN, "flash_attn.cuh and flash_mma.cuh tiles");
+/* flash_mma.cuh is built for Llama's head dimensions only (each one is 3 kernels × 3
+ * targets of build time); the others take the WMMA kernels under FTK_CUDA_ATTN=mma too */
+static constexpr bool fm_hd(int hd) { return hd == 64 || hd == 80 || hd == 96 || hd == 128; }
 
 /* The tensor-core kernels (flash_attn.cuh's WMMA ones, or flash_mma.cuh's with
  * FTK_CUDA_ATTN=mma) take bf16 with a head dimension that is a multiple of 16 up to 128 and
@@ -1694,7 +1697,7 @@ static void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_
     if (flash_ok(c, q.dt, hd, {out.p, q.p, k.p, v.p})) {
         dim3 grid((unsigned)((n + fa::BM - 1) / fa::BM), (unsigned)n_head);
         on_hd(hd, [&](auto HD) {
-            if (c->attn == ATTN_MMA) {
+            if constexpr (fm_hd(HD)) if (c->attn == ATTN_MMA) {
                 size_t sm = fm::lay<HD>::fwd;
                 if (smem_ok(c, fm::fwd_kernel<HD>, sm, "attn_fwd (mma)"))
                     fm::fwd_kernel<HD><<<grid, fm::THREADS, sm, c->cur>>>((uint16_t *)out.p, lse, (uint16_t *)q.p,
@@ -1746,7 +1749,7 @@ static void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk
             fa::dsum_kernel<HD><<<blocks_for(n * n_head, 8), 256, 0, c->cur>>>(dsum, g, (const uint16_t *)out.p,
                                                                                n * n_head);
             launched(c, "attn_bwd D (flash)");
-            if (c->attn == ATTN_MMA) {
+            if constexpr (fm_hd(HD)) if (c->attn == ATTN_MMA) {
                 size_t sq = fm::lay<HD>::dq, skv = fm::lay<HD>::dkv;
                 if (smem_ok(c, fm::dq_kernel<HD>, sq, "attn_bwd dq (mma)"))
                     fm::dq_kernel<HD><<<gq, fm::THREADS, sq, c->cur>>>((uint16_t *)dq.p, g, qq, kk, vv, lse, dsum,

@@ -1,8 +1,9 @@
 /* flash_mma.cuh — causal attention inside packed segments on the tensor cores with every
  * accumulator in registers (FlashAttention-2's structure), for bf16 q, k, v with a head
- * dimension that is a multiple of 16 up to 128. The successor of flash_attn.cuh's WMMA
- * kernels, which stage scores and the running output in shared memory; cuda.cu picks these
- * with FTK_CUDA_ATTN=mma and keeps the others (FTK_CUDA_ATTN=wmma, =simple) to compare.
+ * dimension that is a multiple of 16 up to 128 (cuda.cu builds 64, 80, 96 and 128). The
+ * successor of flash_attn.cuh's WMMA kernels, which stage scores and the running output in
+ * shared memory; cuda.cu picks these with FTK_CUDA_ATTN=mma and keeps the others
+ * (FTK_CUDA_ATTN=flash, the default for now, and =simple) to compare.
  *
  * Uses mma_sync.cuh's primitives (ldmatrix, mma.sync m16n8k16, cp.async; their fragment
  * layouts are written out there) and common.cuh's seg_start; cuda.cu includes those first.
@@ -149,9 +150,11 @@ __device__ __forceinline__ void store_rows(uint16_t *dst, int64_t stride, const 
 
 /* The query rows of a forward or dq block: this lane's two (g and g+8 of its warp's 16),
  * their segment starts (INT64_MAX past n: no key visible), the first key any row sees
- * (jbeg) and the latest segment start among the block's rows (amax). */
+ * (jbeg), the key tiles from there to the last row (nt) and the latest segment start
+ * among the block's rows (amax). */
 struct qrows {
     int64_t i0, i1, jbeg, amax, row[2], a[2];
+    int nt;
 };
 __device__ __forceinline__ qrows query_rows(const int64_t *seg, int64_t n_seg, int64_t n)
 {
@@ -161,6 +164,7 @@ __device__ __forceinline__ qrows query_rows(const int64_t *seg, int64_t n_seg, i
     b.i1 = b.i0 + BM < n ? b.i0 + BM : n;
     b.jbeg = seg_start(seg, n_seg, b.i0, &e);
     b.amax = seg_start(seg, n_seg, b.i1 - 1, &e);
+    b.nt = (int)((b.i1 - b.jbeg + BN - 1) / BN);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         b.row[r] = b.i0 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * r;
@@ -187,6 +191,27 @@ __device__ __forceinline__ kmask key_mask(const qrows &b, int64_t j0)
     return m;
 }
 
+/* A step of the key-tile loop of the forward and dq passes: starts the copy of tile it+1 (of
+ * nt, from key jbeg + (it+1)·BN) into the other buffer, waits for tile it and returns it:
+ * its K, V at + BN·LD. KV holds two buffers of a K and a V tile; kh, vh are the head's
+ * columns of k and v. */
+template <int HD>
+__device__ __forceinline__ const uint16_t *kv_tile(uint16_t *KV, const uint16_t *kh, const uint16_t *vh, int it,
+                                                   int nt, int64_t jbeg, int64_t n, int64_t ks)
+{
+    constexpr int LD = HD + 8;
+    if (it + 1 < nt) {
+        uint16_t *nx = KV + ((it + 1) & 1) * 2 * BN * LD;
+        int64_t j = jbeg + (int64_t)(it + 1) * BN;
+        tile_async<HD, BN>(nx, kh, j, n, ks);
+        tile_async<HD, BN>(nx + BN * LD, vh, j, n, ks);
+    }
+    cp_async_commit(); /* possibly empty: the wait below is the same every iteration */
+    cp_async_wait<1>();
+    __syncthreads();
+    return KV + (it & 1) * 2 * BN * LD;
+}
+
 template <int HD>
 __global__ void __launch_bounds__(THREADS) fwd_kernel(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                                                       const uint16_t *v, const int64_t *seg, int64_t n_seg,
@@ -207,18 +232,9 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(uint16_t *out, float *lse,
     float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
     zero_acc<NO>(o);
     const float sl2 = scale * LOG2E;
-    int nt = (int)((b.i1 - b.jbeg + BN - 1) / BN);
-    for (int it = 0; it < nt; it++) {
+    for (int it = 0; it < b.nt; it++) {
         int64_t j0 = b.jbeg + (int64_t)it * BN;
-        if (it + 1 < nt) {
-            uint16_t *nx = KV + ((it + 1) & 1) * 2 * BN * LD;
-            tile_async<HD, BN>(nx, kh, j0 + BN, n, ks);
-            tile_async<HD, BN>(nx + BN * LD, vh, j0 + BN, n, ks);
-        }
-        cp_async_commit(); /* possibly empty: the wait below is the same every iteration */
-        cp_async_wait<1>();
-        __syncthreads();
-        const uint16_t *Kt = KV + (it & 1) * 2 * BN * LD, *Vt = Kt + BN * LD;
+        const uint16_t *Kt = kv_tile<HD>(KV, kh, vh, it, b.nt, b.jbeg, n, ks), *Vt = Kt + BN * LD;
 
         float s[NB][4];
         zero_acc<NB>(s);
@@ -302,18 +318,9 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_
     float acc[NO][4];
     zero_acc<NO>(acc);
     const float sl2 = scale * LOG2E;
-    int nt = (int)((b.i1 - b.jbeg + BN - 1) / BN);
-    for (int it = 0; it < nt; it++) {
+    for (int it = 0; it < b.nt; it++) {
         int64_t j0 = b.jbeg + (int64_t)it * BN;
-        if (it + 1 < nt) {
-            uint16_t *nx = KV + ((it + 1) & 1) * 2 * BN * LD;
-            tile_async<HD, BN>(nx, kh, j0 + BN, n, ks);
-            tile_async<HD, BN>(nx + BN * LD, vh, j0 + BN, n, ks);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const uint16_t *Kt = KV + (it & 1) * 2 * BN * LD, *Vt = Kt + BN * LD;
+        const uint16_t *Kt = kv_tile<HD>(KV, kh, vh, it, b.nt, b.jbeg, n, ks), *Vt = Kt + BN * LD;
 
         float s[NB][4], dp[NB][4];
         zero_acc<NB>(s);
