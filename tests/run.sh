@@ -17,6 +17,9 @@ WORK=$ROOT/build/test-work
 [ "$SET" = slow ] && WORK=$ROOT/build/test-work-slow
 rm -rf "$WORK" && mkdir -p "$WORK"
 export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
+# The tests run on the CPU wherever they do not say --device cuda, also on a GPU machine
+# (where ftk-train's default would be cuda)
+export FTK_DEVICE=cpu
 pass=0 fail=0 skip=0
 failed_names=""
 

@@ -17,7 +17,7 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/rng.h"
 
-static const char *model_path, *prompt = "", *device = "cpu";
+static const char *model_path, *prompt = "", *device; /* NULL: FTK_DEVICE, else cuda with a GPU */
 static int alpaca, greedy, threads, ignore_eos;
 static double temperature = 0.8, top_p = 0.95;
 static int64_t seed = 42, max_new = 256;
@@ -33,7 +33,8 @@ static const opt_t options[] = {
     {"max-new", 'n', OPT_I64, &max_new, "N", "tokens to generate at most"},
     {"ignore-eos", 0, OPT_FLAG, &ignore_eos, NULL, "go on after the end-of-sequence token"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores)"},
-    {"device", 0, OPT_STR, &device, "cpu|cuda", "compute backend (cuda: GPU 0)"},
+    {"device", 0, OPT_STR, &device, "cpu|cuda",
+     "compute backend (cuda: GPU 0). Default: $FTK_DEVICE, else cuda where a GPU is visible, else cpu"},
     {0},
 };
 
@@ -154,8 +155,12 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
     }
+    const char *env_device = getenv("FTK_DEVICE");
+    if (!device)
+        device = env_device && *env_device ? env_device : backend_cuda_devices() > 0 ? "cuda" : "cpu";
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        ftk_error("--device %s: need cpu or cuda", device);
+        ftk_error("--device %s: need cpu or cuda%s", device,
+                  env_device && !strcmp(env_device, device) ? " (from FTK_DEVICE)" : "");
         return FTK_EXIT_USAGE;
     }
     /* static: reachable until exit on every error path (LeakSanitizer) */

@@ -27,7 +27,7 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
 
-static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device = "cpu";
+static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device; /* device: NULL until given or resolved (default_device) */
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
@@ -75,7 +75,8 @@ static const opt_t options[] = {
     {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75"},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
      "compute backend: cpu (OpenMP + BLAS; ranks talk through MPI) or cuda (the GPU of this rank's node-local "
-     "index; ranks talk through NCCL)"},
+     "index; ranks talk through NCCL). Default: $FTK_DEVICE, else cuda for one process that sees a GPU, else "
+     "cpu (several ranks: cpu until NCCL has been measured on GPUs)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
     {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for"},
@@ -341,7 +342,8 @@ static int check_values(trainer_opts_t *o)
     if (!plan && (preset || plan_max_len || plan_ranks != 1))
         return bad("--preset, --max-len and --ranks are for --plan");
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
-        return bad("--device %s: need cpu or cuda", device);
+        return bad("--device %s: need cpu or cuda%s", device,
+                   getenv("FTK_DEVICE") && !strcmp(getenv("FTK_DEVICE"), device) ? " (from FTK_DEVICE)" : "");
     if (!plan && !strcmp(device, "cuda") && nranks > 1 && !comm_nccl_built())
         return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend: %s; run one process, "
                    "or --device cpu",
@@ -479,6 +481,17 @@ static int run_plan(const trainer_opts_t *o)
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
+/* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for one
+ * process that sees a GPU, else cpu. Several ranks default to cpu until NCCL has run on
+ * GPUs (the README's GPU section): they say --device cuda (or FTK_DEVICE=cuda) to use it. */
+static const char *default_device(void)
+{
+    const char *e = getenv("FTK_DEVICE");
+    if (e && *e)
+        return e;
+    return nranks == 1 && backend_cuda_devices() > 0 ? "cuda" : "cpu";
+}
+
 static int run(int argc, char **argv)
 {
     int prc = parse_args(argc, argv);
@@ -492,6 +505,8 @@ static int run(int argc, char **argv)
         return prc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
     if (rank != 0)
         ftk_quiet = 1; /* progress and notes from rank 0 only */
+    if (!device)
+        device = default_device();
     trainer_opts_t o = {0};
     int code = check_values(&o);
     if ((code = agree_msg(code, why)))
@@ -555,10 +570,10 @@ static int run(int argc, char **argv)
         goto out;
     if (meta->step == 0)
         ftk_info("%lld parameters, %lld training rows (%lld steps of %lld rows per epoch), %lld steps on %d rank%s "
-                 "(strategy %s, %lld shards, precision %s)",
+                 "(strategy %s, %lld shards, precision %s, device %s)",
                  (long long)trainer_n_params(t), (long long)trainer_rows(t), (long long)trainer_steps_per_epoch(t),
                  (long long)global_batch, (long long)meta->train.total_steps, nranks, nranks == 1 ? "" : "s",
-                 meta->strategy, (long long)meta->shard_count, meta->precision);
+                 meta->strategy, (long long)meta->shard_count, meta->precision, device);
     if (trainer_done(t))
         ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta->step,
                  (long long)meta->train.total_steps);

@@ -2,6 +2,8 @@
 # make bench: every benchmark prints a ratio against a peer measured in the same run.
 set -eu
 cd "$(dirname "$0")/../.."
+# the CPU benchmarks stay on the CPU on a GPU machine (gpu_bench.py says --device itself)
+export FTK_DEVICE=cpu
 /usr/bin/python3 tests/bench/tokenize_bench.py "$(pwd)" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench
 sh tests/bench/pack_bench.sh "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/pack
 sh tests/bench/weights_bench.sh

@@ -256,8 +256,19 @@ else
         notok "message says why (no CUDA device or no CUDA build)"
     check "no run directory made" test ! -e "$WORK/x"
     expect "ftk-generate --device cuda without a GPU: exit 2" 2 "$BIN/ftk-generate" -m "$WORK/a" --device cuda
+    expect "FTK_DEVICE=cuda without a GPU: exit 2" 2 env FTK_DEVICE=cuda $T -o "$WORK/x"
 fi
 expect "--device tpu: exit 2" 2 $T -o "$WORK/x" --device tpu
+expect "FTK_DEVICE=tpu: exit 2" 2 env FTK_DEVICE=tpu $T -o "$WORK/x"
+grep -q "tpu: need cpu or cuda (from FTK_DEVICE)" "$WORK/err" && ok "message names FTK_DEVICE" ||
+    notok "message names FTK_DEVICE"
+expect "ftk-generate, FTK_DEVICE=tpu: exit 2" 2 env FTK_DEVICE=tpu "$BIN/ftk-generate" -m "$WORK/a" -p "Hi"
+# no --device, no FTK_DEVICE (tests/run.sh sets it to cpu): cuda where a GPU is visible, else cpu
+if "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1; then want=cuda; else want=cpu; fi
+expect "no --device, no FTK_DEVICE: 2 steps" 0 env -u FTK_DEVICE "$BIN/ftk-train" -m "$WORK/init.h5" \
+    -d "$WORK/demo.h5" --global-batch 8 --micro-batch 4 --steps 2 --eval-every 0 --no-save -o "$WORK/dflt"
+grep -q "device $want)" "$WORK/err" && ok "it ran on $want" || notok "it ran on $want"
+rm -rf "$WORK/dflt"
 "$BIN/ftk-init" -q --preset tiny -o "$WORK/tiny-v512.h5"
 if [ -f "$DATA/llama2-tokenizer/tokenizer.model" ]; then
     "$BIN/ftk-pack" -q -t "$DATA/llama2-tokenizer/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \

@@ -8,6 +8,7 @@ set -u
 BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
+export FTK_DEVICE=cpu # the runs without --device cuda: on the CPU (ftk-train's default is cuda here)
 . "$ROOT/tests/cli/lib.sh"
 # each run's seconds go to the log (a bf16-true CUDA checkpoint resumed on the CPU outran the
 # step's limit once on an H200: which run is slow?)

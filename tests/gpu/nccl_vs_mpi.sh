@@ -24,6 +24,7 @@ case $nccl in *"libnccl.so.2 loads"*) ;; *) echo "skipped (${nccl:-NCCL: test_co
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 demo_pack "$WORK/demo.h5" 256 || exit 1
 demo_init "$WORK/init.h5" stories260k 42 || exit 1
+export FTK_DEVICE=cpu # the runs without --device cuda: on the CPU (ftk-train's default is cuda here)
 T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 --steps 12 --save-every 4"
 # One GPU is enough for this: one rank under mpirun (a 1-rank NCCL world) against one
 # process alone (a world of one: copies); the same products, so the same losses up to NCCL's copy.
