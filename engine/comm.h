@@ -72,6 +72,8 @@ void comm_finalize(comm_t *world);
 
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
+/* 1 for a process started without a launcher (a world of one, no MPI), else 0. */
+int comm_alone(const comm_t *c);
 /* Ranks sharing this rank's node (MPI_Comm_split_type SHARED): index and count. */
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
 /* Ranks with the same color form a group, ordered by key. */

@@ -237,6 +237,8 @@ int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)
     return 0;
 }
 
+int comm_alone(const comm_t *c) { return c->self && c->kind == KIND_SELF; }
+
 int comm_enable_nccl(comm_t *world, backend_t *be)
 {
     if (world->self)

@@ -27,7 +27,8 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
 
-static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device; /* device: NULL until given or resolved (default_device) */
+/* device: NULL until given or resolved (default_device) */
+static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
@@ -75,8 +76,8 @@ static const opt_t options[] = {
     {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75"},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
      "compute backend: cpu (OpenMP + BLAS; ranks talk through MPI) or cuda (the GPU of this rank's node-local "
-     "index; ranks talk through NCCL). Default: $FTK_DEVICE, else cuda for one process that sees a GPU, else "
-     "cpu (several ranks: cpu until NCCL has been measured on GPUs)"},
+     "index; ranks talk through NCCL). Default: $FTK_DEVICE, else cuda for a process started alone that sees a "
+     "GPU, else cpu (under mpirun/srun: cpu until NCCL has been measured on GPUs)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
     {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for"},
@@ -481,15 +482,16 @@ static int run_plan(const trainer_opts_t *o)
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
-/* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for one
- * process that sees a GPU, else cpu. Several ranks default to cpu until NCCL has run on
- * GPUs (the README's GPU section): they say --device cuda (or FTK_DEVICE=cuda) to use it. */
+/* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for a process
+ * started alone that sees a GPU, else cpu. Ranks under a launcher (whose GPU path is NCCL's,
+ * even one rank's) default to cpu until NCCL has run on GPUs (the README's GPU section):
+ * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
 static const char *default_device(void)
 {
     const char *e = getenv("FTK_DEVICE");
     if (e && *e)
         return e;
-    return nranks == 1 && backend_cuda_devices() > 0 ? "cuda" : "cpu";
+    return comm_alone(world) && backend_cuda_devices() > 0 ? "cuda" : "cpu";
 }
 
 static int run(int argc, char **argv)

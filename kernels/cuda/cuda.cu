@@ -18,8 +18,8 @@
  *  - Attention, bf16 with a head dimension that is a multiple of 16 up to 128: on the
  *    tensor cores in 64 × 64 tiles (flash_attn.cuh's WMMA kernels; with FTK_CUDA_ATTN=mma
  *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
- *    probabilities and dS to bf16 before their products, as FlashAttention does). Otherwise, and with
- *    FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
+ *    probabilities and dS to bf16 before their products, as FlashAttention does).
+ *    Otherwise, and with FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
  *    and dv (a key/value head sums its query heads in order). Neither uses atomics.

@@ -430,6 +430,10 @@ int main(int argc, char **argv)
     R = comm_rank(world);
     int mpi = 0;
     MPI_Initialized(&mpi);
+    CHECK(comm_alone(world) == !mpi); /* started alone: no MPI; under mpirun, even -np 1: not alone */
+    comm_t *pw = comm_plan(1, 0);
+    CHECK(pw && !comm_alone(pw)); /* a planning world stands for ranks under a launcher */
+    comm_free(pw);
     backend_t *cpu = backend_cpu_new();
     CHECK(cpu != NULL);
     if (!cpu)
