@@ -191,6 +191,16 @@ __device__ __forceinline__ kmask key_mask(const qrows &b, int64_t j0)
     return m;
 }
 
+/* Keys j … j+BN-1 of a head (kh, vh: its columns of k and v) into a K/V buffer: K, then V at
+ * + BN·(HD+8), by cp.async. */
+template <int HD>
+__device__ __forceinline__ void kv_async(uint16_t *buf, const uint16_t *kh, const uint16_t *vh, int64_t j, int64_t n,
+                                         int64_t ks)
+{
+    tile_async<HD, BN>(buf, kh, j, n, ks);
+    tile_async<HD, BN>(buf + BN * (HD + 8), vh, j, n, ks);
+}
+
 /* A step of the key-tile loop of the forward and dq passes: starts the copy of tile it+1 (of
  * nt, from key jbeg + (it+1)·BN) into the other buffer, waits for tile it and returns it:
  * its K, V at + BN·LD. KV holds two buffers of a K and a V tile; kh, vh are the head's
@@ -200,12 +210,8 @@ __device__ __forceinline__ const uint16_t *kv_tile(uint16_t *KV, const uint16_t 
                                                    int nt, int64_t jbeg, int64_t n, int64_t ks)
 {
     constexpr int LD = HD + 8;
-    if (it + 1 < nt) {
-        uint16_t *nx = KV + ((it + 1) & 1) * 2 * BN * LD;
-        int64_t j = jbeg + (int64_t)(it + 1) * BN;
-        tile_async<HD, BN>(nx, kh, j, n, ks);
-        tile_async<HD, BN>(nx + BN * LD, vh, j, n, ks);
-    }
+    if (it + 1 < nt)
+        kv_async<HD>(KV + ((it + 1) & 1) * 2 * BN * LD, kh, vh, jbeg + (int64_t)(it + 1) * BN, n, ks);
     cp_async_commit(); /* possibly empty: the wait below is the same every iteration */
     cp_async_wait<1>();
     __syncthreads();
@@ -225,8 +231,7 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(uint16_t *out, float *lse,
     int64_t qs = (int64_t)n_head * HD, ks = (int64_t)n_kv * HD;
     const uint16_t *kh = k + (int64_t)(h / (n_head / n_kv)) * HD, *vh = v + (int64_t)(h / (n_head / n_kv)) * HD;
     tile_async<HD, BM>(Qs, q + (int64_t)h * HD, b.i0, n, qs);
-    tile_async<HD, BN>(KV, kh, b.jbeg, n, ks);
-    tile_async<HD, BN>(KV + BN * LD, vh, b.jbeg, n, ks);
+    kv_async<HD>(KV, kh, vh, b.jbeg, n, ks);
     cp_async_commit();
 
     float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
@@ -311,8 +316,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_
     }
     tile_async<HD, BM>(Qs, q + (int64_t)h * HD, b.i0, n, qs);
     tile_async<HD, BM>(Gs, dout + (int64_t)h * HD, b.i0, n, qs);
-    tile_async<HD, BN>(KV, kh, b.jbeg, n, ks);
-    tile_async<HD, BN>(KV + BN * LD, vh, b.jbeg, n, ks);
+    kv_async<HD>(KV, kh, vh, b.jbeg, n, ks);
     cp_async_commit();
 
     float acc[NO][4];
@@ -386,8 +390,7 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
             st[BQ + r] = i < n ? D[i * n_head + h] : 0.0f;
         }
     };
-    tile_async<HD, BN>(Ks, k + (int64_t)kh * HD, j0, n, ks);
-    tile_async<HD, BN>(Vs, v + (int64_t)kh * HD, j0, n, ks);
+    kv_async<HD>(Ks, k + (int64_t)kh * HD, v + (int64_t)kh * HD, j0, n, ks); /* Vs follows Ks */
     fetch(0);
     cp_async_commit();
 

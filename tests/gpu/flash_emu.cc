@@ -29,6 +29,7 @@
 #include <string.h>
 
 extern "C" {
+#include "../../formats/dtype.h"
 #include "../../kernels/backend.h"
 #include "../../libcommon/log.h"
 #include "../ops/ops_table.h"
@@ -192,13 +193,8 @@ static inline void ldsm(uint32_t r[4], const uint16_t *p, bool trans)
 static inline void ldsm_x4(uint32_t r[4], const uint16_t *p) { ldsm(r, p, false); }
 static inline void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { ldsm(r, p, true); }
 
-static inline float bf16_half(uint32_t reg, int half)
-{
-    uint32_t u = (reg >> (16 * half) & 0xffffu) << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+/* element `half` (0: the low 16 bits) of a register holding two bf16 */
+static inline float bf16_half(uint32_t reg, int half) { return bf16_to_f32((uint16_t)(reg >> (16 * half))); }
 
 static inline void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
@@ -295,14 +291,6 @@ static void emu_attn_fwd(backend_t *, bk_buf_t out, float *lse, bk_buf_t q, bk_b
     kernel_runs++;
 }
 
-static float widen(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static void emu_attn_bwd(backend_t *, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
                          bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
                          int n_kv, int hd)
@@ -315,7 +303,7 @@ static void emu_attn_bwd(backend_t *, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_
     for (int64_t r = 0; r < rows; r++) {
         float s = 0;
         for (int c = 0; c < hd; c++)
-            s += widen(g[r * hd + c]) * widen(o[r * hd + c]);
+            s += bf16_to_f32(g[r * hd + c]) * bf16_to_f32(o[r * hd + c]);
         D[r] = s;
     }
     emu_dim3 gq = {(unsigned)((n + fm::BM - 1) / fm::BM), (unsigned)n_head, 1};
