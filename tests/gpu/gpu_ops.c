@@ -126,6 +126,10 @@ static const ops_case_t large[] = {
  *    elements, about 5σ, is 2.9u). Measured against the tensor's rms the 1024-token cases
  *    reached 3.0e-2, at rows 0–6 and 100–103 of segments starting at 0 and 100 (H200,
  *    2026-11-23). */
+/* The cases gpu_ops runs: the op table, then its larger ones (not with FTK_GPU_OPS_QUICK). */
+static int n_cases(void) { return ops_table_len + (quick ? 0 : (int)(sizeof large / sizeof *large)); }
+static const ops_case_t *case_at(int k) { return k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len]; }
+
 /* Whether output o of case c is measured row by row (the tensor-core attention's). */
 static int flash_rows(const ops_case_t *c, const ops_out_t *o)
 {
@@ -238,9 +242,8 @@ static void compare_case(backend_t *g, gpu_stats_t *stv, const ops_case_t *c, op
 
 static void test_table(void)
 {
-    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large);
-    for (int k = 0; k < ops_table_len + n_large; k++) {
-        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
+    for (int k = 0; k < n_cases(); k++) {
+        const ops_case_t *c = case_at(k);
         for (int cfg = 0; cfg < OPS_NCFG; cfg++)
             if (c->cfgs & OPS_CFG(cfg))
                 compare_case(G, stats, c, (ops_cfg_t)cfg, seed + (uint64_t)k);
@@ -286,9 +289,8 @@ static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 static void test_determinism(void)
 {
     int runs = 0, bad = 0;
-    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large);
-    for (int k = 0; k < ops_table_len + n_large; k++) {
-        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
+    for (int k = 0; k < n_cases(); k++) {
+        const ops_case_t *c = case_at(k);
         int backward = c->op == OP_EMBED_BWD || c->op == OP_RMSNORM_BWD || c->op == OP_ATTN_BWD ||
                        c->op == OP_SWIGLU_BWD || (c->op == OP_XENT && c->grad_scale != 0.0f);
         for (int cfg = 0; backward && cfg < OPS_NCFG; cfg++) {
@@ -334,9 +336,9 @@ static void test_mma(void)
 {
     if (!M)
         return;
-    int n_large = quick ? 0 : (int)(sizeof large / sizeof *large), runs = 0, bad = 0;
-    for (int k = 0; k < ops_table_len + n_large; k++) {
-        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len];
+    int runs = 0, bad = 0;
+    for (int k = 0; k < n_cases(); k++) {
+        const ops_case_t *c = case_at(k);
         if ((c->op != OP_ATTN_FWD && c->op != OP_ATTN_BWD) || !(c->cfgs & OPS_CFG(OPS_BF16)))
             continue;
         compare_case(M, stats_mma, c, OPS_BF16, seed + (uint64_t)k);
