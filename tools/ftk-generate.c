@@ -156,11 +156,11 @@ int main(int argc, char **argv)
         return FTK_EXIT_FAIL;
     }
     const char *env_device = getenv("FTK_DEVICE");
+    int from_env = !device && env_device && *env_device;
     if (!device)
-        device = env_device && *env_device ? env_device : backend_cuda_devices() > 0 ? "cuda" : "cpu";
+        device = from_env ? env_device : backend_cuda_devices() > 0 ? "cuda" : "cpu";
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        ftk_error("--device %s: need cpu or cuda%s", device,
-                  env_device && !strcmp(env_device, device) ? " (from FTK_DEVICE)" : "");
+        ftk_error("--device %s: need cpu or cuda%s", device, from_env ? " (from FTK_DEVICE)" : "");
         return FTK_EXIT_USAGE;
     }
     /* static: reachable until exit on every error path (LeakSanitizer) */

@@ -27,8 +27,9 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
 
-/* device: NULL until given or resolved (default_device) */
+/* device: NULL until given or resolved (default_device; device_from_env: it took FTK_DEVICE) */
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
+static int device_from_env;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
@@ -343,8 +344,7 @@ static int check_values(trainer_opts_t *o)
     if (!plan && (preset || plan_max_len || plan_ranks != 1))
         return bad("--preset, --max-len and --ranks are for --plan");
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
-        return bad("--device %s: need cpu or cuda%s", device,
-                   getenv("FTK_DEVICE") && !strcmp(getenv("FTK_DEVICE"), device) ? " (from FTK_DEVICE)" : "");
+        return bad("--device %s: need cpu or cuda%s", device, device_from_env ? " (from FTK_DEVICE)" : "");
     if (!plan && !strcmp(device, "cuda") && nranks > 1 && !comm_nccl_built())
         return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend: %s; run one process, "
                    "or --device cpu",
@@ -489,7 +489,7 @@ static int run_plan(const trainer_opts_t *o)
 static const char *default_device(void)
 {
     const char *e = getenv("FTK_DEVICE");
-    if (e && *e)
+    if ((device_from_env = e && *e))
         return e;
     return comm_alone(world) && backend_cuda_devices() > 0 ? "cuda" : "cpu";
 }
