@@ -545,8 +545,7 @@ again:
             free(p);
             return -3;
         }
-    }
-    if (!locked) {
+    } else {
         int e = errno;
         if (e == EACCES || e == EAGAIN) {
             char who[256] = "";
