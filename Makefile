@@ -160,9 +160,9 @@ $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
-# The op table (tests/ops) is shared by test_ops (CPU) and gpu_ops (CUDA against CPU).
+# The op table (tests/ops) is shared by test_ops and test_prof (CPU) and gpu_ops (CUDA against CPU).
 OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o
-$(O)/tests/test_ops: $(O)/tests/unit/test_ops.o $(OPS_TABLE_OBJ) $(LIBFTK)
+$(O)/tests/test_ops $(O)/tests/test_prof: $(O)/tests/%: $(O)/tests/unit/%.o $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
 

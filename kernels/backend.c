@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../libcommon/log.h"
+#include "prof.h"
 
 const char *const bk_mem_class_names[BK_MEM_CLASSES] = {"weights",     "gradients", "optimizer state", "gathered units",
                                                         "activations", "workspaces", "other"};
@@ -231,6 +232,7 @@ void backend_free(backend_t *be)
 {
     if (!be)
         return;
+    bk_prof_free(be); /* its timers are the instance's events */
     amap_t *m = be->alloc_map;
     /* What the owner did not free goes with the instance (before destroy: mem_free may
      * need the context). */

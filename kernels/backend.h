@@ -177,6 +177,7 @@ struct backend {
     void *ctx;         /* the implementation's state */
     bk_mem_t mem;      /* accounting of bk_alloc() (read it through bk_mem()) */
     void *alloc_map;   /* bk_alloc()'s record of live allocations */
+    void *prof;        /* FTK_PROFILE's per-op times (kernels/prof.h), or NULL */
 
     /* ---- lifetime and memory (bk_alloc/bk_free/backend_free wrap these) ---- */
     /* Releases the context (backend_free has already freed every live bk_alloc()
@@ -223,6 +224,12 @@ struct backend {
     void (*event_record)(backend_t *be, bk_event_t *e); /* on the current stream */
     void (*event_wait)(backend_t *be, bk_event_t *e);   /* the current stream waits; the host does not */
     int (*event_sync)(backend_t *be, bk_event_t *e);    /* the host waits; 0 or -1 as sync() */
+    /* Optional, for FTK_PROFILE (kernels/prof.h): an event that can also be timed (freed with
+     * event_free), and the seconds from a to b once both have completed, or a negative
+     * number when that is not known (not recorded, not complete). NULL: the ops have
+     * finished when they return and the host's clock times them. */
+    bk_event_t *(*timer_new)(backend_t *be);
+    double (*timer_elapsed)(backend_t *be, bk_event_t *a, bk_event_t *b);
 
     /* ---- ops ---- */
 

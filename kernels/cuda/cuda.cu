@@ -557,7 +557,8 @@ static void *cu_stream_native(backend_t *be, bk_stream_t *s)
     return s ? (void *)s->s : (void *)c->def;
 }
 
-static bk_event_t *cu_event_new(backend_t *be)
+/* Ordering events skip the timestamp (cheaper to record); FTK_PROFILE's timers keep it. */
+static bk_event_t *event_make(backend_t *be, unsigned flags)
 {
     cuda_t *c = enter(be);
     bk_event *ev = (bk_event *)calloc(1, sizeof *ev);
@@ -565,7 +566,7 @@ static bk_event_t *cu_event_new(backend_t *be)
         ftk_err_set("out of memory");
         return NULL;
     }
-    cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
+    cudaError_t e = cudaEventCreateWithFlags(&ev->e, flags);
     if (e != cudaSuccess) {
         cudaGetLastError();
         ftk_err_set("CUDA device %d: creating an event: %s", c->device, cudaGetErrorString(e));
@@ -575,6 +576,22 @@ static bk_event_t *cu_event_new(backend_t *be)
     ev->next = c->events;
     c->events = ev;
     return ev;
+}
+
+static bk_event_t *cu_event_new(backend_t *be) { return event_make(be, cudaEventDisableTiming); }
+static bk_event_t *cu_timer_new(backend_t *be) { return event_make(be, cudaEventDefault); }
+
+/* Not complete or never recorded (the instance had failed): unknown, and the runtime's last
+ * error cleared, or sync() would report it as a kernel's. */
+static double cu_timer_elapsed(backend_t *be, bk_event_t *a, bk_event_t *b)
+{
+    enter(be);
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, a->e, b->e) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return ms * 1e-3;
 }
 
 static void cu_event_free(backend_t *be, bk_event_t *ev)
@@ -2442,6 +2459,8 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->event_record = cu_event_record;
     be->event_wait = cu_event_wait;
     be->event_sync = cu_event_sync;
+    be->timer_new = cu_timer_new;
+    be->timer_elapsed = cu_timer_elapsed;
     be->convert = cu_convert;
     be->matmul = cu_matmul;
     be->embed_fwd = cu_embed_fwd;

@@ -16,6 +16,8 @@ usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--m
                    [--attn flash,mma]
        gpu_bench.py BIN DATA WORK --alpaca1024 [--attn flash,mma]   (the Alpaca1024 epoch, ftk only: wall time)
 --attn: one ftk row (or epoch) for each FTK_CUDA_ATTN value listed (default: ftk's own choice).
+--profile: the ftk rows run with FTK_PROFILE (kernels/prof.h: a pair of timer events around every
+       op, read once a step) and print where their steps' time went, per op and per shape.
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
 The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
 the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
@@ -40,6 +42,7 @@ ap.add_argument("--cpu-smoke", action="store_true")
 ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--alpaca1024", action="store_true")
 ap.add_argument("--attn", default="", help="FTK_CUDA_ATTN values, comma-separated: an ftk row or epoch each")
+ap.add_argument("--profile", action="store_true", help="ftk rows with FTK_PROFILE: their per-op times printed")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
@@ -207,7 +210,11 @@ def ftk_row(name, attn):
            "--device", dev, "--recompute", "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
-    p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=ftk_env(attn))
+    env = ftk_env(attn)
+    prof = os.path.join(a.work, f"profile-{name}{attn}.md")
+    if a.profile:
+        env["FTK_PROFILE"] = prof
+    p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=env)
     peak = 0.0
     while p.poll() is None:
         peak = max(peak, gpu_used_gib() if dev == "cuda" else 0)
@@ -217,6 +224,9 @@ def ftk_row(name, attn):
         return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
     m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
+    if a.profile and os.path.exists(prof):  # the per-op summary and the longest shapes
+        print(f"\n{ftk_label(attn)} at {name}, FTK_PROFILE (steps after the first):")
+        print("".join(open(prof).readlines()[:72]), flush=True)
     return sum(x["tokens"] for x in m[1:]) / t, peak
 
 

@@ -269,6 +269,21 @@ expect "no --device, no FTK_DEVICE: 2 steps" 0 env -u FTK_DEVICE "$BIN/ftk-train
     -d "$WORK/demo.h5" --global-batch 8 --micro-batch 4 --steps 2 --eval-every 0 --no-save -o "$WORK/dflt"
 grep -q "device $want)" "$WORK/err" && ok "it ran on $want" || notok "it ran on $want"
 rm -rf "$WORK/dflt"
+# FTK_PROFILE: per-op times at the end, the same losses as without it; a path that cannot be
+# written is refused before anything is
+expect "3 steps" 0 $T -o "$WORK/np" --steps 3 --eval-every 0 --no-save
+expect "3 steps, FTK_PROFILE=FILE" 0 env FTK_PROFILE="$WORK/prof.md" $T -o "$WORK/pr" --steps 3 --eval-every 0 --no-save
+losses "$WORK/pr" >"$WORK/l1"
+losses "$WORK/np" >"$WORK/l2"
+same "FTK_PROFILE: the same losses" "$WORK/l1" "$WORK/l2"
+check "FTK_PROFILE: heading with the wall share" grep -q "^Per-op times on cpu (host clock): .* s wall (" "$WORK/prof.md"
+check "FTK_PROFILE: per op (matmul)" grep -q "^| matmul | " "$WORK/prof.md"
+check "FTK_PROFILE: per shape (attn_bwd f32 hd8 8/4)" grep -q "^| attn_bwd f32 hd8 8/4 | " "$WORK/prof.md"
+expect "FTK_PROFILE into a missing directory: exit 2" 2 env FTK_PROFILE="$WORK/nodir/p.md" $T -o "$WORK/x" --steps 3
+grep -q "FTK_PROFILE=$WORK/nodir/p.md: No such file" "$WORK/err" && ok "message names FTK_PROFILE and why" ||
+    notok "message names FTK_PROFILE and why"
+check "no run directory made" test ! -e "$WORK/x"
+rm -rf "$WORK/np" "$WORK/pr"
 "$BIN/ftk-init" -q --preset tiny -o "$WORK/tiny-v512.h5"
 if [ -f "$DATA/llama2-tokenizer/tokenizer.model" ]; then
     "$BIN/ftk-pack" -q -t "$DATA/llama2-tokenizer/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" \

@@ -20,7 +20,8 @@
 #   opbench     tests/gpu/gpu_opbench: memory-bound ops against a device copy, products
 #   bench-1b    tests/bench/gpu_bench.py at llama-1b against PyTorch + transformers (eager,
 #               torch.compile); ftk with each attention (FTK_CUDA_ATTN=flash, =mma)
-#   bench-7b    the same at Llama-2-7B (eager only: compiling 7B takes minutes)
+#   bench-7b    the same at Llama-2-7B (eager only: compiling 7B takes minutes); ftk's row
+#               with FTK_PROFILE, whose per-op table the log keeps (where the step's time goes)
 #   epoch       the Alpaca1024 epoch: 7B, rows of 512, one epoch of 1024 records, wall time;
 #               with each attention (FTK_CUDA_ATTN=flash, =mma)
 #   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
@@ -112,7 +113,8 @@ step nccl-train 150 sh tests/gpu/nccl_vs_mpi.sh "$ROOT/bin" "$REP/work/nccl"
 step opbench 120 build/tests/gpu_opbench
 B="$REP/work/bench"
 step bench-1b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama-1b --steps 3 --attn flash,mma
-step bench-7b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama2-7b --steps 3 --no-compile
+step bench-7b 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --shapes llama2-7b --steps 3 --no-compile \
+    --profile
 step epoch 150 "$PY" tests/bench/gpu_bench.py "$ROOT/bin" "$DATA" "$B" --alpaca1024 --attn flash,mma
 rm -rf "$B" # the 7B weights: 13.5 GB
 # after the benchmarks: its memcheck found nothing on the H200 and is the slowest step, so
@@ -140,7 +142,7 @@ step demo 90 sh tests/gpu/demo_vs_cpu.sh "$ROOT/bin" "$REP/work/demo"
         echo "## $(basename "$f" .log)"
         echo
         echo '```'
-        tail -n 60 "$f"
+        tail -n 120 "$f"
         echo '```'
     done
 } >>"$R"

@@ -12,7 +12,9 @@
  *  5. a whole training step of a small 3-layer GQA model in fp32, bf16-mixed and bf16-true
  *     on both backends, each with the same fused ops (FTK_FUSED; unset: all on both): the
  *     loss, every unit's gradient, the weights after one AdamW step, the loss after it;
- *  6. last, with FTK_CUDA_ATTN unset: 1 and 2 for flash_mma.cuh's attention kernels
+ *  6. FTK_PROFILE's wrappers (kernels/prof.h) on a second instance: the same bits as without
+ *     them on the op table and the fused cases, every call timed by its events;
+ *  7. last, with FTK_CUDA_ATTN unset: 1 and 2 for flash_mma.cuh's attention kernels
  *     (FTK_CUDA_ATTN=mma, a second instance) in bf16.
  * FTK_GPU_OPS_QUICK=1 leaves out the larger cases (for compute-sanitizer, which is slow).
  * Fresh inputs each run (the seed is printed; FTK_SEED=N repeats one). The GPU's fp32
@@ -31,6 +33,7 @@
 
 #include "../../engine/model.h"
 #include "../../kernels/backend.h"
+#include "../../kernels/prof.h"
 #include "../../kernels/sround.h"
 #include "../../libcommon/log.h"
 #include "../ops/ops_table.h"
@@ -256,16 +259,6 @@ static void test_table(void)
 
 /* ---- determinism ------------------------------------------------------------------------- */
 
-static int same_results(const ops_result_t *a, const ops_result_t *b)
-{
-    if (a->has_scalar && memcmp(&a->scalar, &b->scalar, sizeof a->scalar))
-        return 0;
-    for (int i = 0; i < a->n_out; i++)
-        if (memcmp(a->out[i].v, b->out[i].v, (size_t)a->out[i].n * sizeof(float)))
-            return 0;
-    return 1;
-}
-
 /* Case c twice on g: 0 the same bits, 1 not, -1 a failure (reported). */
 static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 {
@@ -274,7 +267,7 @@ static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
         verdict(0, "%s: %s", ops_op_names[c->op], ftk_err_msg());
         return -1;
     }
-    int differ = !same_results(&a, &b);
+    int differ = !ops_same(&a, &b);
     if (differ) {
         char name[128];
         ops_case_name(c, name, sizeof name);
@@ -324,6 +317,31 @@ static void test_determinism(void)
         free(hy), free(hx), free(hw), free(a), free(b);
         bk_free(G, dY.p), bk_free(G, X.p), bk_free(G, W1.p), bk_free(G, W2.p);
     }
+}
+
+/* ---- FTK_PROFILE ------------------------------------------------------------------------ */
+
+/* A second instance with kernels/prof.h's wrappers (timer events around every op) computes
+ * the bits G computes on the op table and the fused cases, times every call, and leaves no
+ * error behind (a timer read too early would leave one for sync to report). */
+static void test_prof(void)
+{
+    backend_t *P = backend_cuda_new(0);
+    if (!P || bk_prof_attach(P) < 0) {
+        verdict(0, "FTK_PROFILE: %s", ftk_err_msg());
+        backend_free(P);
+        return;
+    }
+    int runs = 0, bad = ops_table_differ(G, P, seed, &runs);
+    bk_prof_row_t all;
+    if (bad < 0)
+        verdict(0, "FTK_PROFILE: %s", ftk_err_msg());
+    else if (bk_prof_row(P, NULL, &all) == 0)
+        verdict(!bad && all.untimed == 0 && all.secs > 0 && P->sync(P) == 0,
+                "FTK_PROFILE: %d runs of the op table and fused cases, %d with other bits than unprofiled; %llu "
+                "calls, %llu not timed, %.1f ms in the ops",
+                runs, bad, (unsigned long long)all.calls, (unsigned long long)all.untimed, all.secs * 1e3);
+    backend_free(P);
 }
 
 /* ---- flash_mma.cuh ------------------------------------------------------------------------ */
@@ -828,6 +846,7 @@ int main(void)
     test_step(PREC_FP32);
     test_step(PREC_BF16_MIXED);
     test_step(PREC_BF16_TRUE);
+    test_prof();
     test_mma();
     if (G->sync(G) < 0)
         verdict(0, "the GPU reported: %s", ftk_err_msg());

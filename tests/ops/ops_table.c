@@ -1058,3 +1058,64 @@ int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t 
         free(h[j]);
     return differ;
 }
+
+/* ---- two backends that must agree bit for bit ------------------------------------------ */
+
+int ops_same(const ops_result_t *a, const ops_result_t *b)
+{
+    if (a->n_out != b->n_out || a->has_scalar != b->has_scalar ||
+        (a->has_scalar && memcmp(&a->scalar, &b->scalar, sizeof a->scalar)))
+        return 0;
+    for (int i = 0; i < a->n_out; i++)
+        if (a->out[i].n != b->out[i].n || memcmp(a->out[i].v, b->out[i].v, (size_t)a->out[i].n * sizeof(float)))
+            return 0;
+    return 1;
+}
+
+/* One run on each: 0 the same bits, 1 not, -1 a failure. */
+static int differ_pair(int rc_a, ops_result_t *ra, int rc_b, ops_result_t *rb)
+{
+    if (rc_a < 0 || rc_b < 0) {
+        if (rc_a == 0)
+            ops_result_free(ra);
+        if (rc_b == 0)
+            ops_result_free(rb);
+        return -1;
+    }
+    int d = !ops_same(ra, rb);
+    ops_result_free(ra);
+    ops_result_free(rb);
+    return d;
+}
+
+int ops_table_differ(backend_t *a, backend_t *b, uint64_t seed, int *runs)
+{
+    int bad = 0;
+    *runs = 0;
+    for (int k = 0; k < ops_table_len; k++)
+        for (int cfg = 0; cfg < OPS_NCFG; cfg++) {
+            if (!(ops_table[k].cfgs & OPS_CFG(cfg)))
+                continue;
+            ops_result_t ra, rb;
+            int rc_a = ops_run(a, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &ra);
+            int rc_b = ops_run(b, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &rb);
+            int d = differ_pair(rc_a, &ra, rc_b, &rb);
+            if (d < 0)
+                return -1;
+            bad += d;
+            ++*runs;
+        }
+    const dtype_t dts[2] = {DT_F32, DT_BF16};
+    for (int k = 0; k < ops_fused_len; k++)
+        for (int j = 0; j < 2 && ops_fused_has(a, &ops_fused_table[k]) && ops_fused_has(b, &ops_fused_table[k]); j++) {
+            ops_result_t ra, rb;
+            int rc_a = ops_fused_run(a, &ops_fused_table[k], dts[j], 1, seed + (uint64_t)k, &ra);
+            int rc_b = ops_fused_run(b, &ops_fused_table[k], dts[j], 1, seed + (uint64_t)k, &rb);
+            int d = differ_pair(rc_a, &ra, rc_b, &rb);
+            if (d < 0)
+                return -1;
+            bad += d;
+            ++*runs;
+        }
+    return bad;
+}

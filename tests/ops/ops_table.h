@@ -146,6 +146,16 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
 /* Whether be has the fused op of case c. */
 int ops_fused_has(const backend_t *be, const ops_fcase_t *c);
 
+/* ---- two backends that must agree bit for bit ------------------------------------------ */
+
+/* Whether two results hold the same bits. */
+int ops_same(const ops_result_t *a, const ops_result_t *b);
+/* Every case of the op table in every configuration it lists, and every fused case in f32
+ * and bf16 that both have the fused op for, on a and on b from the same inputs (seed): how
+ * many runs differ in any bit (*runs: how many there were), or -1 with ftk_err_msg() when a
+ * backend failed. For one device with and without FTK_PROFILE's wrappers (kernels/prof.h). */
+int ops_table_differ(backend_t *a, backend_t *b, uint64_t seed, int *runs);
+
 /* ---- comparing two runs --------------------------------------------------------------- */
 
 typedef struct {
