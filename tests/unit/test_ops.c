@@ -87,17 +87,6 @@ typedef struct {
 
 static op_stats_t stats[OP_COUNT];
 
-static int same_bits(const ops_result_t *a, const ops_result_t *b)
-{
-    if (a->n_out != b->n_out || a->has_scalar != b->has_scalar ||
-        (a->has_scalar && memcmp(&a->scalar, &b->scalar, sizeof a->scalar)))
-        return 0;
-    for (int i = 0; i < a->n_out; i++)
-        if (a->out[i].n != b->out[i].n || memcmp(a->out[i].v, b->out[i].v, (size_t)a->out[i].n * sizeof(float)))
-            return 0;
-    return 1;
-}
-
 static void run_or_die(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, ops_result_t *r)
 {
     if (ops_run(be, c, cfg, seed, 0, r) < 0) {
@@ -185,14 +174,14 @@ static void test_table(backend_t *be)
             omp_set_num_threads(1);
             run_or_die(be, c, (ops_cfg_t)cfg, seed, &one);
             omp_set_num_threads(2);
-            int det = same_bits(&r, &again) && (blas || same_bits(&r, &one));
+            int det = ops_same(&r, &again) && (blas || ops_same(&r, &one));
             s->det_runs++;
             s->det_ok += det;
             CHECK(det);
             if (!det)
                 fprintf(stderr, "  %s [%s]: different bits (second run: %s, 1 thread: %s)\n", name,
-                        ops_cfg_names[cfg], same_bits(&r, &again) ? "same" : "DIFFERENT",
-                        same_bits(&r, &one) ? "same" : "DIFFERENT");
+                        ops_cfg_names[cfg], ops_same(&r, &again) ? "same" : "DIFFERENT",
+                        ops_same(&r, &one) ? "same" : "DIFFERENT");
             ops_result_free(&again);
             ops_result_free(&one);
             if (cfg != OPS_F32)
