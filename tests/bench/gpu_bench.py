@@ -197,8 +197,8 @@ def ftk_env(attn):
     return env
 
 
-def ftk_label(attn):
-    return f"ftk attn={attn}" if attn else "ftk"
+def ftk_label(attn):  # a profiled row says so: its events cost a little time
+    return (f"ftk attn={attn}" if attn else "ftk") + (" profiled" if a.profile else "")
 
 
 def ftk_row(name, attn):
