@@ -386,8 +386,8 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
         float *st = ST + (it & 1) * 2 * BQ;
         for (int r = threadIdx.x; r < BQ; r += THREADS) {
             int64_t i = i0 + r;
-            st[r] = i < n ? lse[i * n_head + h] * LOG2E : 0.0f;
-            st[BQ + r] = i < n ? D[i * n_head + h] : 0.0f;
+            st_shared(&st[r], i < n ? lse[i * n_head + h] * LOG2E : 0.0f);
+            st_shared(&st[BQ + r], i < n ? D[i * n_head + h] : 0.0f);
         }
     };
     kv_async<HD>(Ks, k + (int64_t)kh * HD, v + (int64_t)kh * HD, j0, n, ks); /* Vs follows Ks */
@@ -427,9 +427,9 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 int r = c >> 1, qc = nb * 8 + 2 * (lane & 3) + (c & 1);
-                float p = full || (qc >= lo[r] && qc < hi[r]) ? exp2f(st[nb][c] * sl2 - lt[qc]) : 0.0f;
+                float p = full || (qc >= lo[r] && qc < hi[r]) ? exp2f(st[nb][c] * sl2 - ld_shared(&lt[qc])) : 0.0f;
                 st[nb][c] = p;
-                dpt[nb][c] = p * (dpt[nb][c] - dt[qc]); /* dSᵀ */
+                dpt[nb][c] = p * (dpt[nb][c] - ld_shared(&dt[qc])); /* dSᵀ */
             }
         warp_pb<HD, NQ>(dva, st, Gt);
         warp_pb<HD, NQ>(dka, dpt, Qt);

@@ -68,4 +68,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Plain shared-memory loads and stores of a float, named so that the emulator sees them
+ * (its race check follows every shared access: the primitives above and these). */
+__device__ __forceinline__ void st_shared(float *p, float v) { *p = v; }
+__device__ __forceinline__ float ld_shared(const float *p) { return *p; }
+
 } /* namespace fm */

@@ -9,9 +9,14 @@
  *  - ldmatrix, mma.sync m16n8k16 and the shuffles exchange the lanes' registers through the
  *    warp, element by element as mma_sync.cuh's specification says (PTX ISA); mma sums its
  *    16 products in fp32 in order (the tensor cores' order differs: last bits);
- *  - cp.async copies at once; shared memory starts as 0xff bytes (bf16 NaN) in every block
- *    and every shared access through the primitives is checked against the kernel's launch
- *    size and its alignment.
+ *  - cp.async lands when its thread waits for its group (cp.async.wait_group), not before;
+ *    shared memory starts as 0xff bytes (bf16 NaN) in every block, and every shared access
+ *    (the primitives, st_shared/ld_shared) is checked against the launch's size and its
+ *    alignment, and for races, as compute-sanitizer's racecheck would on a GPU: a 4-byte
+ *    word read before anything wrote it, or while a cp.async into it is in flight, or
+ *    written by another warp since the last __syncthreads (no barrier orders the two);
+ *    a word written (a store, a cp.async issued) that another warp read since the last
+ *    barrier, or that another write has not finished with. Within a warp, program order.
  * The backend is the CPU one with attn_fwd/attn_bwd replaced by the emulated kernels, run
  * through tests/ops (ops_run) beside the plain CPU backend: the bf16 attention cases of the
  * op table that the CUDA backend would give these kernels (16-byte aligned, head dims
@@ -73,6 +78,26 @@ static char fault[256]; /* the first failure, "" when none */
 static const unsigned char *smem_base;
 static size_t smem_size;
 
+/* The race check's state of each 4-byte shared word in this block: the barriers passed so
+ * far (epoch), who last wrote a word and in which epoch (wr_thread -1: never), a cp.async
+ * in flight into it (pend_thread, -1: none), which warp read it in which epoch (rd_warp
+ * MULTI: more than one). */
+enum { MULTI = -2, WORDS = (227 << 10) / 4 };
+struct word {
+    int32_t wr_thread, pend_thread, rd_warp;
+    uint32_t wr_epoch, rd_epoch;
+};
+static word shadow[WORDS];
+static uint32_t epoch;
+/* each thread's cp.async copies not yet landed: group = the commits before it was issued */
+struct pending {
+    unsigned char *dst;
+    const unsigned char *src;
+    int bytes, group;
+};
+static pending pend[THREADS][64];
+static int n_pend[THREADS], commits[THREADS];
+
 /* Two exchange areas a warp, used in turn: a lane writes one only after the barrier that
  * ended every lane's reads of it (the one of the primitive before). */
 struct xch {
@@ -98,15 +123,75 @@ static xch &slot()
     fib[cur].parity ^= 1;
     return x;
 }
-static void check_smem(const void *p, size_t bytes, const char *what)
+/* Whether an access of `bytes` (4 or 16) at p is inside the launch's shared memory and
+ * aligned to its size; a failure is recorded (and the race check skips the access). */
+static bool check_smem(const void *p, size_t bytes, const char *what)
 {
     const unsigned char *c = (const unsigned char *)p;
     if (c < smem_base || c + bytes > smem_base + smem_size)
         failf(what), fprintf(stderr, "%s: address outside the block's shared memory\n", what);
-    else if ((uintptr_t)p % 16)
-        failf(what), fprintf(stderr, "%s: address not 16-byte aligned\n", what);
+    else if ((uintptr_t)p % bytes)
+        failf(what), fprintf(stderr, "%s: address not %zu-byte aligned\n", what, bytes);
+    else
+        return true;
+    return false;
 }
 static void entry() { (*body)(), fib[cur].state = DONE; }
+
+static void hazard(size_t word, const char *what, int other)
+{
+    char m[200];
+    snprintf(m, sizeof m, "race at shared byte %zu: %s (thread %d)", 4 * word, what, other);
+    failf(m);
+}
+static size_t word_of(const void *p) { return (size_t)((const unsigned char *)p - smem_base) / 4; }
+
+/* The current thread's warp reads bytes at p (within the block's shared memory). */
+static void smem_read(const void *p, size_t bytes)
+{
+    int w = cur >> 5;
+    for (size_t i = word_of(p), e = i + bytes / 4; i < e; i++) {
+        word &x = shadow[i];
+        if (x.pend_thread >= 0)
+            hazard(i, "read while a cp.async into it is in flight", x.pend_thread);
+        else if (x.wr_thread < 0)
+            hazard(i, "read before anything wrote it", cur);
+        else if (x.wr_epoch == epoch && x.wr_thread >> 5 != w)
+            hazard(i, "read after another warp's write with no barrier between", x.wr_thread);
+        if (x.rd_epoch != epoch)
+            x.rd_epoch = epoch, x.rd_warp = w;
+        else if (x.rd_warp != w)
+            x.rd_warp = MULTI;
+    }
+}
+/* The current thread is about to write (or start a cp.async into) bytes at p. */
+static void smem_write(const void *p, size_t bytes)
+{
+    int w = cur >> 5;
+    for (size_t i = word_of(p), e = i + bytes / 4; i < e; i++) {
+        const word &x = shadow[i];
+        if (x.rd_epoch == epoch && x.rd_warp != w)
+            hazard(i, "written while another warp may still read it (no barrier since its read)", cur);
+        if (x.pend_thread >= 0)
+            hazard(i, "written while a cp.async into it is in flight", x.pend_thread);
+        else if (x.wr_thread >= 0 && x.wr_epoch == epoch && x.wr_thread >> 5 != w)
+            hazard(i, "written by two warps with no barrier between", x.wr_thread);
+    }
+}
+static void smem_written(const void *p, size_t bytes)
+{
+    for (size_t i = word_of(p), e = i + bytes / 4; i < e; i++)
+        shadow[i].wr_thread = cur, shadow[i].wr_epoch = epoch, shadow[i].pend_thread = -1;
+}
+/* A new block: no word written or read, no copy in flight. */
+static void smem_reset()
+{
+    for (size_t i = 0; i < smem_size / 4; i++)
+        shadow[i] = word{-1, -1, -1, UINT32_MAX, UINT32_MAX};
+    epoch = 0;
+    memset(n_pend, 0, sizeof n_pend);
+    memset(commits, 0, sizeof commits);
+}
 
 /* Runs f as one block's 128 threads; -1 on a deadlock. */
 static int run_block(std::function<void()> &f)
@@ -146,9 +231,11 @@ static int run_block(std::function<void()> &f)
             done += fib[t].state == DONE, at_block += fib[t].state == AT_BLOCK;
         if (done == THREADS)
             return 0;
-        if (at_block == THREADS)
+        if (at_block == THREADS) {
+            epoch++;
             for (int t = 0; t < THREADS; t++)
                 fib[t].state = RUN, released = 1;
+        }
         if (!released) {
             snprintf(fault, sizeof fault, "block (%u, %u): deadlock (%d threads returned, %d at __syncthreads)",
                      block.x, block.y, done, at_block);
@@ -181,7 +268,8 @@ alignas(128) unsigned char smem[227 << 10]; /* the kernels' extern __shared__ sm
 
 static inline void ldsm(uint32_t r[4], const uint16_t *p, bool trans)
 {
-    emu::check_smem(p, 16, trans ? "ldmatrix.trans" : "ldmatrix");
+    if (emu::check_smem(p, 16, trans ? "ldmatrix.trans" : "ldmatrix"))
+        emu::smem_read(p, 16);
     emu::xch &x = emu::slot();
     int lane = emu::cur & 31, g = lane >> 2, t = lane & 3;
     x.p[lane] = p;
@@ -224,18 +312,57 @@ static inline uint32_t pack_bf16(float lo, float hi)
     return f32_to_bf16_dev(lo) | (uint32_t)f32_to_bf16_dev(hi) << 16;
 }
 
+/* Issued now, landing at this thread's cp_async_wait that covers its group. */
 static inline void cp_async16(void *dst, const void *src, int bytes)
 {
-    emu::check_smem(dst, 16, "cp.async");
     if ((uintptr_t)src % 16)
         emu::failf("cp.async: source not 16-byte aligned");
-    if (bytes == 16)
-        memcpy(dst, src, 16);
-    else
-        memset(dst, 0, 16);
+    int t = emu::cur;
+    if (!emu::check_smem(dst, 16, "cp.async"))
+        return;
+    if (emu::n_pend[t] == 64) {
+        emu::failf("more than 64 cp.async in flight in one thread (the emulator's limit)");
+        return;
+    }
+    emu::smem_write(dst, 16);
+    emu::pend[t][emu::n_pend[t]++] = {(unsigned char *)dst, (const unsigned char *)src, bytes, emu::commits[t]};
+    for (size_t i = emu::word_of(dst), e = i + 4; i < e; i++)
+        emu::shadow[i].pend_thread = t;
 }
-static inline void cp_async_commit() {}
-template <int N> static inline void cp_async_wait() {}
+static inline void cp_async_commit() { emu::commits[emu::cur]++; }
+/* The copies of every group but the N newest committed ones land. */
+template <int N> static inline void cp_async_wait()
+{
+    int t = emu::cur, k = 0;
+    for (int i = 0; i < emu::n_pend[t]; i++) {
+        emu::pending c = emu::pend[t][i];
+        if (c.group < emu::commits[t] - N) {
+            if (c.bytes == 16)
+                memcpy(c.dst, c.src, 16);
+            else
+                memset(c.dst, 0, 16);
+            emu::smem_written(c.dst, 16);
+        } else {
+            emu::pend[t][k++] = c;
+        }
+    }
+    emu::n_pend[t] = k;
+}
+
+static inline void st_shared(float *p, float v)
+{
+    if (!emu::check_smem(p, 4, "st.shared"))
+        return;
+    emu::smem_write(p, 4);
+    *p = v;
+    emu::smem_written(p, 4);
+}
+static inline float ld_shared(const float *p)
+{
+    if (emu::check_smem(p, 4, "ld.shared"))
+        emu::smem_read(p, 4);
+    return *p;
+}
 } /* namespace fm */
 
 #include "../../kernels/cuda/flash_mma.cuh"
@@ -253,6 +380,7 @@ int emu::launch(emu_dim3 grid, size_t smem_bytes, const std::function<void()> &k
         for (unsigned x = 0; x < grid.x; x++) {
             block = {x, y, 0};
             memset(fm::smem, 0xff, smem_bytes);
+            smem_reset();
             if (run_block(f) < 0 || fault[0])
                 return -1;
         }
