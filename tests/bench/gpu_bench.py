@@ -17,7 +17,8 @@ usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--m
        gpu_bench.py BIN DATA WORK --alpaca1024 [--attn flash,mma]   (the Alpaca1024 epoch, ftk only: wall time)
 --attn: one ftk row (or epoch) for each FTK_CUDA_ATTN value listed (default: ftk's own choice).
 --profile: the ftk rows run with FTK_PROFILE (kernels/prof.h: a pair of timer events around every
-       op, read once a step) and print where their steps' time went, per op and per shape.
+       op, read once a step) and print where their steps' time went, per op and per shape; the
+       PyTorch eager row runs one more step under torch.profiler and prints its kernels by time.
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
 The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
 the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
@@ -155,11 +156,7 @@ def torch_row(name, compiled):
     kw = {"fused": True} if dev == "cuda" else {}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, **kw)
     fwd = torch.compile(model) if compiled else model
-    tokens, t0 = 0, None
-    for s in range(steps + 1):  # step 0 warms up
-        if s == 1:
-            sync()
-            t0 = time.time()
+    def step(s):
         picked = [rows[(s * mb + i) % len(rows)] for i in range(mb)]
         batch = torch.stack([r[0] for r in picked]).to(dev)
         out = fwd(input_ids=batch, labels=batch)
@@ -167,15 +164,42 @@ def torch_row(name, compiled):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return sum(r[1] for r in picked)
+
+    tokens, t0 = 0, None
+    for s in range(steps + 1):  # step 0 warms up
+        if s == 1:
+            sync()
+            t0 = time.time()
+        n = step(s)
         if s >= 1:
-            tokens += sum(r[1] for r in picked)
+            tokens += n
     sync()
     dt_s = time.time() - t0
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else 0
+    if a.profile and not compiled:  # one more step under torch.profiler: ftk's table's peer
+        torch_profile(name, lambda: step(steps + 1))
     del model, opt, fwd
     if dev == "cuda":
         torch.cuda.empty_cache()
     return nparams, tokens / dt_s, peak
+
+
+def torch_profile(name, run_step):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with profile(activities=acts) as prof:
+        run_step()
+        sync()
+    ka = prof.key_averages()
+    keys = ["self_device_time_total", "self_cuda_time_total"] if dev == "cuda" else ["self_cpu_time_total"]
+    for k in keys:  # the column's name changed between torch versions
+        try:
+            table = ka.table(sort_by=k, row_limit=25, max_name_column_width=60)
+            break
+        except Exception:
+            table = None
+    print(f"\npytorch eager at {name}, torch.profiler (one step, by self time):\n{table}", flush=True)
 
 
 def gpu_used_gib():
