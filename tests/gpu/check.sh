@@ -21,7 +21,8 @@
 #   bench-1b    tests/bench/gpu_bench.py at llama-1b against PyTorch + transformers (eager,
 #               torch.compile); ftk with each attention (FTK_CUDA_ATTN=flash, =mma)
 #   bench-7b    the same at Llama-2-7B (eager only: compiling 7B takes minutes); ftk's row
-#               with FTK_PROFILE, whose per-op table the log keeps (where the step's time goes)
+#               with FTK_PROFILE and one eager step under torch.profiler: the log keeps both
+#               per-op tables (where each step's time goes)
 #   epoch       the Alpaca1024 epoch: 7B, rows of 512, one epoch of 1024 records, wall time;
 #               with each attention (FTK_CUDA_ATTN=flash, =mma)
 #   sanitizer   compute-sanitizer over gpu_ops (its table cases and training steps, not the
