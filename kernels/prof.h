@@ -43,9 +43,10 @@ int bk_prof_attach(backend_t *be);
  * heuristics and the kernels' loading). Waits for be first (sync), so that no pair in flight
  * is read into the new count. */
 void bk_prof_reset(backend_t *be);
-/* Waits for be (sync), then writes one line naming the device and the totals and a markdown
- * table of the rows, longest total first. wall_s > 0: the host seconds the timed work took
- * (ftk-train: its steps after the first), so the line says which share of it the ops fill.
+/* Waits for be (sync), then writes one line naming the device and the totals, and two
+ * markdown tables, per op (the rows' first words) and per row, longest total first.
+ * wall_s > 0: the host seconds the timed work took (ftk-train: from the end of its first
+ * step to the end of the run), so the line says which share of it the ops fill.
  * -1: a device error reported by sync (the table is written all the same), or the write
  * failed. */
 int bk_prof_write(backend_t *be, FILE *f, double wall_s);

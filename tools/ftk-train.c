@@ -143,8 +143,8 @@ static const opt_spec_t spec = {
         "column-wise embedding gradient, FTK_CUDA_MATMUL=fp32|tf32 makes fp32 products exact or TF32\n"
         "(default: bf16, fp32 sums).\n"
         "FTK_PROFILE=FILE (or - for standard error) times every op of rank 0's backend and writes a table\n"
-        "per op and shape at the end: calls, milliseconds, share, TFLOP/s or GB/s (kernels/prof.h). The\n"
-        "first step is left out (warm-up) when there are more; it slows a GPU run by a few percent.\n"
+        "per op and shape at the end: calls, milliseconds, share of the wall time from the end of the\n"
+        "first step (warm-up) to the end of the run, TFLOP/s or GB/s (kernels/prof.h).\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
@@ -555,7 +555,7 @@ static int run(int argc, char **argv)
 
     /* FTK_PROFILE: rank 0's op times (kernels/prof.h); the file opened now, so a path that
      * cannot be written fails before the run, not after it */
-    static FILE *prof_out;
+    FILE *prof_out = NULL;
     const char *prof = getenv("FTK_PROFILE");
     double prof_t0 = 0; /* when the timed part began */
     msg[0] = 0;
