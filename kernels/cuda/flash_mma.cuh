@@ -27,7 +27,10 @@
  *    order: no atomics, the same bits every run.
  *  - masks: query i sees key j when a_i <= j <= i (a_i: the start of i's segment; the dk/dv
  *    pass uses the same condition as j <= i < e_j, e_j the end of j's segment). A tile that
- *    every row of the block sees whole skips the per-element test.
+ *    every row of the block sees whole skips the per-element test; in the others each warp
+ *    skips the products of the 16-column groups that none of its 16 rows sees (the columns
+ *    past the diagonal, those before its rows' segments): their scores are masked anyway,
+ *    their probabilities exactly 0, so the results are the same bits without them.
  * Precision as flash_attn.cuh: P and dS rounded to bf16 before their products; scores, the
  * softmax statistics (in log2 units inside, exp2f) and every accumulator fp32. */
 
@@ -61,9 +64,11 @@ __device__ __forceinline__ void tile_async(uint16_t *dst, const uint16_t *src, i
 }
 
 /* acc[nb] (16 × 8 tiles, nb < NB) += A · Bᵀ: A the warp's 16 rows at a, B 8·NB rows at b,
- * both HD wide in shared memory (row stride HD + 8). S = Q·Kᵀ, dP = dO·Vᵀ, Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ. */
+ * both HD wide in shared memory (row stride HD + 8); only the 16-column groups plo … phi
+ * (tiles 2·plo … 2·phi + 1; the others stay as they are). S = Q·Kᵀ, dP = dO·Vᵀ, Sᵀ = K·Qᵀ,
+ * dPᵀ = V·dOᵀ. plo, phi are the same in every lane (ldmatrix and mma are warp-wide). */
 template <int HD, int NB>
-__device__ __forceinline__ void warp_abt(float (*acc)[4], const uint16_t *a, const uint16_t *b)
+__device__ __forceinline__ void warp_abt(float (*acc)[4], const uint16_t *a, const uint16_t *b, int plo, int phi)
 {
     constexpr int LD = HD + 8;
     int lane = threadIdx.x & 31;
@@ -73,6 +78,8 @@ __device__ __forceinline__ void warp_abt(float (*acc)[4], const uint16_t *a, con
         ldsm_x4(af, a + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int nb = 0; nb < NB; nb += 2) {
+            if (nb / 2 < plo || nb / 2 > phi)
+                continue;
             uint32_t bf[4]; /* keys nb·8 … +15 of columns kk·16 … +15: b0 b1 of tile nb, then of nb+1 */
             ldsm_x4(bf, b + (nb * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
             mma_bf16(acc[nb], af, bf[0], bf[1]);
@@ -83,14 +90,17 @@ __device__ __forceinline__ void warp_abt(float (*acc)[4], const uint16_t *a, con
 
 /* acc[ob] (16 × 8 tiles, ob < HD/8) += P · B: P the warp's 16 × 8·NK values in accumulator
  * tiles p[NK], rounded to bf16 here; B 8·NK rows × HD row-major in shared memory (row
- * stride HD + 8). O += P·V, dq += dS·K, dv += Pᵀ·dO, dk += dSᵀ·Q. */
+ * stride HD + 8); only P's 16-column groups plo … phi (the others must be 0). O += P·V,
+ * dq += dS·K, dv += Pᵀ·dO, dk += dSᵀ·Q. */
 template <int HD, int NK>
-__device__ __forceinline__ void warp_pb(float (*acc)[4], const float (*p)[4], const uint16_t *b)
+__device__ __forceinline__ void warp_pb(float (*acc)[4], const float (*p)[4], const uint16_t *b, int plo, int phi)
 {
     constexpr int LD = HD + 8;
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kk = 0; kk < NK / 2; kk++) {
+        if (kk < plo || kk > phi)
+            continue;
         const uint32_t af[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
                                 pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                                 pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
@@ -130,6 +140,19 @@ __device__ __forceinline__ int tile_col(int64_t x, int64_t base, int lo, int hi)
     return c < lo ? lo : c > hi ? hi : (int)c;
 }
 
+/* The 16-column groups of a tile of `cols` columns from column c0 that hold a column of
+ * [lo, hi]: plo … phi (plo > phi: none). */
+__device__ __forceinline__ void col_groups(int64_t lo, int64_t hi, int64_t c0, int cols, int &plo, int &phi)
+{
+    int64_t a = lo - c0, z = hi - c0;
+    if (a > z || z < 0 || a > cols - 1) {
+        plo = 1, phi = 0;
+        return;
+    }
+    plo = a < 0 ? 0 : (int)(a / 16);
+    phi = z > cols - 1 ? (cols - 1) / 16 : (int)(z / 16);
+}
+
 /* Writes a warp's 16 × HD accumulator tiles as bf16 into rows row[0], row[1] (this lane's
  * two) of dst (row stride `stride`), row r times s[r]; rows at or past n left out. */
 template <int HD>
@@ -150,10 +173,11 @@ __device__ __forceinline__ void store_rows(uint16_t *dst, int64_t stride, const 
 
 /* The query rows of a forward or dq block: this lane's two (g and g+8 of its warp's 16),
  * their segment starts (INT64_MAX past n: no key visible), the first key any row sees
- * (jbeg), the key tiles from there to the last row (nt) and the latest segment start
- * among the block's rows (amax). */
+ * (jbeg), the key tiles from there to the last row (nt), the latest segment start among
+ * the block's rows (amax), and the keys any row of this warp sees: wlo … whi (its first
+ * row's segment start, its last row before n; wlo > whi: none). */
 struct qrows {
-    int64_t i0, i1, jbeg, amax, row[2], a[2];
+    int64_t i0, i1, jbeg, amax, row[2], a[2], wlo, whi;
     int nt;
 };
 __device__ __forceinline__ qrows query_rows(const int64_t *seg, int64_t n_seg, int64_t n)
@@ -170,19 +194,27 @@ __device__ __forceinline__ qrows query_rows(const int64_t *seg, int64_t n_seg, i
         b.row[r] = b.i0 + (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * r;
         b.a[r] = b.row[r] < n ? seg_start(seg, n_seg, b.row[r], &e) : INT64_MAX;
     }
+    int64_t f = b.i0 + (threadIdx.x >> 5) * 16;
+    b.wlo = f < n ? seg_start(seg, n_seg, f, &e) : INT64_MAX;
+    b.whi = f + 15 < n ? f + 15 : n - 1;
     return b;
 }
 
 /* Which columns of key tile j0 row r sees: lo[r] <= c <= hi[r]; all of them (full) when
- * every row of the block sees the whole tile. */
+ * every row of the block sees the whole tile; the 16-column groups the warp's products
+ * need: plo … phi (all when full, else those with a column some row of the warp sees). */
 struct kmask {
     bool full;
-    int lo[2], hi[2];
+    int lo[2], hi[2], plo, phi;
 };
 __device__ __forceinline__ kmask key_mask(const qrows &b, int64_t j0)
 {
     kmask m;
     m.full = j0 >= b.amax && j0 + BN - 1 <= b.i0;
+    if (m.full)
+        m.plo = 0, m.phi = BN / 16 - 1;
+    else
+        col_groups(b.wlo, b.whi, j0, BN, m.plo, m.phi);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         m.lo[r] = tile_col(b.a[r], j0, 0, BN);
@@ -241,10 +273,10 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(uint16_t *out, float *lse,
         int64_t j0 = b.jbeg + (int64_t)it * BN;
         const uint16_t *Kt = kv_tile<HD>(KV, kh, vh, it, b.nt, b.jbeg, n, ks), *Vt = Kt + BN * LD;
 
+        const kmask km = key_mask(b, j0);
         float s[NB][4];
         zero_acc<NB>(s);
-        warp_abt<HD, NB>(s, Qs + warp * 16 * LD, Kt);
-        const kmask km = key_mask(b, j0);
+        warp_abt<HD, NB>(s, Qs + warp * 16 * LD, Kt, km.plo, km.phi);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nb = 0; nb < NB; nb++)
@@ -281,7 +313,7 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(uint16_t *out, float *lse,
             o[ob][2] *= corr[1];
             o[ob][3] *= corr[1];
         }
-        warp_pb<HD, NB>(o, s, Vt);
+        warp_pb<HD, NB>(o, s, Vt, km.plo, km.phi);
         __syncthreads(); /* this buffer is refilled two tiles on */
     }
     cp_async_wait<0>();
@@ -326,12 +358,12 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_
         int64_t j0 = b.jbeg + (int64_t)it * BN;
         const uint16_t *Kt = kv_tile<HD>(KV, kh, vh, it, b.nt, b.jbeg, n, ks), *Vt = Kt + BN * LD;
 
+        const kmask km = key_mask(b, j0);
         float s[NB][4], dp[NB][4];
         zero_acc<NB>(s);
         zero_acc<NB>(dp);
-        warp_abt<HD, NB>(s, Qs + warp * 16 * LD, Kt);
-        warp_abt<HD, NB>(dp, Gs + warp * 16 * LD, Vt);
-        const kmask km = key_mask(b, j0);
+        warp_abt<HD, NB>(s, Qs + warp * 16 * LD, Kt, km.plo, km.phi);
+        warp_abt<HD, NB>(dp, Gs + warp * 16 * LD, Vt, km.plo, km.phi);
 #pragma unroll
         for (int nb = 0; nb < NB; nb++)
 #pragma unroll
@@ -340,7 +372,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(uint16_t *dq, const uint16_
                 float p = km.full || (col >= km.lo[r] && col <= km.hi[r]) ? exp2f(s[nb][c] * sl2 - l2[r]) : 0.0f;
                 s[nb][c] = p * (dp[nb][c] - d[r]); /* dS */
             }
-        warp_pb<HD, NB>(acc, s, Kt);
+        warp_pb<HD, NB>(acc, s, Kt, km.plo, km.phi);
         __syncthreads();
     }
     cp_async_wait<0>();
@@ -375,6 +407,14 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
         if (col[r] < n)
             seg_start(seg, n_seg, col[r], &kend[r]);
     }
+    /* the queries any key of this warp meets: wlo … whi (from its first key to its last key's
+     * segment end; wlo > whi: none) */
+    int64_t wlo = j0 + warp * 16, whi = -1;
+    if (wlo < n) {
+        int64_t e;
+        seg_start(seg, n_seg, wlo + 15 < n ? wlo + 15 : n - 1, &e);
+        whi = e - 1;
+    }
     int nq = (int)((iend - j0 + BQ - 1) / BQ), total = group * nq;
     /* tile `it`: query head kh·group + it / nq, queries from j0 + (it % nq)·BQ */
     auto fetch = [&](int it) {
@@ -408,14 +448,17 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
         const uint16_t *Qt = QG + (it & 1) * 2 * BQ * LD, *Gt = Qt + BQ * LD;
         const float *lt = ST + (it & 1) * 2 * BQ, *dt = lt + BQ;
 
+        /* every key of the block before every query of the tile, every query before the
+         * earliest segment end: nothing masked; else the column groups this warp's keys meet */
+        bool full = i0 >= j1 - 1 && i0 + BQ <= eend;
+        int plo = 0, phi = NQ / 2 - 1;
+        if (!full)
+            col_groups(wlo, whi, i0, BQ, plo, phi);
         float st[NQ][4], dpt[NQ][4];
         zero_acc<NQ>(st);
         zero_acc<NQ>(dpt);
-        warp_abt<HD, NQ>(st, Ks + warp * 16 * LD, Qt);
-        warp_abt<HD, NQ>(dpt, Vs + warp * 16 * LD, Gt);
-        /* every key of the block before every query of the tile, every query before the
-         * earliest segment end: nothing masked */
-        bool full = i0 >= j1 - 1 && i0 + BQ <= eend;
+        warp_abt<HD, NQ>(st, Ks + warp * 16 * LD, Qt, plo, phi);
+        warp_abt<HD, NQ>(dpt, Vs + warp * 16 * LD, Gt, plo, phi);
         int lo[2], hi[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -431,8 +474,8 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
                 st[nb][c] = p;
                 dpt[nb][c] = p * (dpt[nb][c] - ld_shared(&dt[qc])); /* dSᵀ */
             }
-        warp_pb<HD, NQ>(dva, st, Gt);
-        warp_pb<HD, NQ>(dka, dpt, Qt);
+        warp_pb<HD, NQ>(dva, st, Gt, plo, phi);
+        warp_pb<HD, NQ>(dka, dpt, Qt, plo, phi);
         __syncthreads();
     }
     cp_async_wait<0>();

@@ -284,8 +284,11 @@ static inline void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { ldsm(r, p, true
 /* element `half` (0: the low 16 bits) of a register holding two bf16 */
 static inline float bf16_half(uint32_t reg, int half) { return bf16_to_f32((uint16_t)(reg >> (16 * half))); }
 
+static long mma_count; /* warp-wide mma.sync issued: the work the kernels do */
+
 static inline void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
+    mma_count += (emu::cur & 31) == 0;
     emu::xch &x = emu::slot();
     int lane = emu::cur & 31, g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; i++)
@@ -457,6 +460,10 @@ static void emu_attn_bwd(backend_t *, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_
 /* segments longer than a 64-row tile (whole tiles unmasked) beside one-token ones */
 static const int64_t seg_330[] = {0, 1, 200, 201, 330};
 static const int64_t seg_260[] = {0, 130, 131, 260};
+/* a packed row of 512 as ftk-pack makes them from Alpaca (samples of 40–187 tokens, the
+ * padding last); the segment from 303 (≡ 15 mod 16) puts a warp's last row alone at the
+ * start of a 16-column group of its key tiles: the per-warp skipping's edge */
+static const int64_t seg_512[] = {0, 187, 263, 303, 455, 497, 512};
 static ops_case_t attn_case(ops_op_t op, int n_head, int n_kv, int hd, const int64_t *seg, int64_t n_seg)
 {
     ops_case_t c;
@@ -469,6 +476,8 @@ static const ops_case_t own[] = {
     attn_case(OP_ATTN_BWD, 4, 2, 64, seg_330, 4),
     attn_case(OP_ATTN_FWD, 2, 1, 128, seg_260, 3),
     attn_case(OP_ATTN_BWD, 2, 1, 128, seg_260, 3),
+    attn_case(OP_ATTN_FWD, 2, 2, 128, seg_512, 6),
+    attn_case(OP_ATTN_BWD, 2, 2, 128, seg_512, 6),
 };
 
 static int failures;
@@ -495,6 +504,7 @@ static void run_case(backend_t *C, backend_t *E, const ops_case_t *c, uint64_t s
         return;
     }
     int runs = kernel_runs;
+    long mma0 = fm::mma_count;
     emu::fault[0] = 0;
     if (ops_run(E, c, OPS_BF16, seed, 1, &re) < 0 || emu::fault[0] || kernel_runs == runs) {
         printf("FAIL %s emulated: %s\n", name, emu::fault[0] ? emu::fault : "the kernels did not run");
@@ -502,6 +512,7 @@ static void run_case(backend_t *C, backend_t *E, const ops_case_t *c, uint64_t s
         ops_result_free(&rc);
         return;
     }
+    printf("     %s: %ld mma.sync (m16n8k16, per warp)\n", name, fm::mma_count - mma0);
     for (int i = 0; i < rc.n_out; i++) {
         const ops_out_t *o = &rc.out[i];
         ops_err_t e = o->dt == DT_BF16 ? ops_compare_rows(o->v, re.out[i].v, o->n, c->hd)
