@@ -30,7 +30,7 @@
  *    every row of the block sees whole skips the per-element test; in the others each warp
  *    skips the products of the 16-column groups that none of its 16 rows sees (the columns
  *    past the diagonal, those before its rows' segments): their scores are masked anyway,
- *    their probabilities exactly 0, so the results are the same bits without them.
+ *    their probabilities exactly 0, so the results are the same without them.
  * Precision as flash_attn.cuh: P and dS rounded to bf16 before their products; scores, the
  * softmax statistics (in log2 units inside, exp2f) and every accumulator fp32. */
 
