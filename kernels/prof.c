@@ -440,7 +440,8 @@ static void table(FILE *f, pf_row_t *rows, int n, double total)
     for (int i = 0; i < n; i++)
         ix[i] = &rows[i];
     qsort(ix, (size_t)n, sizeof *ix, by_secs);
-    fprintf(f, "| op | calls | ms | share | µs/call | TFLOP/s | GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    fprintf(f, "| op | calls | ms | share | µs/call | TFLOP/s | GB/s |\n"
+               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int j = 0; j < n; j++) {
         const pf_row_t *r = ix[j];
         fprintf(f, "| %s | %llu | %.3f | %.1f%% | %.1f |", r->label, (unsigned long long)r->calls, r->secs * 1e3,

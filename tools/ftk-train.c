@@ -673,7 +673,6 @@ out:
             ftk_warn("FTK_PROFILE=%s: %s", prof, ftk_err_msg());
         if (prof_out != stderr && fclose(prof_out) != 0)
             ftk_warn("FTK_PROFILE=%s: %s", prof, strerror(errno));
-        prof_out = NULL;
     }
     if (code && code != FTK_EXIT_PREEMPTED)
         trainer_discard_new_run(t);
