@@ -94,6 +94,11 @@ int comm_enable_nccl(comm_t *world, backend_t *be);
 /* 1 when this build has NCCL and libnccl.so.2 loads (comm_enable_nccl can work); else 0,
  * with ftk_err_msg() saying why. */
 int comm_nccl_built(void);
+/* How long comm_enable_nccl and the splits after it wait for every rank of a group to join
+ * its NCCL communicator: FTK_NCCL_INIT_TIMEOUT seconds, default 300 (engine/comm_dev.h says
+ * how the wait ends early). 0, or -1 with the message when the variable is not a number of
+ * seconds above 0 (a tool may check it before the set-up, to call it a usage error). */
+int comm_join_timeout(double *seconds);
 /* 0, or -1 with the message when a device collective of c's world has failed since
  * comm_enable_nccl (the first error is kept; comm_wait and comm_test return it too, but
  * the shard engine completes requests without an error path: the trainer asks here once

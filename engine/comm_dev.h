@@ -11,8 +11,15 @@
  *      the communicator calls unique_id(); the id goes to the others with rank 0's status
  *      over that communicator's MPI_Bcast (a failure there fails every rank rather than
  *      leaving them waiting in init); every rank calls comm_new(id, size, rank) with its
- *      rank in the MPI communicator; an MPI all-reduce of the outcome makes every rank
- *      return the same verdict.
+ *      rank in the MPI communicator, which starts the join and returns, and polls ready()
+ *      until it has joined. The join completes only when every rank of the group has
+ *      joined, so a rank that fails (or never gets there) would leave the others waiting
+ *      forever: while they poll, they also watch MPI for a "gave up" message from any rank
+ *      of the group, which a rank that fails sends to all the others, and a deadline
+ *      (FTK_NCCL_INIT_TIMEOUT seconds, default 300); either ends the wait. An MPI agreement
+ *      on the outcome then makes every rank return the same verdict, with the message of
+ *      the rank that failed first-hand (not of those that gave up because of it), and the
+ *      gave-up messages are all received before it returns.
  *
  * Collectives take device memory and are queued on the device in the order of the calls:
  * each hands back a token (an event) that wait() makes the compute stream wait for and
@@ -38,9 +45,15 @@ typedef struct {
     /* 0, or -1 with the first error any communicator of ctx met (kept: comm_status). */
     int (*status)(void *ctx);
     int (*unique_id)(void *ctx, unsigned char id[COMM_DEV_ID_MAX]);
-    /* Collective over the size ranks given the same id; rank is this one's. */
+    /* Starts joining the group of the size ranks given the same id (rank: this one's) and
+     * returns at once: the device communicator, joined or still joining; NULL on failure. */
     void *(*comm_new)(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int size, int rank);
-    void (*comm_free)(void *dc);
+    /* 1 joined, 0 still joining, -1 the join failed (message). Never blocks for long. */
+    int (*ready)(void *dc);
+    /* abandon: the set-up failed (here or on another rank): nothing may wait for the peers,
+     * and a join still under way is given up (its resources may outlive the call: the
+     * program is expected to end). */
+    void (*comm_free)(void *dc, int abandon);
     /* As comm.h's, on device buffers; *token is what wait and test take (may be NULL). */
     int (*allgather)(void *dc, const void *part, void *full, int64_t n, dtype_t dt, void **token);
     int (*reduce_scatter)(void *dc, const void *full, void *part, int64_t n, dtype_t dt, void **token);

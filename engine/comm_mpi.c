@@ -141,7 +141,7 @@ static void dev_release(comm_t *c)
     if (poll_world == c)
         poll_world = NULL;
     if (c->dc)
-        c->dev->comm_free(c->dc);
+        c->dev->comm_free(c->dc, 0);
     if (c->owns_dev && c->dev_ctx)
         c->dev->ctx_free(c->dev_ctx);
     c->dc = c->dev_ctx = NULL;
@@ -163,9 +163,80 @@ void comm_finalize(comm_t *world)
 
 /* ---- device communication ------------------------------------------------------------ */
 
+/* The MPI tag of the "gave up" messages of a device join (dev_attach): nothing else sends
+ * point to point on these communicators. */
+enum { TAG_GAVE_UP = 0x6674 };
+/* A join's outcome, as dev_attach's agreement code: the highest wins, so that every rank
+ * reports the first-hand cause, not a rank that gave up because of it. */
+enum { JOIN_OK, JOIN_NOTICED, JOIN_TIMED_OUT, JOIN_FAILED };
+
+/* The highest code of c's ranks; when not 0, msg becomes the message of the lowest rank
+ * with that code (comm_agree takes the lowest failing rank's, whatever its code). */
+static int agree_cause(comm_t *c, int code, char *msg, size_t cap)
+{
+    int64_t v = code ? (int64_t)code << 32 | (int64_t)(INT32_MAX - c->rank) : 0;
+    comm_allreduce_i64(c, &v, 1, COMM_MAX);
+    if (!v)
+        return 0;
+    comm_bcast(c, msg, cap, INT32_MAX - (int)(v & 0xffffffff));
+    msg[cap - 1] = 0;
+    return (int)(v >> 32);
+}
+
+int comm_join_timeout(double *s)
+{
+    const char *e = getenv("FTK_NCCL_INIT_TIMEOUT");
+    char *end;
+    *s = 300;
+    if (!e || !*e)
+        return 0;
+    double v = strtod(e, &end);
+    if (*end || !(v > 0) || v > 1e7) {
+        ftk_err_set("FTK_NCCL_INIT_TIMEOUT=%s: not a number of seconds above 0", e);
+        return -1;
+    }
+    *s = v;
+    return 0;
+}
+
+/* Polls the join of c->dc until it is done, it failed, a rank of c says it gave up (one
+ * such message is received: *received), or the deadline passes. The join's outcome;
+ * msg says why when it is not JOIN_OK. */
+static int dev_join_wait(comm_t *c, double timeout, int me, char *msg, size_t cap, int *received)
+{
+    double t_end = time_now() + timeout;
+    for (;;) {
+        int r = c->dev->ready(c->dc);
+        if (r > 0)
+            return JOIN_OK;
+        if (r < 0) {
+            snprintf(msg, cap, "%s", ftk_err_msg());
+            return JOIN_FAILED;
+        }
+        int flag = 0, who = -1;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_GAVE_UP, c->c, &flag, MPI_STATUS_IGNORE);
+        if (flag) {
+            MPI_Recv(&who, 1, MPI_INT, MPI_ANY_SOURCE, TAG_GAVE_UP, c->c, MPI_STATUS_IGNORE);
+            (*received)++;
+            snprintf(msg, cap, "rank %d: %s: stopped waiting for the group to join: rank %d gave up", me,
+                     c->dev->name, who);
+            return JOIN_NOTICED;
+        }
+        if (time_now() > t_end) {
+            snprintf(msg, cap,
+                     "rank %d: %s: the group's %d ranks did not all join within %g s (FTK_NCCL_INIT_TIMEOUT): "
+                     "a rank failed before it joined, or is stuck",
+                     me, c->dev->name, c->size, timeout);
+            return JOIN_TIMED_OUT;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+}
+
 /* c's device communicator (comm_dev.h, step 2): an id from c's rank 0, sent with rank 0's
- * verdict over MPI, then every rank's comm_new and an agreement. -1 on every rank of c
- * when one failed. */
+ * verdict over MPI; every rank starts its join and waits for it, for a "gave up" from
+ * another rank, or for the deadline; a rank that fails first-hand (its join, or the wait's
+ * deadline) tells the others, then all agree. -1 on every rank of c when one failed. */
 static int dev_attach(comm_t *c)
 {
     struct {
@@ -185,18 +256,40 @@ static int dev_attach(comm_t *c)
         return -1;
     }
     char msg[512] = "";
-    c->dc = c->dev->comm_new(c->dev_ctx, m.id, c->size, c->rank);
-    if (!c->dc)
-        snprintf(msg, sizeof msg, "%s", ftk_err_msg());
-    int who;
-    if (comm_agree(c, c->dc ? 0 : 1, msg, sizeof msg, &who)) {
-        if (c->dc)
-            c->dev->comm_free(c->dc);
-        c->dc = NULL;
-        ftk_err_set("%s", msg);
-        return -1;
+    double timeout;
+    int me, code, received = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    c->dc = NULL;
+    if (comm_join_timeout(&timeout) < 0 || !(c->dc = c->dev->comm_new(c->dev_ctx, m.id, c->size, c->rank))) {
+        code = JOIN_FAILED;
+        if (!strncmp(ftk_err_msg(), "rank ", 5)) /* the library's messages name the rank */
+            snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+        else
+            snprintf(msg, sizeof msg, "rank %d: %s", me, ftk_err_msg());
+    } else {
+        code = dev_join_wait(c, timeout, me, msg, sizeof msg, &received);
     }
-    return 0;
+    /* first-hand: the others may be waiting for this rank's join, which will not come */
+    MPI_Request *sends = NULL;
+    int sent = code >= JOIN_TIMED_OUT && c->size > 1 && (sends = malloc((size_t)(c->size - 1) * sizeof *sends));
+    for (int r = 0, k = 0; sent && r < c->size; r++)
+        if (r != c->rank)
+            MPI_Isend(&me, 1, MPI_INT, r, TAG_GAVE_UP, c->c, &sends[k++]);
+    if (!agree_cause(c, code, msg, sizeof msg))
+        return 0;
+    /* every "gave up" sent to this rank is received before the communicator is used again */
+    int64_t senders = sent;
+    comm_allreduce_i64(c, &senders, 1, COMM_SUM);
+    for (int64_t k = received + sent; k < senders; k++)
+        MPI_Recv(&(int){0}, 1, MPI_INT, MPI_ANY_SOURCE, TAG_GAVE_UP, c->c, MPI_STATUS_IGNORE);
+    if (sent)
+        MPI_Waitall(c->size - 1, sends, MPI_STATUSES_IGNORE);
+    free(sends);
+    if (c->dc)
+        c->dev->comm_free(c->dc, 1);
+    c->dc = NULL;
+    ftk_err_set("%s", msg);
+    return -1;
 }
 
 int comm_enable_device(comm_t *c, backend_t *be, const comm_dev_ops_t *ops)

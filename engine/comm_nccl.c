@@ -30,9 +30,17 @@
  * comm_enable_device), which looks at every communicator: a peer lost while the compute
  * stream waits for a collective aborts them all, so the wait ends and the step fails
  * instead of blocking until the job's time limit. A failed world's communicators are
- * aborted, not destroyed, when freed. Not handled: a rank that fails before it enters
- * ncclCommInitRank leaves the others in that blocking call (a non-blocking init with a
- * deadline is the remedy).
+ * aborted, not destroyed, when freed.
+ *
+ * Joining: ncclCommInitRank returns only when every rank of the group has called it, so a
+ * rank that failed before (its own error, a bad NCCL setting on its node) would leave the
+ * others in it for good. It runs on a thread of its own (the joiner) and comm_mpi.c polls
+ * nc_ready while it watches for the other ranks' "gave up" and a deadline (comm_dev.h).
+ * A join given up on (comm_free with abandon) stays with its thread, which aborts the
+ * communicator should it ever complete and frees it; one that never completes is left
+ * behind, blocked, for the program's exit (ftk-train exits 1 after a failed set-up).
+ * NCCL's own non-blocking mode (config.blocking = 0) is not used: it would make every
+ * later collective return ncclInProgress from a thread NCCL starts for it, to be polled.
  *
  * libnccl.so.2 is opened at run time (dlopen), not linked: the tools that link this start
  * on a machine without NCCL (a GPU node lent with the CUDA toolkit alone) and run on one
@@ -45,6 +53,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,10 +135,21 @@ typedef struct {
     int n_comms, cap_comms;
 } nccl_ctx_t;
 
+/* A join's progress (nccl_comm_t.state, under .mu; see the top). */
+enum { J_JOINING, J_DONE, J_ABANDONED };
+
 struct nccl_comm {
     nccl_ctx_t *x;
     ncclComm_t comm;
     int rank, size, aborted;
+    int reaped, listed; /* the joiner's thread joined; the communicator in x->comms */
+    /* the join: what the joiner reads, and what it leaves (comm, result, last) */
+    pthread_t joiner;
+    pthread_mutex_t mu;
+    int state, device;
+    ncclUniqueId id;
+    ncclResult_t result;
+    char last[256];
 };
 
 static int fail(nccl_ctx_t *x, const char *fmt, ...) FTK_PRINTF(2, 3);
@@ -269,6 +289,40 @@ static int nc_unique_id(void *ctx, unsigned char id[COMM_DEV_ID_MAX])
     return 0;
 }
 
+/* The joiner (see the top): touches only d's join fields, never d->x, which the caller
+ * may have freed after abandoning d. */
+static void *joiner_main(void *arg)
+{
+    nccl_comm_t *d = arg;
+    ncclComm_t comm = NULL;
+    ncclResult_t r;
+    char last[sizeof d->last] = "";
+    cudaError_t e = cudaSetDevice(d->device); /* NCCL takes the thread's current device */
+    if (e != cudaSuccess) {
+        r = ncclUnhandledCudaError;
+        snprintf(last, sizeof last, "selecting CUDA device %d: %s", d->device, cudaGetErrorString(e));
+    } else if ((r = nc.CommInitRank(&comm, d->size, d->id, d->rank)) != ncclSuccess) {
+        const char *l = nc.GetLastError(NULL);
+        snprintf(last, sizeof last, "%s", l ? l : "");
+    }
+    pthread_mutex_lock(&d->mu);
+    int abandoned = d->state == J_ABANDONED;
+    if (!abandoned) {
+        d->comm = r == ncclSuccess ? comm : NULL;
+        d->result = r;
+        memcpy(d->last, last, sizeof last);
+        d->state = J_DONE;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (abandoned) {
+        if (r == ncclSuccess)
+            nc.CommAbort(comm);
+        pthread_mutex_destroy(&d->mu);
+        free(d);
+    }
+    return NULL;
+}
+
 static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int size, int rank)
 {
     nccl_ctx_t *x = ctx;
@@ -277,58 +331,89 @@ static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int
         fail(x, "out of memory");
         return NULL;
     }
-    *d = (nccl_comm_t){.x = x, .rank = rank, .size = size};
+    *d = (nccl_comm_t){.x = x, .rank = rank, .size = size, .state = J_JOINING, .device = x->device};
+    memcpy(&d->id, id, sizeof d->id);
     if (enter(x) < 0) {
         free(d);
         return NULL;
     }
-    ncclUniqueId u;
-    memcpy(&u, id, sizeof u);
-    /* Blocking: returns when every rank of the group has joined. */
-    ncclResult_t r = nc.CommInitRank(&d->comm, size, u, rank);
-    if (r != ncclSuccess) {
-        d->comm = NULL;
-        nc_fail(d, r, "ncclCommInitRank");
+    int e = pthread_mutex_init(&d->mu, NULL);
+    if (!e && (e = pthread_create(&d->joiner, NULL, joiner_main, d)))
+        pthread_mutex_destroy(&d->mu);
+    if (e) {
+        fail(x, "starting the NCCL join: %s", strerror(e));
         free(d);
         return NULL;
     }
+    return d;
+}
+
+static int nc_ready(void *dc)
+{
+    nccl_comm_t *d = dc;
+    nccl_ctx_t *x = d->x;
+    if (d->listed)
+        return 1;
+    pthread_mutex_lock(&d->mu);
+    int st = d->state;
+    pthread_mutex_unlock(&d->mu);
+    if (st == J_JOINING)
+        return 0;
+    if (!d->reaped)
+        pthread_join(d->joiner, NULL); /* it has set J_DONE: its last steps */
+    d->reaped = 1;
+    if (d->result != ncclSuccess)
+        return fail(x, "NCCL ncclCommInitRank (rank %d of %d in the group): %s%s%s%s", d->rank, d->size,
+                    nc.GetErrorString(d->result), *d->last ? " (" : "", d->last, *d->last ? ")" : "");
     if (x->n_comms == x->cap_comms) {
         int cap = x->cap_comms ? 2 * x->cap_comms : 4;
         nccl_comm_t **p = realloc(x->comms, (size_t)cap * sizeof *p);
         if (!p) {
             abort_comm(d);
-            free(d);
-            fail(x, "out of memory");
-            return NULL;
+            return fail(x, "out of memory");
         }
         x->comms = p;
         x->cap_comms = cap;
     }
     x->comms[x->n_comms++] = d;
-    return d;
+    d->listed = 1;
+    return 1;
 }
 
-static void nc_comm_free(void *dc)
+static void nc_comm_free(void *dc, int abandon)
 {
     nccl_comm_t *d = dc;
     if (!d)
         return;
-    for (int i = 0; i < d->x->n_comms; i++)
+    pthread_mutex_lock(&d->mu);
+    int joining = d->state == J_JOINING;
+    pthread_t t = d->joiner;
+    if (joining)
+        d->state = J_ABANDONED; /* from here the joiner owns d, and frees it */
+    pthread_mutex_unlock(&d->mu);
+    if (joining) {
+        pthread_detach(t);
+        return;
+    }
+    if (!d->reaped)
+        pthread_join(d->joiner, NULL); /* done, not polled since */
+    for (int i = 0; d->listed && i < d->x->n_comms; i++)
         if (d->x->comms[i] == d) {
             d->x->comms[i] = d->x->comms[--d->x->n_comms];
             break;
         }
-    if (!d->aborted) {
+    if (d->comm && !d->aborted) {
         int cur = -1;
         if (cudaGetDevice(&cur) == cudaSuccess && cur != d->x->device)
             cudaSetDevice(d->x->device);
         /* Destroy waits for what is queued on it, which may never finish in a failed world
-         * (a peer gone): abort that one. */
-        if (d->x->failed)
+         * (a peer gone) or a failed set-up: abort that one. */
+        if (abandon || d->x->failed)
             abort_comm(d);
         else
             nc.CommDestroy(d->comm);
     }
+    pthread_mutex_destroy(&d->mu);
     free(d);
 }
 
@@ -470,6 +555,7 @@ static const comm_dev_ops_t nccl_ops = {
     .status = nc_ctx_status,
     .unique_id = nc_unique_id,
     .comm_new = nc_comm_new,
+    .ready = nc_ready,
     .comm_free = nc_comm_free,
     .allgather = nc_allgather,
     .reduce_scatter = nc_reduce_scatter,

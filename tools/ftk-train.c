@@ -145,6 +145,8 @@ static const opt_spec_t spec = {
         "FTK_PROFILE=FILE (or - for standard error) times every op of rank 0's backend and writes a table\n"
         "per op and shape at the end: calls, milliseconds, share of the wall time from the end of the\n"
         "first step (warm-up) to the end of the run, TFLOP/s or GB/s (kernels/prof.h).\n"
+        "FTK_NCCL_INIT_TIMEOUT=S (default 300): how long GPU ranks wait for every rank of a group to join\n"
+        "its NCCL communicator; a rank whose join fails tells the others at once (docs/design.md).\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
@@ -540,6 +542,12 @@ static int run(int argc, char **argv)
     char msg[8192];
     snprintf(msg, sizeof msg, "--device %s: %s", device, be ? "" : ftk_err_msg());
     if ((code = agree_msg(be ? 0 : FTK_EXIT_USAGE, msg))) {
+        backend_free(be);
+        return code;
+    }
+    double join_s; /* FTK_NCCL_INIT_TIMEOUT checked first: a bad value is a usage error */
+    if (!strcmp(device, "cuda") && !comm_alone(world) &&
+        (code = agree_msg(comm_join_timeout(&join_s) < 0 ? FTK_EXIT_USAGE : 0, ftk_err_msg()))) {
         backend_free(be);
         return code;
     }

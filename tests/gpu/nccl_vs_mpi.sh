@@ -7,7 +7,8 @@
 #   none bf16-true       bf16 all-reduces (DDP)
 #   hybrid, groups of 1  the cross-group all-reduce (each rank a shard group of its own)
 # then the full run stopped after 8 steps and resumed on 2 GPUs: the same losses. First, on
-# one GPU: one rank under mpirun (a 1-rank NCCL world) against one process alone.
+# one GPU: one rank under mpirun (a 1-rank NCCL world) against one process alone, and a
+# bad FTK_NCCL_INIT_TIMEOUT refused.
 # Exit 77 without mpirun, without a GPU, without NCCL, or with one GPU (after the 1-rank
 # checks pass).
 set -u
@@ -31,6 +32,11 @@ T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 8 --micro-
 expect "cuda, 1 rank under mpirun (NCCL)" 0 $TO $MPI -np 1 $T -o "$WORK/one-mpi" --device cuda
 expect "cuda, 1 process alone" 0 $TO $T -o "$WORK/one" --device cuda
 close_losses "1-rank NCCL world follows the process alone" "$WORK/one-mpi" "$WORK/one" 1e-6 12
+# a join deadline that is not one: a usage error before NCCL is touched, no run directory
+expect "FTK_NCCL_INIT_TIMEOUT=soon refused" 2 env FTK_NCCL_INIT_TIMEOUT=soon $TO $MPI -np 1 $T -o "$WORK/soon" \
+    --device cuda
+check "... naming it, no run directory" sh -c "grep -q 'FTK_NCCL_INIT_TIMEOUT=soon: not a number' '$WORK/err' && \
+    [ ! -e '$WORK/soon' ]"
 if [ "$ngpu" -lt 2 ]; then
     finish || exit 1
     echo "skipped ($ngpu GPU: the 2-rank NCCL runs need two; the 1-rank checks above passed)"

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../engine/comm.h"
 #include "../../engine/comm_dev.h"
@@ -169,9 +170,14 @@ static void contract(comm_t *c, backend_t *be, const char *what)
 
 static struct {
     int ids, joins, colls, waits, tests, polls;
-    int fail_id, fail_join_rank; /* provoked failures: rank 0's id; one rank's join */
-    int fail_done;                /* wait and test report a failed collective */
+    int fail_id;        /* provoked failures: rank 0's id; */
+    int fail_join_rank; /* one rank's join, before it joins (the others would wait for it) */
+    int fail_ready_rank; /* one rank's join, after all have joined */
+    int slow_rank, slow_ms; /* one rank joins late */
+    int fail_done;      /* wait and test report a failed collective */
+    int early_frees;    /* joins under way freed without abandon: a bug */
     int creator[8], size[8], rank[8]; /* the joins, in order */
+    MPI_Comm owed; /* fail_join_rank's group, whose barrier it enters late (fk_pay) */
 } fk;
 static MPI_Op fk_bf16;
 
@@ -205,8 +211,17 @@ static int fk_unique_id(void *x, unsigned char id[COMM_DEV_ID_MAX])
     memcpy(id + 4, x, sizeof(int)); /* who drew it */
     return 0;
 }
-/* Joins through a split of MPI_COMM_WORLD by the id's creator: every rank of the world
- * joins some group at each set-up (true of every set-up this test makes). */
+/* A fake device communicator: an MPI communicator, and the join as a non-blocking
+ * barrier over it (done when every rank of the group has started joining, as NCCL's). */
+typedef struct {
+    MPI_Comm c;
+    MPI_Request join;
+    int joined;
+} fk_comm_t;
+#define FK(dc) (((fk_comm_t *)(dc))->c)
+
+/* Splits MPI_COMM_WORLD by the id's creator (every rank of the world joins some group at
+ * each set-up this test makes, the failing ones too), then enters the barrier. */
 static void *fk_comm_new(void *x, const unsigned char id[COMM_DEV_ID_MAX], int size, int rank)
 {
     int creator;
@@ -215,8 +230,8 @@ static void *fk_comm_new(void *x, const unsigned char id[COMM_DEV_ID_MAX], int s
         ftk_err_set("fake: not an id of mine");
         return NULL;
     }
-    MPI_Comm *c = malloc(sizeof *c);
-    MPI_Comm_split(MPI_COMM_WORLD, creator, rank, c);
+    fk_comm_t *d = calloc(1, sizeof *d);
+    MPI_Comm_split(MPI_COMM_WORLD, creator, rank, &d->c);
     if (fk.joins < 8) {
         fk.creator[fk.joins] = creator;
         fk.size[fk.joins] = size;
@@ -224,43 +239,72 @@ static void *fk_comm_new(void *x, const unsigned char id[COMM_DEV_ID_MAX], int s
     }
     fk.joins++;
     int s, r;
-    MPI_Comm_size(*c, &s);
-    MPI_Comm_rank(*c, &r);
+    MPI_Comm_size(d->c, &s);
+    MPI_Comm_rank(d->c, &r);
     if (s != size || r != rank || *(int *)x == fk.fail_join_rank) {
         ftk_err_set("rank %d: fake: joined as %d of %d, told %d of %d", *(int *)x, r, s, rank, size);
-        MPI_Comm_free(c);
-        free(c);
+        fk.owed = d->c;
+        free(d);
         return NULL;
     }
-    return c;
+    if (*(int *)x == fk.slow_rank)
+        nanosleep(&(struct timespec){fk.slow_ms / 1000, fk.slow_ms % 1000 * 1000000L}, NULL);
+    MPI_Ibarrier(d->c, &d->join);
+    return d;
 }
-static void fk_comm_free(void *c)
+/* The failed joiner enters its group's barrier after the set-up has failed everywhere, so
+ * that the others' abandoned joins end (MPI cannot cancel a collective). */
+static void fk_pay(void)
 {
-    MPI_Comm_free(c);
-    free(c);
+    if (fk.owed == MPI_COMM_NULL)
+        return;
+    MPI_Request q;
+    MPI_Ibarrier(fk.owed, &q);
+    MPI_Wait(&q, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&fk.owed);
+}
+static int fk_ready(void *dc)
+{
+    fk_comm_t *d = dc;
+    if (!d->joined)
+        MPI_Test(&d->join, &d->joined, MPI_STATUS_IGNORE);
+    if (d->joined && R == fk.fail_ready_rank) {
+        ftk_err_set("rank %d: fake: failed after joining", R);
+        return -1;
+    }
+    return d->joined;
+}
+static void fk_comm_free(void *dc, int abandon)
+{
+    fk_comm_t *d = dc;
+    fk.early_frees += !abandon && !d->joined;
+    if (!d->joined) /* ends when the late rank enters (fk_pay) */
+        MPI_Wait(&d->join, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&d->c);
+    free(d);
 }
 static MPI_Datatype fk_type(dtype_t dt) { return dt == DT_F32 ? MPI_FLOAT : MPI_UINT16_T; }
 static MPI_Op fk_sum(dtype_t dt) { return dt == DT_F32 ? MPI_SUM : fk_bf16; }
 static int fk_allgather(void *c, const void *part, void *full, int64_t n, dtype_t dt, void **token)
 {
     int r;
-    MPI_Comm_rank(*(MPI_Comm *)c, &r);
+    MPI_Comm_rank(FK(c), &r);
     int in_place = (const char *)part == (char *)full + (size_t)r * n * dtype_size(dt);
-    MPI_Allgather(in_place ? MPI_IN_PLACE : part, (int)n, fk_type(dt), full, (int)n, fk_type(dt), *(MPI_Comm *)c);
+    MPI_Allgather(in_place ? MPI_IN_PLACE : part, (int)n, fk_type(dt), full, (int)n, fk_type(dt), FK(c));
     fk.colls++;
     *token = &fk;
     return 0;
 }
 static int fk_reduce_scatter(void *c, const void *full, void *part, int64_t n, dtype_t dt, void **token)
 {
-    MPI_Reduce_scatter_block(full, part, (int)n, fk_type(dt), fk_sum(dt), *(MPI_Comm *)c);
+    MPI_Reduce_scatter_block(full, part, (int)n, fk_type(dt), fk_sum(dt), FK(c));
     fk.colls++;
     *token = &fk;
     return 0;
 }
 static int fk_allreduce(void *c, void *buf, int64_t n, dtype_t dt, void **token)
 {
-    MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, fk_type(dt), fk_sum(dt), *(MPI_Comm *)c);
+    MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, fk_type(dt), fk_sum(dt), FK(c));
     fk.colls++;
     *token = &fk;
     return 0;
@@ -294,7 +338,7 @@ static int fk_poll(void *x)
 }
 static const comm_dev_ops_t fake_ops = {
     .name = "fake", .ctx_new = fk_ctx_new, .ctx_free = fk_ctx_free, .status = fk_status,
-    .unique_id = fk_unique_id, .comm_new = fk_comm_new, .comm_free = fk_comm_free,
+    .unique_id = fk_unique_id, .comm_new = fk_comm_new, .ready = fk_ready, .comm_free = fk_comm_free,
     .allgather = fk_allgather, .reduce_scatter = fk_reduce_scatter, .allreduce = fk_allreduce,
     .wait = fk_wait, .test = fk_test, .poll = fk_poll,
 };
@@ -366,21 +410,60 @@ static void fake(comm_t *world, backend_t *be)
     MPI_Op_create(fk_bf16_sum, 1, &fk_bf16);
     /* a failing id at rank 0 and a failing join at the last rank: -1 everywhere, no hang */
     comm_t *d = comm_split(world, 0, R);
-    fk.fail_join_rank = -1;
+    fk.fail_join_rank = fk.fail_ready_rank = fk.slow_rank = -1;
+    fk.owed = MPI_COMM_NULL;
     fk.fail_id = 1;
     RCHECK(comm_enable_device(d, be, &fake_ops) < 0 && strstr(ftk_err_msg(), "no id today"));
     comm_free(d);
     fk.fail_id = 0;
+    /* the last rank fails before it joins: the others, waiting for it, hear that it gave up
+     * (well before the deadline) and every rank reports its message */
+    setenv("FTK_NCCL_INIT_TIMEOUT", "60", 1);
     fk.fail_join_rank = W - 1;
     d = comm_split(world, 0, R);
+    double t0 = MPI_Wtime();
     RCHECK(comm_enable_device(d, be, &fake_ops) < 0 && strstr(ftk_err_msg(), "fake: joined"));
-    char want[32];
+    RCHECK(MPI_Wtime() - t0 < 20);
+    char want[96];
     snprintf(want, sizeof want, "rank %d:", W - 1);
-    RCHECK(strstr(ftk_err_msg(), want) != NULL);
+    RCHECK(strstr(ftk_err_msg(), want) == ftk_err_msg());
+    fk_pay();
     comm_free(d);
     fk.fail_join_rank = -1;
+    /* rank 0's join fails after every rank joined: the others' joined ones are abandoned */
+    fk.fail_ready_rank = 0;
+    d = comm_split(world, 0, R);
+    RCHECK(comm_enable_device(d, be, &fake_ops) < 0 && strstr(ftk_err_msg(), "rank 0: fake: failed after joining"));
+    fk.fail_ready_rank = -1;
+    /* again on the same communicator, rank 0 late: the others wait for it, undisturbed by
+     * the failed set-up's "gave up" messages (each was received before it returned) */
+    fk.slow_rank = 0;
+    fk.slow_ms = 300;
+    RCHECK(comm_enable_device(d, be, &fake_ops) == 0);
+    comm_free(d);
+    fk.slow_rank = -1;
+    /* the last rank is late: the others' deadline passes, and every rank (the late one too)
+     * fails with the message of a rank that timed out (not of one that heard it gave up
+     * first); one rank alone is never late */
+    setenv("FTK_NCCL_INIT_TIMEOUT", "0.3", 1);
+    fk.slow_rank = W - 1;
+    fk.slow_ms = 1500;
+    d = comm_split(world, 0, R);
+    int rc = comm_enable_device(d, be, &fake_ops), from = -1;
+    snprintf(want, sizeof want, ": fake: the group's %d ranks did not all join within 0.3 s (FTK_NCCL_INIT_TIMEOUT)", W);
+    RCHECK(W == 1 ? rc == 0 : rc < 0 && sscanf(ftk_err_msg(), "rank %d:", &from) == 1 && from < W - 1 && strstr(ftk_err_msg(), want));
+    comm_free(d);
+    fk.slow_rank = -1;
+    /* a deadline that is not one */
+    setenv("FTK_NCCL_INIT_TIMEOUT", "soon", 1);
+    d = comm_split(world, 0, R);
+    RCHECK(comm_enable_device(d, be, &fake_ops) < 0 && strstr(ftk_err_msg(), "FTK_NCCL_INIT_TIMEOUT=soon: not a"));
+    comm_free(d);
+    unsetenv("FTK_NCCL_INIT_TIMEOUT");
+    RCHECK(fk.early_frees == 0);
     memset(&fk, 0, sizeof fk);
-    fk.fail_join_rank = -1;
+    fk.fail_join_rank = fk.fail_ready_rank = fk.slow_rank = -1;
+    fk.owed = MPI_COMM_NULL;
 
     d = comm_split(world, 0, R);
     RCHECK(comm_enable_device(d, be, &fake_ops) == 0);
