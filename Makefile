@@ -59,6 +59,7 @@ PLUGIN    := $(O)/plugin/libh5zstd.so
 # tests/fault/lock.sh's LD_PRELOAD shim: one for both builds (preloaded into the sanitizer
 # build's programs too, ahead of their runtime).
 LOCK_SHIM := build/tests/lock_delay.so
+H5_WAIT   := $(O)/tests/h5_wait
 FLASH_EMU := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
@@ -109,7 +110,7 @@ COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(FLASH_EMU)
+all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(FLASH_EMU)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -180,6 +181,11 @@ $(PLUGIN): $(O)/plugin/h5zstd.o
 $(O)/tests/flash_emu: tests/gpu/flash_emu.cc kernels/cuda/flash_mma.cuh kernels/cuda/common.cuh $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@
+
+# make bench's probe of the HDF5 lock during a background write (tests/bench/h5_wait.c).
+$(H5_WAIT): $(O)/tests/bench/h5_wait.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(LIBFTK) $(LIBS) -o $@
 
 # tests/fault/lock.sh's LD_PRELOAD shim (LOCK_SHIM, above): never sanitized.
 $(LOCK_SHIM): tests/fault/lock_delay.c

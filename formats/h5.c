@@ -325,11 +325,19 @@ struct h5w_stream {
     int rank;
     hsize_t dims[8];
     hsize_t row_elems, rows_done;
+    hsize_t piece_rows; /* rows per H5Dwrite (h5w_append); 0: all at once */
     size_t elem_size;
     hash_state_t *hash;
     char *name;
     int failed;
 };
+
+/* The most bytes one H5Dwrite of a contiguous dataset moves. The thread-safe library runs
+ * one call at a time, so another thread's HDF5 call (the step's data read during an
+ * asynchronous save) waits behind at most this much of a write, not a whole checkpoint
+ * array (404 MB for one 7B block in bf16); the file's bytes are the same. A compressed
+ * dataset is written whole: a piece could end inside a chunk. */
+enum { H5W_PIECE_BYTES = 4 << 20 };
 
 h5w_stream_t *h5w_open(hid_t loc, const char *name, hid_t memtype, int rank, const hsize_t *dims,
                        const h5w_opts_t *opts)
@@ -377,6 +385,11 @@ h5w_stream_t *h5w_open(hid_t loc, const char *name, hid_t memtype, int rank, con
         unsigned level = (unsigned)opts->zstd_level;
         H5Pset_chunk(dcpl, rank, chunk);
         H5Pset_filter(dcpl, H5Z_FILTER_ZSTD, H5Z_FLAG_MANDATORY, 1, &level);
+    } else {
+        hsize_t row_bytes = s->row_elems * s->elem_size;
+        s->piece_rows = row_bytes ? H5W_PIECE_BYTES / row_bytes : 0;
+        if (row_bytes && s->piece_rows < 1)
+            s->piece_rows = 1;
     }
     hid_t space = H5Screate_simple(rank, dims, NULL);
     s->dset = H5Dcreate2(loc, name, ftype, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
@@ -406,27 +419,32 @@ int h5w_append(h5w_stream_t *s, const void *data, hsize_t n_rows)
         s->failed = 1;
         return -1;
     }
-    hsize_t start[8] = {0}, count[8];
-    start[0] = s->rows_done;
-    count[0] = n_rows;
-    for (int i = 1; i < s->rank; i++)
-        count[i] = s->dims[i];
-    hid_t fs = H5Dget_space(s->dset);
-    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
-    hid_t ms = H5Screate_simple(s->rank, count, NULL);
-    herr_t e = H5Dwrite(s->dset, s->memtype, ms, fs, H5P_DEFAULT, data);
-    char why[256];
-    if (e < 0)
-        h5_err_reason(why, sizeof why);
-    H5Sclose(ms);
-    H5Sclose(fs);
-    if (e < 0) {
-        ftk_err_set("%s: write failed: %s", s->name, why);
-        s->failed = 1;
-        return -1;
+    size_t row_bytes = (size_t)s->row_elems * s->elem_size;
+    for (hsize_t r = 0; r < n_rows;) {
+        hsize_t start[8] = {0}, count[8];
+        start[0] = s->rows_done;
+        count[0] = s->piece_rows && n_rows - r > s->piece_rows ? s->piece_rows : n_rows - r;
+        for (int i = 1; i < s->rank; i++)
+            count[i] = s->dims[i];
+        const char *piece = (const char *)data + (size_t)r * row_bytes;
+        hid_t fs = H5Dget_space(s->dset);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        hid_t ms = H5Screate_simple(s->rank, count, NULL);
+        herr_t e = H5Dwrite(s->dset, s->memtype, ms, fs, H5P_DEFAULT, piece);
+        char why[256];
+        if (e < 0)
+            h5_err_reason(why, sizeof why);
+        H5Sclose(ms);
+        H5Sclose(fs);
+        if (e < 0) {
+            ftk_err_set("%s: write failed: %s", s->name, why);
+            s->failed = 1;
+            return -1;
+        }
+        hash_update(s->hash, piece, (size_t)count[0] * row_bytes);
+        s->rows_done += count[0];
+        r += count[0];
     }
-    hash_update(s->hash, data, (size_t)(n_rows * s->row_elems) * s->elem_size);
-    s->rows_done += n_rows;
     return 0;
 }
 

@@ -70,6 +70,9 @@ typedef struct h5w_stream h5w_stream_t;
 
 h5w_stream_t *h5w_open(hid_t loc, const char *name, hid_t memtype, int rank, const hsize_t *dims,
                        const h5w_opts_t *opts);
+/* Writes the next n_rows rows. An uncompressed dataset goes in H5Dwrite calls of at most
+ * 4 MiB, so that another thread's HDF5 call never waits behind a whole large write (the
+ * library runs one call at a time; docs/design.md, "Asynchronous save"). */
 int h5w_append(h5w_stream_t *s, const void *data, hsize_t n_rows);
 /* Always releases s. Returns -1 if anything failed, including earlier appends. The
  * checksum stored goes to *sum when sum is not NULL. */

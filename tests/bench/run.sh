@@ -9,6 +9,9 @@ sh tests/bench/pack_bench.sh "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" b
 sh tests/bench/weights_bench.sh
 /usr/bin/python3 tests/bench/train_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/train 6
 sh tests/bench/reshard_bench.sh
+# the step's HDF5 read beside a background checkpoint write: ftk's 4 MiB pieces against one
+# H5Dwrite per array (1.6 GB of disk, briefly)
+build/tests/h5_wait build/bench
 # --async-save against synchronous saves: the 1.1 B shape in bf16-true (minutes; needs ~17 GB of
 # memory and ~18 GB of disk, else it says skipped)
 /usr/bin/python3 tests/bench/async_save_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/async-save

@@ -93,6 +93,26 @@ static void test_h5(const char *dir)
     /* a stream must be given every row */
     h5w_stream_t *s = h5w_open(f, "short", H5T_NATIVE_INT32, 2, dims, NULL);
     CHECK(s && h5w_append(s, data, 50) == 0 && h5w_close(s, NULL) < 0);
+    /* contiguous datasets larger than one H5Dwrite's piece (4 MiB: formats/h5.c), in
+     * pieces and rows that do not divide them: every element in place, the same sum */
+    enum { BIG = (4 << 20) / 4 * 2 + 3, ROW = 700001 };
+    float *big = malloc(BIG * sizeof *big), *got = malloc(BIG * sizeof *got);
+    CHECK(big && got);
+    if (big && got) {
+        for (int i = 0; i < BIG; i++)
+            big[i] = (float)(i % 8191) - 4000.0f;
+        hsize_t d1[1] = {BIG}, d2[2] = {BIG / ROW, ROW};
+        uint64_t s1 = 0, s2 = 0;
+        CHECK(h5w_write_tensor(f, "big", H5T_NATIVE_FLOAT, 1, d1, big, NULL, &s1) == 0);
+        s = h5w_open(f, "rows", H5T_NATIVE_FLOAT, 2, d2, NULL);
+        CHECK(s && h5w_append(s, big, 1) == 0 && h5w_append(s, big + ROW, d2[0] - 1) == 0 && h5w_close(s, &s2) == 0);
+        CHECK(s1 == hash_bytes(big, BIG * sizeof *big) && s2 == hash_bytes(big, d2[0] * ROW * sizeof *big));
+        CHECK(h5r_read(f, "big", H5T_NATIVE_FLOAT, got, BIG) == 0 && !memcmp(got, big, BIG * sizeof *big));
+        CHECK(h5r_read(f, "rows", H5T_NATIVE_FLOAT, got, d2[0] * ROW) == 0 &&
+              !memcmp(got, big, d2[0] * ROW * sizeof *big));
+    }
+    free(big);
+    free(got);
     CHECK(h5_attr_set_str(f, "note", "h\xc3\xa9llo") == 0);
     CHECK(h5_close(f) == 0);
 
