@@ -6,7 +6,8 @@
 #   make test-slow       the slow cases (full-size fault trials, multi-GB inputs): not in make test
 #   make demo            install, build, run the demo pipeline on the embedded example
 #   make bench           speed ratios against peers in the same run: tokenizer vs SentencePiece,
-#                        import/export vs cp, CPU training vs PyTorch, reshard vs cp -r
+#                        import/export vs cp, CPU training vs PyTorch, reshard vs cp -r, the
+#                        HDF5 read beside a background write (h5_wait) vs one write call per array
 #   make gpu-check       on a GPU machine: every GPU check and benchmark in one command (under 9
 #                        minutes), one markdown report in REPORT (default build/gpu-check/report.md)
 #   make asan            the sanitizer build only (build/asan/bin)

@@ -9,7 +9,8 @@
  * mpirun, on the CPU backend); under mpirun also a fake device library behind
  * comm_enable_device (engine/comm_dev.h), host memory over MPI, which checks the set-up
  * order (whose rank draws the id, which ranks join with it, what each passes; a failed id
- * or join fails every rank, none left waiting), that the collectives go to the library,
+ * or join fails every rank, none left waiting: a rank that fails before it joins, one that
+ * fails after, one later than FTK_NCCL_INIT_TIMEOUT), that the collectives go to the library,
  * and that a failed collective comes back from comm_wait and comm_test; with --nccl, NCCL on the CUDA backend (the GPU of the
  * node-local rank) — exit 77 "skipped (no GPU)" where there is none or too few.
  *
@@ -170,7 +171,7 @@ static void contract(comm_t *c, backend_t *be, const char *what)
 
 static struct {
     int ids, joins, colls, waits, tests, polls;
-    int fail_id;        /* provoked failures: rank 0's id; */
+    int fail_id;        /* provoked failures: rank 0's id */
     int fail_join_rank; /* one rank's join, before it joins (the others would wait for it) */
     int fail_ready_rank; /* one rank's join, after all have joined */
     int slow_rank, slow_ms; /* one rank joins late */
