@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../libcommon/log.h"
+#include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
 #include "comm.h"
 #include "comm_dev.h"
@@ -185,18 +186,8 @@ static int agree_cause(comm_t *c, int code, char *msg, size_t cap)
 
 int comm_join_timeout(double *s)
 {
-    const char *e = getenv("FTK_NCCL_INIT_TIMEOUT");
-    char *end;
     *s = 300;
-    if (!e || !*e)
-        return 0;
-    double v = strtod(e, &end);
-    if (*end || !(v > 0) || v > 1e7) {
-        ftk_err_set("FTK_NCCL_INIT_TIMEOUT=%s: not a number of seconds above 0", e);
-        return -1;
-    }
-    *s = v;
-    return 0;
+    return opts_env_seconds("FTK_NCCL_INIT_TIMEOUT", 0, s);
 }
 
 /* Polls the join of c->dc until it is done, it failed, a rank of c says it gave up (one

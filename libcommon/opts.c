@@ -248,3 +248,19 @@ int opts_parse_size(const char *s, uint64_t *out)
         }
     return -1;
 }
+
+int opts_env_seconds(const char *name, int zero_ok, double *out)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(e, &end);
+    if (end == e || *end || errno || !(zero_ok ? v >= 0 : v > 0) || v > 1e7) {
+        ftk_err_set("%s=%s: not a number of seconds %s", name, e, zero_ok ? "(0: off)" : "above 0");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}

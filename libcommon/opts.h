@@ -60,6 +60,11 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
 /* A byte size: "5GB" (10^9), "500MB", "2GiB" (2^30), "123" (bytes). 0 or -1. */
 int opts_parse_size(const char *s, uint64_t *out);
 
+/* The environment variable name as seconds: unset or empty leaves *out as it is (the
+ * default) and returns 0; a number up to 1e7, above 0 (or 0 too with zero_ok: "off"), is
+ * stored, 0; anything else is -1 with ftk_err_msg() naming the variable and its value. */
+int opts_env_seconds(const char *name, int zero_ok, double *out);
+
 /* Prints the generated help on stdout. */
 void opts_help(const opt_spec_t *spec);
 

@@ -124,6 +124,7 @@ run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
 run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
 run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
 run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
+run fault/stopped-rank sh tests/fault/hang.sh "$ROOT/bin" "$WORK/hang"
 run fault/unbounded-input sh tests/fault/unbounded.sh "$ROOT/bin" "$WORK/unbounded"
 run fuzz/safetensors-header-10s sh tests/fuzz/run.sh 10 "$ROOT/build/fuzz"
 

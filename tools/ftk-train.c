@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -147,6 +149,10 @@ static const opt_spec_t spec = {
         "first step (warm-up) to the end of the run, TFLOP/s or GB/s (kernels/prof.h).\n"
         "FTK_NCCL_INIT_TIMEOUT=S (default 300): how long GPU ranks wait for every rank of a group to join\n"
         "its NCCL communicator; a rank whose join fails tells the others at once (docs/design.md).\n"
+        "FTK_STEP_TIMEOUT=S (default 0: off): a rank exits 1 when nothing (a step, an evaluation, a\n"
+        "checkpoint) has finished for S seconds: a stopped or stuck rank, or a collective that never\n"
+        "completes, then ends the job instead of holding it; start it again with --resume auto. Give S\n"
+        "above the longest step plus a checkpoint.\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
@@ -158,6 +164,7 @@ static const opt_spec_t spec = {
 
 static comm_t *world;
 static int rank, nranks;
+static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0: none */
 
 static volatile sig_atomic_t stop_signal;
 static void on_stop(int sig) { stop_signal = sig; }
@@ -365,6 +372,11 @@ static int check_values(trainer_opts_t *o)
     if (no_save && (save_every || save_minutes > 0 || stop_after || keep || async_save))
         return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after, --keep and "
                    "--async-save contradict it");
+    double join_s; /* read again by comm_enable_nccl: checked here, a bad value is a usage error */
+    if (!plan && !strcmp(device, "cuda") && comm_join_timeout(&join_s) < 0)
+        return bad("%s", ftk_err_msg());
+    if (!plan && opts_env_seconds("FTK_STEP_TIMEOUT", 1, &step_timeout_s) < 0)
+        return bad("%s", ftk_err_msg());
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
     if (strategy_parse(strategy_arg, &o->strategy) < 0)
@@ -486,6 +498,58 @@ static int run_plan(const trainer_opts_t *o)
     return FTK_EXIT_OK;
 }
 
+/* ---- the hang watchdog (FTK_STEP_TIMEOUT) ------------------------------------------------------ */
+
+/* FTK_STEP_TIMEOUT=S (docs/design.md, "Hangs"): a thread ends the process (exit 1) when the
+ * training loop has finished nothing — a step, an evaluation, a checkpoint — for S seconds.
+ * A rank stopped or stuck, a node gone without an error, a collective that never completes
+ * would otherwise hold every rank until the job's time limit; one rank's exit makes the
+ * launcher end the others, and the job starts again with --resume auto (the committed
+ * checkpoints survive a kill at any instant). 0 (the default): no watchdog. */
+static atomic_llong beat_ms; /* when the loop last finished something; 0: not armed */
+
+static long long now_ms(void) { return (long long)(time_now() * 1e3); }
+static void beat(void) { atomic_store(&beat_ms, now_ms()); }
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    long long limit = (long long)(step_timeout_s * 1e3);
+    struct timespec nap = {0, 100000000}; /* 0.1 s: the exit comes at most that late */
+    for (;;) {
+        nanosleep(&nap, NULL);
+        long long b = atomic_load(&beat_ms);
+        if (b && now_ms() - b > limit) {
+            char m[512];
+            int n = snprintf(m, sizeof m,
+                             "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is "
+                             "stopped, stuck or gone, or a collective never completes; exiting so that the job can "
+                             "be started again with --resume auto\n",
+                             rank, step_timeout_s);
+            ssize_t w = write(STDERR_FILENO, m, n > 0 && n < (int)sizeof m ? (size_t)n : strlen(m));
+            (void)w; /* nothing more to do if stderr is gone */
+            _exit(FTK_EXIT_FAIL);
+        }
+    }
+    return NULL;
+}
+
+/* Arms the watchdog (from the loop's start to the process's end), if FTK_STEP_TIMEOUT asks. */
+static int watchdog_start(void)
+{
+    if (!(step_timeout_s > 0))
+        return 0;
+    beat();
+    pthread_t t;
+    int e = pthread_create(&t, NULL, watchdog, NULL);
+    if (e) {
+        ftk_err_set("FTK_STEP_TIMEOUT: cannot start the watchdog thread: %s", strerror(e));
+        return -1;
+    }
+    pthread_detach(t);
+    return 0;
+}
+
 /* ---- the run --------------------------------------------------------------------------------- */
 
 /* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for a process
@@ -545,12 +609,6 @@ static int run(int argc, char **argv)
         backend_free(be);
         return code;
     }
-    double join_s; /* FTK_NCCL_INIT_TIMEOUT checked first: a bad value is a usage error */
-    if (!strcmp(device, "cuda") && !comm_alone(world) &&
-        (code = agree_msg(comm_join_timeout(&join_s) < 0 ? FTK_EXIT_USAGE : 0, ftk_err_msg()))) {
-        backend_free(be);
-        return code;
-    }
     /* GPU ranks: the tensor collectives through NCCL (control traffic stays on MPI); every
      * rank gets the same verdict, the message naming the rank that failed. Under mpirun
      * even one rank: MPI would be handed device memory. Alone, a process is a world of one
@@ -602,6 +660,9 @@ static int run(int argc, char **argv)
     }
     if ((code = agree_msg(code, msg)))
         goto out;
+    snprintf(msg, sizeof msg, "%s", watchdog_start() < 0 ? ftk_err_msg() : "");
+    if ((code = agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg)))
+        goto out;
     if (meta->step == 0)
         ftk_info("%lld parameters, %lld training rows (%lld steps of %lld rows per epoch), %lld steps on %d rank%s "
                  "(strategy %s, %lld shards, precision %s, device %s)",
@@ -613,6 +674,7 @@ static int run(int argc, char **argv)
                  (long long)meta->train.total_steps);
     if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, mf, 0)))
         goto out;
+    beat();
     double t0 = time_now(), last_save = t0;
     prof_t0 = t0;
     int64_t run_steps = 0;
@@ -621,6 +683,7 @@ static int run(int argc, char **argv)
         trainer_step_t st;
         int clock_due = save_minutes > 0 && time_now() - last_save >= 60 * save_minutes;
         code = report(trainer_step(t, &stop_signal, clock_due, &st));
+        beat();
         metrics_ckpts(t, mf);
         if (code)
             goto out;
@@ -646,6 +709,7 @@ static int run(int argc, char **argv)
         if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
             (code = evaluate(t, mf, st.step)))
             goto out;
+        beat();
         int stopping = st.stop || (stop_after > 0 && run_steps >= stop_after && !last);
         if (no_save && stopping) {
             ftk_info("stopped by a signal at step %lld; --no-save: no checkpoint, nothing to resume",
@@ -658,6 +722,7 @@ static int run(int argc, char **argv)
              * status promises (it first waits for the one in flight). */
             int bg = async_save && !last && !stopping;
             code = report(bg ? trainer_save_async(t) : trainer_save(t));
+            beat();
             metrics_ckpts(t, mf);
             if (code)
                 goto out;
@@ -674,6 +739,7 @@ static int run(int argc, char **argv)
         }
     }
 out:
+    beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
     if (mf)
         fclose(mf);
     if (prof_out) {

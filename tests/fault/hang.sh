@@ -1,0 +1,54 @@
+#!/bin/sh
+# A rank that stops answering (SIGSTOP: as a node that hangs, a process stuck in a driver,
+# a collective that never completes) must not hold the job until its time limit:
+# FTK_STEP_TIMEOUT=S makes every other rank's watchdog end its process when nothing has
+# finished for S seconds (exit 1, the message names the variable), mpirun then ends the
+# stopped rank too, and --resume auto continues from the last committed checkpoint. A bad
+# value is a usage error (exit 2, no run directory). Real ranks, real signals.
+# Usage: tests/fault/hang.sh BIN_DIR WORK_DIR
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+need_mpi
+demo_pack "$WORK/d.h5" 128 || exit 1
+demo_init "$WORK/w.h5" tiny 1 || exit 1
+T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 -j 1"
+S=4
+
+expect "FTK_STEP_TIMEOUT=soon: exit 2" 2 env FTK_STEP_TIMEOUT=soon $T -o "$WORK/bad" --steps 2
+check "... naming it, no run directory" sh -c "grep -q 'FTK_STEP_TIMEOUT=soon: not a number of seconds' \
+    '$WORK/err' && [ ! -e '$WORK/bad' ]"
+
+# 2 ranks until the first checkpoint is committed, then one of them stopped
+FTK_STEP_TIMEOUT=$S $MPI -np 2 $T -o "$WORK/run" --steps 100000 --save-every 5 >"$WORK/run.out" 2>"$WORK/run.err" &
+pm=$!
+i=0
+while [ ! -e "$WORK/run/latest" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+check "the first checkpoint committed" test -e "$WORK/run/latest"
+victim=$(ranks_of $pm | tail -n 1)
+[ -n "$victim" ] && kill -STOP "$victim"
+t0=$(date +%s)
+# bounded: without the watchdog the job would wait for the stopped rank forever
+(sleep 60 && kill -9 $pm $(ranks_of $pm) 2>/dev/null) &
+guard=$!
+wait $pm
+rc=$?
+dt=$(($(date +%s) - t0))
+kill $guard 2>/dev/null
+check "the job ended (exit $rc, not 0) within $dt s of the stop (S = $S)" test $rc -ne 0 -a $dt -lt 40
+if grep -q "nothing finished for $S s (FTK_STEP_TIMEOUT)" "$WORK/run.err"; then ok "the message names FTK_STEP_TIMEOUT"; else
+    notok "the message names FTK_STEP_TIMEOUT"
+    sed 's/^/     | /' "$WORK/run.err" | head -n 20
+fi
+sleep 1
+left=$(pgrep -f "ftk-train -q -m $WORK/w.h5" || true)
+check "no rank left behind" test -z "$left"
+[ -n "$left" ] && kill -9 $left 2>/dev/null
+step=$(cat "$WORK/run/latest")
+expect "--resume auto on 2 ranks continues" 75 timeout -k 5 120 $MPI -np 2 $T -o "$WORK/run" --steps 100000 \
+    --save-every 5 --resume auto --stop-after 2
+n=$(echo "${step#step-}" | sed 's/^0*//')
+check "... from $step" test "$(cat "$WORK/run/latest")" = "step-$(printf '%08d' $((n + 2)))"
+finish
