@@ -373,7 +373,7 @@ static int check_values(trainer_opts_t *o)
         return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after, --keep and "
                    "--async-save contradict it");
     double join_s; /* read again by comm_enable_nccl: checked here, a bad value is a usage error */
-    if (!plan && !strcmp(device, "cuda") && comm_join_timeout(&join_s) < 0)
+    if (!plan && !strcmp(device, "cuda") && !comm_alone(world) && comm_join_timeout(&join_s) < 0)
         return bad("%s", ftk_err_msg());
     if (!plan && opts_env_seconds("FTK_STEP_TIMEOUT", 1, &step_timeout_s) < 0)
         return bad("%s", ftk_err_msg());
