@@ -251,12 +251,12 @@ static int dev_attach(comm_t *c)
     int me, code, received = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     c->dc = NULL;
-    if (comm_join_timeout(&timeout) < 0 || !(c->dc = c->dev->comm_new(c->dev_ctx, m.id, c->size, c->rank))) {
+    if (comm_join_timeout(&timeout) < 0) {
         code = JOIN_FAILED;
-        if (!strncmp(ftk_err_msg(), "rank ", 5)) /* the library's messages name the rank */
-            snprintf(msg, sizeof msg, "%s", ftk_err_msg());
-        else
-            snprintf(msg, sizeof msg, "rank %d: %s", me, ftk_err_msg());
+        snprintf(msg, sizeof msg, "rank %d: %s", me, ftk_err_msg());
+    } else if (!(c->dc = c->dev->comm_new(c->dev_ctx, m.id, c->size, c->rank))) {
+        code = JOIN_FAILED;
+        snprintf(msg, sizeof msg, "%s", ftk_err_msg()); /* the library's messages name the rank */
     } else {
         code = dev_join_wait(c, timeout, me, msg, sizeof msg, &received);
     }

@@ -149,7 +149,7 @@ struct nccl_comm {
     int state, device;
     ncclUniqueId id;
     ncclResult_t result;
-    char last[256];
+    cudaError_t cuda_result; /* selecting the device on the joiner */
 };
 
 static int fail(nccl_ctx_t *x, const char *fmt, ...) FTK_PRINTF(2, 3);
@@ -295,22 +295,16 @@ static void *joiner_main(void *arg)
 {
     nccl_comm_t *d = arg;
     ncclComm_t comm = NULL;
-    ncclResult_t r;
-    char last[sizeof d->last] = "";
+    ncclResult_t r = ncclUnhandledCudaError;
     cudaError_t e = cudaSetDevice(d->device); /* NCCL takes the thread's current device */
-    if (e != cudaSuccess) {
-        r = ncclUnhandledCudaError;
-        snprintf(last, sizeof last, "selecting CUDA device %d: %s", d->device, cudaGetErrorString(e));
-    } else if ((r = nc.CommInitRank(&comm, d->size, d->id, d->rank)) != ncclSuccess) {
-        const char *l = nc.GetLastError(NULL);
-        snprintf(last, sizeof last, "%s", l ? l : "");
-    }
+    if (e == cudaSuccess)
+        r = nc.CommInitRank(&comm, d->size, d->id, d->rank);
     pthread_mutex_lock(&d->mu);
     int abandoned = d->state == J_ABANDONED;
     if (!abandoned) {
         d->comm = r == ncclSuccess ? comm : NULL;
         d->result = r;
-        memcpy(d->last, last, sizeof last);
+        d->cuda_result = e;
         d->state = J_DONE;
     }
     pthread_mutex_unlock(&d->mu);
@@ -362,9 +356,10 @@ static int nc_ready(void *dc)
     if (!d->reaped)
         pthread_join(d->joiner, NULL); /* it has set J_DONE: its last steps */
     d->reaped = 1;
-    if (d->result != ncclSuccess)
-        return fail(x, "NCCL ncclCommInitRank (rank %d of %d in the group): %s%s%s%s", d->rank, d->size,
-                    nc.GetErrorString(d->result), *d->last ? " (" : "", d->last, *d->last ? ")" : "");
+    if (d->cuda_result != cudaSuccess)
+        return cu_ok(x, d->cuda_result, "selecting the device for the NCCL join");
+    if (d->result != ncclSuccess) /* NCCL's last error is global: the joiner's, still */
+        return nc_fail(d, d->result, "ncclCommInitRank");
     if (x->n_comms == x->cap_comms) {
         int cap = x->cap_comms ? 2 * x->cap_comms : 4;
         nccl_comm_t **p = realloc(x->comms, (size_t)cap * sizeof *p);
