@@ -521,12 +521,13 @@ static void *watchdog(void *arg)
         long long b = atomic_load(&beat_ms);
         if (b && now_ms() - b > limit) {
             char m[512];
-            int n = snprintf(m, sizeof m,
-                             "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is "
-                             "stopped, stuck or gone, or a collective never completes; exiting so that the job can "
-                             "be started again with --resume auto\n",
-                             rank, step_timeout_s);
-            ssize_t w = write(STDERR_FILENO, m, n > 0 && n < (int)sizeof m ? (size_t)n : strlen(m));
+            snprintf(m, sizeof m,
+                     "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is stopped, "
+                     "stuck or gone, or a collective never completes; exiting so that the job can be started again "
+                     "with --resume auto\n",
+                     rank, step_timeout_s);
+            /* write(2), not stdio: the stuck main thread may hold stderr's lock */
+            ssize_t w = write(STDERR_FILENO, m, strlen(m));
             (void)w; /* nothing more to do if stderr is gone */
             _exit(FTK_EXIT_FAIL);
         }
