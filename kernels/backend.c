@@ -315,3 +315,23 @@ int bk_fused_select(backend_t *be, int default_all)
             fused_clear(be, k);
     return 0;
 }
+
+/* ---- which device ---- */
+
+/* gpus is the caller's: this file is in every program, the CUDA backend only in those
+ * that take --device. */
+const char *backend_default_device(int (*gpus)(void), int *from_env)
+{
+    const char *e = getenv("FTK_DEVICE");
+    if ((*from_env = e && *e))
+        return e;
+    return gpus && gpus() > 0 ? "cuda" : "cpu";
+}
+
+int backend_check_device(const char *name, int from_env)
+{
+    if (!strcmp(name, "cpu") || !strcmp(name, "cuda"))
+        return 0;
+    ftk_err_set("--device %s: need cpu or cuda%s", name, from_env ? " (from FTK_DEVICE)" : "");
+    return -1;
+}

@@ -400,6 +400,15 @@ backend_t *backend_cuda_new(int device);
 /* CUDA devices this process sees; 0 without CUDA. */
 int backend_cuda_devices(void);
 
+/* The device of a tool whose --device was not given (docs/design.md, "Devices"):
+ * FTK_DEVICE when set and not empty (*from_env = 1), else "cuda" when gpus (the tool's
+ * backend_cuda_devices, or NULL: never cuda) counts one or more, else "cpu". gpus is called
+ * only then: counting starts CUDA. The string is static or the environment's. */
+const char *backend_default_device(int (*gpus)(void), int *from_env);
+/* 0 when name is a device ("cpu", "cuda"); else -1 with ftk_err_msg() set to "--device NAME:
+ * need cpu or cuda", " (from FTK_DEVICE)" appended where from_env. */
+int backend_check_device(const char *name, int from_env);
+
 /* The planning backend (kernels/plan/plan.c): bk_alloc() on it counts and hands out
  * addresses that must never be dereferenced; every op and byte move does nothing (the
  * reductions add nothing to their accumulator). device is the device planned for, "cpu"

@@ -155,12 +155,11 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
     }
-    const char *env_device = getenv("FTK_DEVICE");
-    int from_env = !device && env_device && *env_device;
+    int from_env = 0;
     if (!device)
-        device = from_env ? env_device : backend_cuda_devices() > 0 ? "cuda" : "cpu";
-    if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        ftk_error("--device %s: need cpu or cuda%s", device, from_env ? " (from FTK_DEVICE)" : "");
+        device = backend_default_device(backend_cuda_devices, &from_env);
+    if (backend_check_device(device, from_env) < 0) {
+        ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
     /* static: reachable until exit on every error path (LeakSanitizer) */

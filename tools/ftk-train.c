@@ -356,8 +356,8 @@ static int check_values(trainer_opts_t *o)
         return bad("--plan: give --data or --max-len");
     if (!plan && (preset || plan_max_len || plan_ranks != 1))
         return bad("--preset, --max-len and --ranks are for --plan");
-    if (strcmp(device, "cpu") && strcmp(device, "cuda"))
-        return bad("--device %s: need cpu or cuda%s", device, device_from_env ? " (from FTK_DEVICE)" : "");
+    if (backend_check_device(device, device_from_env) < 0)
+        return bad("%s", ftk_err_msg());
     if (!plan && !strcmp(device, "cuda") && nranks > 1 && !comm_nccl_built())
         return bad("--device cuda on %d ranks: GPU ranks need the NCCL communication backend: %s; run one process, "
                    "or --device cpu",
@@ -559,10 +559,7 @@ static int watchdog_start(void)
  * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
 static const char *default_device(void)
 {
-    const char *e = getenv("FTK_DEVICE");
-    if ((device_from_env = e && *e))
-        return e;
-    return comm_alone(world) && backend_cuda_devices() > 0 ? "cuda" : "cpu";
+    return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
 }
 
 static int run(int argc, char **argv)
