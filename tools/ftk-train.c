@@ -516,10 +516,18 @@ static void *watchdog(void *arg)
     (void)arg;
     long long limit = (long long)(step_timeout_s * 1e3);
     struct timespec nap = {0, 100000000}; /* 0.1 s: the exit comes at most that late */
+    long long last = now_ms();
     for (;;) {
         nanosleep(&nap, NULL);
-        long long b = atomic_load(&beat_ms);
-        if (b && now_ms() - b > limit) {
+        long long t = now_ms(), b = atomic_load(&beat_ms);
+        /* This thread itself did not run for a second: the process was stopped (SIGSTOP,
+         * the debugger) or starved, so its silence is not the loop's, nor evidence against
+         * the other ranks; the clock starts again. Without this, the rank that was stopped
+         * would, once continued, report itself as the one that found the hang. */
+        if (t - last > 1000 && b)
+            atomic_store(&beat_ms, b = t);
+        last = t;
+        if (b && t - b > limit) {
             char m[512];
             snprintf(m, sizeof m,
                      "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is stopped, "

@@ -1,8 +1,9 @@
-# Helpers shared by the CLI test scripts (sourced). They need $WORK; they count in n/bad.
-n=0 bad=0
+# Helpers shared by the CLI test scripts (sourced). They need $WORK; they count in
+# lib_checks/lib_failed (names no script uses for its own: a script's n=... once reset the count).
+lib_checks=0 lib_failed=0
 
-ok() { n=$((n + 1)); echo "ok   $1"; }
-notok() { n=$((n + 1)); bad=$((bad + 1)); echo "FAIL $1"; }
+ok() { lib_checks=$((lib_checks + 1)); echo "ok   $1"; }
+notok() { lib_checks=$((lib_checks + 1)); lib_failed=$((lib_failed + 1)); echo "FAIL $1"; }
 
 # expect NAME CODE CMD...: the command exits with CODE (stdout in $WORK/out, stderr in $WORK/err).
 expect() {
@@ -50,8 +51,8 @@ close_losses() {
 }
 
 finish() {
-    echo "$((n - bad)) of $n checks passed"
-    [ $bad -eq 0 ]
+    echo "$((lib_checks - lib_failed)) of $lib_checks checks passed"
+    [ $lib_failed -eq 0 ]
 }
 
 # need_mpi: skips the test (exit 77) without mpirun; else sets MPI (the launcher, fit for

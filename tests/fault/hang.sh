@@ -38,8 +38,13 @@ rc=$?
 dt=$(($(date +%s) - t0))
 kill $guard 2>/dev/null
 check "the job ended (exit $rc, not 0) within $dt s of the stop (S = $S)" test $rc -ne 0 -a $dt -lt 40
-if grep -q "nothing finished for $S s (FTK_STEP_TIMEOUT)" "$WORK/run.err"; then ok "the message names FTK_STEP_TIMEOUT"; else
-    notok "the message names FTK_STEP_TIMEOUT"
+# one message, from the rank that ran: the stopped one, continued by mpirun to be ended,
+# does not report its own stop as the hang
+n_msg=$(grep -c "nothing finished for $S s (FTK_STEP_TIMEOUT)" "$WORK/run.err")
+if [ "$n_msg" -eq 1 ] && grep -q "rank 0: nothing finished" "$WORK/run.err"; then
+    ok "one message, rank 0's, naming FTK_STEP_TIMEOUT"
+else
+    notok "one message, rank 0's, naming FTK_STEP_TIMEOUT ($n_msg of them)"
     sed 's/^/     | /' "$WORK/run.err" | head -n 20
 fi
 sleep 1
@@ -49,6 +54,6 @@ check "no rank left behind" test -z "$left"
 step=$(cat "$WORK/run/latest")
 expect "--resume auto on 2 ranks continues" 75 timeout -k 5 120 $MPI -np 2 $T -o "$WORK/run" --steps 100000 \
     --save-every 5 --resume auto --stop-after 2
-n=$(echo "${step#step-}" | sed 's/^0*//')
-check "... from $step" test "$(cat "$WORK/run/latest")" = "step-$(printf '%08d' $((n + 2)))"
+sn=$(echo "${step#step-}" | sed "s/^0*//")
+check "... from $step" test "$(cat "$WORK/run/latest")" = "step-$(printf '%08d' $((sn + 2)))"
 finish
