@@ -76,6 +76,10 @@ int comm_size(const comm_t *c);
 int comm_alone(const comm_t *c);
 /* Ranks sharing this rank's node (MPI_Comm_split_type SHARED): index and count. */
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
+/* The GPU of this rank among the n_gpus the process sees (docs/design.md, "Devices"): its
+ * node-local rank's; 0 where a launcher left it one GPU (or none: the backend then says
+ * so). -1 with ftk_err_msg() where the node has more ranks than its n_gpus > 1 GPUs. */
+int comm_node_gpu(comm_t *c, int n_gpus);
 /* Ranks with the same color form a group, ordered by key. */
 comm_t *comm_split(comm_t *c, int color, int key);
 /* Blocks of `block` consecutive ranks form *group; the ranks with the same index in their

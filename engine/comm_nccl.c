@@ -23,9 +23,9 @@
  * Errors: every CUDA and NCCL call is checked; a message names the world rank, the call,
  * and NCCL's words (ncclGetErrorString, ncclGetLastError). An asynchronous error (a peer
  * gone, a network failure) is looked for with ncclCommGetAsyncError whenever a request is
- * waited for or tested; then the communicator is aborted (ncclCommAbort) so that no stream
- * waits for it forever, and the world's context keeps the first message: every later call
- * and status() fail with it. While the host waits for the device (the backend's sync,
+ * waited for or tested; then the world's communicators are aborted (ncclCommAbort, all in
+ * one NCCL group: abort_world) so that no stream waits for them forever, and the world's
+ * context keeps the first message: every later call and status() fail with it. While the host waits for the device (the backend's sync,
  * upload, download), the backend polls and calls nc_poll (backend.h wait_hook, set by
  * comm_enable_device), which looks at every communicator: a peer lost while the compute
  * stream waits for a collective aborts them all, so the wait ends and the step fails
@@ -37,8 +37,9 @@
  * others in it for good. It runs on a thread of its own (the joiner) and comm_mpi.c polls
  * nc_ready while it watches for the other ranks' "gave up" and a deadline (comm_dev.h).
  * A join given up on (comm_free with abandon) stays with its thread, which aborts the
- * communicator should it ever complete and frees it; one that never completes is left
- * behind, blocked, for the program's exit (ftk-train exits 1 after a failed set-up).
+ * communicator should it ever complete (unless the program's exit has begun) and frees it;
+ * one that never completes is left behind, blocked, for the program's exit (ftk-train
+ * exits 1 after a failed set-up).
  * NCCL's own non-blocking mode (config.blocking = 0) is not used: it would make every
  * later collective return ncclInProgress from a thread NCCL starts for it, to be polled.
  *
@@ -55,6 +56,7 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +74,8 @@ static struct {
     __typeof__(&ncclCommInitRank) CommInitRank;
     __typeof__(&ncclCommDestroy) CommDestroy;
     __typeof__(&ncclCommAbort) CommAbort;
+    __typeof__(&ncclGroupStart) GroupStart;
+    __typeof__(&ncclGroupEnd) GroupEnd;
     __typeof__(&ncclCommGetAsyncError) CommGetAsyncError;
     __typeof__(&ncclGetErrorString) GetErrorString;
     __typeof__(&ncclGetLastError) GetLastError;
@@ -81,11 +85,25 @@ static struct {
     char why[400];
 } nc;
 
+/* Set when the program's exit has begun: an abandoned join that completes then leaves its
+ * communicator to the exit (an abort would race with the CUDA runtime's and NCCL's own
+ * teardown). */
+static atomic_int nc_exiting;
+static void nc_at_exit(void) { atomic_store(&nc_exiting, 1); }
+
 static int nccl_load(void)
 {
     if (nc.lib)
         return nc.lib;
     nc.lib = -1;
+    /* NCCL_COMM_ID gives every id the same root address: the communicators that ftk makes at
+     * once (hybrid's groups) would meet at one root. ftk sends each id over MPI instead. */
+    const char *cid = getenv("NCCL_COMM_ID");
+    if (cid && *cid) {
+        snprintf(nc.why, sizeof nc.why,
+                 "NCCL_COMM_ID is set (%.100s): ftk sends each communicator's id over MPI; unset it", cid);
+        return -1;
+    }
     void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
     if (!h) {
         const char *e = dlerror();
@@ -101,6 +119,8 @@ static int nccl_load(void)
         {"ncclCommInitRank", (void **)&nc.CommInitRank},
         {"ncclCommDestroy", (void **)&nc.CommDestroy},
         {"ncclCommAbort", (void **)&nc.CommAbort},
+        {"ncclGroupStart", (void **)&nc.GroupStart},
+        {"ncclGroupEnd", (void **)&nc.GroupEnd},
         {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError},
         {"ncclGetErrorString", (void **)&nc.GetErrorString},
         {"ncclGetLastError", (void **)&nc.GetLastError},
@@ -119,6 +139,7 @@ static int nccl_load(void)
         snprintf(nc.why, sizeof nc.why, "libnccl.so.2 is NCCL version code %d; ftk needs 2.13 or newer", v);
         return -1;
     }
+    atexit(nc_at_exit);
     nc.lib = 1;
     return 1;
 }
@@ -185,13 +206,33 @@ static void abort_comm(nccl_comm_t *d)
     }
 }
 
-/* A failed NCCL call: the message; the communicator is aborted so that nothing waits on it. */
+/* A failed world: every communicator aborted, d too where it is not one of them (a join
+ * that failed). Together, in one NCCL group: an abort sets its communicator's flag, then
+ * waits for that communicator's internal stream, which NCCL orders after the shared
+ * communication stream; a kernel of another communicator stuck ahead of it there would
+ * hold an abort made alone until that one's flag is set too: never. In a group every flag
+ * is set first and the waits run at ncclGroupEnd. */
+static void abort_world(nccl_ctx_t *x, nccl_comm_t *d)
+{
+    nc.GroupStart();
+    for (int i = 0; i < x->n_comms; i++)
+        abort_comm(x->comms[i]);
+    if (d)
+        abort_comm(d);
+    nc.GroupEnd();
+}
+
+/* A failed NCCL call: the message; the world's communicators are aborted so that nothing
+ * waits on them (nothing after the first error may run: enter()). */
 static int nc_fail(nccl_comm_t *d, ncclResult_t r, const char *what)
 {
     const char *last = d->comm ? nc.GetLastError(d->comm) : nc.GetLastError(NULL);
-    fail(d->x, "NCCL %s (rank %d of %d in the group): %s%s%s%s", what, d->rank, d->size, nc.GetErrorString(r),
-         last && *last ? " (" : "", last && *last ? last : "", last && *last ? ")" : "");
-    abort_comm(d);
+    char group[64] = "";
+    if (d->size > 0)
+        snprintf(group, sizeof group, " (rank %d of %d in the group)", d->rank, d->size);
+    fail(d->x, "NCCL %s%s: %s%s%s%s", what, group, nc.GetErrorString(r), last && *last ? " (" : "",
+         last && *last ? last : "", last && *last ? ")" : "");
+    abort_world(d->x, d);
     return -1;
 }
 
@@ -277,7 +318,7 @@ static int nc_ctx_status(void *ctx)
 static int nc_unique_id(void *ctx, unsigned char id[COMM_DEV_ID_MAX])
 {
     nccl_ctx_t *x = ctx;
-    nccl_comm_t tmp = {.x = x, .rank = 0, .size = 1};
+    nccl_comm_t tmp = {.x = x}; /* no group yet: size 0 */
     ncclUniqueId u;
     if (enter(x) < 0)
         return -1;
@@ -309,7 +350,7 @@ static void *joiner_main(void *arg)
     }
     pthread_mutex_unlock(&d->mu);
     if (abandoned) {
-        if (r == ncclSuccess)
+        if (r == ncclSuccess && !atomic_load(&nc_exiting))
             nc.CommAbort(comm);
         pthread_mutex_destroy(&d->mu);
         free(d);
@@ -331,9 +372,16 @@ static void *nc_comm_new(void *ctx, const unsigned char id[COMM_DEV_ID_MAX], int
         free(d);
         return NULL;
     }
-    int e = pthread_mutex_init(&d->mu, NULL);
-    if (!e && (e = pthread_create(&d->joiner, NULL, joiner_main, d)))
-        pthread_mutex_destroy(&d->mu);
+    /* NCCL's blocking join runs its whole set-up on this thread; NCCL gives the threads it
+     * starts 8 MiB of stack (2 MiB have crashed it), but this one is ours: the same. */
+    pthread_attr_t at;
+    int e = pthread_attr_init(&at);
+    if (!e) {
+        if (!(e = pthread_attr_setstacksize(&at, (size_t)8 << 20)) && !(e = pthread_mutex_init(&d->mu, NULL)) &&
+            (e = pthread_create(&d->joiner, &at, joiner_main, d)))
+            pthread_mutex_destroy(&d->mu);
+        pthread_attr_destroy(&at);
+    }
     if (e) {
         fail(x, "starting the NCCL join: %s", strerror(e));
         free(d);
@@ -538,8 +586,7 @@ static int nc_poll(void *ctx)
             healthy(x->comms[i]);
     if (!x->failed)
         return 0;
-    for (int i = 0; i < x->n_comms; i++)
-        abort_comm(x->comms[i]);
+    abort_world(x, NULL);
     return -1;
 }
 

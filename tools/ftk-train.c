@@ -602,10 +602,8 @@ static int run(int argc, char **argv)
      * static: reachable until exit on every path (LeakSanitizer). */
     static backend_t *be;
     if (!strcmp(device, "cuda")) {
-        int local = 0, n_local = 1, n_dev = backend_cuda_devices();
-        comm_node_rank(world, &local, &n_local);
-        /* one GPU per rank: the node-local rank's, or the only one a launcher left visible */
-        be = backend_cuda_new(n_dev == 1 ? 0 : local);
+        int gpu = comm_node_gpu(world, backend_cuda_devices());
+        be = gpu < 0 ? NULL : backend_cuda_new(gpu);
     } else {
         be = backend_cpu_new();
     }

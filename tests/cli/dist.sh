@@ -52,6 +52,12 @@ else
     grep -q "NCCL\|CUDA" "$WORK/err" && ok "message names NCCL or CUDA" || notok "message names NCCL or CUDA"
     check "nothing written" test ! -e "$WORK/cuda2"
 fi
+# NCCL_COMM_ID would give every communicator one root: refused before any device is touched
+# (a build without NCCL refuses --device cuda on 2 ranks anyway)
+expect "NCCL_COMM_ID set: --device cuda on 2 ranks refused" 2 $TO env NCCL_COMM_ID=127.0.0.1:1 $MPI -np 2 $T -q \
+    -o "$WORK/cuda3" --steps 2 --device cuda
+check "... naming it (or NCCL's absence), nothing written" sh -c "grep -q 'NCCL_COMM_ID is set\|has no NCCL' \
+    '$WORK/err' && [ ! -e '$WORK/cuda3' ]"
 
 # --- bit-exact resume -------------------------------------------------------------------
 # fp32 with every strategy; the bf16 modes with the strategies whose collectives they change

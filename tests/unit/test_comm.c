@@ -534,19 +534,18 @@ int main(int argc, char **argv)
     int rc = 0;
     if (nccl) {
         /* every rank's GPU, or a skip agreed on by all of them */
-        int local = 0, n_local = 1, n_dev = backend_cuda_devices();
-        comm_node_rank(world, &local, &n_local);
-        char why[256] = "";
+        int n_dev = backend_cuda_devices(), dev = -1;
+        char why[512] = "";
         if (!comm_nccl_built())
             snprintf(why, sizeof why, "skipped (%s)", ftk_err_msg());
         else if (n_dev == 0)
             snprintf(why, sizeof why, "skipped (no GPU)");
-        else if (n_dev < n_local)
-            snprintf(why, sizeof why, "skipped (%d ranks on this node, %d GPUs)", n_local, n_dev);
+        else if ((dev = comm_node_gpu(world, n_dev)) < 0) /* ftk-train's choice of GPU, also its refusal */
+            snprintf(why, sizeof why, "skipped (%s)", ftk_err_msg());
         else if (!mpi)
             snprintf(why, sizeof why, "skipped (NCCL needs mpirun: one process is a world of one)");
         int who, skip = comm_agree(world, why[0] ? 77 : 0, why, sizeof why, &who);
-        backend_t *gpu = skip ? NULL : backend_cuda_new(local);
+        backend_t *gpu = skip ? NULL : backend_cuda_new(dev);
         char msg[512] = "";
         if (!skip && !gpu)
             snprintf(msg, sizeof msg, "rank %d: %s", R, ftk_err_msg());
