@@ -1016,6 +1016,8 @@ static void cu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_
         embed_order_kernel<<<(unsigned)((n + 63) / 64), 64, 0, c->cur>>>(ids, (int32_t)n, links, links + n,
                                                                          links + 2 * n);
         launched(c, "embed_bwd order");
+        if (failed(c)) /* its lists are indices into dtable: never read them unwritten */
+            return;
     }
     on_dt(dtable.dt, [&](auto tt) {
         on_dt(dout.dt, [&](auto td) {

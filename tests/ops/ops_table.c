@@ -743,6 +743,11 @@ const ops_fcase_t ops_fused_table[] = {
      * then its sequence) */
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 1000, .offset = 1},
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096, .offset = 4},
+    /* the sum in place of x or of r (backend.h allows both), also misaligned */
+    {.op = FU_ADD_RMSNORM, .n = 7, .d = 1000, .alias = 1},
+    {.op = FU_ADD_RMSNORM, .n = 7, .d = 1000, .alias = 2},
+    {.op = FU_ADD_RMSNORM, .n = 5, .d = 1000, .offset = 1, .alias = 2},
+    {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096, .offset = 4, .alias = 1},
 };
 const int ops_fused_len = (int)(sizeof ops_fused_table / sizeof *ops_fused_table);
 
@@ -753,8 +758,9 @@ void ops_fcase_name(const ops_fcase_t *c, char *out, size_t size)
         snprintf(out, size, "%s n=%lld H=%d KV=%d hd=%d theta=%g pos*%d%s", op, (long long)c->n, c->n_head, c->n_kv,
                  c->hd, c->theta, c->pos_step ? c->pos_step : 1, c->inverse ? " inverse" : "");
     else
-        snprintf(out, size, "%s n=%lld %s=%lld%s%.0lld", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
-                 (long long)c->d, c->offset ? " x,r at +" : "", (long long)c->offset);
+        snprintf(out, size, "%s n=%lld %s=%lld%s%.0lld%s", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
+                 (long long)c->d, c->offset ? " x,r at +" : "", (long long)c->offset,
+                 c->alias == 1 ? " xsum=x" : c->alias == 2 ? " xsum=r" : "");
 }
 
 int ops_fused_has(const backend_t *be, const ops_fcase_t *c)
@@ -964,6 +970,8 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
         dev[nd++] = x.p, dev[nd++] = rr.p, dev[nd++] = w.p, dev[nd++] = xs.p, dev[nd++] = out.p, dev[nd++] = rstd;
         x = bk_at(x, o), rr = bk_at(rr, o);
         if (fused) {
+            if (c->alias) /* the sum lands where x or r is (read by the same kernel) */
+                xs = c->alias == 1 ? x : rr;
             be->add_rmsnorm_fwd(be, xs, out, rstd, x, rr, w, n, d, 1e-5f);
         } else {
             be->copy(be, xs.p, x.p, (size_t)nd2 * dtype_size(dt));
