@@ -66,6 +66,8 @@ const ops_case_t ops_table[] = {
      * accesses are taken for one and not the other), and 2 in */
     {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000, .offset = 4},
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96, .offset = 2},
+    /* and aligned: many rows 8 elements a thread */
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96},
 
     {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 7, .d = 1000},
     {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 33, .d = 100},
@@ -126,6 +128,8 @@ const ops_case_t ops_table[] = {
     {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 4},
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 1000},
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 2 * 65536 + 17}, /* the CPU's blocks and a ragged end */
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 1},
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 4},
 
     {.op = OP_ADAMW, .cfgs = ALL, .n = 1000, .step = 1, .wd = 0.1f},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .gscale = 0.5f},
@@ -1025,30 +1029,34 @@ int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t 
                    ops_rand(&rng, T, 1e-5f, 0)}; /* p, g, m, v */
     for (int64_t i = 0; i < T; i++)
         h[3][i] = fabsf(h[3][i]);
-    bk_adamw_t hp = {.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .gscale = 0.75f,
-                     .bc1 = 1.0 - pow(0.9, step), .bc2 = 1.0 - pow(0.95, step), .stochastic = stochastic,
-                     /* ignored by adamw_multi: the segments' own are used */
-                     .wd = 123.0f, .key = 1, .index0 = 999};
     backend_t *bes[2] = {ref, be};
     bk_buf_t b[2][4];
     const dtype_t dts[4] = {st, gt, st, st};
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 4; j++)
             b[k][j] = ops_put(bes[k], dts[j], h[j], T);
-    bk_adamw_seg_t segs[NS];
-    for (int s = 0; s < NS; s++) {
-        segs[s] = (bk_adamw_seg_t){.p = bk_at(b[1][0], am_layout[s].at).p, .g = bk_at(b[1][1], am_layout[s].at).p,
-                                   .m = bk_at(b[1][2], am_layout[s].at).p, .v = bk_at(b[1][3], am_layout[s].at).p,
-                                   .n = am_layout[s].n, .index0 = am_layout[s].index0,
-                                   .key = bk_sround_key(seed, step, s), .wd = s % 3 ? 0.1f : 0.0f};
-        bk_adamw_t hs = hp;
-        hs.wd = segs[s].wd;
-        hs.key = segs[s].key;
-        hs.index0 = segs[s].index0;
-        int64_t a = am_layout[s].at;
-        ref->adamw(ref, bk_at(b[0][0], a), bk_at(b[0][1], a), bk_at(b[0][2], a), bk_at(b[0][3], a), segs[s].n, &hs);
+    /* two steps back to back, nothing waited for between them: the second call's segment
+     * table must not overwrite the first's before it has reached the device */
+    for (int t = step; t < step + 2; t++) {
+        bk_adamw_t hp = {.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .gscale = 0.75f,
+                         .bc1 = 1.0 - pow(0.9, t), .bc2 = 1.0 - pow(0.95, t), .stochastic = stochastic,
+                         /* ignored by adamw_multi: the segments' own are used */
+                         .wd = 123.0f, .key = 1, .index0 = 999};
+        bk_adamw_seg_t segs[NS];
+        for (int s = 0; s < NS; s++) {
+            int64_t a = am_layout[s].at;
+            segs[s] = (bk_adamw_seg_t){.p = bk_at(b[1][0], a).p, .g = bk_at(b[1][1], a).p, .m = bk_at(b[1][2], a).p,
+                                       .v = bk_at(b[1][3], a).p, .n = am_layout[s].n, .index0 = am_layout[s].index0,
+                                       .key = bk_sround_key(seed, t, s), .wd = s % 3 ? 0.1f : 0.0f};
+            bk_adamw_t hs = hp;
+            hs.wd = segs[s].wd;
+            hs.key = segs[s].key;
+            hs.index0 = segs[s].index0;
+            ref->adamw(ref, bk_at(b[0][0], a), bk_at(b[0][1], a), bk_at(b[0][2], a), bk_at(b[0][3], a), segs[s].n,
+                       &hs);
+        }
+        be->adamw_multi(be, segs, NS, st, gt, &hp);
     }
-    be->adamw_multi(be, segs, NS, st, gt, &hp);
     int64_t differ = ref->sync(ref) < 0 || be->sync(be) < 0 ? -1 : 0;
     size_t bytes = (size_t)T * dtype_size(st);
     unsigned char *x = ops_xmalloc(bytes), *y = ops_xmalloc(bytes);

@@ -199,7 +199,8 @@ float ops_round_bf16(float x);
 /* adamw_multi on be against adamw segment by segment on ref (ref may be be) over one
  * fixed layout of segments in one buffer (odd lengths, index0 offsets, an empty segment,
  * gaps no segment covers), the inputs made from seed, states in st and gradients in gt,
- * with nearest (stochastic = 0) or stochastic rounding at optimizer step `step`. Returns
+ * with nearest (stochastic = 0) or stochastic rounding at optimizer steps `step` and
+ * `step` + 1, called back to back (nothing waited for between them). Returns
  * the bytes of p, m, v (whole buffers, gaps included) that differ, or -1 when a backend
  * reported a failure (ftk_err_msg()). */
 int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
