@@ -605,6 +605,67 @@ static void test_events(void)
     free(ha), free(hb);
 }
 
+/* The ops that use the instance's one scratch (sumsq's and xent's partial sums, embed_bwd's
+ * token order, adamw_multi's table; cuda.cu scratch_claim) issued on two streams with
+ * nothing ordering them but the backend's claim: the same bits as on one stream. Each
+ * output belongs to one stream (accumulators and table on one, the other's on the other),
+ * so only the scratch is shared; without the claim a stream would overwrite partial sums
+ * the other is still reading. */
+static void test_scratch_streams(void)
+{
+    bk_stream_t *st[2] = {G->stream_new(G), G->stream_new(G)};
+    if (!st[0] || !st[1]) {
+        verdict(0, "scratch on two streams: %s", ftk_err_msg());
+        return;
+    }
+    ops_rng_t rng;
+    ops_rng_seed(&rng, seed ^ 0x5c7);
+    const int64_t n = (3 << 20) + 5, rows = 256, V = 32003, ne = 3000, d = 512, Ve = 50;
+    const double zero = 0;
+    float *x = ops_rand(&rng, n, 3, 0), *lg = ops_rand(&rng, rows * V, 8, 0), *dout = ops_rand(&rng, ne * d, 1, 0);
+    float *w = ops_xmalloc(rows * sizeof *w), *tab0 = calloc((size_t)(Ve * d), sizeof *tab0);
+    for (int64_t i = 0; i < rows; i++)
+        w[i] = i % 3 == 1 ? 0.0f : 1.0f;
+    int32_t *t = ops_rand_ids(&rng, rows, V), *ids = ops_rand_ids(&rng, ne, Ve);
+    bk_buf_t X = ops_put(G, DT_BF16, x, n), D = ops_put(G, DT_BF16, dout, ne * d);
+    float *L = ops_put_raw(G, lg, (size_t)(rows * V) * sizeof *lg), *W = ops_put_raw(G, w, rows * sizeof *w);
+    int32_t *T = ops_put_raw(G, t, rows * sizeof *t), *I = ops_put_raw(G, ids, ne * sizeof *ids);
+    double got[2][2];
+    float *tab[2] = {NULL, NULL};
+    int ok = 1;
+    for (int two = 0; two < 2 && ok; two++) {
+        double *a = ops_put_raw(G, &zero, sizeof zero), *b = ops_put_raw(G, &zero, sizeof zero);
+        bk_buf_t E = ops_put(G, DT_F32, tab0, Ve * d);
+        for (int r = 0; r < 4; r++) {
+            G->set_stream(G, two ? st[0] : NULL);
+            G->sumsq(G, X, n, a);
+            G->embed_bwd(G, E, I, D, ne, d);
+            G->set_stream(G, two ? st[1] : NULL);
+            G->xent(G, L, T, W, rows, V, 0.0f, b);
+            G->sumsq(G, X, n - 7, b);
+        }
+        G->set_stream(G, NULL);
+        ok = G->sync(G) == 0;
+        G->download(G, &got[two][0], a, sizeof(double));
+        G->download(G, &got[two][1], b, sizeof(double));
+        tab[two] = ops_get(G, E, Ve * d);
+        ok = ok && G->sync(G) == 0;
+        bk_free(G, a), bk_free(G, b), bk_free(G, E.p);
+    }
+    if (!ok)
+        verdict(0, "scratch on two streams: %s", ftk_err_msg());
+    else
+        verdict(!memcmp(got[0], got[1], sizeof got[0]) && !memcmp(tab[0], tab[1], (size_t)(Ve * d) * sizeof(float)),
+                "sumsq, xent and embed_bwd on two streams sharing the scratch, 4 rounds: the same bits as on one "
+                "stream (sums %.17g, %.17g)",
+                got[1][0], got[1][1]);
+    free(tab[0]), free(tab[1]);
+    G->stream_free(G, st[0]);
+    G->stream_free(G, st[1]);
+    bk_free(G, X.p), bk_free(G, D.p), bk_free(G, L), bk_free(G, W), bk_free(G, T), bk_free(G, I);
+    free(x), free(lg), free(dout), free(w), free(tab0), free(t), free(ids);
+}
+
 /* ---- errors ------------------------------------------------------------------------------- */
 
 /* backend.h's error contract, on an instance of its own (a failure is for good): an
@@ -845,6 +906,7 @@ int main(void)
     test_accumulate();
     test_adamw_multi();
     test_events();
+    test_scratch_streams();
     test_errors();
     test_step(PREC_FP32);
     test_step(PREC_BF16_MIXED);
