@@ -746,7 +746,7 @@ static void test_step(precision_t prec)
     c.num_key_value_heads = 2;
     /* a vocabulary not a multiple of 8, as extended Llama ones are, and large enough that
      * the head's chunks (model.c: 32 MiB of fp32 logits, whole 128-row tiles) are 256 rows:
-     * the step's ~530 target rows take three, the last one partial */
+     * the step's 485 target rows take two, the second partial (229) */
     c.vocab_size = 32003;
     c.max_position_embeddings = 512;
     const char *pn = precision_name(prec);
