@@ -11,7 +11,9 @@ per sample, targets where loss_mask is 1). Compared with ftk's fp32 CPU backend:
     norms, gradient clipping that bites, warmup + cosine, gradient accumulation over
     micro-batches) and the weights and both AdamW moments after them (read from the
     checkpoint through its manifest's shard map);
- 3. logits, loss and gradients of ../shared/data/tiny-random-llama imported from HF.
+ 3. logits, loss and gradients of ../shared/data/tiny-random-llama imported from HF;
+ 4. the same with a vocabulary of 65536 on rows of 157 targets, so that the output head
+    runs in two chunks of target rows (128 and 29): the only case with more than one.
 
 Errors are relative to the reference's largest magnitude per tensor: max|ftk - ref| / max|ref|.
 
@@ -43,7 +45,7 @@ def compare(what, a, b, tol=TOL):
     return e
 
 
-def probe_compare(label, wpath, dpath, rows):
+def probe_compare(label, wpath, dpath, rows, packed=True):
     out = os.path.join(WORK, f"probe-{label}.h5")
     r = subprocess.run([PROBE, wpath, dpath, out] + [str(x) for x in rows], capture_output=True, text=True)
     if r.returncode != 0:
@@ -59,7 +61,7 @@ def probe_compare(label, wpath, dpath, rows):
     loss.backward()
     with h5py.File(out, "r") as f:
         check(int(f["n_targets"][0]) == int((tgt >= 0).sum()), f"{label}: same number of targets ({int((tgt >= 0).sum())})")
-        if "unpacked" not in label:
+        if packed:
             check(len(set(seg.tolist())) > len(rows), f"{label}: the rows hold several samples ({len(set(seg.tolist()))} segments in {len(rows)} rows)")
         compare(f"logits: {label} [{logits.shape[0]} x {logits.shape[1]}]", f["logits"][:], logits.detach().numpy())
         lf = float(f["loss"][0])
@@ -78,6 +80,23 @@ def mixed_rows(dpath, k):
     pad = [int(ro[r + 1] - ro[r]) - int(lens[sp["row_samples"][r]:sp["row_samples"][r + 1]].sum())
            for r in range(len(counts))]
     return sorted(sorted(range(len(counts)), key=lambda r: (-int(counts[r]), -pad[r], r))[:k])
+
+
+def target_rows(dpath, want):
+    """The fewest rows, most targets first (the lower index on ties), whose targets exceed
+    want; in file order."""
+    sp = split(dpath)
+    n = []
+    for r in range(len(sp["row_offsets"]) - 1):
+        _, _, _, tgt = batch(sp, [r])
+        n.append(int((tgt >= 0).sum()))
+    rows, total = [], 0
+    for r in sorted(range(len(n)), key=lambda r: (-n[r], r)):
+        if total > want:
+            break
+        rows.append(r)
+        total += n[r]
+    return sorted(rows)
 
 
 def adamw_compare(wpath, dpath):
@@ -167,7 +186,22 @@ def main():
             os.remove(p)
     run("ftk-init", "--config", tc, "--seed", "4", "-o", tw)
     run("ftk-pack", "-t", tok, alpaca, "-o", ud, "--max-len", "80", "--val-count", "0", "-q")
-    probe_compare("tied-unpacked", tw, ud, [0, 2, 5, 7])
+    probe_compare("tied-unpacked", tw, ud, [0, 2, 5, 7], packed=False)
+
+    # The output head a chunk of target rows at a time (engine/model.c: ~32 MiB of fp32
+    # logits, whole 128-row tiles): a vocabulary of 65536 makes a chunk 128 rows, and rows
+    # with over 128 targets make two, the second partial (logits, loss and the head's and
+    # the final norm's gradients summed across chunks).
+    wide = dict(cfg, vocab_size=65536)
+    wc, ww = (os.path.join(WORK, x) for x in ("wide.json", "wide.h5"))
+    json.dump(wide, open(wc, "w"))
+    if os.path.exists(ww):
+        os.remove(ww)
+    run("ftk-init", "--config", wc, "--seed", "5", "-o", ww)
+    rows = target_rows(dpath, 128)
+    _, _, _, tgt = batch(split(dpath), rows)
+    check(128 < int((tgt >= 0).sum()) <= 256, f"head chunks: {int((tgt >= 0).sum())} targets, two chunks of 128 rows")
+    probe_compare("head-in-chunks", ww, dpath, rows, packed=False)  # the rows richest in targets: one sample each
 
     hf = os.path.join(DATA, "tiny-random-llama")
     if os.path.isdir(hf):
