@@ -78,7 +78,8 @@ int comm_alone(const comm_t *c);
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
 /* The GPU of this rank among the n_gpus the process sees (docs/design.md, "Devices"): its
  * node-local rank's; 0 where a launcher left it one GPU (or none: the backend then says
- * so). -1 with ftk_err_msg() where the node has more ranks than its n_gpus > 1 GPUs. */
+ * so). -1 with ftk_err_msg() where the node has more ranks than its n_gpus > 1 GPUs.
+ * Collective over c (comm_node_rank), whatever n_gpus each rank passes. */
 int comm_node_gpu(comm_t *c, int n_gpus);
 /* Ranks with the same color form a group, ordered by key. */
 comm_t *comm_split(comm_t *c, int color, int key);

@@ -370,10 +370,11 @@ int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
 int comm_node_gpu(comm_t *c, int n_gpus)
 {
     int local = 0, n_local = 1;
-    if (n_gpus <= 1)
-        return 0;
+    /* collective: every rank splits, also one that sees a single GPU */
     if (comm_node_rank(c, &local, &n_local) < 0)
         return -1;
+    if (n_gpus <= 1)
+        return 0;
     if (local >= n_gpus) {
         ftk_err_set("rank %d is rank %d of %d on its node, which has %d GPUs: start at most one rank per GPU, or "
                     "give each rank its GPU (CUDA_VISIBLE_DEVICES)",

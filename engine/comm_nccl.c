@@ -25,12 +25,12 @@
  * gone, a network failure) is looked for with ncclCommGetAsyncError whenever a request is
  * waited for or tested; then the world's communicators are aborted (ncclCommAbort, all in
  * one NCCL group: abort_world) so that no stream waits for them forever, and the world's
- * context keeps the first message: every later call and status() fail with it. While the host waits for the device (the backend's sync,
- * upload, download), the backend polls and calls nc_poll (backend.h wait_hook, set by
- * comm_enable_device), which looks at every communicator: a peer lost while the compute
- * stream waits for a collective aborts them all, so the wait ends and the step fails
- * instead of blocking until the job's time limit. A failed world's communicators are
- * aborted, not destroyed, when freed.
+ * context keeps the first message: every later call and status() fail with it. While the
+ * host waits for the device (the backend's sync, upload, download), the backend polls and
+ * calls nc_poll (backend.h wait_hook, set by comm_enable_device), which looks at every
+ * communicator: a peer lost while the compute stream waits for a collective aborts them
+ * all, so the wait ends and the step fails instead of blocking until the job's time limit.
+ * A failed world's communicators are aborted, not destroyed, when freed.
  *
  * Joining: ncclCommInitRank returns only when every rank of the group has called it, so a
  * rank that failed before (its own error, a bad NCCL setting on its node) would leave the

@@ -348,6 +348,24 @@ static const comm_dev_ops_t fake_ops = {
 
 /* Hybrid's mapping for every block size that divides the world, then the contract inside
  * the groups of one block size (the largest proper one). fake: check the joins too. */
+/* comm_node_gpu: the node-local rank's GPU, 0 with one GPU, a refusal naming the counts
+ * past the node's GPUs; collective even where the ranks see different counts (a rank that
+ * sees one GPU must still take part, or the others would wait in the split forever). All
+ * the ranks of cli/comm share one node. */
+static void node_gpus(comm_t *w)
+{
+    int local = -1, n_local = 0, R = comm_rank(w);
+    const char *what = "comm_node_gpu";
+    dtype_t dt = DT_F32; /* RCHECK names a dtype: none here */
+    CHECK(comm_node_rank(w, &local, &n_local) == 0 && local == R && n_local == comm_size(w));
+    RCHECK(comm_node_gpu(w, n_local) == local);
+    RCHECK(comm_node_gpu(w, R % 2 ? 1 : n_local + 1) == (R % 2 ? 0 : local)); /* counts that differ */
+    if (n_local > 2) { /* several GPUs, one too few (one GPU is taken for a launcher's binding) */
+        int g = comm_node_gpu(w, n_local - 1);
+        RCHECK(local < n_local - 1 ? g == local : g == -1 && strstr(ftk_err_msg(), "which has") != NULL);
+    }
+}
+
 static void groups(comm_t *w, backend_t *be, int fake, const char *what)
 {
     dtype_t dt = DT_F32;
@@ -528,20 +546,24 @@ int main(int argc, char **argv)
     contract(world, cpu, "world");
     groups(world, cpu, 0, "groups");
     agreement(world);
+    node_gpus(world);
     if (mpi)
         fake(world, cpu);
 
     int rc = 0;
     if (nccl) {
         /* every rank's GPU, or a skip agreed on by all of them */
-        int n_dev = backend_cuda_devices(), dev = -1;
+        int n_dev = backend_cuda_devices();
+        int dev = comm_node_gpu(world, n_dev); /* ftk-train's choice of GPU, also its refusal (collective) */
+        char dev_why[256];
+        snprintf(dev_why, sizeof dev_why, "%s", dev < 0 ? ftk_err_msg() : "");
         char why[512] = "";
         if (!comm_nccl_built())
             snprintf(why, sizeof why, "skipped (%s)", ftk_err_msg());
         else if (n_dev == 0)
             snprintf(why, sizeof why, "skipped (no GPU)");
-        else if ((dev = comm_node_gpu(world, n_dev)) < 0) /* ftk-train's choice of GPU, also its refusal */
-            snprintf(why, sizeof why, "skipped (%s)", ftk_err_msg());
+        else if (dev < 0)
+            snprintf(why, sizeof why, "skipped (%s)", dev_why);
         else if (!mpi)
             snprintf(why, sizeof why, "skipped (NCCL needs mpirun: one process is a world of one)");
         int who, skip = comm_agree(world, why[0] ? 77 : 0, why, sizeof why, &who);
