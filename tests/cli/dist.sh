@@ -58,6 +58,12 @@ expect "NCCL_COMM_ID set: --device cuda on 2 ranks refused" 2 $TO env NCCL_COMM_
     -o "$WORK/cuda3" --steps 2 --device cuda
 check "... naming it (or NCCL's absence), nothing written" sh -c "grep -q 'NCCL_COMM_ID is set\|has no NCCL' \
     '$WORK/err' && [ ! -e '$WORK/cuda3' ]"
+# the same command line but another FTK_DEVICE on one rank: refused before any device set-up
+# (collective) could wait for a rank that took the other path
+expect "FTK_DEVICE differing between ranks: exit 2" 2 $TO $MPI -np 1 -x FTK_DEVICE=cpu $T -q -o "$WORK/dev2" \
+    --steps 2 : -np 1 -x FTK_DEVICE=cuda $T -q -o "$WORK/dev2" --steps 2
+check "... naming both, nothing written" sh -c "grep -q 'device cuda on this rank, cpu on rank 0' '$WORK/err' && \
+    [ ! -e '$WORK/dev2' ]"
 
 # --- bit-exact resume -------------------------------------------------------------------
 # fp32 with every strategy; the bf16 modes with the strategies whose collectives they change
