@@ -588,12 +588,13 @@ static int run(int argc, char **argv)
     trainer_opts_t o = {0};
     int code = check_values(&o);
     /* The same device on every rank: the command lines are the same, but FTK_DEVICE may not
-     * be, and the device's set-up is collective (comm_node_gpu, NCCL). */
+     * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
+     * other refusal: it is the cause of those that follow from it. */
     char dev0[16];
     snprintf(dev0, sizeof dev0, "%s", device);
     if (comm_bcast(world, dev0, sizeof dev0, 0) < 0)
         code = bad("%s", ftk_err_msg());
-    else if (!code && strcmp(dev0, device))
+    else if (strcmp(dev0, device))
         code = bad("--device %s on this rank, %s on rank 0: give every rank the same FTK_DEVICE (or --device)", device,
                    dev0);
     if ((code = agree_msg(code, why)))

@@ -28,6 +28,8 @@ i=0
 while [ ! -e "$WORK/run/latest" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 check "the first checkpoint committed" test -e "$WORK/run/latest"
 victim=$(ranks_of $pm | tail -n 1)
+# its world rank (Open MPI's environment), so that the other one's message can be asked for
+vrank=$(tr '\0' '\n' <"/proc/$victim/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
 [ -n "$victim" ] && kill -STOP "$victim"
 t0=$(date +%s)
 # bounded: without the watchdog the job would wait for the stopped rank forever
@@ -40,11 +42,12 @@ kill $guard 2>/dev/null
 check "the job ended (exit $rc, not 0) within $dt s of the stop (S = $S)" test $rc -ne 0 -a $dt -lt 40
 # one message, from the rank that ran: the stopped one, continued by mpirun to be ended,
 # does not report its own stop as the hang
+other=$((1 - ${vrank:-1}))
 n_msg=$(grep -c "nothing finished for $S s (FTK_STEP_TIMEOUT)" "$WORK/run.err")
-if [ "$n_msg" -eq 1 ] && grep -q "rank 0: nothing finished" "$WORK/run.err"; then
-    ok "one message, rank 0's, naming FTK_STEP_TIMEOUT"
+if [ "$n_msg" -eq 1 ] && grep -q "rank $other: nothing finished" "$WORK/run.err"; then
+    ok "one message, rank $other's (rank ${vrank:-?} was stopped), naming FTK_STEP_TIMEOUT"
 else
-    notok "one message, rank 0's, naming FTK_STEP_TIMEOUT ($n_msg of them)"
+    notok "one message, rank $other's (rank ${vrank:-?} was stopped), naming FTK_STEP_TIMEOUT ($n_msg of them)"
     sed 's/^/     | /' "$WORK/run.err" | head -n 20
 fi
 sleep 1
