@@ -589,14 +589,15 @@ static int run(int argc, char **argv)
     int code = check_values(&o);
     /* The same device on every rank: the command lines are the same, but FTK_DEVICE may not
      * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
-     * other refusal: it is the cause of those that follow from it. */
-    char dev0[16];
-    snprintf(dev0, sizeof dev0, "%s", device);
-    if (comm_bcast(world, dev0, sizeof dev0, 0) < 0)
+     * other refusal: it is the cause of those that follow from it. Which device, not its
+     * name: a name that is no device keeps check_values' refusal. */
+    static const char *const devices[] = {"cpu", "cuda"};
+    int dev = !strcmp(device, "cpu") ? 0 : !strcmp(device, "cuda") ? 1 : -1, dev0 = dev;
+    if (comm_bcast(world, &dev0, sizeof dev0, 0) < 0)
         code = bad("%s", ftk_err_msg());
-    else if (strcmp(dev0, device))
+    else if (dev >= 0 && dev0 >= 0 && dev != dev0)
         code = bad("--device %s on this rank, %s on rank 0: give every rank the same FTK_DEVICE (or --device)", device,
-                   dev0);
+                   devices[dev0]);
     if ((code = agree_msg(code, why)))
         return code;
     if (threads > 0)

@@ -264,6 +264,10 @@ expect "--device tpu: exit 2" 2 $T -o "$WORK/x" --device tpu
 expect "FTK_DEVICE=tpu: exit 2" 2 env FTK_DEVICE=tpu $T -o "$WORK/x"
 grep -q "tpu: need cpu or cuda (from FTK_DEVICE)" "$WORK/err" && ok "message names FTK_DEVICE" ||
     notok "message names FTK_DEVICE"
+# a long name too (the ranks' agreement on the device once compared a truncated copy of it)
+expect "FTK_DEVICE=a-long-name-that-is-no-device: exit 2" 2 env FTK_DEVICE=a-long-name-that-is-no-device $T -o "$WORK/x"
+grep -q "a-long-name-that-is-no-device: need cpu or cuda (from FTK_DEVICE)" "$WORK/err" &&
+    ok "... the same message" || notok "... the same message"
 expect "ftk-generate, FTK_DEVICE=tpu: exit 2" 2 env FTK_DEVICE=tpu "$BIN/ftk-generate" -m "$WORK/a" -p "Hi"
 # no --device, no FTK_DEVICE (tests/run.sh sets it to cpu): cuda where a GPU is visible, else cpu
 if "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1; then want=cuda; else want=cpu; fi
