@@ -328,9 +328,19 @@ const char *backend_default_device(int (*gpus)(void), int *from_env)
     return gpus && gpus() > 0 ? "cuda" : "cpu";
 }
 
+const char *const backend_devices[BK_N_DEVICES] = {"cpu", "cuda"};
+
+int backend_device_index(const char *name)
+{
+    for (int i = 0; i < BK_N_DEVICES; i++)
+        if (!strcmp(name, backend_devices[i]))
+            return i;
+    return -1;
+}
+
 int backend_check_device(const char *name, int from_env)
 {
-    if (!strcmp(name, "cpu") || !strcmp(name, "cuda"))
+    if (backend_device_index(name) >= 0)
         return 0;
     ftk_err_set("--device %s: need cpu or cuda%s", name, from_env ? " (from FTK_DEVICE)" : "");
     return -1;

@@ -405,6 +405,10 @@ int backend_cuda_devices(void);
  * backend_cuda_devices, or NULL: never cuda) counts one or more, else "cpu". gpus is called
  * only then: counting starts CUDA. The string is static or the environment's. */
 const char *backend_default_device(int (*gpus)(void), int *from_env);
+/* The devices by index (backend_devices[i]), and the index of name, -1 for none. */
+#define BK_N_DEVICES 2
+extern const char *const backend_devices[BK_N_DEVICES];
+int backend_device_index(const char *name);
 /* 0 when name is a device ("cpu", "cuda"); else -1 with ftk_err_msg() set to "--device NAME:
  * need cpu or cuda", " (from FTK_DEVICE)" appended where from_env. */
 int backend_check_device(const char *name, int from_env);

@@ -591,13 +591,12 @@ static int run(int argc, char **argv)
      * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
      * other refusal: it is the cause of those that follow from it. Which device, not its
      * name: a name that is no device keeps check_values' refusal. */
-    static const char *const devices[] = {"cpu", "cuda"};
-    int dev = !strcmp(device, "cpu") ? 0 : !strcmp(device, "cuda") ? 1 : -1, dev0 = dev;
+    int dev = backend_device_index(device), dev0 = dev;
     if (comm_bcast(world, &dev0, sizeof dev0, 0) < 0)
         code = bad("%s", ftk_err_msg());
     else if (dev >= 0 && dev0 >= 0 && dev != dev0)
         code = bad("--device %s on this rank, %s on rank 0: give every rank the same FTK_DEVICE (or --device)", device,
-                   devices[dev0]);
+                   backend_devices[dev0]);
     if ((code = agree_msg(code, why)))
         return code;
     if (threads > 0)
