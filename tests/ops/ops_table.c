@@ -978,8 +978,14 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
                 xs = c->alias == 1 ? x : rr;
             be->add_rmsnorm_fwd(be, xs, out, rstd, x, rr, w, n, d, 1e-5f);
         } else {
-            be->copy(be, xs.p, x.p, (size_t)nd2 * dtype_size(dt));
-            be->add(be, xs, rr, nd2);
+            /* the sum where the fused op puts it: a device's row partition may depend on
+             * xsum's alignment (CUDA: 8 elements a thread where aligned) */
+            if (c->alias == 1)
+                xs = x, be->add(be, xs, rr, nd2);
+            else if (c->alias == 2)
+                xs = rr, be->add(be, xs, x, nd2);
+            else
+                be->copy(be, xs.p, x.p, (size_t)nd2 * dtype_size(dt)), be->add(be, xs, rr, nd2);
             be->rmsnorm_fwd(be, out, rstd, xs, w, n, d, 1e-5f);
         }
         add_out(r, "xsum", be, xs, nd2);

@@ -136,7 +136,7 @@ typedef struct {
     int inverse;
     int32_t pos_step;     /* pos[i] = (i * pos_step) % 4096 (0: i) */
     int64_t offset;       /* add_rmsnorm: x and r views this many elements into their allocations */
-    int alias;            /* add_rmsnorm, fused: xsum is 1 x, 2 r (the sequence: its own xsum) */
+    int alias;            /* add_rmsnorm: xsum is 1 x, 2 r (fused and sequence alike) */
 } ops_fcase_t;
 extern const ops_fcase_t ops_fused_table[];
 extern const int ops_fused_len;
