@@ -61,7 +61,8 @@ PLUGIN    := $(O)/plugin/libh5zstd.so
 # build's programs too, ahead of their runtime).
 LOCK_SHIM := build/tests/lock_delay.so
 H5_WAIT   := $(O)/tests/h5_wait
-FLASH_EMU := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu)
+# The CUDA backend's sources run on the host (tests/gpu/emu): not in the sanitizer build.
+EMU_BINS  := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu $(O)/tests/gpu_ops_emu)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -111,7 +112,7 @@ COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(FLASH_EMU)
+all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -181,12 +182,26 @@ $(O)/plugin/h5zstd.o: formats/h5zstd.c
 $(PLUGIN): $(O)/plugin/h5zstd.o
 	$(CC) -shared $(LDFLAGS) $< -lzstd -o $@
 
-# flash_mma.cuh's attention kernels emulated on the host against the CPU backend
-# (tests/gpu/flash_emu.cc): needs neither a GPU nor nvcc. Not in the sanitizer build: its
-# fibers switch stacks under the sanitizers' feet.
-$(O)/tests/flash_emu: tests/gpu/flash_emu.cc kernels/cuda/flash_mma.cuh kernels/cuda/common.cuh $(OPS_TABLE_OBJ) $(LIBFTK)
+# The CUDA backend run on the host, where neither a GPU nor nvcc is needed (tests/gpu/emu):
+# kernels/cuda's sources made plain C++ by launches.pl (tests/emu/, beside each other so
+# that cuda.cu's includes find the rewritten headers first), built over the emulated CUDA
+# runtime and cuBLASLt (tests/gpu/emu/include); gpu_ops_emu is gpu_ops linked with it,
+# flash_emu runs flash_mma.cuh's kernels alone. Not in the sanitizer build: the fibers
+# switch stacks under the sanitizers' feet.
+EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
+                -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
+EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h) kernels/cuda/common.cuh kernels/backend.h \
+            kernels/sround.h libcommon/log.h
+$(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@
+	perl tests/gpu/emu/launches.pl $< > $@.tmp && mv $@.tmp $@
+$(O)/tests/emu/cuda_emu.o: $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) $(EMU_DEPS)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -c $< -o $@
+$(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+$(O)/tests/flash_emu: tests/gpu/flash_emu.cc $(O)/tests/emu/flash_mma.cuh $(EMU_DEPS) $(OPS_TABLE_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@
 
 # make bench's probe of the HDF5 lock during a background write (tests/bench/h5_wait.c).
 $(H5_WAIT): $(O)/tests/bench/h5_wait.o $(LIBFTK)

@@ -69,6 +69,11 @@ if [ "$SET" = slow ]; then
     run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
     # every strategy and precision on the CPU's fused ops (adamw_multi over sharded slices)
     run cli/dist-fused env FTK_FUSED=all sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist-fused" 2
+    # the CUDA backend emulated on the host (tests/gpu/emu): the fp32 training step too, and
+    # gpu/ops-vs-cpu-fp32's settings (exact products, simple attention, one element a thread)
+    run gpu/ops-emulated-all-steps env FTK_GPU_OPS_QUICK=1 build/tests/gpu_ops_emu
+    run gpu/ops-emulated-fp32 env FTK_GPU_OPS_QUICK=1 FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none \
+        FTK_CUDA_VEC=0 build/tests/gpu_ops_emu
     # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
     # plans and the communication contract under them; these two take 3 minutes)
     sanitizer_env
@@ -88,7 +93,10 @@ for t in build/tests/test_*; do
 done
 # the trainer (shard engine, optimizer, resume) on the CPU's fused ops, adamw_multi included
 run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
-# flash_mma.cuh's attention kernels emulated on the host against the CPU backend (no GPU needed)
+# The CUDA backend's sources emulated on the host (tests/gpu/emu; no GPU needed): gpu_ops
+# against the CPU backend, the bf16 training steps (make test-slow adds fp32's), and
+# flash_mma.cuh's attention kernels on cases of their own
+run gpu/ops-emulated env FTK_GPU_OPS_QUICK=1 FTK_GPU_OPS_STEPS=bf16-mixed,bf16-true build/tests/gpu_ops_emu
 run gpu/flash-emu build/tests/flash_emu
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
