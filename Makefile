@@ -62,7 +62,8 @@ PLUGIN    := $(O)/plugin/libh5zstd.so
 LOCK_SHIM := build/tests/lock_delay.so
 H5_WAIT   := $(O)/tests/h5_wait
 # The CUDA backend's sources run on the host (tests/gpu/emu): not in the sanitizer build.
-EMU_BINS  := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu $(O)/tests/gpu_ops_emu)
+EMU_BINS  := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu $(O)/tests/gpu_ops_emu $(O)/tests/emu/bin/ftk-train \
+             $(O)/tests/emu/bin/ftk-generate)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -186,8 +187,8 @@ $(PLUGIN): $(O)/plugin/h5zstd.o
 # kernels/cuda's sources made plain C++ by launches.pl (tests/emu/, beside each other so
 # that cuda.cu's includes find the rewritten headers first), built over the emulated CUDA
 # runtime and cuBLASLt (tests/gpu/emu/include); gpu_ops_emu is gpu_ops linked with it,
-# flash_emu runs flash_mma.cuh's kernels alone. Not in the sanitizer build: the fibers
-# switch stacks under the sanitizers' feet.
+# tests/emu/bin the tools that take --device, flash_emu flash_mma.cuh's kernels alone.
+# Not in the sanitizer build: the fibers switch stacks under the sanitizers' feet.
 EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
                 -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
 EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h) kernels/cuda/common.cuh kernels/backend.h \
@@ -198,6 +199,11 @@ $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 $(O)/tests/emu/cuda_emu.o: $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) $(EMU_DEPS)
 	$(CXX) -x c++ $(EMU_CXXFLAGS) -c $< -o $@
 $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+# ftk-train and ftk-generate on the emulated backend (--device cuda; no NCCL)
+$(O)/tests/emu/bin/ftk-train: LIBS += $(MPI_LIBS)
+$(O)/tests/emu/bin/%: $(O)/tools/%.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
 $(O)/tests/flash_emu: tests/gpu/flash_emu.cc $(O)/tests/emu/flash_mma.cuh $(EMU_DEPS) $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)

@@ -74,6 +74,8 @@ if [ "$SET" = slow ]; then
     run gpu/ops-emulated-all-steps env FTK_GPU_OPS_QUICK=1 build/tests/gpu_ops_emu
     run gpu/ops-emulated-fp32 env FTK_GPU_OPS_QUICK=1 FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none \
         FTK_CUDA_VEC=0 build/tests/gpu_ops_emu
+    # ftk-train and ftk-generate on it: the demo's GPU-against-CPU runs and resumes, smaller
+    run gpu/demo-emulated sh tests/gpu/demo_vs_cpu.sh "$ROOT/build/tests/emu/bin" "$WORK/demo-emu" emulated
     # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
     # plans and the communication contract under them; these two take 3 minutes)
     sanitizer_env
