@@ -4,7 +4,7 @@
  * tests/gpu/emu/launches.pl; tests/gpu/emu/emu.h runs a block as 128 fibers and checks
  * every shared-memory access of the kernels' primitives (emu_mma_sync.h: bounds,
  * alignment, races as compute-sanitizer's racecheck would find them).
- * gpu_ops under the emulation of the whole backend (tests/gpu/emu/cuda_emu) runs these
+ * gpu_ops on the emulation of the whole backend (the Makefile's gpu_ops_emu) runs these
  * kernels on the op table too; this test adds segments longer than a tile (the unmasked
  * path), GQA, a packed row of 512 as ftk-pack makes them, and counts the mma.sync issued.
  * The backend is the CPU one with attn_fwd/attn_bwd replaced by the emulated kernels, run

@@ -1,8 +1,8 @@
 /* emu.h — CUDA kernels run on the host: a thread block as fibers on one OS thread, the
  * blocks of a grid one after the other. With it the kernel sources the CUDA backend
  * compiles run here, on machines without a GPU, against the CPU backend
- * (tests/gpu/flash_emu.cc: flash_mma.cuh's kernels; tests/gpu/emu/cuda_emu.cc: the whole
- * of kernels/cuda/cuda.cu under tests/gpu/gpu_ops.c).
+ * (tests/gpu/flash_emu.cc: flash_mma.cuh's kernels; with emu_runtime.h and launches.pl
+ * the whole of kernels/cuda/cuda.cu: the Makefile's gpu_ops_emu and tests/emu/bin).
  *
  * What is emulated, and how strictly:
  *  - a block of up to 1024 threads (x fastest) is that many fibers, each running until it
@@ -16,10 +16,12 @@
  *    (bf16 NaN) at every block; the accesses made through emu_mma_sync.h's primitives
  *    (ldmatrix, cp.async, st_shared/ld_shared) are checked against the launch's size, their
  *    alignment, and for races as compute-sanitizer's racecheck would (see smem_read);
- *    static __shared__ arrays are function statics (one block runs at a time);
- *  - everything else is plain host C++: global memory is host memory, a 16-byte vector
- *    access that is not 16-byte aligned faults as it would on the GPU (the vector types
- *    are 16-byte aligned, SIGSEGV/SIGBUS is reported with the kernel, block and thread).
+ *    static __shared__ arrays are function statics (one block runs at a time; unchecked,
+ *    and a block sees what the block before it left there, where a GPU's is undefined);
+ *  - everything else is plain host C++: global memory is host memory; a 16-byte vector
+ *    access that is not 16-byte aligned faults as on the GPU (the vector types are
+ *    16-byte aligned, so the compiler moves them with aligned instructions), and a fault
+ *    is reported with the kernel, block and thread (exit 3).
  * The first failure is kept in emu::fault ("" when none). Not emulated: global-memory
  * races, concurrency between streams (every launch runs to its end when issued), the
  * hardware's rounding of expf and of tensor-core sums (last bits). */
