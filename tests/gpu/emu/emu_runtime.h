@@ -6,7 +6,8 @@
  * at, for cudaEventElapsedTime).
  *
  * Checked as the GPU would: launch configurations (emu.h), dynamic shared memory over 48 KiB
- * only after cudaFuncSetAttribute allowed it, a product's operands aligned as the
+ * only after cudaFuncSetAttribute allowed that much (to some kernel: a launch here does not
+ * know its kernel's address, so the largest allowance counts), a product's operands aligned as the
  * preference its algorithm was chosen with promised (cuBLASLt may rely on it). A kernel's
  * failure (emu::fault) is printed once and then sticky, as an error that ends a CUDA
  * context is: every later call answers cudaErrorLaunchFailure.
