@@ -40,6 +40,10 @@
 #include <string.h>
 #include <unistd.h>
 
+extern "C" {
+#include "../../../formats/dtype.h" /* bf16_to_f32, f32_to_bf16 */
+}
+
 /* ---- the CUDA surface ------------------------------------------------------------------ */
 
 #define __device__

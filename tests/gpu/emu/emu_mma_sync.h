@@ -27,7 +27,7 @@ static inline void ldsm_x4(uint32_t r[4], const uint16_t *p) { ldsm(r, p, false)
 static inline void ldsm_x4_t(uint32_t r[4], const uint16_t *p) { ldsm(r, p, true); }
 
 /* element `half` (0: the low 16 bits) of a register holding two bf16 */
-static inline float bf16_half(uint32_t reg, int half) { return __uint_as_float((uint32_t)(uint16_t)(reg >> (16 * half)) << 16); }
+static inline float bf16_half(uint32_t reg, int half) { return bf16_to_f32((uint16_t)(reg >> (16 * half))); }
 
 static long mma_count; /* warp-wide mma.sync issued: the work the kernels do */
 

@@ -363,11 +363,10 @@ static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 /* op(X) is rows × cols of a layout (its transpose with T) */
-static inline bool emu_lt_shape(const emu_lt_layout *l, cublasOperation_t t, uint64_t *r, uint64_t *c)
+static inline void emu_lt_shape(const emu_lt_layout *l, cublasOperation_t t, uint64_t *r, uint64_t *c)
 {
     *r = t == CUBLAS_OP_N ? l->rows : l->cols;
     *c = t == CUBLAS_OP_N ? l->cols : l->rows;
-    return true;
 }
 static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d,
                                                             cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
@@ -394,7 +393,7 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cu
 namespace emu {
 static inline float lt_ld(const void *p, cudaDataType_t t, int64_t i)
 {
-    return t == CUDA_R_16BF ? __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16) : ((const float *)p)[i];
+    return t == CUDA_R_16BF ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 /* an fp32 operand as the compute type takes it */
 static inline float lt_round(float x, cublasComputeType_t ct)
@@ -461,13 +460,10 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
             if (b != 0.0f)
                 v += b * emu::lt_ld(C, lc->type, (int64_t)i + (int64_t)j * lc->ld);
             int64_t o = (int64_t)i + (int64_t)j * ld->ld;
-            if (ld->type == CUDA_R_16BF) {
-                uint32_t u = __float_as_uint(v);
-                ((uint16_t *)D)[o] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
-                                                                     : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-            } else {
+            if (ld->type == CUDA_R_16BF)
+                ((uint16_t *)D)[o] = f32_to_bf16(v);
+            else
                 ((float *)D)[o] = v;
-            }
         }
     free(ra), free(rb), free(p);
     h->n_products++;

@@ -23,7 +23,7 @@ template <typename Use, int M, int N, int K, typename T, typename Layout = void>
     float v[8]; /* elements lane + 32·i, i < 8 */
 };
 
-static inline float emu_val(const __nv_bfloat16 &b) { return __uint_as_float((uint32_t)b.x << 16); }
+static inline float emu_val(const __nv_bfloat16 &b) { return bf16_to_f32(b.x); }
 static inline float emu_val(float f) { return f; }
 static inline int emu_lane() { return emu::cur & 31; }
 
