@@ -107,7 +107,9 @@ int comm_join_timeout(double *seconds);
 /* 0, or -1 with the message when a device collective of c's world has failed since
  * comm_enable_nccl (the first error is kept; comm_wait and comm_test return it too, but
  * the shard engine completes requests without an error path: the trainer asks here once
- * a step, after the backend's sync). Always 0 without a device library. */
+ * a step, after the backend's sync); -2 when that first error is a peer's failure seen
+ * from here (NCCL's ncclRemoteError), so that the rank that failed first-hand is the one
+ * to report (comm_agree_first). Always 0 without a device library. */
 int comm_status(comm_t *c);
 /* The backend whose memory the tensor collectives see: a world of one copies through it
  * (without one, memmove). MPI ranks need host memory (the CPU backend's). */
@@ -138,5 +140,8 @@ int comm_barrier(comm_t *c);
  * message of the lowest failing rank on every rank and *who that rank. No rank is left
  * waiting in a collective: this is how start-up, checkpoints and resume fail together. */
 int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who);
+/* comm_agree where a rank's failure may only follow another's (after_peer: comm_status -2):
+ * msg is the lowest failing rank's among those that failed first-hand, when there is one. */
+int comm_agree_first(comm_t *c, int code, int after_peer, char *msg, size_t cap, int *who);
 
 #endif

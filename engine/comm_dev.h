@@ -42,7 +42,8 @@ typedef struct {
     /* The world's shared state on be's device; world_rank names this process in messages. */
     void *(*ctx_new)(backend_t *be, int world_rank);
     void (*ctx_free)(void *ctx); /* after every communicator of ctx is freed */
-    /* 0, or -1 with the first error any communicator of ctx met (kept: comm_status). */
+    /* 0, or -1 with the first error any communicator of ctx met (kept: comm_status); -2 when
+     * that error is a peer's failure (NCCL's ncclRemoteError). */
     int (*status)(void *ctx);
     int (*unique_id)(void *ctx, unsigned char id[COMM_DEV_ID_MAX]);
     /* Starts joining the group of the size ranks given the same id (rank: this one's) and

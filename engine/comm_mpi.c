@@ -672,12 +672,19 @@ int comm_barrier(comm_t *c)
 
 int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who)
 {
-    int64_t v[2] = {code, code ? -(int64_t)c->rank : INT64_MIN};
+    return comm_agree_first(c, code, 0, msg, cap, who);
+}
+
+int comm_agree_first(comm_t *c, int code, int after_peer, char *msg, size_t cap, int *who)
+{
+    /* -rank for a first-hand failure, -(size + rank) after a peer's: the maximum is the
+     * lowest first-hand rank where there is one */
+    int64_t n = c->size, v[2] = {code, code ? -(int64_t)c->rank - (after_peer ? n : 0) : INT64_MIN};
     comm_allreduce_i64(c, v, 2, COMM_MAX);
     *who = 0;
     if (!v[0])
         return 0;
-    *who = (int)-v[1];
+    *who = (int)(-v[1] % n);
     comm_bcast(c, msg, cap, *who);
     msg[cap - 1] = 0;
     return (int)v[0];

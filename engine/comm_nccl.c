@@ -151,6 +151,7 @@ typedef struct {
     cudaStream_t compute, stream;
     cudaEvent_t ready;
     int failed;     /* the first error, kept: why */
+    int after_peer; /* ... was a peer's failure (ncclRemoteError): status() -2 */
     char why[512];
     nccl_comm_t **comms; /* the live communicators, for nc_poll */
     int n_comms, cap_comms;
@@ -227,6 +228,8 @@ static void abort_world(nccl_ctx_t *x, nccl_comm_t *d)
 static int nc_fail(nccl_comm_t *d, ncclResult_t r, const char *what)
 {
     const char *last = d->comm ? nc.GetLastError(d->comm) : nc.GetLastError(NULL);
+    if (!d->x->failed)
+        d->x->after_peer = r == ncclRemoteError;
     char group[64] = "";
     if (d->size > 0)
         snprintf(group, sizeof group, " (rank %d of %d in the group)", d->rank, d->size);
@@ -310,7 +313,7 @@ static int nc_ctx_status(void *ctx)
     nccl_ctx_t *x = ctx;
     if (x->failed) {
         ftk_err_set("%s", x->why);
-        return -1;
+        return x->after_peer ? -2 : -1;
     }
     return 0;
 }

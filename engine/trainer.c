@@ -90,18 +90,22 @@ static int fail(trainer_t *t, int code, const char *fmt, ...)
 }
 
 /* Every rank calls it with its status; returns the highest code of all ranks, with the
- * lowest failing rank's message in ftk_err_msg() everywhere. */
-static int agree(trainer_t *t, int code)
+ * lowest failing rank's message in ftk_err_msg() everywhere. after_peer: this rank's failure
+ * may only follow another rank's (comm_status -2), whose message is then preferred. */
+static int agree_first(trainer_t *t, int code, int after_peer)
 {
     int who;
-    if (!(code = comm_agree(t->world, code, t->why, sizeof t->why, &who)))
+    if (!(code = comm_agree_first(t->world, code, after_peer, t->why, sizeof t->why, &who)))
         return 0;
-    if (t->nranks > 1 && who != 0)
-        ftk_err_set("rank %d: %s", who, t->why);
+    char pre[32];
+    snprintf(pre, sizeof pre, "rank %d: ", who);
+    if (t->nranks > 1 && who != 0 && !strstr(t->why, pre)) /* NCCL's messages name their rank */
+        ftk_err_set("%s%s", pre, t->why);
     else
         ftk_err_set("%s", t->why);
     return code;
 }
+static int agree(trainer_t *t, int code) { return agree_first(t, code, 0); }
 
 /* ---- inputs ------------------------------------------------------------------------------- */
 
@@ -907,9 +911,9 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     double gnorm = shard_step(t->sh, tc, step, lr);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
-    int code = agree(t, t->be->sync(t->be) < 0 || comm_status(t->world) < 0
-                            ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg())
-                            : 0);
+    int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
+    int code = agree_first(t, bad ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg()) : 0,
+                           cs == -2);
     if (code)
         return code;
     /* At the step boundary: commit the background checkpoint every rank has written. */

@@ -4,7 +4,8 @@
  *    rounding (to nearest even of the fp32 sum, on 2 ranks), the accounting;
  *  - comm_split_blocks' mapping (hybrid's shard groups and replicas), and the contract
  *    again inside each group;
- *  - comm_agree: the highest code, the lowest failing rank's message, on every rank.
+ *  - comm_agree: the highest code, the lowest failing rank's message, on every rank;
+ *    comm_agree_first: a first-hand failure's message before those that followed a peer's.
  * Implementations: the world as started (a world of one without a launcher; MPI under
  * mpirun, on the CPU backend); under mpirun also a fake device library behind
  * comm_enable_device (engine/comm_dev.h), host memory over MPI, which checks the set-up
@@ -418,6 +419,15 @@ static void agreement(comm_t *w)
     snprintf(want, sizeof want, "rank %d says no", W > 1 ? W - 2 : 0);
     CHECK(code == (W > 1 ? 5 : 3) && who == (W > 1 ? W - 2 : 0) && !strcmp(msg, want));
     CHECK(comm_agree(w, 0, msg, sizeof msg, &who) == 0);
+    /* every rank fails, all but the last only after a peer (comm_status -2): the last one's
+     * message; every rank after a peer: the lowest's */
+    snprintf(msg, sizeof msg, "rank %d says no", R);
+    code = comm_agree_first(w, 1, R != W - 1, msg, sizeof msg, &who);
+    snprintf(want, sizeof want, "rank %d says no", W - 1);
+    CHECK(code == 1 && who == W - 1 && !strcmp(msg, want));
+    snprintf(msg, sizeof msg, "rank %d says no", R);
+    code = comm_agree_first(w, 1, 1, msg, sizeof msg, &who);
+    CHECK(code == 1 && who == 0 && !strcmp(msg, "rank 0 says no"));
 }
 
 /* The fake library: set-up order, dispatch, failures agreed on every rank. */
