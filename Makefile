@@ -63,7 +63,7 @@ LOCK_SHIM := build/tests/lock_delay.so
 H5_WAIT   := $(O)/tests/h5_wait
 # The CUDA backend's sources run on the host (tests/gpu/emu): not in the sanitizer build.
 EMU_BINS  := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu $(O)/tests/gpu_ops_emu $(O)/tests/emu/bin/ftk-train \
-             $(O)/tests/emu/bin/ftk-generate)
+             $(O)/tests/emu/bin/ftk-generate $(O)/tests/emu/bin/test_comm)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -191,20 +191,45 @@ $(PLUGIN): $(O)/plugin/h5zstd.o
 # Not in the sanitizer build: the fibers switch stacks under the sanitizers' feet.
 EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
                 -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
-EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h) kernels/cuda/common.cuh kernels/backend.h \
+EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu/include_c/*.h) kernels/cuda/common.cuh kernels/backend.h \
             kernels/sround.h libcommon/log.h
 $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 	@mkdir -p $(dir $@)
 	perl tests/gpu/emu/launches.pl $< > $@.tmp && mv $@.tmp $@
-$(O)/tests/emu/cuda_emu.o: $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) $(EMU_DEPS)
-	$(CXX) -x c++ $(EMU_CXXFLAGS) -c $< -o $@
+$(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) \
+                           $(EMU_DEPS)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
-# ftk-train and ftk-generate on the emulated backend (--device cuda; no NCCL)
-$(O)/tests/emu/bin/ftk-train: LIBS += $(MPI_LIBS)
+# NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
+# runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the
+# programs linked with it open (dlopen) before any other NCCL: their DT_RPATH, searched
+# ahead of LD_LIBRARY_PATH, is $ORIGIN/../lib. They export emu_c_cudaGetDevice, the device
+# the emulated NCCL checks for duplicates.
+EMU_NCCL_OBJ := $(if $(NCCL_H),$(O)/tests/emu/comm_nccl.o)
+EMU_NCCL_LIB := $(if $(NCCL_H),$(O)/tests/emu/lib/libnccl.so.2)
+EMU_NCCL_LDFLAGS :=
+ifneq ($(NCCL_H),)
+EMU_NCCL_LDFLAGS := -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/../lib' -Wl,--export-dynamic-symbol=emu_c_cudaGetDevice
+endif
+EMU_C_FLAGS := -Itests/gpu/emu/include_c $(if $(NCCL_H),-I$(dir $(NCCL_H)))
+$(O)/tests/emu/comm_nccl.o: engine/comm_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) tests/gpu/emu/emu_cuda_types.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -c $< -o $@
+$(O)/tests/emu/lib/libnccl.so.2: tests/gpu/emu/emu_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) formats/dtype.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -fPIC -shared -fvisibility=hidden -Wl,-soname,libnccl.so.2 $< -pthread -o $@
+# ftk-train and ftk-generate on the emulated backend (--device cuda), and the communication
+# contract test (tests/unit/test_comm.c) there
+$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LIBS += $(MPI_LIBS) -ldl
+$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: $(EMU_NCCL_OBJ) | $(EMU_NCCL_LIB)
+$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LDFLAGS += $(EMU_NCCL_LDFLAGS)
+$(O)/tests/emu/bin/test_comm: $(O)/tests/unit/test_comm.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) $< $(O)/tests/emu/cuda_emu.o $(EMU_NCCL_OBJ) $(LIBFTK) $(LIBS) -o $@
 $(O)/tests/emu/bin/%: $(O)/tools/%.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+	$(CXX) $(LDFLAGS) $< $(O)/tests/emu/cuda_emu.o $(if $(filter ftk-train,$*),$(EMU_NCCL_OBJ)) $(LIBFTK) $(LIBS) -o $@
 $(O)/tests/flash_emu: tests/gpu/flash_emu.cc $(O)/tests/emu/flash_mma.cuh $(EMU_DEPS) $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@

@@ -50,7 +50,10 @@
  * every call as if it were linked.
  *
  * NOTHING HERE HAS RUN ON A GPU YET when this was written: tests/gpu/check.sh's nccl-comm
- * and nccl-train steps are its first checks. */
+ * and nccl-train steps are its first checks there. Without a GPU it runs over an emulated
+ * NCCL (tests/gpu/emu/emu_nccl.c: shared memory between the processes of one machine), in
+ * make test's gpu/nccl-emulated: the contract test, 2- and 4-rank training against MPI,
+ * the duplicate-GPU refusal and a failed collective's report. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>

@@ -76,6 +76,8 @@ if [ "$SET" = slow ]; then
         FTK_CUDA_VEC=0 build/tests/gpu_ops_emu
     # ftk-train and ftk-generate on it: the demo's GPU-against-CPU runs and resumes, smaller
     run gpu/demo-emulated sh tests/gpu/demo_vs_cpu.sh "$ROOT/build/tests/emu/bin" "$WORK/demo-emu" emulated
+    # and over the emulated NCCL: every strategy, a resume, hybrid on 4 ranks (nccl_vs_mpi.sh)
+    run gpu/nccl-emulated-all sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated
     # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
     # plans and the communication contract under them; these two take 3 minutes)
     sanitizer_env
@@ -100,6 +102,10 @@ run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
 # flash_mma.cuh's attention kernels on cases of their own
 run gpu/ops-emulated env FTK_GPU_OPS_QUICK=1 FTK_GPU_OPS_STEPS=bf16-mixed,bf16-true build/tests/gpu_ops_emu
 run gpu/flash-emu build/tests/flash_emu
+# NCCL emulated too (tests/gpu/emu/emu_nccl.c): comm.h's contract on 2 and 4 ranks, the
+# duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
+# against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)
+run gpu/nccl-emulated sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated quick
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
     # every CUDA op and a whole training step against the CPU backend: bf16 matrix products

@@ -12,8 +12,10 @@
  * order (whose rank draws the id, which ranks join with it, what each passes; a failed id
  * or join fails every rank, none left waiting: a rank that fails before it joins, one that
  * fails after, one later than FTK_NCCL_INIT_TIMEOUT), that the collectives go to the library,
- * and that a failed collective comes back from comm_wait and comm_test; with --nccl, NCCL on the CUDA backend (the GPU of the
- * node-local rank) — exit 77 "skipped (no GPU)" where there is none or too few.
+ * and that a failed collective comes back from comm_wait and comm_test; with --nccl, NCCL on
+ * the CUDA backend (the GPU of the node-local rank) — exit 77 "skipped (no GPU)" where there
+ * is none or too few. Linked with the host emulation (Makefile: tests/emu/bin/test_comm),
+ * --nccl runs engine/comm_nccl.c over the emulated NCCL on FTK_EMU_GPUS emulated GPUs.
  *
  *   test_comm [ROOT] [--nccl]       (mpirun -np 1..4 test_comm …: tests/cli/comm.sh)
  */

@@ -1,9 +1,10 @@
 /* emu_runtime.h — the part of the CUDA runtime and of cuBLASLt that kernels/cuda/cuda.cu
  * uses, on the host, over emu.h's kernels (tests/gpu/emu/include/ makes <cuda_runtime.h>,
- * <cublasLt.h>, <cuda_bf16.h> and <mma.h> resolve to this). One device; device memory is
- * host memory; every launch, copy and product runs to its end when issued, so streams and
- * events only order what is already in order (events keep the host time they were recorded
- * at, for cudaEventElapsedTime).
+ * <cublasLt.h>, <cuda_bf16.h> and <mma.h> resolve to this). FTK_EMU_GPUS devices (default 1),
+ * the current one per host thread; device memory is host memory; every launch, copy and
+ * product runs to its end when issued, so streams and events only order what is already in
+ * order (events keep the host time they were recorded at, for cudaEventElapsedTime). C
+ * sources reach the same runtime through include_c/cuda_runtime_api.h (cuda_emu.cc).
  *
  * Checked as the GPU would: launch configurations (emu.h), dynamic shared memory over 48 KiB
  * only after cudaFuncSetAttribute allowed that much (to some kernel: a launch here does not
@@ -24,35 +25,9 @@
 
 /* ---- types ------------------------------------------------------------------------------ */
 
-enum cudaError_t {
-    cudaSuccess = 0,
-    cudaErrorInvalidValue = 1,
-    cudaErrorMemoryAllocation = 2,
-    cudaErrorInvalidConfiguration = 9,
-    cudaErrorInvalidDevice = 101,
-    cudaErrorNotReady = 600,
-    cudaErrorLaunchFailure = 719,
-};
-enum cudaMemcpyKind {
-    cudaMemcpyHostToHost,
-    cudaMemcpyHostToDevice,
-    cudaMemcpyDeviceToHost,
-    cudaMemcpyDeviceToDevice,
-    cudaMemcpyDefault
-};
+#include "emu_cuda_types.h"
+
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
-enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
-enum { cudaHostAllocDefault = 0 };
-struct emu_stream {
-    int flags;
-};
-struct emu_event {
-    int flags;
-    double t; /* host seconds when recorded; < 0: never */
-};
-typedef emu_stream *cudaStream_t;
-typedef emu_event *cudaEvent_t;
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin;
@@ -60,7 +35,8 @@ struct cudaDeviceProp {
 };
 
 namespace emu {
-static cudaError_t last = cudaSuccess;
+static thread_local cudaError_t last = cudaSuccess; /* per host thread, as CUDA's */
+static thread_local int current; /* the thread's device (cudaSetDevice) */
 static int reported;    /* the sticky fault has been printed */
 static size_t smem_allowed = 48 << 10; /* the largest cudaFuncSetAttribute gave any kernel */
 
@@ -131,20 +107,35 @@ static inline const char *cudaGetErrorString(cudaError_t e)
     }
     return "unknown error";
 }
+/* FTK_EMU_GPUS=N (1 to 8, default 1) devices, all the same host memory: what a node of N GPUs
+ * looks like to the device selection (comm_node_gpu) and to NCCL's duplicate-GPU check
+ * (emu_nccl.c). */
+static inline int emu_devices()
+{
+    const char *v = getenv("FTK_EMU_GPUS");
+    int n = v && *v ? atoi(v) : 1;
+    return n < 1 ? 1 : n > 8 ? 8 : n;
+}
 static inline cudaError_t cudaGetDeviceCount(int *n)
 {
-    *n = 1;
+    *n = emu_devices();
     return cudaSuccess;
 }
-static inline cudaError_t cudaSetDevice(int d) { return emu::set(d == 0 ? emu::sticky(cudaSuccess) : cudaErrorInvalidDevice); }
+static inline cudaError_t cudaSetDevice(int d)
+{
+    if (d < 0 || d >= emu_devices())
+        return emu::set(cudaErrorInvalidDevice);
+    emu::current = d;
+    return emu::sticky(cudaSuccess);
+}
 static inline cudaError_t cudaGetDevice(int *d)
 {
-    *d = 0;
+    *d = emu::current;
     return emu::sticky(cudaSuccess);
 }
 static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
 {
-    if (d != 0)
+    if (d < 0 || d >= emu_devices())
         return emu::set(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "host emulation, tests/gpu/emu");

@@ -1,0 +1,26 @@
+/* cuda_emu.cc — the emulated CUDA backend's object (Makefile: tests/emu/cuda_emu.o):
+ * kernels/cuda/cuda.cu as launches.pl rewrote it, over emu_runtime.h, and the runtime's C
+ * face (include_c/cuda_runtime_api.h) for the C sources linked with it: engine/comm_nccl.c
+ * and, through the executable's exported symbols, the emulated NCCL (emu_nccl.c). One
+ * runtime for all of them, as a process has one CUDA context per device. */
+#include "cuda.cu"
+
+#define EMU_C_DEFINING
+#include "include_c/cuda_runtime_api.h"
+
+extern "C" {
+cudaError_t emu_c_cudaGetLastError(void) { return cudaGetLastError(); }
+const char *emu_c_cudaGetErrorString(cudaError_t e) { return cudaGetErrorString(e); }
+cudaError_t emu_c_cudaGetDevice(int *d) { return cudaGetDevice(d); }
+cudaError_t emu_c_cudaSetDevice(int d) { return cudaSetDevice(d); }
+cudaError_t emu_c_cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) { return cudaStreamCreateWithFlags(s, flags); }
+cudaError_t emu_c_cudaStreamDestroy(cudaStream_t s) { return cudaStreamDestroy(s); }
+cudaError_t emu_c_cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { return cudaEventCreateWithFlags(e, flags); }
+cudaError_t emu_c_cudaEventDestroy(cudaEvent_t e) { return cudaEventDestroy(e); }
+cudaError_t emu_c_cudaEventRecord(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
+cudaError_t emu_c_cudaEventQuery(cudaEvent_t e) { return cudaEventQuery(e); }
+cudaError_t emu_c_cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    return cudaStreamWaitEvent(s, e, flags);
+}
+}
