@@ -31,7 +31,8 @@
  *    once it aborts.
  * Sums of bf16: each contribution added in fp32 to the sum so far, which is rounded to bf16
  * (nearest even) after each addition, as NCCL's ring does at each hop. NCCL_DEBUG=WARN or
- * INFO prints each error to stderr. */
+ * INFO prints each error to stderr. A segment's name is removed once every rank has joined;
+ * a join that never completes leaves it in /dev/shm (256 KiB a rank). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
