@@ -17,7 +17,8 @@
 # GPUs (FTK_EMU_GPUS=2) and a smaller run (the tiny preset, rows of 128, 4 steps of 4 rows,
 # stopped after 2), and first what a GPU machine cannot stage: comm.h's contract over the
 # emulated NCCL on 2 and 4 ranks (test_comm --nccl), two ranks on one GPU (NCCL's
-# duplicate-GPU refusal, every rank exits 1 and nothing is written), and a collective that
+# duplicate-GPU refusal, every rank exits 1 and nothing is written), a rank that fails before
+# it joins (rank 0, left waiting in its join, gives it up at once), and a collective that
 # fails on rank 1 (FTK_EMU_NCCL_FAIL): every rank exits 1 with rank 1's message, not that of
 # rank 0, which only saw its peer go; last, hybrid on 4 ranks (2 shard groups of 2). quick
 # (make test): the checks before the 1-rank ones, and grad-op bf16-mixed alone.
@@ -61,6 +62,12 @@ if [ "$EMU" = emulated ]; then
     check "... naming it on every rank, no run directory" sh -c "[ \$(grep -c 'Duplicate GPU detected' '$WORK/err') \
         -ge 1 ] && grep -q '^ftk-train: error: --device cuda: rank 0: NCCL ncclCommInitRank' '$WORK/err' && \
         [ ! -e '$WORK/dup' ]"
+    ls /dev/shm >"$WORK/shm.before" 2>/dev/null
+    expect "rank 1 fails before it joins NCCL" 1 env FTK_EMU_NCCL_FAIL=1:init $TO $MPI -np 2 $T -o "$WORK/nojoin" \
+        --device cuda
+    check "... rank 1's message, no run directory, nothing left in /dev/shm" sh -c "grep -q \
+        '^ftk-train: error: --device cuda: rank 1: NCCL ncclCommInitRank.*fails before it joins' '$WORK/err' && \
+        [ ! -e '$WORK/nojoin' ] && ! ls /dev/shm | grep '^ftk-emu-nccl-' | grep -vxFf '$WORK/shm.before' | grep -q ."
     expect "a collective fails on rank 1" 1 env FTK_EMU_NCCL_FAIL=1:9 $TO $MPI -np 2 $T -o "$WORK/fail" --device cuda
     check "... the error is rank 1's own, not rank 0's peer gone" sh -c "grep 'ftk-train: error' '$WORK/err' | \
         grep -v 'rank 1: NCCL .*FTK_EMU_NCCL_FAIL: rank 1 of 2 fails here' | grep -q . && exit 1; \

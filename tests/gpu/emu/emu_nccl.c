@@ -28,11 +28,12 @@
  *  - FTK_EMU_NCCL_FAIL=R:K, for tests: on the process of world rank R (OMPI_COMM_WORLD_RANK
  *    or PMIX_RANK), the K-th collective (counted from 1 over all its communicators) does
  *    not take part and ends in ncclSystemError, asynchronously; its peers then see it gone
- *    once it aborts.
+ *    once it aborts. R:init: its first ncclCommInitRank fails at once, without joining, and
+ *    leaves the group's other ranks waiting in theirs.
  * Sums of bf16: each contribution added in fp32 to the sum so far, which is rounded to bf16
  * (nearest even) after each addition, as NCCL's ring does at each hop. NCCL_DEBUG=WARN or
- * INFO prints each error to stderr. A segment's name is removed once every rank has joined;
- * a join that never completes leaves it in /dev/shm (256 KiB a rank). */
+ * INFO prints each error to stderr. A segment's name is removed once every rank has joined,
+ * or at the exit of a process whose join never completed (nothing is left in /dev/shm). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -164,6 +165,59 @@ static void pause_us(long us)
     nanosleep(&ts, NULL);
 }
 
+/* The names of the segments this process is joining: removed at its exit should a join
+ * never complete (a peer that never came; the joiner thread is then still waiting). */
+static char pending[16][64];
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t pending_once = PTHREAD_ONCE_INIT;
+static void pending_unlink(void)
+{
+    pthread_mutex_lock(&pending_mu);
+    for (int i = 0; i < 16; i++)
+        if (pending[i][0])
+            shm_unlink(pending[i]);
+    pthread_mutex_unlock(&pending_mu);
+}
+static void pending_init(void) { atexit(pending_unlink); }
+/* name added (add) or removed from the list */
+static void pending_set(const char *name, int add)
+{
+    pthread_once(&pending_once, pending_init);
+    pthread_mutex_lock(&pending_mu);
+    for (int i = 0; i < 16; i++)
+        if (add ? !pending[i][0] : !strcmp(pending[i], name)) {
+            snprintf(pending[i], sizeof pending[i], "%s", add ? name : "");
+            break;
+        }
+    pthread_mutex_unlock(&pending_mu);
+}
+
+/* FTK_EMU_NCCL_FAIL (see the top), read once: this process's K (0: its first join), or -1 */
+static int fail_k = -1;
+static pthread_once_t fail_once = PTHREAD_ONCE_INIT;
+static void fail_parse(void)
+{
+    const char *v = getenv("FTK_EMU_NCCL_FAIL"), *me = getenv("OMPI_COMM_WORLD_RANK");
+    if (!me)
+        me = getenv("PMIX_RANK");
+    int r = -1, k = -1;
+    char w[8] = "";
+    if (!v || !me || (sscanf(v, "%d:%d", &r, &k) != 2 && (sscanf(v, "%d:%7s", &r, w) != 2 || strcmp(w, "init"))))
+        return;
+    if (r == atoi(me))
+        fail_k = w[0] ? 0 : k > 0 ? k : -1;
+}
+
+/* 1 where this join (init) or this collective is the one FTK_EMU_NCCL_FAIL names */
+static int fail_here(int init)
+{
+    static atomic_int joins;
+    pthread_once(&fail_once, fail_parse);
+    if (init)
+        return fail_k == 0 && atomic_fetch_add(&joins, 1) == 0;
+    return fail_k > 0 && atomic_fetch_add(&n_ops, 1) + 1 == fail_k;
+}
+
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank)
 {
     if (!out)
@@ -172,10 +226,14 @@ EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId i
         return err(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
     if (strncmp(id.internal, MAGIC, strlen(MAGIC)))
         return err(ncclInvalidArgument, "ncclCommInitRank: not a unique id of this (emulated) NCCL");
+    if (fail_here(1)) /* before it joins: the others wait for it */
+        return err(ncclSystemError, "ncclCommInitRank: FTK_EMU_NCCL_FAIL: rank %d of %d fails before it joins", rank,
+                   nranks);
     int dev = current_device();
     char name[64];
     shm_name(&id, name, sizeof name);
     size_t bytes = hdr_bytes(nranks) + (size_t)nranks * SLOT;
+    pending_set(name, 1);
     int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
     if (fd < 0)
         return err(ncclSystemError, "ncclCommInitRank: shm_open %s: %s", name, strerror(errno));
@@ -206,6 +264,7 @@ EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId i
     while (atomic_load(&h->joined) < nranks) /* every rank: until then NCCL does not return */
         pause_us(200);
     shm_unlink(name); /* mapped by all: the name is no longer needed (ENOENT after the first) */
+    pending_set(name, 0);
     for (int q = 0; q < nranks && dev >= 0; q++)
         if (q != rank && atomic_load(&h->r[q].device) == dev) {
             r = err(ncclInvalidUsage, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d (emulated)",
@@ -326,23 +385,6 @@ static int barrier(ncclComm_t c)
     return 0;
 }
 
-static int fail_here(void)
-{
-    static int rank = -2, k;
-    if (rank == -2) {
-        const char *v = getenv("FTK_EMU_NCCL_FAIL"), *me = getenv("OMPI_COMM_WORLD_RANK");
-        if (!me)
-            me = getenv("PMIX_RANK");
-        rank = -1;
-        if (v && me && sscanf(v, "%d:%d", &rank, &k) != 2)
-            rank = -1;
-        if (me && rank != atoi(me))
-            rank = -1;
-    }
-    long op = atomic_fetch_add(&n_ops, 1) + 1;
-    return rank >= 0 && op == k;
-}
-
 /* The checks every collective makes (op: -1 for none); ncclSuccess to go on. */
 static ncclResult_t precheck(const char *what, const void *s, const void *r, size_t n, ncclDataType_t t, int op,
                              ncclComm_t c, size_t *esz)
@@ -362,7 +404,7 @@ static ncclResult_t precheck(const char *what, const void *s, const void *r, siz
         return err(ncclInvalidArgument, "%s: op %d (this emulation takes ncclSum)", what, op);
     if (n && (!s || !r))
         return err(ncclInvalidArgument, "%s: a NULL buffer", what);
-    if (fail_here())
+    if (fail_here(0))
         c->async = err(ncclSystemError, "%s: FTK_EMU_NCCL_FAIL: rank %d of %d fails here", what, c->rank, c->n);
     return ncclSuccess;
 }
