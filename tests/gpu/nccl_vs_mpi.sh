@@ -6,9 +6,9 @@
 #   grad-op bf16-mixed   bf16 gathers of the working copy, f32 reductions
 #   none bf16-true       bf16 all-reduces (DDP)
 #   hybrid, groups of 1  the cross-group all-reduce (each rank a shard group of its own)
-# then the full run stopped after 8 steps and resumed on 2 GPUs: the same losses. First, on
-# one GPU: one rank under mpirun (a 1-rank NCCL world) against one process alone, and a
-# bad FTK_NCCL_INIT_TIMEOUT refused.
+# then the full run stopped after 8 steps and resumed on 2 GPUs, and on one GPU by a process
+# alone: the same losses. First, on one GPU: one rank under mpirun (a 1-rank NCCL world)
+# against one process alone, and a bad FTK_NCCL_INIT_TIMEOUT refused.
 # Exit 77 without mpirun, without a GPU, without NCCL, or with one GPU (after the 1-rank
 # checks pass).
 #
@@ -106,8 +106,12 @@ IFS=$OIFS
 if [ "$QUICK" != quick ]; then
     expect "cuda, 2 NCCL ranks, full: stop after $STOP" 75 $TO $MPI -np 2 $T --strategy full -o "$WORK/x" \
         --stop-after $STOP --device cuda
+    cp -r "$WORK/x" "$WORK/x1"
     expect "resumed on 2 NCCL ranks" 0 $TO $MPI -np 2 $T --strategy full -o "$WORK/x" --resume auto --device cuda
     close_losses "the resumed NCCL run follows the MPI run" "$WORK/x" "$WORK/cpu1" 3e-2 $STEPS
+    expect "the same checkpoint resumed on one GPU, a process alone" 0 $TO $T --strategy full -o "$WORK/x1" \
+        --resume auto --device cuda
+    close_losses "... follows the MPI run" "$WORK/x1" "$WORK/cpu1" 3e-2 $STEPS
 fi
 if [ "$EMU" = emulated ] && [ "$QUICK" != quick ]; then
     # hybrid with both of its NCCL communicators at work: 2 shard groups of 2 ranks (the
