@@ -63,7 +63,7 @@ LOCK_SHIM := build/tests/lock_delay.so
 H5_WAIT   := $(O)/tests/h5_wait
 # The CUDA backend's sources run on the host (tests/gpu/emu): not in the sanitizer build.
 EMU_BINS  := $(if $(filter 1,$(SAN)),,$(O)/tests/flash_emu $(O)/tests/gpu_ops_emu $(O)/tests/emu/bin/ftk-train \
-             $(O)/tests/emu/bin/ftk-generate $(O)/tests/emu/bin/test_comm)
+             $(O)/tests/emu/bin/ftk-generate $(O)/tests/emu/bin/test_comm $(O)/tests/gpu_opbench_emu)
 
 # --- CUDA detection: build kernels/cuda where nvcc exists (CI compiles it, cannot run it).
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
@@ -200,6 +200,12 @@ $(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(addprefix $(O)/tests/emu/
                            $(EMU_DEPS)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+# gpu_opbench at small shapes: a run of the benchmark harness (its figures mean nothing)
+$(O)/tests/emu/gpu_opbench_small.o: tests/gpu/gpu_opbench.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DOPBENCH_SMALL -c $< -o $@
+$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
 # NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
 # runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the

@@ -102,6 +102,12 @@ run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
 # flash_mma.cuh's attention kernels on cases of their own
 run gpu/ops-emulated env FTK_GPU_OPS_QUICK=1 FTK_GPU_OPS_STEPS=bf16-mixed,bf16-true build/tests/gpu_ops_emu
 run gpu/flash-emu build/tests/flash_emu
+# gpu_opbench's harness at small shapes on the emulation: every row, each time positive and
+# finite (the figures themselves mean nothing there)
+run gpu/opbench-emulated sh -c 'build/tests/gpu_opbench_emu >"$1" || exit 1; cat "$1"
+    grep -Eiq "nan|inf|-[0-9]" "$1" && { echo "a figure that is not positive and finite"; exit 1; }
+    [ "$(grep -Ec " [0-9]+\.[0-9]+ ms " "$1")" -ge 60 ] || { echo "fewer rows than expected"; exit 1; }' \
+    opbench "$WORK/opbench-emu.txt"
 # NCCL emulated too (tests/gpu/emu/emu_nccl.c): comm.h's contract on 2 and 4 ranks, the
 # duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
 # against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)

@@ -9,7 +9,10 @@
  * once); time is the median of 9 timed batches of repetitions after a warm-up, measured on
  * the host around the batch and a sync() (the ops are asynchronous on one stream).
  * The fused ops (FTK_FUSED) get rows of their own where the instance has them.
- * Random inputs, never zeros. Run by `make bench` where a GPU is present; exit 77 without. */
+ * Random inputs, never zeros. Run by `make bench` where a GPU is present; exit 77 without.
+ * Built with -DOPBENCH_SMALL (Makefile: gpu_opbench_emu, over the host emulation of CUDA,
+ * tests/gpu/emu) it runs every row at small shapes: a run of the harness itself, whose
+ * figures mean nothing but must all be positive and finite (make test). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -115,9 +118,14 @@ static void row_flops(const char *name, double s, double flops)
 }
 
 /* ---- the ops at the benchmark's shapes ---- */
-enum { N = 4096, D = 4096, F = 11008, H = 32, HD = 128, V = 32000, XC = 256 };
+#ifndef OPBENCH_SMALL
+enum { ROWS = 8, LEN = 512, D = 4096, F = 11008, H = 32, HD = 128, V = 32000, XC = 256 };
+#else
+enum { ROWS = 2, LEN = 64, D = 128, F = 352, H = 2, HD = 64, V = 512, XC = 64 };
+#endif
+enum { N = ROWS * LEN };
 static const int64_t nf = (int64_t)N * F, nd = (int64_t)N * D, nq = (int64_t)N * H * HD;
-static const int64_t seg[] = {0, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096};
+static int64_t seg[ROWS + 1]; /* the rows' starts, and N */
 
 /* The buffers of one storage dtype; a and b are also the weight [F, D] and its product. */
 typedef struct {
@@ -267,12 +275,12 @@ static void op_xent(void *c)
 static void op_attn_fwd(void *c)
 {
     set_t *s = c;
-    s->be->attn_fwd(s->be, s->o, s->lse, s->q, s->k, s->vv, seg, 8, H, H, HD);
+    s->be->attn_fwd(s->be, s->o, s->lse, s->q, s->k, s->vv, seg, ROWS, H, H, HD);
 }
 static void op_attn_bwd(void *c)
 {
     set_t *s = c;
-    s->be->attn_bwd(s->be, s->dq, s->dk, s->dv, s->o, s->q, s->k, s->vv, s->o, s->lse, seg, 8, H, H, HD);
+    s->be->attn_bwd(s->be, s->dq, s->dk, s->dv, s->o, s->q, s->k, s->vv, s->o, s->lse, seg, ROWS, H, H, HD);
 }
 /* x·Wᵀ [N, D]·[F, D]ᵀ: the MLP's up projection; C of the operands' dtype */
 static void op_mm_up(void *c)
@@ -316,7 +324,7 @@ static void fill(set_t *s, backend_t *be, dtype_t dt)
                     .bc1 = 0.5, .bc2 = 0.3, .key = 0x5eed};
     s->h = h;
     /* a consistent lse for the backward */
-    be->attn_fwd(be, s->o, s->lse, s->q, s->k, s->vv, seg, 8, H, H, HD);
+    be->attn_fwd(be, s->o, s->lse, s->q, s->k, s->vv, seg, ROWS, H, H, HD);
 }
 
 /* An instance whose fp32 products use FTK_CUDA_MATMUL=mode. */
@@ -354,6 +362,8 @@ static void rows_bw(const char *name, op_fn op, double elems)
 int main(void)
 {
     ftk_set_tool("gpu_opbench");
+    for (int r = 0; r <= ROWS; r++)
+        seg[r] = (int64_t)r * LEN;
     if (backend_cuda_devices() == 0) {
         printf("skipped (no GPU)\n");
         return 77;
@@ -394,7 +404,7 @@ int main(void)
     ids_rep = dev_alloc(G, N * 4);
     G->upload(G, ids_rep, h, N * 4);
     for (int i = 0; i < N; i++)
-        h[i] = i % 512;
+        h[i] = i % LEN;
     pos = dev_alloc(G, N * 4);
     G->upload(G, pos, h, N * 4);
     free(h);
@@ -413,8 +423,8 @@ int main(void)
     if (G->sync(G) < 0)
         fail();
 
-    printf("CUDA ops on %s at Llama-2-7B shapes: %d tokens (8 rows of 512), D %d, F %d, %d heads of %d, V %d\n",
-           G->device, N, D, F, H, HD, V);
+    printf("CUDA ops on %s at %s shapes: %d tokens (%d rows of %d), D %d, F %d, %d heads of %d, V %d\n", G->device,
+           D == 4096 ? "Llama-2-7B" : "small (a run of the harness)", N, ROWS, LEN, D, F, H, HD, V);
     double s = time_op(G, op_copy, &S[0]);
     copy_bw = 2.0 * nf * 4 / s;
     row_bw("device-to-device copy", s, 2.0 * nf * 4);
@@ -451,9 +461,11 @@ int main(void)
         rows_bw("adamw_multi (9 tensors, nearest)", op_adamw_multi, 7.0 * nf);
     S[1].h.stochastic = 1;
     row_bw("adamw (stochastic) bf16", time_op(G, op_adamw, &S[1]), 7.0 * nf * 2);
-    row_bw("xent (256 rows, gradient) fp32", time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
-    /* causal pairs: 8 rows of 512: 8·512·513/2 per head */
-    double pairs = 8.0 * 512 * 513 / 2 * H, mm = 2.0 * N * F * D;
+    char xent_label[64];
+    snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32", XC);
+    row_bw(xent_label, time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
+    /* causal pairs: ROWS rows of LEN: ROWS·LEN·(LEN + 1)/2 per head */
+    double pairs = (double)ROWS * LEN * (LEN + 1) / 2 * H, mm = 2.0 * N * F * D;
     /* bf16 attention on the tensor cores (the default WMMA kernels, and flash_mma.cuh's
      * with FTK_CUDA_ATTN=mma) and with the simple kernels, which fp32 always takes; the
      * other instances use the first one's buffers (one device) */
@@ -484,7 +496,9 @@ int main(void)
     one.h.stochastic = 0;
     row_bw("adamw (nearest) bf16, one element a thread", time_op(one.be, op_adamw, &one), 7.0 * nf * 2);
     backend_free(one.be);
-    row_flops("matmul x·Wᵀ [4096x11008x4096] bf16", time_op(G, op_mm_up, &S[1]), mm);
+    char mm_label[64];
+    snprintf(mm_label, sizeof mm_label, "matmul x·Wᵀ [%dx%dx%d] bf16", N, F, D);
+    row_flops(mm_label, time_op(G, op_mm_up, &S[1]), mm);
     row_flops("matmul x·Wᵀ fp32 in bf16 (default)", time_op(G, op_mm_up, &S[0]), mm);
     row_flops("matmul x·Wᵀ fp32 in TF32", time_op(tf32.be, op_mm_up_fp32, &tf32), mm);
     row_flops("matmul x·Wᵀ fp32 exact", time_op(fp32.be, op_mm_up_fp32, &fp32), mm);
