@@ -41,10 +41,13 @@
  *    over micro-batches); those that produce an activation gradient say whether they
  *    add or overwrite.
  *  - Host-side arguments (scalars, segment lists on the host) are marked; everything else
- *    is the backend's memory. upload and download block the host: when they return, the
- *    host buffer may be reused (upload) or holds the data (download). No op blocks the
- *    host: the reductions (xent's loss, sumsq) add into a double in the backend's memory,
- *    so a step downloads its loss and its Σg² once each, when it needs them.
+ *    is the backend's memory. When upload returns the host buffer may be reused, and when
+ *    download returns it holds the data; download waits for the device, upload need not
+ *    (the CUDA backend stages small uploads in pinned memory and queues their copies in
+ *    order with the ops: a micro-batch's arrays go up without the host waiting for the
+ *    device). No op blocks the host: the reductions (xent's loss, sumsq) add into a double
+ *    in the backend's memory, so a step downloads its loss and its Σg² once each, when it
+ *    needs them (tests/gpu/host_waits.sh counts the host's waits on the emulated GPU).
  *  - A backend's own limits (the CUDA backend's attention takes head dims up to 256) are
  *    failures like any other: recorded, and reported at sync().
  *  - Ops do not fail: shapes and dtypes are the caller's contract (engine/model.c checks

@@ -89,6 +89,17 @@ typedef struct {
 enum { MAX_PLANS = 256 };
 enum { ATTN_FLASH, ATTN_MMA, ATTN_SIMPLE }; /* cuda_t.attn */
 
+/* A pinned staging slot of cu_upload: its copy to the device is queued on the stream, and
+ * ev, recorded after it, says when the slot may be written again. */
+typedef struct {
+    void *p;
+    size_t cap;
+    cudaEvent_t ev; /* made at the slot's first use */
+} up_slot_t;
+/* Uploads of up to UP_STAGE bytes go through UP_SLOTS slots in turn (a micro-batch uploads
+ * five arrays: the host may run a micro-batch ahead); larger ones wait for the stream. */
+enum { UP_SLOTS = 8, UP_STAGE = 1 << 20 };
+
 typedef struct {
     backend_t *be;
     int device;
@@ -124,6 +135,8 @@ typedef struct {
     void *am_host;
     size_t am_host_cap;
     cudaEvent_t am_ev;
+    up_slot_t up[UP_SLOTS]; /* cu_upload's staging, used in turn from up_next */
+    int up_next;
 } cuda_t;
 
 static int failed(cuda_t *c) { return c->err[0] != 0; }
@@ -430,6 +443,30 @@ static void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes)
     cuda_t *c = enter(be);
     if (!bytes || failed(c))
         return;
+    if (bytes <= UP_STAGE) {
+        /* Staged: the host buffer is free on return, and the host waits only for this
+         * slot's previous copy, not for the stream (a copy from pageable memory would
+         * drain it: the first kernels of every micro-batch would wait for the host). */
+        up_slot_t *u = &c->up[c->up_next];
+        c->up_next = (c->up_next + 1) % UP_SLOTS;
+        if (!u->ev && ck(c, cudaEventCreateWithFlags(&u->ev, cudaEventDisableTiming), "upload") < 0)
+            return;
+        if (ck(c, host_wait(c, NULL, u->ev), "upload") < 0) /* at once when never recorded */
+            return;
+        if (bytes > u->cap) {
+            cudaFreeHost(u->p);
+            u->p = NULL;
+            u->cap = 0;
+            size_t cap = bytes < 4096 ? 4096 : bytes;
+            if (ck(c, cudaMallocHost(&u->p, cap), "upload (pinned host memory)") < 0)
+                return;
+            u->cap = cap;
+        }
+        memcpy(u->p, src, bytes);
+        if (ck(c, cudaMemcpyAsync(dst, u->p, bytes, cudaMemcpyHostToDevice, c->cur), "upload") == 0)
+            ck(c, cudaEventRecord(u->ev, c->cur), "upload");
+        return;
+    }
     /* Waiting makes the host buffer free on return whatever memory it is (pinned memory
      * would otherwise be read later). */
     if (ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->cur), "upload") == 0)
@@ -2350,6 +2387,12 @@ static void cu_destroy(backend_t *be)
         cudaFreeHost(c->seg_host);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    for (int i = 0; i < UP_SLOTS; i++) {
+        if (c->up[i].p)
+            cudaFreeHost(c->up[i].p);
+        if (c->up[i].ev)
+            cudaEventDestroy(c->up[i].ev);
+    }
     while (c->events) {
         bk_event *e = c->events;
         c->events = e->next;

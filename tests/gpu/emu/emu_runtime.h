@@ -203,7 +203,35 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s)
     free(s);
     return emu::sticky(cudaSuccess);
 }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu::sticky(cudaSuccess); }
+/* FTK_EMU_STATS=FILE: at exit, the host's waits for the device are appended to FILE as
+ * "stream_syncs N event_syncs M": a stream synchronize drains the queue (the host waits for
+ * everything issued), an event's waits only for what came before it. What a test counts:
+ * drains that grow with the micro-batches of a step would be host waits inside the step. */
+namespace emu {
+static long n_stream_syncs, n_event_syncs;
+static void stats_write()
+{
+    const char *f = getenv("FTK_EMU_STATS");
+    FILE *o = f && *f ? fopen(f, "a") : NULL;
+    if (o) {
+        fprintf(o, "stream_syncs %ld event_syncs %ld\n", n_stream_syncs, n_event_syncs);
+        fclose(o);
+    }
+}
+static void stats_count(long *n)
+{
+    static bool registered;
+    if (!registered && getenv("FTK_EMU_STATS"))
+        atexit(stats_write);
+    registered = true;
+    ++*n;
+}
+} /* namespace emu */
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
+{
+    emu::stats_count(&emu::n_stream_syncs);
+    return emu::sticky(cudaSuccess);
+}
 static inline cudaError_t cudaStreamQuery(cudaStream_t) { return emu::sticky(cudaSuccess); }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
@@ -225,7 +253,11 @@ static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = NULL)
     return emu::sticky(cudaSuccess);
 }
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return emu::sticky(cudaSuccess); }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu::sticky(cudaSuccess); }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t)
+{
+    emu::stats_count(&emu::n_event_syncs);
+    return emu::sticky(cudaSuccess);
+}
 static inline cudaError_t cudaEventQuery(cudaEvent_t) { return emu::sticky(cudaSuccess); }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {

@@ -1,0 +1,34 @@
+#!/bin/sh
+# host_waits.sh BIN WORK: the host's waits for the device in a training step, counted by the
+# host emulation of CUDA (FTK_EMU_STATS, tests/gpu/emu/emu_runtime.h; BIN is
+# build/tests/emu/bin). A stream synchronize drains the queue: the device then idles until
+# the host issues more. The step's drains must not grow with its micro-batches (no host
+# wait inside the micro-batch loop: the arrays a micro-batch uploads are staged and queued),
+# and there are at most 3 a step: Σg² before the optimizer (the clip factor), the loss, and
+# the step's end. Runs of 2 and 3 steps (the first step also grows scratch buffers) with 1
+# and 2 micro-batches a step (rows of 64 tokens); the difference is what a step costs.
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+export FTK_DEVICE=cpu
+. "$ROOT/tests/cli/lib.sh"
+TRAIN_BIN=$BIN BIN=$ROOT/bin
+demo_pack "$WORK/demo.h5" 64 2>/dev/null || exit 1
+demo_init "$WORK/init.h5" tiny 42 || exit 1
+BIN=$TRAIN_BIN
+# drains MICRO STEPS: the stream synchronizes of a run
+drains() {
+    rm -rf "$WORK/run" "$WORK/stats"
+    FTK_EMU_STATS="$WORK/stats" "$BIN/ftk-train" -q -m "$WORK/init.h5" -d "$WORK/demo.h5" --global-batch 2 \
+        --micro-batch "$1" --lr 2e-3 --warmup 2 --eval-every 0 --steps "$2" --no-save --precision bf16-true \
+        -o "$WORK/run" --device cuda 2>"$WORK/err" && sed -n 's/^stream_syncs \([0-9]*\) .*/\1/p' "$WORK/stats"
+}
+a=$(drains 2 2) b=$(drains 2 3) c=$(drains 1 2) d=$(drains 1 3)
+echo "     stream synchronizes: 1 micro-batch a step: $a in 2 steps, $b in 3; 2 micro-batches: $c, $d"
+check "every run counted" sh -c "[ -n '$a' ] && [ -n '$b' ] && [ -n '$c' ] && [ -n '$d' ]"
+one=$((${b:-0} - ${a:-0})) two=$((${d:-0} - ${c:-0}))
+echo "     a step: $one with 1 micro-batch, $two with 2"
+check "no drain inside the micro-batch loop (the same a step for 1 and 2 micro-batches)" [ "$one" -eq "$two" ]
+check "at most 3 a step" [ "$two" -le 3 ]
+finish
