@@ -59,7 +59,7 @@ if [ "$EMU" = emulated ]; then
         grep -h 'checks passed' "$WORK/out" | sed 's/^/     /'
     done
     expect "2 ranks on 1 GPU: NCCL refuses" 1 env FTK_EMU_GPUS=1 $TO $MPI -np 2 $T -o "$WORK/dup" --device cuda
-    check "... naming it on every rank, no run directory" sh -c "[ \$(grep -c 'Duplicate GPU detected' '$WORK/err') \
+    check "... named in the error, no run directory" sh -c "[ \$(grep -c 'Duplicate GPU detected' '$WORK/err') \
         -ge 1 ] && grep -q '^ftk-train: error: --device cuda: rank 0: NCCL ncclCommInitRank' '$WORK/err' && \
         [ ! -e '$WORK/dup' ]"
     ls /dev/shm >"$WORK/shm.before" 2>/dev/null
