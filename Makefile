@@ -196,17 +196,20 @@ EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu
 $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 	@mkdir -p $(dir $@)
 	perl tests/gpu/emu/launches.pl $< > $@.tmp && mv $@.tmp $@
+# the emulated programs' link: their objects in the order given (tools/%.o or the test's
+# first, the emulated backend, the emulated NCCL layer where it is a prerequisite), then libftk
+EMU_LINK = mkdir -p $(dir $@) && $(CXX) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
 $(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) \
                            $(EMU_DEPS)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+	$(EMU_LINK)
 # gpu_opbench at small shapes: a run of the benchmark harness (its figures mean nothing)
 $(O)/tests/emu/gpu_opbench_small.o: tests/gpu/gpu_opbench.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DOPBENCH_SMALL -c $< -o $@
 $(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(CXX) $(LDFLAGS) $^ $(LIBS) -o $@
+	$(EMU_LINK)
 # NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
 # runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the
 # programs linked with it open (dlopen) before any other NCCL: their DT_RPATH, searched
@@ -231,11 +234,9 @@ $(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LIBS += $(MPI_LIBS) -
 $(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: $(EMU_NCCL_OBJ) | $(EMU_NCCL_LIB)
 $(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LDFLAGS += $(EMU_NCCL_LDFLAGS)
 $(O)/tests/emu/bin/test_comm: $(O)/tests/unit/test_comm.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS) $< $(O)/tests/emu/cuda_emu.o $(EMU_NCCL_OBJ) $(LIBFTK) $(LIBS) -o $@
+	$(EMU_LINK)
 $(O)/tests/emu/bin/%: $(O)/tools/%.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS) $< $(O)/tests/emu/cuda_emu.o $(if $(filter ftk-train,$*),$(EMU_NCCL_OBJ)) $(LIBFTK) $(LIBS) -o $@
+	$(EMU_LINK)
 $(O)/tests/flash_emu: tests/gpu/flash_emu.cc $(O)/tests/emu/flash_mma.cuh $(EMU_DEPS) $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@

@@ -108,12 +108,12 @@ run gpu/opbench-emulated sh -c 'build/tests/gpu_opbench_emu >"$1" || exit 1; cat
     grep -Eiq "nan|inf|-[0-9]" "$1" && { echo "a figure that is not positive and finite"; exit 1; }
     [ "$(grep -Ec " [0-9]+\.[0-9]+ ms " "$1")" -ge 60 ] || { echo "fewer rows than expected"; exit 1; }' \
     opbench "$WORK/opbench-emu.txt"
-# NCCL emulated too (tests/gpu/emu/emu_nccl.c): comm.h's contract on 2 and 4 ranks, the
-# duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
-# against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)
 # the host's waits for the device in a training step (counted by the emulation): none in the
 # micro-batch loop, 3 a step
 run gpu/host-waits-emulated sh tests/gpu/host_waits.sh "$ROOT/build/tests/emu/bin" "$WORK/host-waits"
+# NCCL emulated too (tests/gpu/emu/emu_nccl.c): comm.h's contract on 2 and 4 ranks, the
+# duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
+# against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)
 run gpu/nccl-emulated sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated quick
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
