@@ -27,14 +27,17 @@ check() { # check NAME CMD...: the command succeeds (a condition)
     shift
     if "$@"; then ok "$name"; else notok "$name"; fi
 }
-# The embedded demo as test inputs (callers set BIN and ROOT).
+# The embedded demo as test inputs (callers set BIN and ROOT; DEMO_TOOLS, set after this
+# file is read, is where ftk-pack and ftk-init are instead: the emulated tests' BIN has
+# ftk-train alone).
+DEMO_TOOLS=
 # demo_pack OUT MAX_LEN: its 40 records packed into rows of MAX_LEN, 4 of them for validation
 demo_pack() {
-    "$BIN/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" -o "$1" \
+    "${DEMO_TOOLS:-$BIN}/ftk-pack" -q -t "$ROOT/examples/demo/tokenizer.model" "$ROOT/examples/demo/alpaca-demo.json" -o "$1" \
         --pack --max-len "$2" --val-count 4
 }
 # demo_init OUT PRESET SEED: random weights of an ftk-init preset with the demo tokenizer
-demo_init() { "$BIN/ftk-init" -q --preset "$2" --seed "$3" -t "$ROOT/examples/demo/tokenizer.model" -o "$1"; }
+demo_init() { "${DEMO_TOOLS:-$BIN}/ftk-init" -q --preset "$2" --seed "$3" -t "$ROOT/examples/demo/tokenizer.model" -o "$1"; }
 
 # loss_steps RUN: "STEP LOSS" for every step of RUN/metrics.jsonl
 loss_steps() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/'; }

@@ -22,17 +22,14 @@ t_expect() {
     echo "     ($(($(date +%s) - t0)) s)"
 }
 if [ "$EMU" = emulated ]; then
-    TOOLS=$ROOT/bin # ftk-pack and ftk-init
+    DEMO_TOOLS=$ROOT/bin # ftk-pack and ftk-init
     PRESET=tiny LEN=128 STEPS=4 STOP=2 SHAPE="--global-batch 4 --micro-batch 2 --save-every 2"
 else
     "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1 || { echo "skipped (no GPU)"; exit 77; }
-    TOOLS=$BIN
     PRESET=stories260k LEN=256 STEPS=12 STOP=8 SHAPE="--global-batch 8 --micro-batch 4 --save-every 4"
 fi
-TRAIN_BIN=$BIN BIN=$TOOLS
 demo_pack "$WORK/demo.h5" $LEN || exit 1
 demo_init "$WORK/init.h5" $PRESET 42 || exit 1
-BIN=$TRAIN_BIN
 T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 $SHAPE --lr 2e-3 --warmup 2 --eval-every 0 --steps $STEPS"
 for p in fp32 bf16-true; do
     t_expect "$p: cpu, $STEPS steps" 0 $T --precision $p -o "$WORK/cpu-$p"

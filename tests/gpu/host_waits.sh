@@ -13,10 +13,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$WORK" && mkdir -p "$WORK"
 export FTK_DEVICE=cpu
 . "$ROOT/tests/cli/lib.sh"
-TRAIN_BIN=$BIN BIN=$ROOT/bin
+DEMO_TOOLS=$ROOT/bin # ftk-pack and ftk-init
 demo_pack "$WORK/demo.h5" 64 2>/dev/null || exit 1
 demo_init "$WORK/init.h5" tiny 42 || exit 1
-BIN=$TRAIN_BIN
 # drains MICRO STEPS: the stream synchronizes of a run
 drains() {
     rm -rf "$WORK/run" "$WORK/stats"

@@ -31,14 +31,13 @@ need_mpi
 export FTK_DEVICE=cpu # the runs without --device cuda: on the CPU (ftk-train's default is cuda here)
 if [ "$EMU" = emulated ]; then
     export FTK_EMU_GPUS=2
-    TOOLS=$ROOT/bin # ftk-pack and ftk-init
+    DEMO_TOOLS=$ROOT/bin # ftk-pack and ftk-init
     TC=$ROOT/build/tests/emu/bin/test_comm
     [ -x "$TC" ] || { echo "skipped (no $TC: the emulation is built where NCCL's nccl.h is found)"; exit 77; }
     ngpu=2
     PRESET=tiny LEN=128 STEPS=4 STOP=2 SHAPE="--global-batch 4 --micro-batch 2 --save-every 2"
 else
     "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1 || { echo "skipped (no GPU)"; exit 77; }
-    TOOLS=$BIN
     TC=$ROOT/build/tests/test_comm
     ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
     PRESET=stories260k LEN=256 STEPS=12 STOP=8 SHAPE="--global-batch 8 --micro-batch 2 --save-every 4"
@@ -47,10 +46,8 @@ TO="timeout -k 5 150"
 # a GPU node without libnccl.so.2 (or a build without NCCL): a skip, as in nccl-comm
 nccl=$($MPI -np 1 "$TC" "$ROOT" 2>&1 | grep -m1 '^NCCL: ')
 case $nccl in *"libnccl.so.2 loads"*) ;; *) echo "skipped (${nccl:-NCCL: test_comm did not say})"; exit 77 ;; esac
-TRAIN_BIN=$BIN BIN=$TOOLS
 demo_pack "$WORK/demo.h5" $LEN || exit 1
 demo_init "$WORK/init.h5" $PRESET 42 || exit 1
-BIN=$TRAIN_BIN
 T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 $SHAPE --lr 2e-3 --warmup 2 --eval-every 0 --steps $STEPS"
 if [ "$EMU" = emulated ]; then
     for np in 2 4; do
