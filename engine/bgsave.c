@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../formats/h5.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
 
@@ -37,7 +38,6 @@ struct bgsave {
     char err[2048];
     ckpt_shard_sum_t sum;
     double write_s;
-    long delay_ms; /* test hook, see writer() */
 };
 
 int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt)
@@ -88,8 +88,6 @@ bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64
     if (!be->host_alloc)
         memset(b->snap, 0, off);
     atomic_init(&b->done, 1);
-    const char *d = getenv("FTK_TEST_WRITE_DELAY_MS");
-    b->delay_ms = d ? atol(d) : 0;
     return b;
 }
 
@@ -124,12 +122,10 @@ static void *writer(void *arg)
     int bad = !w;
     for (int k = 0; k < CKPT_KINDS && !bad; k++)
         for (int u = 0; u < b->n_units && !bad; u++) {
-            /* Test hook (tests/fault/async_kill.sh): FTK_TEST_WRITE_DELAY_MS stretches the
-             * write of every array, so that a kill at a random instant lands in a
-             * background write as it would with a 7B shard. */
-            if (b->delay_ms > 0)
-                nanosleep(&(struct timespec){b->delay_ms / 1000, b->delay_ms % 1000 * 1000000}, NULL);
-            bad = ckpt_shard_put(w, k, u, (char *)b->snap + b->offs[k * b->n_units + u]) < 0;
+            /* tests/fault/async_kill.sh aims here (FTK_FAULT=bgsave.write:…): a kill, a
+             * failure, or a write stretched to overlap the steps that follow */
+            bad = fault_point("bgsave.write") < 0 ||
+                  ckpt_shard_put(w, k, u, (char *)b->snap + b->offs[k * b->n_units + u]) < 0;
         }
     if (w && ckpt_shard_finish(w, b->tok_src, &b->sum) < 0)
         bad = 1;

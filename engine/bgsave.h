@@ -23,8 +23,8 @@
  * runs the snapshot is the thread's: bgsave_snapshot() and bgsave_start() only after
  * bgsave_wait(). The handle itself belongs to one (the main) thread.
  *
- * Test hook: FTK_TEST_WRITE_DELAY_MS=N makes the thread sleep N ms before each array, so
- * that a fault test's kill lands in a background write (tests/fault/async_kill.sh).
+ * Fault point (libcommon/fault.h) "bgsave.write": before each array the thread writes, so
+ * that a fault test's kill, failure or stretch lands in a background write.
  *
  * Functions return 0 / a pointer, or -1 / NULL with ftk_err_msg() set.
  */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../libcommon/fault.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
@@ -122,7 +123,12 @@ comm_t *comm_init(int *argc, char ***argv)
         return NULL;
     }
     MPI_Op_create(bf16_sum, 1, &bf16_sum_op);
-    return wrap(MPI_COMM_WORLD);
+    comm_t *w = wrap(MPI_COMM_WORLD);
+    if (w && fault_point("mpi.init") < 0) {
+        free(w);
+        return NULL;
+    }
+    return w;
 }
 
 /* The world whose library the backend's host waits poll (backend.h wait_hook), or NULL:

@@ -13,6 +13,7 @@
 
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/version.h"
@@ -212,6 +213,10 @@ int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
     if (w->failed)
         return -1;
     int rc = shard_put(w, kind, unit, data);
+    if (rc == 0 && fault_point("ckpt.shard-put") < 0) {
+        w->failed = 1;
+        rc = -1;
+    }
     if (rc < 0)
         ftk_err_prefix("%s: ", w->path);
     return rc;
@@ -282,6 +287,8 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
     }
     if (rc == 0)
         sum->bytes = (uint64_t)sb.st_size;
+    if (rc == 0)
+        rc = fault_point("ckpt.shard-done");
     free(w->path);
     free(w);
     return rc ? -1 : 0;
@@ -406,6 +413,10 @@ int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step)
         return -1;
     }
     w->dir = w->ad.tmp_path;
+    if (fault_point("ckpt.begin") < 0) {
+        ckpt_abort(w);
+        return -1;
+    }
     return 0;
 }
 
@@ -436,6 +447,8 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
         rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), sums);
     buf_free(&cj);
     if (rc == 0)
+        rc = fault_point("ckpt.before-rename");
+    if (rc == 0)
         rc = atomic_dir_commit(&w->ad, 1);
     char *run_dir = w->run_dir, name[32];
     memcpy(name, w->name, sizeof name);
@@ -449,7 +462,7 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
     /* latest: replaced by rename, after the checkpoint it names is durable. */
     char *latest = join(run_dir, "latest");
     atomic_file_t af;
-    if (!latest || atomic_begin(&af, latest) < 0) {
+    if (!latest || fault_point("ckpt.before-latest") < 0 || atomic_begin(&af, latest) < 0) {
         free(latest);
         free(run_dir);
         return -1;
@@ -488,6 +501,7 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
         free(v);
     }
     free(run_dir);
+    (void)fault_point("ckpt.committed"); /* kills and signals only: it is committed */
     return 0;
 }
 

@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "log.h"
 
 #define MAX_PENDING 1024
@@ -157,6 +158,10 @@ int atomic_begin(atomic_file_t *a, const char *final_path)
     }
     unlink(a->tmp_path); /* a leftover of an earlier process with the same pid */
     pending_add(a->tmp_path);
+    if (fault_point("atomic.begin") < 0) {
+        atomic_abort(a);
+        return -1;
+    }
     return 0;
 }
 

@@ -25,6 +25,7 @@
 #include "../kernels/prof.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -719,6 +720,7 @@ static int run(int argc, char **argv)
                     "%.1f s\n",
                     (long long)st.step, (long long)st.total_steps, st.loss, st.lr, st.grad_norm,
                     st.tokens / (now - ts), st.comm.wait_s, now - t0);
+        fault_point("train.step-end");
         int last = trainer_done(t);
         if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
             (code = evaluate(t, mf, st.step)))

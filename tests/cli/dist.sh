@@ -1,12 +1,13 @@
 #!/bin/sh
 # CLI tests of distributed training (real MPI ranks on this machine, mpirun --oversubscribe):
 #  - bit-exact resume at the same world size and strategy: stopped by --stop-after, by
-#    SIGTERM to one rank, by SIGUSR1 to mpirun; identical losses and byte-identical shard
+#    SIGTERM to one rank, by SIGUSR1 to mpirun (each aimed at a step by FTK_FAULT); identical losses and byte-identical shard
 #    files (weights and both AdamW moments) against the uninterrupted run; also in
 #    bf16-true and bf16-mixed (--stop-after; SIGTERM to one rank in bf16-true);
-#  - crash safety: kill -9 of one rank, and of every rank, at random instants (also while
-#    a checkpoint is being written), then --resume auto: the run continues from the newest
-#    committed checkpoint and ends on the same bits as the uninterrupted run;
+#  - crash safety: kill -9 of one rank, and of every rank, at named points of random steps
+#    (FTK_FAULT: between steps, while shards are written, around the commit), each landing
+#    asserted, then --resume auto: the run continues from the newest committed checkpoint
+#    and ends on the same bits as the uninterrupted run;
 #  - the preemption pipeline (pipelines/preempt-sim.sh: SIGUSR1, exit 75, restart);
 #  - start-up refusals on every rank, never a hang: ranks given different arguments, a
 #    checkpoint of another model, shard groups that do not divide the ranks (resuming at
@@ -92,38 +93,39 @@ done
 R2="$WORK/ref-2-full"
 check "2 ranks, full: bf16-true's checkpoint is not fp32's" sh -c "! diff -r -q '$R2/step-00000012' \
     '$R2-bf16-true/step-00000012' >/dev/null"
-# --save-every-minutes: rank 0's clock, agreed by all ranks (0.0005 min = 30 ms: about every step).
-expect "--save-every-minutes on 2 ranks" 0 $TO $MPI -np 2 $T -q -o "$WORK/minutes" --steps 6 --save-every-minutes 0.0005
-check "--save-every-minutes: checkpoints before the end ($(ls "$WORK/minutes" | grep -c '^step-') of them)" \
-    test "$(ls "$WORK/minutes" | grep -c '^step-')" -ge 2
+# --save-every-minutes: rank 0's clock, agreed by all ranks. Each step is stretched to at
+# least 350 ms at its end (FTK_FAULT sleep), so 0.005 min (300 ms) has passed at the start of
+# step 2 and again two steps after each save, however fast or slow the machine: checkpoints
+# at steps 2 and 4 before the end's, none at 1 (the clock starts after the start-up).
+expect "--save-every-minutes on 2 ranks" 0 env FTK_FAULT=train.step-end:1+:sleep=350 $TO $MPI -np 2 $T -q \
+    -o "$WORK/minutes" --steps 6 --save-every-minutes 0.005
+check "--save-every-minutes: checkpoints at steps 2 and 4 ($(ls "$WORK/minutes" | grep '^step-' | tr '\n' ' '))" \
+    sh -c "test -d '$WORK/minutes/step-00000002' && test -d '$WORK/minutes/step-00000004' && \
+    test ! -d '$WORK/minutes/step-00000001'"
+expect "without the clock, only the end's checkpoint" 0 $TO $MPI -np 2 $T -q -o "$WORK/minutes0" --steps 6
+check "... (one checkpoint)" test "$(ls "$WORK/minutes0" | grep -c '^step-')" = 1
 check "2 ranks, full: checkpoint has 2 shard files" test -f "$R2/step-00000012/shard-00002-of-00002.h5"
 check "4 ranks, hybrid: one replica group wrote 2 shards" \
     test "$(ls "$WORK/ref-4-hybrid/step-00000012" | grep -c '^shard-')" = 2
 
 if [ "$KILLS" -gt 0 ]; then
-    # SIGTERM to one rank at a random instant: every rank stops at the same step boundary.
+    # SIGTERM to one rank at the end of a random step K (FTK_FAULT: the signal raised there,
+    # logged): every rank stops at the next step boundary, K + 1, with a checkpoint.
     # sigterm_one TAG NP RUN REF OPTIONS...: 40 steps of $L with OPTIONS, the last rank
     # signalled, resumed; the end byte-identical to REF's (the same options, uninterrupted).
     sigterm_one() {
         stag=$1 snp=$2 run=$3 sref=$4
         shift 4
-        $MPI -np "$snp" $L -o "$run" --save-every 20 "$@" >"$WORK/out" 2>"$WORK/err" &
-        mp=$!
-        sleep "$(awk 'BEGIN { srand(); printf "%.2f", 1.2 + rand() * 1.5 }')"
-        victim=$(ranks_of $mp | tail -n 1)
-        [ -n "$victim" ] && kill -TERM "$victim"
-        $TO sh -c "while kill -0 $mp 2>/dev/null; do sleep 0.1; done"
-        wait $mp
-        rc=$?
-        if [ $rc -eq 75 ]; then
-            ok "$stag: SIGTERM to one of $snp ranks: all stop with a checkpoint, exit 75 ($(cat "$run/latest"))"
-            expect "$stag: SIGTERM: --resume auto" 0 $TO $MPI -np "$snp" $L -o "$run" --save-every 20 "$@" \
-                --resume auto
-        elif [ $rc -eq 0 ]; then
-            ok "$stag: SIGTERM arrived after the run ended (machine fast): nothing to resume"
-        else
-            notok "$stag: SIGTERM to one rank: exit $rc, expected 75"
-        fi
+        K=$(awk -v s="$$" 'BEGIN { srand(s); print 1 + int(rand() * 37) }')
+        rm -f "$WORK/fault.log"
+        expect "$stag: SIGTERM to rank $((snp - 1)) of $snp after step $K: every rank stops, exit 75" 75 \
+            env FTK_FAULT="train.step-end@$((snp - 1)):$K:sig=TERM" FTK_FAULT_LOG="$WORK/fault.log" \
+            $TO $MPI -np "$snp" $L -o "$run" --save-every 20 "$@"
+        check "$stag: ... the signal landed after step $K on rank $((snp - 1))" \
+            grep -q "^train.step-end $K sig=TERM .* rank=$((snp - 1))\$" "$WORK/fault.log"
+        check "$stag: ... the checkpoint is step $((K + 1))'s ($(cat "$run/latest" 2>/dev/null))" \
+            test "$(cat "$run/latest" 2>/dev/null)" = "$(printf 'step-%08d' $((K + 1)))"
+        expect "$stag: SIGTERM: --resume auto" 0 $TO $MPI -np "$snp" $L -o "$run" --save-every 20 "$@" --resume auto
         same_shards "$stag: after SIGTERM + resume: byte-identical to the uninterrupted run" "$run" "$sref" 40
     }
     expect "3 ranks, grad-op, 40 steps of stories260K's shape uninterrupted" 0 $TO $MPI -np 3 $L -o "$WORK/lref3" \
@@ -137,42 +139,65 @@ if [ "$KILLS" -gt 0 ]; then
     same "2 ranks, full, bf16-true: after SIGTERM + resume: losses identical at every step" "$WORK/lb" "$WORK/la"
 
     # --- the preemption pipeline --------------------------------------------------------------
-    # 100 steps (about 4 s here) so that the first signal, 1.2-2 s after a start, always lands
-    # in a run: with 40 steps a fast machine finished before it (0 preemptions, seen in CI).
+    # preempt-sim's step mode: each of 3 attempts is preempted after a random 3-20 steps of its
+    # own, rank 0 sending SIGUSR1 to mpirun (FTK_FAULT psig), which forwards it to every rank
     expect "2 ranks, full, 100 steps uninterrupted" 0 $TO $MPI -np 2 $L -o "$WORK/lref2" --save-every 10 --steps 100
-    expect "preempt-sim: SIGUSR1 to mpirun 3 times, requeued each time, completes" 0 $TO \
-        sh "$ROOT/pipelines/preempt-sim.sh" -n 3 -d 1.2:2.0 -- $MPI -np 2 $L -o "$WORK/sim" --save-every 10 \
-        --steps 100 --resume auto
+    rm -f "$WORK/fault.log"
+    expect "preempt-sim: SIGUSR1 to mpirun 3 times, requeued each time, completes" 0 env \
+        FTK_FAULT_LOG="$WORK/fault.log" $TO sh "$ROOT/pipelines/preempt-sim.sh" -n 3 -s 3:20 -- \
+        $MPI -np 2 $L -o "$WORK/sim" --save-every 10 --steps 100 --resume auto
     k=$(grep -c 'preempted (exit 75)' "$WORK/err")
-    check "preempt-sim: $k preemptions happened (exit 75 each)" test "$k" -ge 1
+    check "preempt-sim: 3 preemptions (exit 75 each; $k)" test "$k" = 3
+    check "preempt-sim: ... each signal sent by rank 0 to mpirun ($(grep -c psig=USR1 "$WORK/fault.log" 2>/dev/null))" \
+        test "$(grep -c '^train.step-end [0-9]* psig=USR1 .* rank=0$' "$WORK/fault.log" 2>/dev/null)" = 3
     same_shards "preempt-sim: final checkpoint byte-identical to the uninterrupted run" "$WORK/sim" "$WORK/lref2" 100
     losses "$WORK/sim" >"$WORK/ls"
     losses "$WORK/lref2" >"$WORK/la"
     same "preempt-sim: losses identical at every step" "$WORK/ls" "$WORK/la"
 
     # --- crash safety: kill -9 -----------------------------------------------------------------
-    # Each kill lands at a random instant of a run as long as the reference took (this
-    # machine's speed varies tenfold between runs: a fixed window missed fast runs' ends
-    # and, on slow ones, often fell before the first commit, which costs a whole run again)
+    # Each trial kills at a named point (FTK_FAULT, logged before the kill) of a random step:
+    # one rank or every rank, between steps, while the shard files are written, after the
+    # manifest, between the checkpoint's rename and `latest`, after the commit. Each asserts
+    # that the kill landed there and what the run directory must show, then resumes.
     C="$T -q --steps 30 --save-every 1 --keep 3"
-    t0=$(date +%s.%N)
     expect "crash reference: 30 steps, a checkpoint every step" 0 $TO $MPI -np 2 $C -o "$WORK/cref"
-    tref=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
     losses "$WORK/cref" >"$WORK/lcref"
+    set -- "train.step-end" "ckpt.shard-put@1" "ckpt.before-rename@0" "ckpt.before-latest@0" "ckpt.shard-done" \
+        "ckpt.begin@0" "ckpt.shard-put" "ckpt.committed@0" "train.step-end@1" "ckpt.shard-done@0" \
+        "ckpt.before-latest@0" "ckpt.shard-put@0"
     i=0 mid=0 live=0
     while [ $i -lt "$KILLS" ]; do
         i=$((i + 1))
+        site=$(eval echo "\${$(( (i - 1) % $# + 1 ))}")
+        # hits of a site: one a step (the first checkpoint's shard puts are 2 kinds x units)
+        N=$(awk -v s="$$$i" 'BEGIN { srand(s); print 2 + int(rand() * 26) }')
+        case $site in *@*) who="rank ${site#*@}" ;; *) who="every rank" ;; esac
         run="$WORK/crash$i"
-        $MPI -np 2 $C -o "$run" >/dev/null 2>&1 &
-        mp=$!
-        sleep "$(awk -v s=$i -v t="$tref" 'BEGIN { srand(s + systime()); printf "%.2f", 0.2 + rand() * 0.9 * t }')"
-        kill_ranks $mp $i
+        rm -f "$WORK/fault.log"
+        FTK_FAULT="$site:$N:kill" FTK_FAULT_LOG="$WORK/fault.log" $TO $MPI -np 2 $C -o "$run" >/dev/null 2>&1
+        rc=$?
+        check "kill -9 #$i: landed at ${site%@*} #$N on $who (mpirun exit $rc)" \
+            sh -c "[ $rc -ne 0 ] && grep -q '^${site%@*} $N kill ' '$WORK/fault.log'"
+        hidden=$(ls -a "$run" | grep -c '^\.step-')
+        named=$(cat "$run/latest" 2>/dev/null || echo none)
+        newest=$(ls -d "$run"/step-* 2>/dev/null | sort | tail -n 1)
+        case ${site%@*} in
+        ckpt.begin | ckpt.shard-put | ckpt.shard-done | ckpt.before-rename)
+            check "kill -9 #$i: ... mid-checkpoint: its hidden directory left ($hidden)" test "$hidden" -ge 1 ;;
+        ckpt.before-latest)
+            check "kill -9 #$i: ... renamed, \`latest\` not yet replaced ($named, newest $(basename "$newest"))" \
+                test "$named" != "$(basename "$newest")" ;;
+        *)
+            check "kill -9 #$i: ... between checkpoints: nothing hidden, \`latest\` the newest" \
+                test "$hidden" = 0 -a "$named" = "$(basename "$newest")" ;;
+        esac
         resume_after_kill $i "$run" 30 $TO $MPI -np 2 $T --steps 30 --save-every 1 --keep 3 -o "$run" --resume auto
         same_shards "kill -9 #$i: final checkpoint byte-identical to the uninterrupted run" "$run" "$WORK/cref" 30
         losses "$run" >"$WORK/lc"
         same "kill -9 #$i: metrics continue identically" "$WORK/lc" "$WORK/lcref"
     done
-    echo "note: the reference took $tref s; $KILLS kill -9 trials ($(( (KILLS + 1) / 2 )) of one rank, $((KILLS / 2)) of every rank): $live landed before the run's end, $mid of them while a checkpoint was being written"
+    echo "note: $KILLS kill -9 trials at named points: $live before the run's end, $mid mid-checkpoint"
 fi
 
 # --- refusals at start-up: every rank stops, one message, no hang -----------------------------
