@@ -51,7 +51,7 @@ LIB_SRC   := $(filter-out engine/comm_nccl.c,\
              $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c))
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
-TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c \
+TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c ftk-plot \
              ftk-train ftk-generate ftk-reshard ftk-merge
 TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
 TEST_SRC  := $(wildcard tests/unit/*.c)

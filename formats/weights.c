@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../libcommon/atomic.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/log.h"
 #include "../libcommon/progress.h"
 
@@ -399,7 +400,7 @@ static int write_file(const char *path, const weights_source_t *src, uint64_t *b
             int64_t k = rows - r < per ? rows - r : per;
             const void *p = src->rows(src->ctx, i, &s, dt, r, k, scratch);
             /* A 1-D tensor is written as one block of shape[0] "rows" of one element. */
-            if (!p || h5w_append(w, p, (hsize_t)(s.rank == 2 ? k : cols)) < 0)
+            if (!p || h5w_append(w, p, (hsize_t)(s.rank == 2 ? k : cols)) < 0 || fault_point("weights.write") < 0)
                 rc = -1;
             done += (uint64_t)k * row_bytes;
             progress_update(&prog, (int64_t)(done >> 20));

@@ -67,6 +67,8 @@ if [ "$SET" = slow ]; then
     run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     run fault/pack-multi-gb sh tests/fault/pack_big.sh "$ROOT/bin" "$WORK/pack-big"
     run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
+    # SIGTERM to mpirun under a long odls_base_sigkill_timeout too (10 s of waiting)
+    run cli/preemption-signals-all sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt" slow
     # every strategy and precision on the CPU's fused ops (adamw_multi over sharded slices)
     run cli/dist-fused env FTK_FUSED=all sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist-fused" 2
     # the CUDA backend emulated on the host (tests/gpu/emu): the fp32 training step too, and
@@ -142,6 +144,8 @@ run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
 run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
+run cli/metrics-plot-tensorboard sh tests/cli/metrics.sh "$ROOT/bin" "$WORK/metrics"
+run cli/preemption-signals sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"

@@ -13,6 +13,7 @@
 #include "../formats/tokenizer.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -270,6 +271,8 @@ int main(int argc, char **argv)
                     break;
                 }
                 wrc = write_all(f, buf, (size_t)k * out_row, path);
+                if (wrc == 0)
+                    wrc = fault_point("weights.write");
                 done += (uint64_t)k * out_row;
                 progress_update(&prog, (int64_t)(done >> 20));
             }

@@ -59,6 +59,7 @@
 #include "../formats/tokenizer.h"
 #include "../formats/tokens.h"
 #include "../libcommon/atomic.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -399,6 +400,8 @@ static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *
         int e = write_meta(f, m, k, shards);
         if (!e)
             e = tokens_spill_write(train, f, "train", tr0, tr1, &wo, sums[k]);
+        if (!e) /* the shard's file half written: a fault test's "during the write" */
+            e = fault_point("pack.write");
         if (!e)
             e = tokens_spill_write(val, f, "val", va0, va1, &wo, sums[k] + TOKENS_N_DATASETS);
         if (h5_close(f) < 0 || e) {
@@ -572,6 +575,7 @@ int main(int argc, char **argv)
              * construct that some threads skip would hang the others) */
             tokenize_chunk(tok, scr, sp[cur], n[cur], smp[cur]);
         }
+        fault_point("pack.chunk");
         if (route_failed) {
             progress_done(&prog);
             ftk_error("%s", rt.err);

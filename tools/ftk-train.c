@@ -13,12 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../engine/comm.h"
 #include "../engine/plan.h"
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
+#include "../formats/tfevents.h"
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
@@ -38,9 +40,10 @@ static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
-static double save_minutes;
+static double save_minutes = 30;
 static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
 static int64_t plan_max_len;
+static const char *tensorboard_dir;
 
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
@@ -64,7 +67,7 @@ static const opt_t options[] = {
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid", "how ranks share the model (FSDP names)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)"},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)"},
-    {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M", "also checkpoint when M minutes passed since the last"},
+    {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M", "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; --no-save: off)"},
     {"keep", 0, OPT_I64, &keep, "N", "keep the newest N checkpoints (0: all)"},
     {"no-save", 0, OPT_FLAG, &no_save, NULL,
      "write no checkpoint, not even the last (benchmarks: a 7B checkpoint is 54-81 GB; a stopped run is lost)"},
@@ -72,6 +75,8 @@ static const opt_t options[] = {
      "write checkpoints in the background: training waits only for a host copy of the state (see below)"},
     {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)"},
     {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)"},
+    {"tensorboard", 0, OPT_STR, &tensorboard_dir, "DIR",
+     "also write the metrics as TensorBoard scalars (event files in DIR; `tensorboard --logdir DIR`)"},
     {"precision", 0, OPT_STR, &precision_arg, "fp32|bf16-mixed|bf16-true",
      "what the weights, gradients, optimizer state and activations are stored in (see below)"},
     {"rounding", 0, OPT_STR, &rounding_arg, "stochastic|nearest",
@@ -167,8 +172,31 @@ static comm_t *world;
 static int rank, nranks;
 static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0: none */
 
+/* SIGTERM, SIGINT, SIGUSR1: stop at the step's end with a checkpoint (exit 75). A second
+ * SIGTERM or SIGINT stops at once: the first one re-installs the temporaries' cleanup
+ * (libcommon/atomic.h), which removes them and dies of the signal. Under Open MPI's mpirun
+ * (OMPI_COMM_WORLD_SIZE set), rank 0 says at once what the launcher will do: it forwards
+ * SIGTERM and SIGINT only after odls_base_sigkill_timeout seconds and kills the ranks as
+ * long again later (1 s by default), often too soon for a checkpoint, where SIGUSR1 is
+ * forwarded at once and never followed by a kill. */
 static volatile sig_atomic_t stop_signal;
-static void on_stop(int sig) { stop_signal = sig; }
+static int under_ompi;
+static void on_stop(int sig)
+{
+    static const char warn[] =
+        "ftk-train: stopping with a checkpoint at the end of this step (exit 75). Under mpirun, Open MPI kills "
+        "the ranks odls_base_sigkill_timeout seconds (1 by default) after it forwards SIGTERM or SIGINT, often "
+        "before the checkpoint is written (the previous one stays whole): signal mpirun with SIGUSR1 instead, or "
+        "start it with --mca odls_base_sigkill_timeout 120. A second SIGTERM or SIGINT stops at once.\n";
+    if (sig != SIGUSR1 && !stop_signal) {
+        atomic_install_signal_cleanup();
+        if (under_ompi && rank == 0) {
+            ssize_t w = write(2, warn, sizeof warn - 1);
+            (void)w;
+        }
+    }
+    stop_signal = sig;
+}
 
 /* Rank 0 prints an agreed failure (its message names the failing rank). */
 static int report(int code)
@@ -195,10 +223,13 @@ static int agree_msg(int code, const char *msg)
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 
-/* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after). */
-static int trim_metrics(const char *path, int64_t step)
+/* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after);
+ * *elapsed0: the run's elapsed_s at that step (the last kept step line's), from which a
+ * resumed run's clock continues, so elapsed_s counts the run's whole history. */
+static int trim_metrics(const char *path, int64_t step, double *elapsed0)
 {
     buf_t in = {0}, out = {0};
+    *elapsed0 = 0;
     if (buf_read_file(&in, path) < 0) {
         buf_free(&in);
         return 0; /* none yet */
@@ -209,8 +240,12 @@ static int trim_metrics(const char *path, int64_t step)
         size_t e = nl ? (size_t)(nl - in.data) + 1 : in.len;
         const char *s = strstr(in.data + i, "\"step\": ");
         long long st = s && s < in.data + e ? atoll(s + 8) : 0;
-        if (nl && st <= step)
+        if (nl && st <= step) {
             buf_append(&out, in.data + i, e - i);
+            const char *el = strstr(in.data + i, "\"elapsed_s\": ");
+            if (el && el < in.data + e)
+                *elapsed0 = atof(el + 13);
+        }
         i = e;
     }
     atomic_file_t a;
@@ -234,6 +269,30 @@ static int trim_metrics(const char *path, int64_t step)
  * a full disk stops the run rather than losing its metrics silently. */
 static int metrics_errno;
 
+/* The wall-clock time of a record, ISO 8601 UTC to the millisecond */
+static const char *iso_now(char out[32])
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
+    return out;
+}
+
+/* --tensorboard DIR (rank 0): the step's and evaluations' scalars, or NULL */
+static tfevents_t *tb;
+
+static void tb_scalar(const char *tag, int64_t step, double v)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (tb && tfevents_scalar(tb, tag, step, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, (float)v) < 0 &&
+        !metrics_errno)
+        metrics_errno = errno ? errno : EIO;
+}
+
 static void metrics_flush(FILE *mf)
 {
     if ((fflush(mf) != 0 || ferror(mf)) && !metrics_errno)
@@ -242,16 +301,21 @@ static void metrics_flush(FILE *mf)
 
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak)
 {
+    char now[32];
     fprintf(mf,
-            "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens\": %lld, "
-            "\"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"epoch\": %lld, "
-            "\"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
+            "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
+            "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
+            "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
             "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}, "
             "\"mem_peak_bytes\": %lld}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
-            s->tokens / dt, elapsed, (long long)s->epoch, nranks, (long long)s->micro_batches, s->comm.ag_bytes,
-            s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak);
+            s->tokens / dt, elapsed, iso_now(now), (long long)s->epoch, nranks, (long long)s->micro_batches,
+            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak);
     metrics_flush(mf);
+    tb_scalar("train/loss", s->step, s->loss);
+    tb_scalar("train/learning_rate", s->step, s->lr);
+    tb_scalar("train/grad_norm", s->step, s->grad_norm);
+    tb_scalar("train/tokens_per_s", s->step, s->tokens / dt);
 }
 
 /* The checkpoints committed since the last call: a metrics line and a note each. */
@@ -261,11 +325,12 @@ static void metrics_ckpts(trainer_t *t, FILE *mf)
     int n = trainer_ckpt_reports(t, r, 8);
     for (int i = 0; i < n; i++) {
         if (mf) {
+            char now[32];
             fprintf(mf,
-                    "{\"step\": %lld, \"checkpoint\": \"step-%08lld\", \"async\": %s, \"stall_s\": %.4f, "
-                    "\"write_s\": %.4f, \"bytes\": %lld}\n",
+                    "{\"kind\": \"checkpoint\", \"step\": %lld, \"checkpoint\": \"step-%08lld\", \"async\": %s, "
+                    "\"stall_s\": %.4f, \"write_s\": %.4f, \"bytes\": %lld, \"time\": \"%s\"}\n",
                     (long long)r[i].step, (long long)r[i].step, r[i].async ? "true" : "false", r[i].stall_s,
-                    r[i].write_s, (long long)r[i].bytes);
+                    r[i].write_s, (long long)r[i].bytes, iso_now(now));
             fflush(mf);
         }
         ftk_info("checkpoint %s/step-%08lld committed (%s; training blocked %.2f s, write %.2f s, %.1f MB)", out_dir,
@@ -282,9 +347,11 @@ static int evaluate(trainer_t *t, FILE *mf, int64_t step)
     if (code)
         return report(code);
     if (mf) {
-        fprintf(mf, "{\"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld}\n", (long long)step, vl,
-                (long long)vt);
+        char now[32];
+        fprintf(mf, "{\"kind\": \"eval\", \"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld, \"time\": \"%s\"}\n",
+                (long long)step, vl, (long long)vt, iso_now(now));
         metrics_flush(mf);
+        tb_scalar("eval/val_loss", step, vl);
     }
     ftk_info("step %lld: validation loss %.4f (%lld targets)", (long long)step, vl, (long long)vt);
     return 0;
@@ -370,9 +437,10 @@ static int check_values(trainer_opts_t *o)
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
-    if (no_save && (save_every || save_minutes > 0 || stop_after || keep || async_save))
-        return bad("--no-save writes no checkpoint: --save-every, --save-every-minutes, --stop-after, --keep and "
-                   "--async-save contradict it");
+    if (no_save && (save_every || stop_after || keep || async_save))
+        return bad("--no-save writes no checkpoint: --save-every, --stop-after, --keep and --async-save contradict it");
+    if (no_save)
+        save_minutes = 0;
     double join_s; /* read again by comm_enable_nccl: checked here, a bad value is a usage error */
     if (!plan && !strcmp(device, "cuda") && !comm_alone(world) && comm_join_timeout(&join_s) < 0)
         return bad("%s", ftk_err_msg());
@@ -663,15 +731,18 @@ static int run(int argc, char **argv)
     if ((code = report(trainer_resume(t))))
         goto out;
     const ckpt_meta_t *meta = trainer_meta(t);
+    double elapsed0 = 0; /* the history's elapsed_s at the resumed step (rank 0) */
     char metrics_path[4096];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
     msg[0] = 0;
     code = 0;
     if (rank == 0) {
-        if (trim_metrics(metrics_path, meta->step) < 0)
+        if (trim_metrics(metrics_path, meta->step, &elapsed0) < 0)
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
         else if (!(mf = fopen(metrics_path, "a")))
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(errno));
+        else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir)))
+            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
     }
     if ((code = agree_msg(code, msg)))
         goto out;
@@ -709,17 +780,26 @@ static int run(int argc, char **argv)
         }
         double now = time_now();
         if (mf)
-            metrics_step(mf, &st, now - ts, now - t0, trainer_memory(t)->peak);
+            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, trainer_memory(t)->peak);
         if (metrics_errno)
             snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(metrics_errno));
         if ((code = agree_msg(metrics_errno ? FTK_EXIT_FAIL : 0, msg)))
             goto out;
-        if (!ftk_quiet)
+        if (!ftk_quiet) {
+            /* the end estimated from this process's own steps so far (a resume's first steps
+             * included), not from the history's, which another machine may have made */
+            char eta[32];
+            double left = (double)(st.total_steps - st.step) * (now - t0) / (double)run_steps;
+            if (left >= 3600)
+                snprintf(eta, sizeof eta, "%dh%02dm", (int)(left / 3600), (int)(left / 60) % 60);
+            else
+                snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
             fprintf(stderr,
-                    "ftk-train: step %lld/%lld  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
-                    "%.1f s\n",
-                    (long long)st.step, (long long)st.total_steps, st.loss, st.lr, st.grad_norm,
-                    st.tokens / (now - ts), st.comm.wait_s, now - t0);
+                    "ftk-train: step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait "
+                    "%.2f s  %.1f s  ETA %s\n",
+                    (long long)st.step, (long long)st.total_steps, 100.0 * (double)st.step / (double)st.total_steps,
+                    st.loss, st.lr, st.grad_norm, st.tokens / (now - ts), st.comm.wait_s, elapsed0 + now - t0, eta);
+        }
         fault_point("train.step-end");
         int last = trainer_done(t);
         if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
@@ -758,6 +838,9 @@ out:
     beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
     if (mf)
         fclose(mf);
+    if (tfevents_close(tb) < 0)
+        ftk_warn("--tensorboard: %s", ftk_err_msg());
+    tb = NULL;
     if (prof_out) {
         if (bk_prof_write(be, prof_out, time_now() - prof_t0) < 0)
             ftk_warn("FTK_PROFILE=%s: %s", prof, ftk_err_msg());
@@ -779,7 +862,9 @@ int main(int argc, char **argv)
     struct sigaction sa = {0};
     sa.sa_handler = on_stop;
     sigemptyset(&sa.sa_mask);
+    under_ompi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     world = comm_init(&argc, &argv);
     if (!world) {
@@ -788,6 +873,16 @@ int main(int argc, char **argv)
     }
     rank = comm_rank(world);
     nranks = comm_size(world);
+    /* srun without a PMI plugin starts N processes that each see a world of one: N copies
+     * of the same run racing for one run directory */
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    if (nranks == 1 && tasks && atoi(tasks) > 1) {
+        ftk_error("SLURM started %d tasks but MPI sees a world of one in each: run srun --mpi=pmix (or pmi2; "
+                  "`srun --mpi=list` shows what the cluster has)",
+                  atoi(tasks));
+        comm_finalize(world);
+        return FTK_EXIT_USAGE;
+    }
     int rc = run(argc, argv);
     comm_finalize(world);
     return rc;

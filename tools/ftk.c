@@ -25,6 +25,7 @@ static const struct {
     {"merge", "checkpoint -> consolidated weights file (HF names)"},
     {"info", "describe any ftk file"},
     {"verify", "recompute checksums and check invariants of ftk files"},
+    {"plot", "runs' metrics -> SVG picture or CSV table"},
 };
 
 static void usage(FILE *out)

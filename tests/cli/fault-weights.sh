@@ -1,17 +1,18 @@
 #!/bin/sh
-# Fault test of the weights stage: ftk-export-hf and ftk-import-hf killed mid-run (SIGKILL,
-# then SIGTERM) leave an existing output exactly as it was, and SIGTERM leaves no
-# temporary file or folder behind.
+# Fault test of the weights stage: ftk-export-hf and ftk-import-hf killed mid-write (SIGKILL,
+# then SIGTERM, at the second block written: FTK_FAULT's weights.write, the landing
+# asserted) leave an existing output exactly as it was, and SIGTERM leaves no temporary
+# file or folder behind.
 # Usage: tests/cli/fault-weights.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1
 WORK=$2
 rm -rf "$WORK" && mkdir -p "$WORK"
 cd "$WORK"
-# 168 M parameters in float32 (670 MB): long enough to be killed mid-write.
+# A small model: the fault point, not the size, puts the kill inside the write.
 cat >cfg.json <<'JSON'
-{"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8,
- "num_attention_heads": 16, "vocab_size": 32000, "torch_dtype": "float32"}
+{"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "vocab_size": 4096, "torch_dtype": "float32"}
 JSON
 "$BIN/ftk-init" -q --config cfg.json -o big.h5 || exit 1
 "$BIN/ftk-export-hf" -q big.h5 -o big-hf || exit 1
@@ -20,19 +21,21 @@ mkdir hf && echo "previous content" >hf/marker
 echo "previous content" >out.h5
 for sig in KILL TERM; do
     for tool in export import; do
+        act=$([ $sig = KILL ] && echo kill || echo sig=TERM)
+        rm -f fault.log
         if [ $tool = export ]; then
-            "$BIN/ftk-export-hf" -q big.h5 -o hf --force 2>err &
+            FTK_FAULT=weights.write:2:$act FTK_FAULT_LOG=fault.log "$BIN/ftk-export-hf" -q big.h5 -o hf --force 2>err
         else
-            "$BIN/ftk-import-hf" -q big-hf -o out.h5 2>err &
+            FTK_FAULT=weights.write:2:$act FTK_FAULT_LOG=fault.log "$BIN/ftk-import-hf" -q big-hf -o out.h5 2>err
         fi
-        pid=$!
-        sleep 0.3
-        kill -s $sig $pid 2>/dev/null
-        wait $pid
         rc=$?
-        if [ $rc -eq 0 ]; then
-            echo "skipped (ftk-$tool-hf finished before SIG$sig arrived; machine too fast for this input)"
-            exit 77
+        if [ $rc -ne $([ $sig = KILL ] && echo 137 || echo 143) ] || ! grep -q '^weights.write 2 ' fault.log; then
+            echo "FAIL $tool, SIG$sig: did not land in the write (exit $rc)"
+            bad=1
+        fi
+        if [ $sig = KILL ] && [ -z "$(ls -A | grep '^\.' | grep -v '^\.$')" ]; then
+            echo "FAIL $tool, SIGKILL mid-write left no temporary: not killed where the test says"
+            bad=1
         fi
         if [ "$(cat hf/marker 2>/dev/null)" = "previous content" ] && [ "$(ls hf)" = marker ] &&
             [ "$(cat out.h5)" = "previous content" ]; then
@@ -52,5 +55,5 @@ done
 # and runs left alone complete and replace the outputs
 "$BIN/ftk-export-hf" -q big.h5 -o hf --force && [ ! -e hf/marker ] && [ -f hf/model.safetensors ] || bad=1
 "$BIN/ftk-import-hf" -q hf -o out.h5 && "$BIN/ftk-verify" out.h5 || bad=1
-rm -rf big.h5 big-hf hf out.h5 # 2 GB of test files
+rm -rf big.h5 big-hf hf out.h5
 exit $bad

@@ -15,7 +15,7 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 . "$ROOT/tests/cli/lib.sh"
 
 # --help and --version on every tool
-for t in ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c ftk-train \
+for t in ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-export-hf ftk-init ftk-import-llama2c ftk-plot ftk-train \
     ftk-generate ftk-reshard ftk-merge; do
     expect "$t --help" 0 "$BIN/$t" --help
     grep -q "^Usage: " "$WORK/out" && ok "$t --help prints Usage" || notok "$t --help prints Usage"

@@ -48,7 +48,7 @@ if [ "$QUICK" = quick ]; then demo_init "$WORK/init.h5" tiny 1; else demo_init "
 T="$BIN/ftk-train -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 8 --micro-batch 3 --lr 2e-3 --warmup 2 --eval-every 4 -q"
 
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
-vals() { grep '"val_loss"' "$1/metrics.jsonl"; }
+vals() { grep '"val_loss"' "$1/metrics.jsonl" | sed 's/, "time".*//'; }
 
 expect "train 12 steps in one go" 0 $T -o "$WORK/a" --steps 12 --save-every 4
 check "checkpoints at 4, 8, 12 and latest -> step 12" \
@@ -87,39 +87,31 @@ expect "train 12 steps with --recompute" 0 $T -o "$WORK/r" --steps 12 --save-eve
 same "--recompute: final shard byte-identical to the run that keeps activations" \
     "$WORK/r/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
 
-# A real SIGTERM at a random instant: the step in flight finishes, a checkpoint is written,
-# exit 75; resuming ends exactly where the uninterrupted run did.
-$T -o "$WORK/c" --steps 12 --save-every 100 >/dev/null 2>&1 &
-pid=$!
-sleep "0.$(awk 'BEGIN { srand(); printf "%d", 3 + rand() * 6 }')"
-kill -TERM $pid
-wait $pid
-rc=$?
-if [ $rc -eq 75 ]; then
-    ok "SIGTERM: exit 75 at step $(cat "$WORK/c/latest")"
-    expect "SIGTERM: resume auto" 0 $T -o "$WORK/c" --steps 12 --save-every 100 --resume auto
-elif [ $rc -eq 0 ]; then
-    ok "SIGTERM arrived after the run ended (machine fast): nothing to resume"
-else
-    notok "SIGTERM: exit $rc, expected 75"
-fi
+# A real SIGTERM at the end of a random step K (FTK_FAULT raises it there): the next step
+# finishes, a checkpoint is written at K + 1, exit 75; resuming ends exactly where the
+# uninterrupted run did.
+K=$(awk -v s="$$" 'BEGIN { srand(s); print 1 + int(rand() * 10) }')
+rm -f "$WORK/fault.log"
+expect "SIGTERM after step $K: exit 75" 75 env FTK_FAULT="train.step-end:$K:sig=TERM" FTK_FAULT_LOG="$WORK/fault.log" \
+    $T -o "$WORK/c" --steps 12 --save-every 100
+check "SIGTERM: landed after step $K, checkpoint at step $((K + 1)) ($(cat "$WORK/c/latest" 2>/dev/null))" \
+    sh -c "grep -q '^train.step-end $K sig=TERM' '$WORK/fault.log' && \
+    [ \"\$(cat '$WORK/c/latest')\" = $(printf 'step-%08d' $((K + 1))) ]"
+expect "SIGTERM: resume auto" 0 $T -o "$WORK/c" --steps 12 --save-every 100 --resume auto
 same "after SIGTERM + resume: final shard byte-identical" \
     "$WORK/c/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
 
-# kill -9: no chance to write anything; --resume auto continues from the last committed
+# kill -9 (FTK_FAULT: in the middle of writing the checkpoint of a random step, 2 to 10):
+# no chance to write anything more; --resume auto continues from the last committed
 # checkpoint (every 2 steps), no temporary is taken for a checkpoint.
-$T -o "$WORK/d" --steps 12 --save-every 2 >/dev/null 2>&1 &
-pid=$!
-sleep "0.$(awk 'BEGIN { srand(); printf "%d", 4 + rand() * 5 }')"
-kill -KILL $pid
-wait $pid 2>/dev/null
-echo "note: killed at $(cat "$WORK/d/latest" 2>/dev/null || echo 'no checkpoint yet')"
-if [ -f "$WORK/d/latest" ]; then
-    expect "kill -9: resume auto" 0 $T -o "$WORK/d" --steps 12 --save-every 2 --resume auto
-else
-    expect "kill -9 before the first checkpoint: resume auto starts over" 0 $T -o "$WORK/d" --steps 12 \
-        --save-every 2 --resume auto
-fi
+K=$(awk -v s="$$" 'BEGIN { srand(s + 1); print 1 + int(rand() * 5) }')
+rm -f "$WORK/fault.log"
+expect "kill -9 while writing checkpoint #$K" 137 env FTK_FAULT="ckpt.begin:$K:kill" FTK_FAULT_LOG="$WORK/fault.log" \
+    $T -o "$WORK/d" --steps 12 --save-every 2
+check "kill -9: landed in checkpoint #$K; latest is #$((K - 1))'s ($(cat "$WORK/d/latest" 2>/dev/null || echo none))" \
+    sh -c "grep -q '^ckpt.begin $K kill' '$WORK/fault.log' && \
+    [ \"\$(cat '$WORK/d/latest' 2>/dev/null || echo none)\" = $([ $K = 1 ] && echo none || printf 'step-%08d' $((2 * K - 2))) ]"
+expect "kill -9: resume auto" 0 $T -o "$WORK/d" --steps 12 --save-every 2 --resume auto
 same "after kill -9 + resume: final shard byte-identical" \
     "$WORK/d/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
 losses "$WORK/d" >"$WORK/ld"
@@ -209,25 +201,13 @@ for prec in bf16-mixed bf16-true; do
     same "$prec: resumed run: final shard byte-identical" "$W-b/step-00000012/$SH" "$W-a/step-00000012/$SH"
     same "$prec: resumed run: same manifest" "$W-b/step-00000012/manifest.json" "$W-a/step-00000012/manifest.json"
 
-    # SIGTERM after a random number (1-8) of steps, whatever the machine's speed: the run is
-    # watched through its metrics.
-    $P -o "$W-c" --save-every 100 >/dev/null 2>&1 &
-    pid=$!
-    k=$(awk 'BEGIN { srand(); printf "%d", 1 + rand() * 8 }')
-    while kill -0 $pid 2>/dev/null && [ "$(cat "$W-c/metrics.jsonl" 2>/dev/null | grep -c '"loss"')" -lt "$k" ]; do
-        sleep 0.02
-    done
-    kill -TERM $pid 2>/dev/null
-    wait $pid
-    rc=$?
-    if [ $rc -eq 75 ]; then
-        ok "$prec: SIGTERM: exit 75 at step $(cat "$W-c/latest")"
-        expect "$prec: SIGTERM: resume auto" 0 $P -o "$W-c" --save-every 100 --resume auto
-    elif [ $rc -eq 0 ]; then
-        ok "$prec: SIGTERM arrived after the run ended (machine fast): nothing to resume"
-    else
-        notok "$prec: SIGTERM: exit $rc, expected 75"
-    fi
+    # SIGTERM at the end of a random step (1-8), whatever the machine's speed (FTK_FAULT)
+    k=$(awk -v s="$$" 'BEGIN { srand(s); print 1 + int(rand() * 8) }')
+    expect "$prec: SIGTERM after step $k: exit 75" 75 env FTK_FAULT="train.step-end:$k:sig=TERM" \
+        $P -o "$W-c" --save-every 100
+    check "$prec: ... checkpoint at step $((k + 1))" test "$(cat "$W-c/latest" 2>/dev/null)" = \
+        "$(printf 'step-%08d' $((k + 1)))"
+    expect "$prec: SIGTERM: resume auto" 0 $P -o "$W-c" --save-every 100 --resume auto
     same "$prec: after SIGTERM + resume: final shard byte-identical" "$W-c/step-00000012/$SH" \
         "$W-a/step-00000012/$SH"
     losses "$W-c" >"$WORK/lc"

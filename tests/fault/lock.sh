@@ -19,10 +19,8 @@ steps() {
     c=$(grep -c '"loss"' "$1/metrics.jsonl" 2>/dev/null)
     echo "${c:-0}"
 }
-wait_steps() { # wait_steps RUN N: until RUN has N steps (30 s at most)
-    i=0
-    while [ "$(steps "$1")" -lt "$2" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-}
+has_steps() { [ "$(steps "$1")" -ge "$2" ]; }
+wait_steps() { wait_for "$1 to reach $2 steps" has_steps "$1" "$2"; } # wait_steps RUN N
 says() { # says NAME PATTERN FILE: FILE has PATTERN (else it is shown)
     if grep -q "$2" "$3"; then ok "$1"; else
         notok "$1"
@@ -34,8 +32,8 @@ says() { # says NAME PATTERN FILE: FILE has PATTERN (else it is shown)
 $T -o "$WORK/a" --steps 100000 --save-every 20 2>"$WORK/a.err" &
 pa=$!
 wait_steps "$WORK/a" 3
-# (bounded: without the lock the second writer would run on)
-TO="timeout -k 5 60"
+# (bounded: without the lock the second writer would run on; 600 s, far beyond any machine)
+TO="timeout -k 5 600"
 expect "second writer, --resume auto: exit 2" 2 $TO $T -o "$WORK/a" --steps 100000 --save-every 20 --resume auto
 says "message names the first one's host and process id" \
     "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
@@ -74,10 +72,7 @@ together 1 30
 # The same races made to happen, in a chosen order: tests/fault/lock_delay.c holds a
 # process at the lock until the test creates a gate file.
 SHIM=$ROOT/build/tests/lock_delay.so
-wait_path() { # wait_path PATH: until it exists (30 s at most)
-    i=0
-    while [ ! -e "$1" ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
-}
+wait_path() { wait_for "$1 to exist" test -e "$1"; } # wait_path PATH
 G=$WORK/gates
 mkdir -p "$G"
 if [ -f "$SHIM" ]; then
@@ -153,12 +148,11 @@ else
     echo "skipped: the forced races ($SHIM not built)"
 fi
 
-# kill -9: the kernel drops the lock with the process
-$T -o "$WORK/c" --steps 100000 --save-every 5 2>/dev/null &
+# kill -9 (at the end of step 12: FTK_FAULT): the kernel drops the lock with the process
+FTK_FAULT=train.step-end:12:kill $T -o "$WORK/c" --steps 100000 --save-every 5 2>/dev/null &
 pc=$!
-wait_steps "$WORK/c" 12
-kill -9 $pc
 wait $pc 2>/dev/null
+check "killed at step 12 (exit 137; $(steps "$WORK/c") steps)" test $? = 137 -a "$(steps "$WORK/c")" = 12
 check "a killed writer's lock file stays, naming it" grep -q " $pc\$" "$WORK/c/.lock"
 expect "after kill -9, --resume auto continues (2 steps)" 75 $T -o "$WORK/c" --steps 100000 --save-every 5 \
     --resume auto --stop-after 2

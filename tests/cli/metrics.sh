@@ -1,0 +1,94 @@
+#!/bin/sh
+# A run's metrics as people look at them:
+#  - metrics.jsonl records carry "kind" (step, eval, checkpoint) and a wall-clock "time";
+#    elapsed_s continues across a resume (it counts the run's whole history);
+#  - the per-step line shows the percentage done and an ETA;
+#  - ftk-plot draws runs as an SVG (a well-formed XML document with a line per run and
+#    panel) and writes the CSV table (one row per step, the evaluations in place);
+#    a half-written last line (a killed run) is the history up to there; a malformed line
+#    elsewhere is exit 2 naming its line;
+#  - ftk-train --tensorboard DIR writes event files that TensorBoard's own reader (the
+#    tensorboard package, test-only, from PyPI into build/pylib-tb) reads back: the same
+#    steps and values.
+# Usage: tests/cli/metrics.sh BIN_DIR WORK_DIR
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${PYTHON:-/usr/bin/python3}
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+demo_pack "$WORK/d.h5" 128 || exit 1
+demo_init "$WORK/w.h5" tiny 1 || exit 1
+T="$BIN/ftk-train -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 3 -j1 --steps 8"
+
+expect "train 8 steps, --stop-after 4, with --tensorboard" 75 $T -o "$WORK/r" --stop-after 4 --save-every 4 \
+    --tensorboard "$WORK/tb"
+check "the step line shows the percentage and an ETA" grep -q "^ftk-train: step 2/8 (25%) .* ETA [0-9]*m[0-9][0-9]s$" \
+    "$WORK/err"
+expect "--resume auto finishes it" 0 $T -o "$WORK/r" --save-every 4 --resume auto --tensorboard "$WORK/tb"
+check "records have a kind: 8 step, 4 eval (0, 3, 6, 8), 2 checkpoint" sh -c "
+    [ \$(grep -c '^{\"kind\": \"step\", \"step\": ' '$WORK/r/metrics.jsonl') = 8 ] &&
+    [ \$(grep -c '^{\"kind\": \"eval\", \"step\": ' '$WORK/r/metrics.jsonl') = 4 ] &&
+    [ \$(grep -c '^{\"kind\": \"checkpoint\", \"step\": ' '$WORK/r/metrics.jsonl') = 2 ]"
+check "every record has a wall-clock time (ISO 8601 UTC)" sh -c "[ \$(grep -c '\"time\": \"20[0-9-]*T[0-9:.]*Z\"' \
+    '$WORK/r/metrics.jsonl') = \$(wc -l <'$WORK/r/metrics.jsonl') ]"
+check "elapsed_s continues across the resume (never decreases)" awk '
+    /"kind": "step"/ { sub(/.*"elapsed_s": /, ""); v = $0 + 0; if (v < last) bad = 1; last = v }
+    END { exit bad }' "$WORK/r/metrics.jsonl"
+
+# --- ftk-plot ---------------------------------------------------------------------------------
+expect "a second run to overlay" 0 $T -o "$WORK/r2" --lr 1e-3
+expect "ftk-plot two runs -o SVG" 0 "$BIN/ftk-plot" "$WORK/r" "$WORK/r2/metrics.jsonl" -o "$WORK/p.svg"
+if [ -x "$PY" ]; then
+    check "the SVG is well-formed XML with 10 lines (2 runs x 4 panels + 2 validation) and a legend" "$PY" -c "
+import sys, xml.etree.ElementTree as E
+r = E.parse('$WORK/p.svg').getroot(); ns = '{http://www.w3.org/2000/svg}'
+lines = r.findall(ns + 'polyline'); texts = [t.text for t in r.iter(ns + 'text')]
+sys.exit(not (len(lines) == 10 and '$WORK/r' in texts and 'tokens/s' in texts))"
+fi
+expect "ftk-plot --csv -o -" 0 "$BIN/ftk-plot" "$WORK/r" --csv -o -
+check "CSV: a header, 8 step rows and the step-0 evaluation's row; val_loss at steps 3, 6, 8" sh -c "
+    [ \$(wc -l <'$WORK/out') = 10 ] && head -n 1 '$WORK/out' | grep -qx 'run,step,loss,val_loss,lr,grad_norm,tokens_per_s,elapsed_s' &&
+    [ \$(awk -F, 'NR > 1 && \$4 != \"\"' '$WORK/out' | wc -l) = 4 ]"
+head -n 5 "$WORK/r/metrics.jsonl" >"$WORK/cut.jsonl"
+head -c 40 "$WORK/r/metrics.jsonl" | tail -c 40 >>"$WORK/cut.jsonl" # a half-written last line
+expect "a half-written last line: the history up to there" 0 "$BIN/ftk-plot" "$WORK/cut.jsonl" --csv -o "$WORK/cut.csv"
+{ head -n 2 "$WORK/r/metrics.jsonl"; echo '{"kind": "step", "step": 3,'; tail -n 2 "$WORK/r/metrics.jsonl"; } \
+    >"$WORK/bad.jsonl"
+expect "a malformed line inside: exit 2" 2 "$BIN/ftk-plot" "$WORK/bad.jsonl" -o "$WORK/bad.svg"
+check "... naming its line, nothing written" sh -c "grep -q 'bad.jsonl: line 3' '$WORK/err' && [ ! -e '$WORK/bad.svg' ]"
+expect "a missing run: exit 2" 2 "$BIN/ftk-plot" "$WORK/nope" -o "$WORK/x.svg"
+check "... No such file or directory" grep -q "nope: No such file or directory" "$WORK/err"
+expect "no -o: exit 2" 2 "$BIN/ftk-plot" "$WORK/r"
+
+# --- TensorBoard ------------------------------------------------------------------------------
+TB=$ROOT/build/pylib-tb
+if [ -x "$PY" ] && ! PYTHONPATH=$TB "$PY" -c 'import tensorboard.backend.event_processing.event_accumulator' 2>/dev/null
+then
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$TB" tensorboard==2.15.2 \
+        protobuf==4.25.3 six==1.16.0 absl-py==2.1.0 >"$WORK/pip.log" 2>&1
+fi
+if [ -x "$PY" ] && PYTHONPATH=$TB "$PY" -c 'import tensorboard.backend.event_processing.event_accumulator' 2>/dev/null
+then
+    check "two event files (the run and its resume)" test "$(ls "$WORK/tb" | grep -c '^events.out.tfevents.')" = 2
+    check "TensorBoard's reader: train/loss at steps 1-8 and eval/val_loss at 0, 3, 6, 8 equal metrics.jsonl's" \
+        env PYTHONPATH="$TB" "$PY" -c "
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as A
+a = A('$WORK/tb', size_guidance={'scalars': 0}); a.Reload()
+loss = {e.step: e.value for e in a.Scalars('train/loss')}
+val = {e.step: e.value for e in a.Scalars('eval/val_loss')}
+lr = {e.step: e.value for e in a.Scalars('train/learning_rate')}
+m = [json.loads(l) for l in open('$WORK/r/metrics.jsonl')]
+want = {r['step']: r['loss'] for r in m if r['kind'] == 'step'}
+wval = {r['step']: r['val_loss'] for r in m if r['kind'] == 'eval'}
+ok = sorted(loss) == list(range(1, 9)) and sorted(val) == [0, 3, 6, 8]
+ok = ok and all(abs(loss[s] - want[s]) <= 1e-6 * abs(want[s]) for s in want)
+ok = ok and all(abs(val[s] - wval[s]) <= 1e-6 * abs(wval[s]) for s in wval) and len(lr) == 8
+print('steps', sorted(loss), 'val', sorted(val)); sys.exit(not ok)"
+    expect "--tensorboard on a file that is not a directory: exit 1 naming it" 1 $T -o "$WORK/r3" --steps 2 \
+        --tensorboard "$WORK/p.svg"
+else
+    echo "skipped: the TensorBoard read-back (the tensorboard package could not be installed: $WORK/pip.log)"
+fi
+finish
