@@ -39,7 +39,7 @@ HDF5_LIBS   := $(shell pkg-config --libs hdf5 2>/dev/null)
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC -ffp-contract=off $(SANFLAGS) \
            $(HDF5_CFLAGS) -MMD -MP $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(SANFLAGS)
-LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lm
+LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lyaml -lm
 
 # MPI (Open MPI): only engine/comm_mpi.c includes it and only the distributed programs link it.
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null)

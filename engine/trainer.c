@@ -74,6 +74,7 @@ struct trainer {
     pending_t pend;
     trainer_ckpt_t reports[8];
     int n_reports;
+    char extended[512]; /* what an --extend resume changed (trainer_extended) */
 };
 
 /* ---- every rank agrees ------------------------------------------------------------------- */
@@ -165,20 +166,48 @@ static int same_config(const model_config_t *a, const model_config_t *b)
            a->rope_theta == b->rope_theta;
 }
 
-/* The options that define the run must be the checkpoint's. */
-static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
+/* The options that define the run must be the checkpoint's; with extend, those of the
+ * schedule (the steps, the learning rates, the warmup, the decay) may change, each change
+ * written into changed (a resumed run is then no longer bit-exact with an uninterrupted
+ * one, so the tool says it). */
+static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta, int extend, char *changed,
+                                size_t n_changed)
 {
     const ckpt_train_t *c = &cm->train, *t = &meta->train;
+    changed[0] = 0;
+#define MAY(field, opt)                                                                                              \
+    if (extend && c->field != t->field) {                                                                            \
+        size_t used = strlen(changed);                                                                               \
+        snprintf(changed + used, n_changed - used, "%s--%s %g -> %g", used ? ", " : "", opt, (double)c->field,       \
+                 (double)t->field);                                                                                  \
+    }
+    MAY(lr, "lr")
+    MAY(min_lr, "min-lr")
+    MAY(warmup, "warmup")
+    MAY(total_steps, "steps")
+#undef MAY
+    if (extend && strcmp(c->schedule, t->schedule)) {
+        size_t used = strlen(changed);
+        snprintf(changed + used, n_changed - used, "%s--schedule %s -> %s", used ? ", " : "", c->schedule,
+                 t->schedule);
+    }
+    if (extend && t->total_steps < cm->step) {
+        ftk_err_set("--extend: --steps %lld is before the checkpoint's step %lld", (long long)t->total_steps,
+                    (long long)cm->step);
+        return -1;
+    }
 #define SAME(field, opt)                                                                                             \
     if (c->field != t->field) {                                                                                      \
         ftk_err_set("--%s differs from the checkpoint's (%g there, %g here); resume with the same options", opt,     \
                     (double)c->field, (double)t->field);                                                             \
         return -1;                                                                                                   \
     }
-    SAME(lr, "lr")
-    SAME(min_lr, "min-lr")
-    SAME(warmup, "warmup")
-    SAME(total_steps, "steps/--epochs (total steps)")
+    if (!extend) {
+        SAME(lr, "lr")
+        SAME(min_lr, "min-lr")
+        SAME(warmup, "warmup")
+        SAME(total_steps, "steps/--epochs (total steps)")
+    }
     SAME(global_batch, "global-batch")
     SAME(micro_batch, "micro-batch")
     SAME(beta1, "beta1")
@@ -189,7 +218,7 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta)
     SAME(clip, "clip")
     SAME(seed, "seed")
 #undef SAME
-    if (strcmp(c->schedule, t->schedule)) {
+    if (!extend && strcmp(c->schedule, t->schedule)) {
         ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here)", c->schedule, t->schedule);
         return -1;
     }
@@ -408,6 +437,7 @@ void trainer_free(trainer_t *t)
 }
 
 const ckpt_meta_t *trainer_meta(const trainer_t *t) { return &t->meta; }
+const char *trainer_extended(const trainer_t *t) { return t->extended; }
 int trainer_done(const trainer_t *t) { return t->meta.step >= t->meta.train.total_steps; }
 int64_t trainer_steps_per_epoch(const trainer_t *t) { return t->per_epoch; }
 int64_t trainer_rows(const trainer_t *t) { return t->R; }
@@ -677,7 +707,7 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
         code = fail(t, FTK_EXIT_USAGE, "%s was trained on other data (set %s, %lld rows) than %s (set %s, %lld rows)",
                     ck, cm->data_set_xxh3, (long long)cm->data_rows, t->o.data_path, meta->data_set_xxh3,
                     (long long)meta->data_rows);
-    else if (check_resume_options(cm, meta) < 0)
+    else if (check_resume_options(cm, meta, t->o.extend, t->extended, sizeof t->extended) < 0)
         code = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     else if (cm->shard_count == meta->shard_count) {
         if (ckpt_read_shard(ck, &man, shard_index(t->sh), 0, st) < 0)

@@ -67,6 +67,8 @@ typedef struct {
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
     int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */
+    int extend;             /* a resume may change the steps, epochs, learning rates, warmup and
+                               schedule (trainer_extended() says which changed) */
 } trainer_opts_t;
 
 /* A committed checkpoint, for the metrics. stall_s: seconds rank 0's training loop was
@@ -91,6 +93,10 @@ typedef struct {
 } trainer_step_t;
 
 typedef struct trainer trainer_t;
+
+/* After trainer_resume() with opts.extend: what the resume changed ("--lr 2e-4 -> 1e-4,
+ * --steps 100 -> 200"), or "" when nothing. */
+const char *trainer_extended(const trainer_t *t);
 
 /* Opens the inputs, prepares the run directory (rank 0; refuses a directory that holds a
  * run unless resuming, removes leftovers of dead writers) and builds the shards and the

@@ -7,6 +7,8 @@ what=${1:-test}
 
 # OpenBLAS (its OpenMP build, to share threads with ours) does the CPU backend's matrix products.
 pkgs="build-essential pkg-config libhdf5-dev hdf5-tools libzstd-dev libxxhash-dev zstd libopenblas-openmp-dev"
+# libyaml reads ftk-train --config files.
+pkgs="$pkgs libyaml-dev"
 # MPI is for ftk-train (a later stage); installed now so that every machine has the same base.
 pkgs="$pkgs libopenmpi-dev openmpi-bin"
 if [ "$what" = test ]; then

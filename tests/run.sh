@@ -146,6 +146,7 @@ run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
 run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
 run cli/metrics-plot-tensorboard sh tests/cli/metrics.sh "$ROOT/bin" "$WORK/metrics"
 run cli/preemption-signals sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt"
+run cli/config-and-kept-options sh tests/cli/config.sh "$ROOT/bin" "$WORK/config"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
@@ -198,6 +199,7 @@ if [ -d build/asan/bin ]; then
     run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA" quick
     run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
     run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
+    run asan/cli-config-and-kept-options sh tests/cli/config.sh "$ROOT/build/asan/bin" "$WORK/asan-config"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
     run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"

@@ -14,12 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../engine/comm.h"
 #include "../engine/plan.h"
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
+#include "../formats/json.h"
 #include "../formats/tfevents.h"
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
@@ -27,6 +29,7 @@
 #include "../kernels/prof.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
+#include "../libcommon/config.h"
 #include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
@@ -43,7 +46,8 @@ static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, w
 static double save_minutes = 30;
 static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
 static int64_t plan_max_len;
-static const char *tensorboard_dir;
+static const char *tensorboard_dir, *config_path;
+static int extend;
 
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
@@ -75,6 +79,12 @@ static const opt_t options[] = {
      "write checkpoints in the background: training waits only for a host copy of the state (see below)"},
     {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)"},
     {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)"},
+    {"config", 0, OPT_STR, &config_path, "FILE.yaml",
+     "options from a YAML file (every long option is a key; LitGPT's finetune/full.yaml keys too); the command "
+     "line overrides it"},
+    {"extend", 0, OPT_FLAG, &extend, NULL,
+     "--resume with other --steps, --epochs, --lr, --min-lr, --warmup or --schedule (no longer bit-exact with "
+     "an uninterrupted run; said in metrics.jsonl)"},
     {"tensorboard", 0, OPT_STR, &tensorboard_dir, "DIR",
      "also write the metrics as TensorBoard scalars (event files in DIR; `tensorboard --logdir DIR`)"},
     {"precision", 0, OPT_STR, &precision_arg, "fp32|bf16-mixed|bf16-true",
@@ -472,6 +482,7 @@ static int check_values(trainer_opts_t *o)
     o->eval_rows = eval_rows;
     o->keep = keep;
     o->async_save = async_save;
+    o->extend = extend;
     return 0;
 }
 
@@ -639,8 +650,163 @@ static const char *default_device(void)
     return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
 }
 
+/* LitGPT's finetune/full.yaml (its Llama-2-7B recipe and litgpt 0.4–0.5's CLI), key by key:
+ * what ftk sets from it, what does not change a run (ignored, said), what ftk cannot honour
+ * (refused, saying how to get it). */
+static const config_alias_t litgpt_keys[] = {
+    {"precision", CONFIG_OPTION, "precision", "bf16-true=bf16-true|bf16-mixed=bf16-mixed|32-true=fp32|32=fp32"},
+    {"out_dir", CONFIG_OPTION, "out", NULL},
+    {"seed", CONFIG_OPTION, "seed", NULL},
+    {"resume", CONFIG_OPTION, "resume", "false=none|False=none|true=auto|True=auto|auto=auto"},
+    {"train.global_batch_size", CONFIG_OPTION, "global-batch", NULL},
+    {"train.micro_batch_size", CONFIG_OPTION, "micro-batch", NULL},
+    {"train.lr_warmup_steps", CONFIG_OPTION, "warmup", NULL},
+    {"train.epochs", CONFIG_OPTION, "epochs", NULL},
+    {"train.max_steps", CONFIG_OPTION, "steps", NULL},
+    {"train.min_lr", CONFIG_OPTION, "min-lr", NULL},
+    {"train.max_norm", CONFIG_OPTION, "clip", NULL},
+    {"train.save_interval", CONFIG_OPTION, "save-every", NULL},
+    {"eval.interval", CONFIG_OPTION, "eval-every", NULL},
+    {"optimizer.class_path", CONFIG_OPTION, "", "torch.optim.AdamW=AdamW"},
+    {"optimizer.init_args.lr", CONFIG_OPTION, "lr", NULL},
+    {"optimizer.init_args.weight_decay", CONFIG_OPTION, "weight-decay", NULL},
+    {"optimizer.init_args.betas", CONFIG_OPTION, "beta1 beta2", NULL},
+    {"optimizer.init_args.eps", CONFIG_OPTION, "eps", NULL},
+    {"optimizer", CONFIG_REFUSE, "a bare optimizer name: ftk runs AdamW; write optimizer.init_args", NULL},
+    {"train.log_interval", CONFIG_IGNORE, "ftk writes every step to metrics.jsonl", NULL},
+    {"train.max_seq_length", CONFIG_IGNORE, "the data's: ftk-pack --max-len made its rows", NULL},
+    {"train.tie_embeddings", CONFIG_IGNORE, "the model's config.json decides", NULL},
+    {"train.max_tokens", CONFIG_REFUSE, "ftk stops by --steps or --epochs", NULL},
+    {"eval.max_iters", CONFIG_IGNORE, "ftk evaluates --eval-rows rows (the recipe's 100 micro-batches of 4 are its "
+                                      "default 400)", NULL},
+    {"eval.max_new_tokens", CONFIG_IGNORE, "ftk-train generates nothing; ftk-generate -n", NULL},
+    {"eval.initial_validation", CONFIG_IGNORE, "ftk evaluates at step 0 when --eval-every > 0", NULL},
+    {"eval.final_validation", CONFIG_IGNORE, "ftk evaluates at the end when --eval-every > 0", NULL},
+    {"checkpoint_dir", CONFIG_IGNORE, "a Hugging Face folder: import it with ftk-import-hf and give --model", NULL},
+    {"data", CONFIG_IGNORE, "the data is --data's, as ftk-pack made it (template, mask, split, seed)", NULL},
+    {"devices", CONFIG_IGNORE, "the launcher's: mpirun -np N or srun", NULL},
+    {"num_nodes", CONFIG_IGNORE, "the launcher's: mpirun or srun", NULL},
+    {"logger_name", CONFIG_IGNORE, "ftk writes metrics.jsonl (ftk-plot --csv) and --tensorboard DIR", NULL},
+    {"quantize", CONFIG_REFUSE, "ftk trains full-precision weights (no bitsandbytes quantization)", NULL},
+    {"access_token", CONFIG_IGNORE, "ftk downloads nothing", NULL},
+    {0},
+};
+
+/* What a run keeps of its options (RUN/options.yaml): all but where and how this process
+ * runs, and the requests of this invocation. */
+static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
+                                       "max-len", "stop-after", "device", "threads", NULL};
+
+/* Builds the argument list the options are parsed from: the run's kept options (with
+ * --resume and neither the inputs nor --config on the command line: `ftk-train -o RUN
+ * --resume auto [--steps N --extend]`; a full command line is taken as it is, and its
+ * differences from the checkpoint refused as ever), or --config's; then the command line,
+ * overriding them. Every rank reads the same files, so the same list (which same_args()
+ * checks). Returns 0, or exit 2 after rank 0 said why. */
+static int expand_args(int *argc, char ***argv)
+{
+    const char *cfg = NULL, *out = NULL;
+    int resume = 0, inputs = 0;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = (*argv)[i], *next = i + 1 < *argc ? (*argv)[i + 1] : NULL;
+        if (!strcmp(a, "--"))
+            break;
+        inputs |= !strncmp(a, "-m", 2) || !strncmp(a, "-d", 2) || !strncmp(a, "--model", 7) || !strncmp(a, "--data", 6);
+        if (!strcmp(a, "--config") && next)
+            cfg = next;
+        else if (!strncmp(a, "--config=", 9))
+            cfg = a + 9;
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--out")) && next)
+            out = next;
+        else if (!strncmp(a, "--out=", 6))
+            out = a + 6;
+        else if (!strncmp(a, "-o", 2) && a[2])
+            out = a + 2;
+        else if (!strcmp(a, "--resume") && next)
+            resume = strcmp(next, "none") != 0;
+        else if (!strncmp(a, "--resume=", 9))
+            resume = strcmp(a + 9, "none") != 0;
+    }
+    char kept[4096] = "";
+    if (resume && out && !inputs && !cfg)
+        snprintf(kept, sizeof kept, "%s/options.yaml", out);
+    struct stat sb;
+    if (kept[0] && stat(kept, &sb) != 0)
+        kept[0] = 0;
+    if (!kept[0] && !cfg)
+        return 0;
+    config_args_t ka = {0}, ca = {0};
+    if ((kept[0] && config_load(kept, options, NULL, &ka) < 0) ||
+        (cfg && config_load(cfg, options, litgpt_keys, &ca) < 0)) {
+        if (rank == 0)
+            ftk_error("%s", ftk_err_msg());
+        config_args_free(&ka);
+        return FTK_EXIT_USAGE;
+    }
+    for (int i = 0; i < ca.n_notes && rank == 0; i++)
+        ftk_warn("%s", ca.notes[i]);
+    int n = *argc + ka.n_words + ca.n_words, k = 0;
+    char **v = calloc((size_t)n + 1, sizeof *v);
+    if (!v) {
+        ftk_error("out of memory");
+        return FTK_EXIT_FAIL;
+    }
+    v[k++] = (*argv)[0];
+    for (int i = 0; i < ka.n_words; i++)
+        v[k++] = ka.words[i];
+    for (int i = 0; i < ca.n_words; i++)
+        v[k++] = ca.words[i];
+    for (int i = 1; i < *argc; i++)
+        v[k++] = (*argv)[i];
+    v[k] = NULL;
+    /* the words stay allocated for the process's life: the options point into them */
+    if (kept[0] && rank == 0)
+        ftk_info("options of the run from %s (the command line overrides them)", kept);
+    free(ka.notes);
+    free(ca.notes);
+    *argc = k;
+    *argv = v;
+    return 0;
+}
+
+/* OUT/options.yaml: the options this run resolved (rank 0, after the resume). */
+static int keep_options(void)
+{
+    buf_t b = {0};
+    char path[4096], cwd[4096], m_abs[8192], d_abs[8192];
+    snprintf(path, sizeof path, "%s/options.yaml", out_dir);
+    /* the inputs by absolute path: a resume may start in another directory */
+    const char *m0 = model_path, *d0 = data_path;
+    if (getcwd(cwd, sizeof cwd)) {
+        if (model_path && model_path[0] != '/')
+            snprintf(m_abs, sizeof m_abs, "%s/%s", cwd, model_path), model_path = m_abs;
+        if (data_path && data_path[0] != '/')
+            snprintf(d_abs, sizeof d_abs, "%s/%s", cwd, data_path), data_path = d_abs;
+    }
+    int rc = config_write(&b, options, not_kept,
+                          "# ftk-train's options for this run (ftk-train --resume auto -o RUN reads them; the command\n"
+                          "# line overrides them). Written at each start.\n");
+    model_path = m0;
+    data_path = d0;
+    atomic_file_t a;
+    if (rc == 0 && (rc = atomic_begin(&a, path)) == 0) {
+        FILE *f = fopen(a.tmp_path, "wb");
+        if (!f || fwrite(b.data, 1, b.len, f) != b.len || fclose(f) != 0) {
+            ftk_err_set("%s: %s", path, strerror(errno));
+            atomic_abort(&a);
+            rc = -1;
+        } else
+            rc = atomic_commit(&a);
+    }
+    buf_free(&b);
+    return rc;
+}
+
 static int run(int argc, char **argv)
 {
+    int xrc = expand_args(&argc, &argv);
+    if (xrc)
+        return xrc;
     int prc = parse_args(argc, argv);
     if (!same_args(argc, argv)) {
         if (rank == 0)
@@ -743,6 +909,19 @@ static int run(int argc, char **argv)
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(errno));
         else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir)))
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
+        else if (keep_options() < 0)
+            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+        if (!code && trainer_extended(t)[0]) {
+            char now[32];
+            ftk_warn("--extend: %s; from step %lld on, the run is no longer bit-exact with an uninterrupted one",
+                     trainer_extended(t), (long long)meta->step);
+            fprintf(mf, "{\"kind\": \"extend\", \"step\": %lld, \"changed\": ", (long long)meta->step);
+            buf_t j = {0};
+            json_write_string(&j, trainer_extended(t), strlen(trainer_extended(t)));
+            fprintf(mf, "%s, \"bit_exact\": false, \"time\": \"%s\"}\n", j.data ? j.data : "\"\"", iso_now(now));
+            buf_free(&j);
+            metrics_flush(mf);
+        }
     }
     if ((code = agree_msg(code, msg)))
         goto out;
