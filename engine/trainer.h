@@ -67,6 +67,7 @@ typedef struct {
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
     int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */
+    int allow_other_tokenizer; /* train data packed with a tokenizer the model does not hold */
 } trainer_opts_t;
 
 /* A committed checkpoint, for the metrics. stall_s: seconds rank 0's training loop was
