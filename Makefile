@@ -135,6 +135,11 @@ $(O)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# --version says what this build holds (libcommon/version.c).
+$(O)/libcommon/version.o: CFLAGS += -DFTK_BUILD_MPI=\"$(shell pkg-config --modversion ompi 2>/dev/null)\" \
+    -DFTK_BUILD_NCCL=$(if $(NCCL_OBJ),1,0) \
+    -DFTK_BUILD_CUDA=\"$(if $(CUDA_BINS),$(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p'),)\"
+
 # The CPU kernels are the hot loops: -O3 lets GCC vectorise them (still IEEE: no fast-math).
 ifneq ($(SAN),1)
 $(O)/kernels/cpu/%.o: CFLAGS += -O3

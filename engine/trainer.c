@@ -16,7 +16,10 @@
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "../libcommon/path.h"
+#include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 #include "bgsave.h"
 #include "train.h"
@@ -122,6 +125,72 @@ static int open_data(const char *path, data_t *d)
     d->rows[TOKENS_VAL] = in->rows[TOKENS_VAL];
     snprintf(d->set_xxh3, sizeof d->set_xxh3, "%s", in->set_xxh3);
     return 0;
+}
+
+/* Data packed with another tokenizer than the model's trains without a complaint and
+ * teaches the model nonsense: its ids name other pieces. Both files record the tokenizer
+ * (tokens.h: tokenizer_xxh3, the encoder file's checksum; weights.h: /tokenizer), so they
+ * are compared; a model that holds no tokenizer cannot be checked (rank 0 warns). Returns
+ * 0, or FTK_EXIT_USAGE with the message in t->why. */
+typedef struct {
+    const char *want;
+    int match, n;
+    char have[256];
+} tok_cmp_t;
+
+static int cmp_tok(const char *name, const void *data, size_t len, void *ctx)
+{
+    tok_cmp_t *c = ctx;
+    if (strcmp(name, "tokenizer.model") && strcmp(name, "tokenizer.json") && strcmp(name, "tokenizer.bin"))
+        return 0;
+    char hex[17];
+    hash_hex(hash_bytes(data, len), hex);
+    c->match |= !strcmp(hex, c->want);
+    size_t k = strlen(c->have);
+    snprintf(c->have + k, sizeof c->have - k, "%s%s (xxh3 %s)", c->n++ ? ", " : "", name, hex);
+    return 0;
+}
+
+static int check_tokenizer(trainer_t *t)
+{
+    const trainer_opts_t *o = &t->o;
+    tok_cmp_t c = {.want = tokens_set_info(t->data.set)->tokenizer_xxh3};
+    /* A resumed run was checked at its start; its checkpoint ties it to those weights and
+     * that data (init and data checksums, compared on resume with messages of their own). */
+    if (!strcmp(o->resume, "auto")) {
+        size_t n = 0;
+        char **l = ckpt_list(o->out_dir, &n);
+        for (size_t i = 0; l && i < n; i++)
+            free(l[i]);
+        free(l);
+        if (n)
+            return 0;
+    } else if (strcmp(o->resume, "none")) {
+        return 0;
+    }
+    if (weights_each_file(t->wf, cmp_tok, &c) < 0)
+        return fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
+    if (c.match)
+        return 0;
+    if (!c.n) {
+        if (t->rank == 0)
+            ftk_warn("%s holds no tokenizer: cannot check that %s was packed with the model's (its tokenizer: "
+                     "xxh3 %s); ftk-import-hf --tokenizer stores one",
+                     o->model_path, o->data_path, c.want);
+        return 0;
+    }
+    if (o->allow_other_tokenizer) {
+        if (t->rank == 0)
+            ftk_warn("%s was packed with the tokenizer of xxh3 %s, not %s's %s: training anyway "
+                     "(--allow-other-tokenizer)",
+                     o->data_path, c.want, o->model_path, c.have);
+        return 0;
+    }
+    return fail(t, FTK_EXIT_USAGE,
+                "%s was packed with another tokenizer than the model's: its tokenizer_xxh3 is %s, %s holds %s; "
+                "the token ids would mean other pieces. Pack the data with `ftk-pack -t %s`, or pass "
+                "--allow-other-tokenizer if the two tokenizers give the same ids",
+                o->data_path, c.want, o->model_path, c.have, o->model_path);
 }
 
 /* The set is untrusted even when its checksums hold: an id past the vocabulary or an
@@ -277,7 +346,7 @@ static int prepare_out_dir(trainer_t *t)
     if (t->made_dir && !holds_only_lock(out))
         t->made_dir = 0;
     char latest[4096];
-    snprintf(latest, sizeof latest, "%s/latest", out);
+    snprintf(latest, sizeof latest, "%.*s/latest", path_dir_len(out), out);
     struct stat sb;
     if (!strcmp(t->o.resume, "none") && stat(latest, &sb) == 0)
         return fail(t, FTK_EXIT_USAGE,
@@ -358,6 +427,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
                  o->data_path, (long long)t->data.vocab, (long long)t->cfg.vocab_size);
     else if (t->data.rows[TOKENS_TRAIN] == 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: no training rows", o->data_path);
+    else if (check_tokenizer(t))
+        c = FTK_EXIT_USAGE;
     else if (ckpt_init_hash(t->wf, &t->cfg, meta->init_xxh3) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
     CHECK(c);
@@ -519,7 +590,7 @@ static int save_commit(trainer_t *t, ckpt_writer_t *w, const ckpt_meta_t *meta, 
         if (!sums)
             code = fail(t, FTK_EXIT_FAIL, "out of memory");
         char step_dir[4200];
-        snprintf(step_dir, sizeof step_dir, "%s/%s", t->o.out_dir, w->name);
+        snprintf(step_dir, sizeof step_dir, "%.*s/%s", path_dir_len(t->o.out_dir), t->o.out_dir, w->name);
         struct stat sb;
         if (code)
             ckpt_abort(w);
@@ -726,9 +797,10 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
         if (!code && ckpt_read_resliced(ck, &man, meta->shard_count, shard_index(t->sh), 0, st) < 0)
             code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
         if (!code)
-            ftk_info("%s: %lld shards (%lld ranks, strategy %s) resliced on load into %lld (%d ranks, strategy %s)",
-                     ck, (long long)cm->shard_count, (long long)cm->world_size, cm->strategy,
-                     (long long)meta->shard_count, t->nranks, meta->strategy);
+            ftk_info("%s: %lld shard%s (%lld rank%s, strategy %s) resliced on load into %lld (%d rank%s, strategy %s)",
+                     ck, (long long)cm->shard_count, plural_s(cm->shard_count), (long long)cm->world_size,
+                     plural_s(cm->world_size), cm->strategy, (long long)meta->shard_count, t->nranks,
+                     plural_s(t->nranks), meta->strategy);
     }
     ckpt_manifest_free(&man);
     return code;

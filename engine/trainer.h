@@ -69,6 +69,7 @@ typedef struct {
     int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */
     int extend;             /* a resume may change the steps, epochs, learning rates, warmup and
                                schedule (trainer_extended() says which changed) */
+    int allow_other_tokenizer; /* train data packed with a tokenizer the model does not hold */
 } trainer_opts_t;
 
 /* A committed checkpoint, for the metrics. stall_s: seconds rank 0's training loop was

@@ -16,6 +16,7 @@
 #include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "../libcommon/path.h"
 #include "../libcommon/version.h"
 #include "h5.h"
 #include "json.h"
@@ -74,7 +75,7 @@ static char *join(const char *a, const char *b)
         ftk_err_set("out of memory");
         return NULL;
     }
-    snprintf(p, l, "%s/%s", a, b);
+    snprintf(p, l, "%.*s/%s", path_dir_len(a), a, b);
     return p;
 }
 

@@ -1,7 +1,10 @@
 #include "h5.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
@@ -134,6 +137,17 @@ hid_t h5_open(const char *path, const char *format, int64_t max_version, char **
 {
     if (h5_init() < 0)
         return H5I_INVALID_HID;
+    /* HDF5 says "not an HDF5 file" of a path that does not exist or cannot be read: ask the
+     * system first, so the message gives the real reason. */
+    struct stat st;
+    if (stat(path, &st) != 0 || access(path, R_OK) != 0) {
+        ftk_err_set("%s: %s", path, strerror(errno));
+        return H5I_INVALID_HID;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        ftk_err_set("%s: is a directory, not an HDF5 file", path);
+        return H5I_INVALID_HID;
+    }
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
         ftk_err_set("%s: not an HDF5 file (or truncated)", path);

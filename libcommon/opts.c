@@ -213,7 +213,7 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
         return 1;
     }
     if (want_version) {
-        printf("%s %s\n", spec->tool, FTK_VERSION);
+        ftk_version_print(stdout, spec->tool);
         return 1;
     }
     if (np < spec->min_pos)

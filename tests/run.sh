@@ -147,6 +147,8 @@ run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
 run cli/metrics-plot-tensorboard sh tests/cli/metrics.sh "$ROOT/bin" "$WORK/metrics"
 run cli/preemption-signals sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt"
 run cli/config-and-kept-options sh tests/cli/config.sh "$ROOT/bin" "$WORK/config"
+run cli/tokenizer-carried sh tests/cli/tokenizer.sh "$ROOT/bin" "$WORK/tokenizer" "$DATA"
+run cli/ux sh tests/cli/ux.sh "$ROOT/bin" "$WORK/ux"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
@@ -177,13 +179,14 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     fi
     run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
     run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
+    run ref/tokenizer-end-to-end "$PY" tests/ref/tokenizer_end_to_end.py bin "$DATA" "$WORK/tokenizer-e2e"
     run ref/chat-template-vs-transformers "$PY" tests/ref/chat_template_vs_transformers.py bin "$DATA" "$WORK/chat-ref"
     run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
     run ref/precision-vs-torch "$PY" tests/ref/precision_vs_torch.py bin build/tests/probe_model "$DATA" \
         "$WORK/precision-ref"
     run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
 else
-    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-end-to-end chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
@@ -200,6 +203,7 @@ if [ -d build/asan/bin ]; then
     run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
     run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
     run asan/cli-config-and-kept-options sh tests/cli/config.sh "$ROOT/build/asan/bin" "$WORK/asan-config"
+    run asan/cli-ux sh tests/cli/ux.sh "$ROOT/build/asan/bin" "$WORK/asan-ux"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
     run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"

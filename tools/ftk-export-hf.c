@@ -11,6 +11,7 @@
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/fault.h"
@@ -20,7 +21,7 @@
 #include "../libcommon/progress.h"
 #include "../libcommon/timer.h"
 
-static const char *output, *dtype_opt = "keep", *max_shard = "5GB";
+static const char *output, *dtype_opt = "keep", *max_shard = "5GB", *tokenizer_opt;
 static int force;
 
 static const opt_t options[] = {
@@ -30,6 +31,9 @@ static const opt_t options[] = {
     {"max-shard-size", 0, OPT_STR, &max_shard, "SIZE",
      "largest safetensors file (5GB = 5*10^9 bytes, 2GiB = 2*2^30); one file when everything fits"},
     {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output folder (after the new one is complete)"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
+     "write this tokenizer in place of the one stored in FILE.h5 (a folder of tokenizer files, one file, or a "
+     "weights file)"},
     {0},
 };
 
@@ -38,7 +42,8 @@ static const opt_spec_t spec = {
     .usage = "[options] FILE.h5 -o DIR",
     .summary = "Writes an ftk weights file as a Hugging Face folder: config.json, model.safetensors (or\n"
                "model-00001-of-0000N.safetensors shards and model.safetensors.index.json, as transformers\n"
-               "names them) and the tokenizer files stored in the weights file. Tensors keep their\n"
+               "names them) and the tokenizer files stored in the weights file (or --tokenizer's; a folder\n"
+               "without a tokenizer is warned about: AutoTokenizer cannot load it). Tensors keep their\n"
                "names and bytes: an import followed by an export with the same dtype is bit-identical.",
     .epilog = "Exit status: 0 success, 1 I/O failure, 2 bad usage or bad input (nothing written).\n",
     .opts = options,
@@ -80,9 +85,32 @@ static int write_text_file(atomic_dir_t *ad, const char *name, const void *data,
     return rc;
 }
 
+typedef struct {
+    atomic_dir_t *ad;
+    const tokfiles_t *given; /* --tokenizer's files, which replace the stored ones */
+    int n_tok;               /* tokenizer files written */
+} put_tok_t;
+
 static int put_tokenizer(const char *name, const void *data, size_t len, void *ctx)
 {
-    return write_text_file(ctx, name, data, len);
+    put_tok_t *p = ctx;
+    if (p->given && tokfiles_is_tokenizer_name(name))
+        return 0;
+    p->n_tok += tokfiles_is_tokenizer_name(name) && strcmp(name, "tokenizer_config.json") &&
+                strcmp(name, "special_tokens_map.json");
+    return write_text_file(p->ad, name, data, len);
+}
+
+static int put_tokenizers(hid_t wf, atomic_dir_t *ad, const tokfiles_t *given, int *n_tok)
+{
+    put_tok_t p = {.ad = ad, .given = given};
+    if (weights_each_file(wf, put_tokenizer, &p) < 0)
+        return -1;
+    for (int i = 0; given && i < given->n; i++)
+        if (write_text_file(ad, given->f[i].name, given->f[i].data.data, given->f[i].data.len) < 0)
+            return -1;
+    *n_tok = p.n_tok + (given ? 1 : 0);
+    return 0;
 }
 
 /* The stored generation_config.json and the tokenizer ftk-generate would pick
@@ -161,15 +189,22 @@ int main(int argc, char **argv)
                   output);
         return FTK_EXIT_USAGE;
     }
+    tokfiles_t given = {0};
+    if (tokenizer_opt && tokfiles_load(tokenizer_opt, &given) < 0) {
+        ftk_error("--tokenizer %s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     atomic_install_signal_cleanup();
     double t0 = time_now();
     model_config_t cfg;
     hid_t wf = weights_open(pos[0], &cfg);
     if (wf < 0) {
         ftk_error("%s", ftk_err_msg());
+        tokfiles_free(&given);
         return FTK_EXIT_USAGE;
     }
     warn_eos(wf, pos[0], &cfg);
+    int n_tok = 0;
     rc = FTK_EXIT_USAGE;
     size_t n = weights_n_tensors(&cfg), n_shards = 0;
     item_t *it = calloc(n, sizeof *it);
@@ -292,7 +327,7 @@ int main(int argc, char **argv)
     if (hfconfig_write(&text, &cfg, common != DT_INVALID ? common : cfg.torch_dtype) < 0 ||
         write_text_file(&ad, "config.json", text.data, text.len) < 0 ||
         (n_shards > 1 && write_text_file(&ad, "model.safetensors.index.json", index.data, index.len) < 0) ||
-        weights_each_file(wf, put_tokenizer, &ad) < 0) {
+        put_tokenizers(wf, &ad, tokenizer_opt ? &given : NULL, &n_tok) < 0) {
         ftk_error("%s", ftk_err_msg());
         buf_free(&index);
         goto fail;
@@ -304,6 +339,10 @@ int main(int argc, char **argv)
         goto fail;
     }
     dir_open = 0;
+    if (!n_tok)
+        ftk_warn("%s holds no tokenizer, so %s has none and transformers' AutoTokenizer cannot load it; "
+                 "give one with --tokenizer FILE|DIR",
+                 pos[0], output);
     double dt = time_now() - t0;
     ftk_info("%s: %zu tensors in %zu file%s, %.1f MB in %.2f s (%.0f MB/s)", output, n, n_shards,
              n_shards == 1 ? "" : "s", (double)total / 1e6, dt, dt > 0 ? (double)total / 1e6 / dt : 0.0);
@@ -321,5 +360,6 @@ fail:
     free(scratch);
     buf_free(&hdr);
     buf_free(&text);
+    tokfiles_free(&given);
     return rc;
 }

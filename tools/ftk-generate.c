@@ -12,18 +12,21 @@
 #include "../formats/alpaca.h"
 #include "../formats/checkpoint.h"
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../formats/weights.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 #include "../libcommon/rng.h"
 
-static const char *model_path, *prompt = "", *device; /* NULL: FTK_DEVICE, else cuda with a GPU */
+static const char *model_path, *prompt = "", *device, *tokenizer_opt; /* NULL: FTK_DEVICE, else cuda with a GPU */
 static int alpaca, greedy, threads, ignore_eos;
 static double temperature = 0.8, top_p = 0.95;
 static int64_t seed = 42, max_new = 256;
 
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "W.h5|DIR", "weights file, checkpoint directory or run directory (its latest)"},
+    {"tokenizer", 0, OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
+     "the tokenizer to use in place of the one stored with the model (a file, a folder, or a weights file)"},
     {"prompt", 'p', OPT_STR, &prompt, "TEXT", "text to continue (empty: start from BOS alone)"},
     {"alpaca", 0, OPT_FLAG, &alpaca, NULL, "wrap the prompt in the Alpaca template, as ftk-pack does for training"},
     {"greedy", 0, OPT_FLAG, &greedy, NULL, "always take the most likely token (same as --temperature 0)"},
@@ -223,8 +226,37 @@ int main(int argc, char **argv)
         }
     }
     tok_pick_t pick = {0};
-    if (tf < 0 || weights_each_file(tf, pick_tok, &pick) < 0 || !pick.tok) {
-        ftk_error("%s: %s", model_path, tf < 0 || !pick.tok ? "no tokenizer stored in it" : ftk_err_msg());
+    int bad = 0;
+    if (tf < 0 || weights_each_file(tf, pick_tok, &pick) < 0) {
+        ftk_error("%s: %s", model_path, tf < 0 ? "no tokenizer stored in it" : ftk_err_msg());
+        bad = 1;
+    } else if (tokenizer_opt) { /* in place of the stored one; generation_config.json stays the model's */
+        tokfiles_t given;
+        tok_free(pick.tok);
+        pick.tok = NULL;
+        if (tokfiles_load(tokenizer_opt, &given) < 0) {
+            ftk_error("--tokenizer %s", ftk_err_msg());
+            bad = 1;
+        } else {
+            const tokfile_t *enc = tokfiles_encoder(&given);
+            pick.tok = tok_load_mem(enc->data.data, enc->data.len, enc->name);
+            tokfiles_free(&given);
+            if (!pick.tok) {
+                ftk_error("--tokenizer %s: %s", tokenizer_opt, ftk_err_msg());
+                bad = 1;
+            }
+        }
+    } else if (!pick.tok) {
+        ftk_error("%s: no tokenizer stored in it; give one with --tokenizer FILE|DIR", model_path);
+        bad = 1;
+    }
+    if (bad) {
+        tok_free(pick.tok);
+        buf_free(&pick.gen);
+        if (tf >= 0)
+            h5_close(tf);
+        model_free(m);
+        backend_free(be);
         return FTK_EXIT_USAGE;
     }
     h5_close(tf);

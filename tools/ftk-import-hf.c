@@ -11,6 +11,7 @@
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
@@ -18,13 +19,15 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/timer.h"
 
-static const char *output, *dtype_opt = "keep", *compress = "none";
+static const char *output, *dtype_opt = "keep", *compress = "none", *tokenizer_opt;
 
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "keep|float32|float16|bfloat16",
      "store tensors in this type (keep: as in the safetensors files; narrowing rounds to nearest even)"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
+     "the tokenizer to store, in place of the folder's (a folder of tokenizer files, one file, or a weights file)"},
     {0},
 };
 
@@ -35,7 +38,8 @@ static const opt_spec_t spec = {
                "weights (model.safetensors, or shards listed in model.safetensors.index.json; F32, F16\n"
                "or BF16), and the tokenizer files found there (tokenizer.model, tokenizer.json,\n"
                "tokenizer_config.json, special_tokens_map.json) and generation_config.json, which travel\n"
-               "inside the .h5. Warns when generation would not stop at the tokenizer's EOS (transformers' rule:\n"
+               "inside the .h5 (--tokenizer takes them from elsewhere; a folder without any is warned about).\n"
+               "Warns when generation would not stop at the tokenizer's EOS (transformers' rule:\n"
                "generation_config.json's eos_token_id, else config.json's).\n"
                "Tensor names and layouts stay Hugging Face's, so the same dtype round-trips bit for bit.\n"
                "pytorch_model.bin is not read (pickle files can run code); convert it to safetensors.",
@@ -48,9 +52,6 @@ static const opt_spec_t spec = {
     .max_pos = 1,
 };
 
-static const char *tokenizer_files[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                                        "special_tokens_map.json", "generation_config.json"};
-
 
 typedef struct {
     model_config_t cfg;
@@ -62,6 +63,7 @@ typedef struct {
     const char *dir;
     const uint8_t *done_p; /* the block handed out last: released at the next call */
     size_t done_n;
+    tokfiles_t tok; /* the tokenizer files to store (none: n == 0) */
 } import_t;
 
 /* Drops the mapped pages of a block already written, so that resident memory stays about
@@ -234,8 +236,9 @@ static const void *src_rows(void *ctx, size_t i, const weights_spec_t *s, dtype_
 
 /* Warns when generation (transformers' rule, hfconfig.h: generation_config.json, then
  * config.json) would stop elsewhere than at the tokenizer's EOS; a generation_config.json that cannot
- * be read is bad input. Returns 0 or -1 (message set). */
-static int check_eos(const char *dir, const model_config_t *cfg)
+ * be read is bad input, and so is a tokenizer larger than the model's vocabulary. Returns 0 or -1
+ * (message set). */
+static int check_eos(const char *dir, const model_config_t *cfg, const tokfiles_t *tk, const char *tk_src)
 {
     char *gp = join(dir, "generation_config.json");
     buf_t g = {0};
@@ -250,38 +253,55 @@ static int check_eos(const char *dir, const model_config_t *cfg)
     }
     buf_free(&g);
     free(gp);
-    for (int i = 0; i < 2 && rc == 0; i++) { /* the tokenizer ftk-generate would pick */
-        char *tp = join(dir, i ? "tokenizer.json" : "tokenizer.model");
-        tok_t *t = tp && exists(tp) ? tok_load(tp) : NULL;
-        char msg[512];
-        if (t && hfconfig_eos_disagree(eos, n, from_gen, tok_eos_id(t), msg, sizeof msg))
-            ftk_warn("%s: %s (%s)", dir, msg, i ? "tokenizer.json" : "tokenizer.model");
-        int found = t != NULL;
-        tok_free(t);
-        free(tp);
-        if (found)
-            break;
-    }
+    const tokfile_t *enc = tokfiles_encoder(tk); /* the one ftk-generate picks */
+    tok_t *t = rc == 0 && enc ? tok_load_mem(enc->data.data, enc->data.len, enc->name) : NULL;
+    char msg[512];
+    if (rc == 0 && enc && !t && tokenizer_opt) {
+        ftk_err_prefix("--tokenizer %s: ", tk_src);
+        rc = -1;
+    } else if (rc == 0 && enc && !t) { /* stored as found, as always: the stages that use it say so */
+        ftk_warn("%s", ftk_err_msg());
+    } else if (t && tok_vocab_size(t) > cfg->vocab_size && tokenizer_opt) {
+        ftk_err_set("--tokenizer %s: the tokenizer (%s) has %d pieces but config.json's vocab_size is %lld", tk_src,
+                    enc->name, tok_vocab_size(t), (long long)cfg->vocab_size);
+        rc = -1;
+    } else if (t && hfconfig_eos_disagree(eos, n, from_gen, tok_eos_id(t), msg, sizeof msg))
+        ftk_warn("%s: %s (%s)", dir, msg, enc->name);
+    tok_free(t);
     return rc;
 }
 
 static int store_tokenizer(void *ctx, hid_t file)
 {
     import_t *im = ctx;
-    for (size_t i = 0; i < sizeof tokenizer_files / sizeof tokenizer_files[0]; i++) {
-        char *p = join(im->dir, tokenizer_files[i]);
-        buf_t b = {0};
-        int rc = 0;
-        if (p && exists(p))
-            rc = buf_read_file(&b, p) < 0 || weights_put_file(file, tokenizer_files[i], b.data ? b.data : "", b.len) < 0
-                     ? -1
-                     : 0;
-        buf_free(&b);
-        free(p);
-        if (rc < 0)
+    for (int i = 0; i < im->tok.n; i++)
+        if (weights_put_file(file, im->tok.f[i].name, im->tok.f[i].data.data, im->tok.f[i].data.len) < 0)
             return -1;
+    char *p = join(im->dir, "generation_config.json"); /* the model's, not the tokenizer's */
+    buf_t b = {0};
+    int rc = 0;
+    if (p && exists(p))
+        rc = buf_read_file(&b, p) < 0 || weights_put_file(file, "generation_config.json", b.data ? b.data : "", b.len) < 0
+                 ? -1
+                 : 0;
+    buf_free(&b);
+    free(p);
+    return rc;
+}
+
+/* The tokenizer files: --tokenizer's, else the folder's (none: im->tok.n == 0; main warns
+ * once the file is written, since every later stage would then need --tokenizer). */
+static int find_tokenizer(import_t *im)
+{
+    if (tokenizer_opt)
+        return tokfiles_load(tokenizer_opt, &im->tok);
+    int found = 0;
+    for (int i = 0; i < 3 && !found; i++) {
+        char *p = join(im->dir, tokfiles_names[i]);
+        found = p && exists(p);
+        free(p);
     }
-    return 0;
+    return found ? tokfiles_load(im->dir, &im->tok) : 0;
 }
 
 int main(int argc, char **argv)
@@ -324,7 +344,11 @@ int main(int argc, char **argv)
         ftk_error("%s: %s", cfg_path, ftk_err_msg());
         goto done;
     }
-    if (check_eos(im.dir, &im.cfg) < 0) {
+    if (find_tokenizer(&im) < 0) {
+        ftk_error("%s%s", tokenizer_opt ? "--tokenizer " : "", ftk_err_msg());
+        goto done;
+    }
+    if (check_eos(im.dir, &im.cfg, &im.tok, tokenizer_opt ? tokenizer_opt : im.dir) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -385,6 +409,10 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
+    if (!im.tok.n)
+        ftk_warn("%s: no tokenizer (tokenizer.model, tokenizer.json): %s carries none, so ftk-pack, ftk-generate "
+                 "and ftk-export-hf will each need --tokenizer; give it here once with --tokenizer FILE|DIR",
+                 im.dir, output);
     double dt = time_now() - t0;
     ftk_info("%s: %lld layers, %.2f M parameters, %zu tensors, %.1f MB in %.2f s (%.0f MB/s)", output,
              (long long)im.cfg.num_hidden_layers, (double)model_n_params(&im.cfg) / 1e6, n, (double)bytes / 1e6, dt,
@@ -399,6 +427,7 @@ done:
     free(im.files);
     free(im.src);
     free(im.src_file);
+    tokfiles_free(&im.tok);
     free(cfg_path);
     free(index_path);
     free(single_path);

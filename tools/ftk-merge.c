@@ -6,13 +6,18 @@
 #include <sys/resource.h>
 
 #include "../formats/checkpoint.h"
+#include "../formats/json.h"
+#include "../formats/tokfiles.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 
 static const char *output, *dtype_opt = "float32", *compress = "none";
 static int with_optimizer;
+static const char *tokenizer_opt;
+static int json_out;
 
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
@@ -21,12 +26,15 @@ static const opt_t options[] = {
     {"with-optimizer", 0, OPT_FLAG, &with_optimizer, NULL,
      "also store both AdamW moments (float32, a bf16 checkpoint's widened) under /optimizer"},
     {"compress", 0, OPT_STR, &compress, "none|zstd|zstd:L", "zstd-compress the tensors (HDF5 filter 32015)"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
+     "store this tokenizer in place of the checkpoint's (a file, a folder of tokenizer files, or a weights file)"},
+    {"json", 0, OPT_FLAG, &json_out, NULL, "print a summary as JSON on stdout"},
     {0},
 };
 
 static const opt_spec_t spec = {
     .tool = "ftk-merge",
-    .usage = "CHECKPOINT -o FILE.h5 [--dtype bfloat16] [--with-optimizer]",
+    .usage = "CHECKPOINT -o FILE.h5 [--dtype bfloat16] [--with-optimizer] [--tokenizer FILE|DIR] [--json]",
     .summary = "Reassembles a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
                "`latest` file), whatever its shard count, into one ftk weights file: every parameter\n"
                "under its Hugging Face name and shape, in the chosen type, the tokenizer files\n"
@@ -81,20 +89,33 @@ static const void *merge_rows(void *ctx, size_t i, const weights_spec_t *s, dtyp
 
 typedef struct {
     hid_t dst;
+    const tokfiles_t *given; /* --tokenizer's files: they replace the checkpoint's */
+    int n_tok;               /* tokenizer files stored */
 } tok_copy_t;
 
 static int put_tok(const char *name, const void *data, size_t len, void *ctx)
 {
-    return weights_put_file(((tok_copy_t *)ctx)->dst, name, data, len) < 0 ? -1 : 0;
+    tok_copy_t *tc = ctx;
+    if (tc->given && tokfiles_is_tokenizer_name(name))
+        return 0;
+    tc->n_tok += tokfiles_is_tokenizer_name(name);
+    return weights_put_file(tc->dst, name, data, len) < 0 ? -1 : 0;
 }
+
+static tokfiles_t given_tok;
+static int n_tok_stored;
 
 /* The tokenizer files, then (with --with-optimizer) the moments, tensor by tensor. */
 static int merge_extra(void *ctx, hid_t file)
 {
     merge_t *m = ctx;
-    tok_copy_t tc = {file};
+    tok_copy_t tc = {file, tokenizer_opt ? &given_tok : NULL, 0};
     if (weights_each_file(m->files[0], put_tok, &tc) < 0)
         return -1;
+    for (int i = 0; tc.given && i < given_tok.n; i++, tc.n_tok++)
+        if (weights_put_file(file, given_tok.f[i].name, given_tok.f[i].data.data, given_tok.f[i].data.len) < 0)
+            return -1;
+    n_tok_stored = tc.n_tok;
     if (!with_optimizer)
         return 0;
     hid_t g = h5_group_create(file, "optimizer");
@@ -150,6 +171,12 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
+    if (tokenizer_opt && tokfiles_load(tokenizer_opt, &given_tok) < 0) {
+        ftk_error("--tokenizer %s", ftk_err_msg());
+        ckpt_manifest_free(&man);
+        free(dir);
+        return FTK_EXIT_USAGE;
+    }
     double t0 = time_now();
     int64_t S = man.meta.shard_count, maxpad = 0;
     size_t nt = weights_n_tensors(&man.cfg);
@@ -180,8 +207,8 @@ int main(int argc, char **argv)
     model_config_t cfg = man.cfg;
     cfg.torch_dtype = dt;
     char source[4200];
-    snprintf(source, sizeof source, "ftk-merge of %s (step %lld, %lld shards)", dir, (long long)man.meta.step,
-             (long long)S);
+    snprintf(source, sizeof source, "ftk-merge of %s (step %lld, %lld shard%s)", dir, (long long)man.meta.step,
+             (long long)S, plural_s(S));
     weights_source_t ws = {.cfg = &cfg,
                            .source = source,
                            .dtype_label = dtype_name(dt),
@@ -204,6 +231,23 @@ int main(int argc, char **argv)
              output, (double)model_n_params(&cfg) / 1e6, dtype_name(dt), (long long)man.meta.step, (long long)S,
              S == 1 ? "" : "s", man.meta.precision, with_optimizer ? ", with both AdamW moments" : "", (double)bytes / 1e6,
              time_now() - t0, (double)ru.ru_maxrss / 1e3);
+    if (!n_tok_stored)
+        ftk_warn("%s carries no tokenizer, so %s holds none; give one with --tokenizer FILE|DIR", dir, output);
+    if (json_out) {
+        buf_t j = {0};
+        buf_printf(&j, "{\"checkpoint\": ");
+        json_write_string(&j, dir, strlen(dir));
+        buf_printf(&j, ", \"output\": ");
+        json_write_string(&j, output, strlen(output));
+        buf_printf(&j,
+                   ", \"step\": %lld, \"shards\": %lld, \"precision\": \"%s\", \"dtype\": \"%s\", \"n_params\": %lld, "
+                   "\"with_optimizer\": %s, \"tokenizer_files\": %d, \"bytes\": %llu, \"seconds\": %.3f}",
+                   (long long)man.meta.step, (long long)S, man.meta.precision, dtype_name(dt),
+                   (long long)model_n_params(&cfg), with_optimizer ? "true" : "false", n_tok_stored,
+                   (unsigned long long)bytes, time_now() - t0);
+        printf("%s\n", j.data);
+        buf_free(&j);
+    }
     rc = FTK_EXIT_OK;
 done:
     ckpt_close_shards(files, &man);
@@ -212,5 +256,6 @@ done:
     free(m.buf);
     ckpt_manifest_free(&man);
     free(dir);
+    tokfiles_free(&given_tok);
     return rc;
 }

@@ -57,12 +57,14 @@
 #include "../formats/records.h"
 #include "../formats/h5.h"
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../formats/tokens.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/plural.h"
 #include "../libcommon/progress.h"
 #include "../libcommon/rng.h"
 #include "../libcommon/timer.h"
@@ -74,7 +76,8 @@ static int64_t seed = 42, val_count = -1, max_record_bytes = 4 << 20;
 static double val_fraction = 0.03865;
 
 static const opt_t options[] = {
-    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE", "tokenizer.model or tokenizer.json (required)"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE|DIR|W.h5",
+     "tokenizer.model or tokenizer.json, a folder holding one, or a weights file that stores one (required)"},
     {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name)"},
     {"template", 0, OPT_STR, &template_arg, "NAME",
      "alpaca, llama-2-chat or chatml (default: by the first record, alpaca or llama-2-chat)"},
@@ -104,7 +107,7 @@ static const opt_t options[] = {
 
 static const opt_spec_t spec = {
     .tool = "ftk-pack",
-    .usage = "--tokenizer FILE [options] INPUT.json -o OUTPUT.h5",
+    .usage = "--tokenizer FILE|DIR|W.h5 [options] INPUT.json -o OUTPUT.h5",
     .summary = "Turns training records (a JSON array or JSON Lines; INPUT may be - for stdin) into tokenized\n"
                "training rows. Records are Alpaca (\"instruction\", optional \"input\", \"output\") or\n"
                "conversations (\"messages\" of {role, content}, or ShareGPT \"conversations\" of {from, value});\n"
@@ -480,7 +483,25 @@ int main(int argc, char **argv)
     const char *input = pos[0];
     const char *in_name = strcmp(input, "-") == 0 ? "<stdin>" : input;
 
-    tok_t *tok = tok_load(tokenizer_path);
+    /* A folder or a weights file: its encoder (tokfiles.h), whose bytes' checksum is the
+     * same as the file's would be, so ftk-train can compare it with the model's. */
+    struct stat tst;
+    meta_t m = {0};
+    tokfiles_t tkf = {0};
+    const tokfile_t *enc = NULL;
+    int via_files = stat(tokenizer_path, &tst) == 0 &&
+                    (S_ISDIR(tst.st_mode) || (h5_init() == 0 && H5Fis_hdf5(tokenizer_path) > 0));
+    if (via_files && tokfiles_load(tokenizer_path, &tkf) < 0) {
+        ftk_error("--tokenizer %s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    enc = tokfiles_encoder(&tkf);
+    tok_t *tok = enc ? tok_load_mem(enc->data.data, enc->data.len, enc->name) : tok_load(tokenizer_path);
+    if (enc && !tok)
+        ftk_err_prefix("%s: ", tokenizer_path);
+    if (enc)
+        m.tok_hash = hash_bytes(enc->data.data, enc->data.len);
+    tokfiles_free(&tkf);
     if (!tok) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
@@ -490,7 +511,9 @@ int main(int argc, char **argv)
         tok_free(tok);
         return FTK_EXIT_USAGE;
     }
-    meta_t m = {.source = input, .tok = tok, .zstd = zstd};
+    m.source = input;
+    m.tok = tok;
+    m.zstd = zstd;
     records_t *in = NULL;
     sample_t *smp[2] = {NULL, NULL};
     scratch_t *scr = NULL;
@@ -499,7 +522,7 @@ int main(int argc, char **argv)
     route_t rt = {.m = &m, .threshold = (uint64_t)ldexp(val_fraction, 64)};
     char **names = NULL, *dir = NULL;
     rc = FTK_EXIT_USAGE;
-    if (hash_file(tokenizer_path, &m.tok_hash) < 0 || !(in = records_open(input, (size_t)max_record_bytes))) {
+    if ((!via_files && hash_file(tokenizer_path, &m.tok_hash) < 0) || !(in = records_open(input, (size_t)max_record_bytes))) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -648,8 +671,9 @@ int main(int argc, char **argv)
     }
     if (rt.no_target)
         ftk_warn("%lld samples have no target token left (prompt reaches --max-len)", (long long)rt.no_target);
-    ftk_info("%s: %lld records -> %lld samples (train %lld, val %lld), %lld tokens", in_name, (long long)m.n_records,
-             (long long)m.n_samples, (long long)(rt.n_kept - rt.n_val), (long long)rt.n_val, (long long)m.n_tokens);
+    ftk_info("%s: %lld record%s -> %lld sample%s (train %lld, val %lld), %lld token%s", in_name,
+             (long long)m.n_records, plural_s(m.n_records), (long long)m.n_samples, plural_s(m.n_samples),
+             (long long)(rt.n_kept - rt.n_val), (long long)rt.n_val, (long long)m.n_tokens, plural_s(m.n_tokens));
     ftk_info("sample length: mean %.1f, max %lld (max-len %d); truncated %lld, dropped %lld",
              (double)m.n_tokens / (double)rt.n_kept, (long long)rt.max_seen, max_len, (long long)m.n_truncated,
              (long long)m.n_dropped);

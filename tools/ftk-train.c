@@ -34,6 +34,8 @@
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/path.h"
+#include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 
 /* device: NULL until given or resolved (default_device; device_from_env: it took FTK_DEVICE) */
@@ -48,6 +50,7 @@ static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no
 static int64_t plan_max_len;
 static const char *tensorboard_dir, *config_path;
 static int extend;
+static int allow_other_tokenizer;
 
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
@@ -104,6 +107,9 @@ static const opt_t options[] = {
     {"preset", 0, OPT_STR, &preset, "NAME", "--plan: a named model shape (ftk-init --preset) instead of --model"},
     {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)"},
+    {"allow-other-tokenizer", 0, OPT_FLAG, &allow_other_tokenizer, NULL,
+     "train on data packed with a tokenizer other than the one --model holds (refused by default: the ids "
+     "would mean other pieces)"},
     {0},
 };
 
@@ -468,6 +474,12 @@ static int check_values(trainer_opts_t *o)
         return bad("--rounding %s: need stochastic or nearest", rounding_arg);
     o->model_path = model_path;
     o->data_path = data_path;
+    o->allow_other_tokenizer = allow_other_tokenizer;
+    if (out_dir) { /* "run/" names run: messages say run/step-…, not run//step-… */
+        static char out_norm[4096];
+        snprintf(out_norm, sizeof out_norm, "%.*s", path_dir_len(out_dir), out_dir);
+        out_dir = out_norm;
+    }
     o->out_dir = out_dir;
     o->resume = resume;
     o->train = (ckpt_train_t){.lr = lr, .min_lr = min_lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
@@ -538,10 +550,10 @@ static int run_plan(const trainer_opts_t *o)
     const int64_t *c = pl.mem.at_peak;
     char a[32], b2[32];
     double np = (double)model_n_params(&p.cfg);
-    printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shards), precision %s, micro-batch %lld "
+    printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shard%s), precision %s, micro-batch %lld "
            "x %lld tokens%s, device %s\n",
            what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
-           (long long)pl.shard_count, precision_arg, (long long)micro_batch, (long long)p.max_len,
+           (long long)pl.shard_count, plural_s(pl.shard_count), precision_arg, (long long)micro_batch, (long long)p.max_len,
            recompute ? ", --recompute" : "", device);
     printf("per rank (rank 0):\n");
     gb(a, sizeof a, c[BK_MEM_WEIGHTS]);
@@ -774,7 +786,7 @@ static int keep_options(void)
 {
     buf_t b = {0};
     char path[4096], cwd[4096], m_abs[8192], d_abs[8192];
-    snprintf(path, sizeof path, "%s/options.yaml", out_dir);
+    snprintf(path, sizeof path, "%.*s/options.yaml", path_dir_len(out_dir), out_dir);
     /* the inputs by absolute path: a resume may start in another directory */
     const char *m0 = model_path, *d0 = data_path;
     if (getcwd(cwd, sizeof cwd)) {
@@ -899,7 +911,7 @@ static int run(int argc, char **argv)
     const ckpt_meta_t *meta = trainer_meta(t);
     double elapsed0 = 0; /* the history's elapsed_s at the resumed step (rank 0) */
     char metrics_path[4096];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
+    snprintf(metrics_path, sizeof metrics_path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
     msg[0] = 0;
     code = 0;
     if (rank == 0) {
@@ -929,11 +941,13 @@ static int run(int argc, char **argv)
     if ((code = agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg)))
         goto out;
     if (meta->step == 0)
-        ftk_info("%lld parameters, %lld training rows (%lld steps of %lld rows per epoch), %lld steps on %d rank%s "
-                 "(strategy %s, %lld shards, precision %s, device %s)",
-                 (long long)trainer_n_params(t), (long long)trainer_rows(t), (long long)trainer_steps_per_epoch(t),
-                 (long long)global_batch, (long long)meta->train.total_steps, nranks, nranks == 1 ? "" : "s",
-                 meta->strategy, (long long)meta->shard_count, meta->precision, device);
+        ftk_info("%lld parameters, %lld training row%s (%lld step%s of %lld row%s per epoch), %lld step%s on %d rank%s "
+                 "(strategy %s, %lld shard%s, precision %s, device %s)",
+                 (long long)trainer_n_params(t), (long long)trainer_rows(t), plural_s(trainer_rows(t)),
+                 (long long)trainer_steps_per_epoch(t), plural_s(trainer_steps_per_epoch(t)), (long long)global_batch,
+                 plural_s(global_batch), (long long)meta->train.total_steps, plural_s(meta->train.total_steps), nranks,
+                 plural_s(nranks), meta->strategy, (long long)meta->shard_count, plural_s(meta->shard_count),
+                 meta->precision, device);
     if (trainer_done(t))
         ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta->step,
                  (long long)meta->train.total_steps);

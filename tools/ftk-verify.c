@@ -1,6 +1,7 @@
 /* ftk-verify — prove an ftk file whole: every checksum recomputed, every invariant of
  * its format checked. */
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "../formats/checkpoint.h"
 #include "../formats/h5.h"
+#include "../formats/json.h"
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
@@ -20,6 +22,7 @@
 static int deep;
 static const char *compare_mode;
 static double cmp_rtol, cmp_atol;
+static int json_out;
 
 static const opt_t options[] = {
     {"deep", 0, OPT_FLAG, &deep, NULL, "also scan weights and checkpoint arrays for NaN and Inf values"},
@@ -27,6 +30,8 @@ static const opt_t options[] = {
      "compare two ftk files (or two checkpoints) of the same kind value by value instead"},
     {"rtol", 0, OPT_DOUBLE, &cmp_rtol, "R", "--compare: relative tolerance, |a-b| <= atol + rtol*|b| (0: exact)"},
     {"atol", 0, OPT_DOUBLE, &cmp_atol, "A", "--compare: absolute tolerance"},
+    {"json", 0, OPT_FLAG, &json_out, NULL,
+     "print one JSON object per path (--compare: one in all) on stdout: path, ok, exit status, report lines"},
     {0},
 };
 
@@ -820,6 +825,57 @@ static int compare(const char *a, const char *b)
     return ca ? compare_ckpt(a, b) : compare_files(a, b);
 }
 
+/* --json: the text report goes to a temporary file instead of stdout; after each path it is
+ * read back into that path's JSON object, written to the real stdout (json_fp). Messages on
+ * stderr stay where they are. */
+static FILE *json_fp;
+
+static int json_begin(void)
+{
+    fflush(stdout);
+    int fd = dup(STDOUT_FILENO);
+    FILE *t = tmpfile();
+    if (fd < 0 || !t || !(json_fp = fdopen(fd, "w")) || dup2(fileno(t), STDOUT_FILENO) < 0) {
+        ftk_error("--json: cannot redirect the report: %s", strerror(errno));
+        return -1;
+    }
+    fclose(t); /* fd 1 keeps the file */
+    return 0;
+}
+
+static void json_item(const char *a, const char *b, int r)
+{
+    buf_t j = {0}, rep = {0};
+    char chunk[4096];
+    ssize_t k;
+    fflush(stdout);
+    lseek(STDOUT_FILENO, 0, SEEK_SET);
+    while ((k = read(STDOUT_FILENO, chunk, sizeof chunk)) > 0)
+        buf_append(&rep, chunk, (size_t)k);
+    if (ftruncate(STDOUT_FILENO, 0) != 0 || lseek(STDOUT_FILENO, 0, SEEK_SET) != 0)
+        ftk_warn("--json: cannot reuse the report file: %s", strerror(errno));
+    buf_printf(&j, "{\"%s\": ", b ? "a" : "path");
+    json_write_string(&j, a, strlen(a));
+    if (b) {
+        buf_printf(&j, ", \"b\": ");
+        json_write_string(&j, b, strlen(b));
+    }
+    buf_printf(&j, ", \"ok\": %s, \"exit\": %d, \"report\": [", r ? "false" : "true", r);
+    for (size_t i = 0, n = 0; i < rep.len; n++) {
+        const char *nl = memchr(rep.data + i, '\n', rep.len - i);
+        size_t e = nl ? (size_t)(nl - rep.data) : rep.len;
+        if (n)
+            buf_printf(&j, ", ");
+        json_write_string(&j, rep.data + i, e - i);
+        i = e + 1;
+    }
+    buf_printf(&j, "]}\n");
+    fwrite(j.data, 1, j.len, json_fp);
+    fflush(json_fp);
+    buf_free(&j);
+    buf_free(&rep);
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-verify");
@@ -833,13 +889,22 @@ int main(int argc, char **argv)
             ftk_error("--compare takes two paths (and --rtol, --atol >= 0)");
             return FTK_EXIT_USAGE;
         }
-        return compare(pos[0], pos[1]);
+        if (json_out && json_begin() < 0)
+            return FTK_EXIT_FAIL;
+        rc = compare(pos[0], pos[1]);
+        if (json_out)
+            json_item(pos[0], pos[1], rc);
+        return rc;
     }
+    if (json_out && json_begin() < 0)
+        return FTK_EXIT_FAIL;
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
         int r = is_checkpoint_path(pos[i])                                      ? verify_path_ckpt(pos[i])
                 : access(pos[i], F_OK) != 0 || tokens_shard_count(pos[i]) > 1 ? verify_token_set(pos[i])
                                                                               : verify_file(pos[i]);
+        if (json_out)
+            json_item(pos[i], NULL, r);
         if (r == FTK_EXIT_USAGE || (r && rc == FTK_EXIT_OK))
             rc = r;
     }

@@ -50,7 +50,7 @@ int main(int argc, char **argv)
         }
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("ftk %s\n", FTK_VERSION);
+        ftk_version_print(stdout, "ftk");
         return 0;
     }
     char name[256];

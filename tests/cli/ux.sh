@@ -1,0 +1,106 @@
+#!/bin/sh
+# The small things users trip on (issue 34 item 5):
+#  - --version names the tool and release, then what the build holds: the backends (cpu;
+#    cuda built in or not), MPI and NCCL, and the HDF5, zstd and xxHash versions;
+#  - --json on ftk-info (files, token data, checkpoints), ftk-verify and ftk-merge: JSON on
+#    stdout, one object per argument;
+#  - ftk-info describes a checkpoint named by its directory, its run directory (with or
+#    without a trailing slash) or RUN/latest;
+#  - a missing file is "No such file or directory", not "not an HDF5 file";
+#  - `-o run/` prints run/step-…, never run//step-…;
+#  - counts of one are singular (1 step, 1 shard, 1 record).
+# Usage: tests/cli/ux.sh BIN_DIR WORK_DIR
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+PY=/usr/bin/python3
+# json_ok NAME FILE: every line of FILE is one JSON object
+json_ok() {
+    if [ -s "$2" ] && "$PY" -c 'import json, sys
+for l in open(sys.argv[1]): assert isinstance(json.loads(l), dict)' "$2" 2>/dev/null; then ok "$1"; else
+        notok "$1"
+        head -c 400 "$2" | sed 's/^/     | /'
+    fi
+}
+# json_get FILE EXPR: EXPR (python, over the first line's object j) printed
+json_get() { "$PY" -c 'import json, sys; j = json.loads(open(sys.argv[1]).readline()); print(eval(sys.argv[2]))' "$1" "$2"; }
+
+for t in ftk ftk-info ftk-verify ftk-merge ftk-pack ftk-train ftk-generate ftk-import-hf ftk-export-hf; do
+    "$BIN/$t" --version >"$WORK/v" 2>&1
+    if [ "$(head -n 1 "$WORK/v")" = "$t 0.1.0" ] && grep -q '^backends: .*cpu (OpenMP, OpenBLAS [0-9.]*)' "$WORK/v" &&
+        grep -Eq '^backends: .*(cuda \(built with CUDA [0-9.]+|cuda not built in)' "$WORK/v" &&
+        grep -Eq '^communication: +(MPI \(Open MPI [0-9.]+|MPI not built in).*NCCL (built in|not built in)' "$WORK/v" &&
+        grep -Eq '^libraries: +HDF5 [0-9]+\.[0-9]+\.[0-9]+, zstd [0-9.]+, xxHash [0-9.]+$' "$WORK/v"; then
+        ok "$t --version lists backends and libraries"
+    else
+        notok "$t --version lists backends and libraries"
+        sed 's/^/     | /' "$WORK/v"
+    fi
+done
+
+# Inputs: the demo's tiny model and data; one record alone for the singular counts.
+demo_init "$WORK/w.h5" tiny 1 || exit 1
+demo_pack "$WORK/d.h5" 128 2>/dev/null || exit 1
+printf '[{"instruction": "Say hello.", "input": "", "output": "Hello."}]\n' >"$WORK/one.json"
+expect "pack one record" 0 "$BIN/ftk-pack" -t "$ROOT/examples/demo/tokenizer.model" "$WORK/one.json" -o "$WORK/one.h5" \
+    --val-count 0
+grep -q ": 1 record -> 1 sample (" "$WORK/err" && ok "  1 record, 1 sample" || notok "  1 record, 1 sample: $(cat "$WORK/err")"
+
+T="$BIN/ftk-train -j 1 -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 --warmup 1"
+expect "train -o run/ (one step)" 0 $T -o "$WORK/run/" --steps 1
+grep -q "//" "$WORK/err" && notok "  no double slash: $(grep // "$WORK/err")" || ok "  no double slash"
+grep -q "checkpoint $WORK/run/step-00000001 committed" "$WORK/err" && ok "  names run/step-00000001" ||
+    notok "  names run/step-00000001"
+grep -q " 1 step on 1 rank (strategy full, 1 shard," "$WORK/err" && ok "  1 step on 1 rank, 1 shard" ||
+    notok "  1 step on 1 rank, 1 shard: $(grep parameters "$WORK/err")"
+grep -Eq "[^0-9]1 (steps|shards|ranks)" "$WORK/err" && notok "  no plural after 1" || ok "  no plural after 1"
+
+# ftk-info on checkpoints
+for p in "$WORK/run" "$WORK/run/" "$WORK/run/latest" "$WORK/run/step-00000001"; do
+    expect "ftk-info ${p#$WORK/}" 0 "$BIN/ftk-info" "$p"
+    head -n 1 "$WORK/out" | grep -q "^$WORK/run/step-00000001: ftk checkpoint, format version 1, step 1 of 1$" &&
+        grep -q "^  shard-00001-of-00001.h5 " "$WORK/out" && grep -q "^model: LlamaForCausalLM" "$WORK/out" &&
+        ok "  describes the checkpoint" || notok "  describes the checkpoint: $(head -n 2 "$WORK/out")"
+done
+expect "ftk-info an empty directory" 2 "$BIN/ftk-info" "$WORK"
+grep -q "neither a checkpoint" "$WORK/err" && ok "  says it holds no checkpoint" || notok "  says it holds no checkpoint"
+
+# missing files
+expect "ftk-info missing.h5" 2 "$BIN/ftk-info" "$WORK/missing.h5"
+grep -q "no such file" "$WORK/err" && ok "  no such file" || notok "  no such file"
+for c in "ftk-export-hf $WORK/missing.h5 -o $WORK/x" "ftk-generate -m $WORK/missing.h5" \
+    "ftk-train -m $WORK/missing.h5 -d $WORK/d.h5 -o $WORK/x" "ftk-pack -t $WORK/missing.h5 $WORK/one.json -o $WORK/x.h5"; do
+    expect "${c%% *} of a missing file" 2 $BIN/$c
+    grep -q "missing.h5: No such file or directory" "$WORK/err" && ! grep -q "not an HDF5" "$WORK/err" &&
+        ok "  No such file or directory" || notok "  No such file or directory: $(cat "$WORK/err")"
+done
+: >"$WORK/empty.h5"
+expect "ftk-export-hf of an empty file" 2 "$BIN/ftk-export-hf" "$WORK/empty.h5" -o "$WORK/x"
+grep -q "empty.h5: not an HDF5 file" "$WORK/err" && ok "  not an HDF5 file" || notok "  not an HDF5 file"
+
+# --json
+if [ -x "$PY" ]; then
+    expect "ftk-info --json weights, data, run" 0 "$BIN/ftk-info" --json "$WORK/w.h5" "$WORK/d.h5" "$WORK/run"
+    json_ok "  one JSON object per argument" "$WORK/out"
+    [ "$(wc -l <"$WORK/out")" = 3 ] && ok "  three lines" || notok "  three lines"
+    head -n 1 "$WORK/out" >"$WORK/j1"
+    sed -n 3p "$WORK/out" >"$WORK/j3"
+    [ "$(json_get "$WORK/j1" 'j["format"], j["model"]["num_hidden_layers"] > 0')" = "('weights', True)" ] &&
+        ok "  weights: format and model" || notok "  weights: format and model"
+    [ "$(json_get "$WORK/j3" 'j["format"], j["step"], j["shard_count"], len(j["shards"])')" = "('checkpoint', 1, 1, 1)" ] &&
+        ok "  checkpoint: step and shards" || notok "  checkpoint: step and shards"
+    expect "ftk-verify --json" 0 "$BIN/ftk-verify" --json "$WORK/w.h5" "$WORK/run"
+    json_ok "  one JSON object per path" "$WORK/out"
+    [ "$(json_get "$WORK/out" 'j["ok"], j["exit"], "OK (" in j["report"][0]')" = "(True, 0, True)" ] &&
+        ok "  ok, exit and report" || notok "  ok, exit and report"
+    expect "ftk-verify --json of a missing file" 2 "$BIN/ftk-verify" --json "$WORK/missing.h5"
+    [ "$(json_get "$WORK/out" 'j["ok"], j["exit"]')" = "(False, 2)" ] && ok "  ok false, exit 2" ||
+        notok "  ok false, exit 2"
+    expect "ftk-merge --json" 0 "$BIN/ftk-merge" --json "$WORK/run" -o "$WORK/final.h5"
+    json_ok "  a JSON summary" "$WORK/out"
+    [ "$(json_get "$WORK/out" 'j["step"], j["shards"], j["dtype"], j["tokenizer_files"]')" = "(1, 1, 'float32', 1)" ] &&
+        ok "  step, shards, dtype, tokenizer" || notok "  step, shards, dtype, tokenizer: $(cat "$WORK/out")"
+fi
+finish
