@@ -4,7 +4,7 @@
 #    llama2.c's expected output byte for byte;
 #  - bit-exact resume: 2N steps in one go == N steps, stop (--stop-after, exit 75), resume,
 #    N more: identical losses at every step and byte-identical checkpoint shards
-#    (weights, both AdamW moments); the same through a real SIGTERM at a random instant,
+#    (weights, both AdamW moments); the same through a real SIGTERM after a random step (FTK_FAULT),
 #    and through kill -9 with --resume auto falling back to the last committed checkpoint;
 #  - the same bit-exact resume (--stop-after, SIGTERM after a random number of steps) in
 #    bf16-mixed and bf16-true, on tiny's shape; resuming in another --precision refused
