@@ -56,6 +56,9 @@ TOOLS     := ftk ftk-tokenize ftk-pack ftk-info ftk-verify ftk-import-hf ftk-exp
 TOOL_BINS := $(addprefix $(BINDIR)/,$(TOOLS))
 TEST_SRC  := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(O)/tests/%,$(TEST_SRC))
+# helper programs the test and bench scripts run (not tests themselves)
+TESTTOOL_SRC  := $(wildcard tests/tools/*.c)
+TESTTOOL_BINS := $(patsubst tests/tools/%.c,$(O)/tests/%,$(TESTTOOL_SRC))
 PLUGIN    := $(O)/plugin/libh5zstd.so
 # tests/fault/lock.sh's LD_PRELOAD shim: one for both builds (preloaded into the sanitizer
 # build's programs too, ahead of their runtime).
@@ -113,7 +116,7 @@ COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
+all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(TESTTOOL_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -171,6 +174,10 @@ $(BINDIR)/%: $(O)/tools/%.o $(LIBFTK)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
 $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
+
+$(TESTTOOL_BINS): $(O)/tests/%: $(O)/tests/tools/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 

@@ -3,7 +3,7 @@
 # then SIGTERM, at the second block written: FTK_FAULT's weights.write, the landing
 # asserted) leave an existing output exactly as it was, and SIGTERM leaves no temporary
 # file or folder behind.
-# Usage: tests/cli/fault-weights.sh BIN_DIR WORK_DIR
+# Usage: tests/fault/weights_kill.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1
 WORK=$2

@@ -2,7 +2,7 @@
 # Fault test: ftk-pack killed mid-run (SIGKILL, then SIGTERM, each at its output file half
 # written: FTK_FAULT's pack.write, the landing asserted) never leaves a partial file under
 # the output name, and an existing output stays as it was; SIGTERM leaves no temporary.
-# Usage: tests/cli/fault.sh BIN_DIR WORK_DIR
+# Usage: tests/fault/pack_kill.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1
 WORK=$2
