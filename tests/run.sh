@@ -1,12 +1,15 @@
 #!/bin/sh
-# The whole test suite: unit tests, CLI golden tests, reference tests against independent
-# implementations (SentencePiece, h5py), fault tests, then the unit and CLI tests again
-# with the ASan+UBSan build. Each test exits 0 (pass), 77 (skipped: it prints why) or
-# anything else (fail). Ends with the line "N passed, N failed, N skipped".
+# The whole test suite, as tests/list says: unit tests, CLI golden tests, reference tests
+# against independent implementations (SentencePiece, h5py, PyTorch, transformers), fault
+# tests, the host emulation of CUDA and NCCL, then the unit and CLI tests again with the
+# ASan+UBSan build. Each test exits 0 (pass), 77 (skipped: it prints why) or anything else
+# (fail). Ends with the line "N passed, N failed, N skipped".
 #
-# Usage: sh tests/run.sh        (after `make all` and `make SAN=1 all`; `make test` does both)
-#        sh tests/run.sh slow   the slow cases only (`make test-slow`): long fault trials and
-#                               large inputs that would push `make test` past 15 minutes on 2 cores
+# Usage: sh tests/run.sh        the tests tagged quick (after `make all` and `make SAN=1 all`;
+#                               `make test` does both)
+#        sh tests/run.sh slow   the slow cases (`make test-slow`): long fault trials and large
+#                               inputs that would push `make test` past 15 minutes on 2 cores
+#        sh tests/run.sh TAG    every test with TAG (fault, ref, emu, asan, ...; tests/list)
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -14,7 +17,7 @@ PY=${PYTHON:-/usr/bin/python3}
 DATA=${FTK_DATA:-$ROOT/../shared/data}
 SET=${1:-all}
 WORK=$ROOT/build/test-work
-[ "$SET" = slow ] && WORK=$ROOT/build/test-work-slow
+[ "$SET" != all ] && WORK=$ROOT/build/test-work-$SET
 rm -rf "$WORK" && mkdir -p "$WORK"
 export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 # The tests run on the CPU wherever they do not say --device cuda, also on a GPU machine
@@ -30,7 +33,7 @@ run() {
     shift
     log="$WORK/$(echo "$name" | tr / _).log"
     t0=$(date +%s)
-    "$@" >"$log" 2>&1
+    "$@" </dev/null >"$log" 2>&1
     rc=$?
     secs="$(($(date +%s) - t0)) s"
     if [ $rc -eq 0 ]; then
@@ -55,120 +58,25 @@ finish() {
     [ $fail -eq 0 ]
 }
 
-# sanitizer_env: what the ASan+UBSan build's runs need (a finding fails the test: exit 86).
-sanitizer_env() {
-    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86
-    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
-}
 
-# The slow set: the same kinds of test at full size (make test runs smaller counts).
-if [ "$SET" = slow ]; then
-    run slow/shards-memory-3GB sh tests/slow/shards_memory.sh "$ROOT/bin" "$WORK/shards-memory" 3
-    run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
-    run fault/pack-multi-gb sh tests/fault/pack_big.sh "$ROOT/bin" "$WORK/pack-big"
-    run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
-    # SIGTERM to mpirun under a long odls_base_sigkill_timeout too (10 s of waiting)
-    run cli/preemption-signals-all sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt" slow
-    # every strategy and precision on the CPU's fused ops (adamw_multi over sharded slices)
-    run cli/dist-fused env FTK_FUSED=all sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist-fused" 2
-    # the CUDA backend emulated on the host (tests/gpu/emu): the fp32 training step too, and
-    # gpu/ops-vs-cpu-fp32's settings (exact products, simple attention, one element a thread)
-    run gpu/ops-emulated-all-steps env FTK_GPU_OPS_QUICK=1 build/tests/gpu_ops_emu
-    run gpu/ops-emulated-fp32 env FTK_GPU_OPS_QUICK=1 FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none \
-        FTK_CUDA_VEC=0 build/tests/gpu_ops_emu
-    # ftk-train and ftk-generate on it: the demo's GPU-against-CPU runs and resumes, smaller
-    run gpu/demo-emulated sh tests/gpu/demo_vs_cpu.sh "$ROOT/build/tests/emu/bin" "$WORK/demo-emu" emulated
-    # and over the emulated NCCL: every strategy, a resume, hybrid on 4 ranks (nccl_vs_mpi.sh)
-    run gpu/nccl-emulated-all sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated
-    # The multi-rank CLI tests under the sanitizers (make test runs the fault tests, the
-    # plans and the communication contract under them; these two take 3 minutes)
-    sanitizer_env
-    run asan/cli-dist env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/dist.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-dist" 0
-    run asan/cli-checkpoint-tools env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/ckpt.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-ckpt"
-    finish
-    exit
-fi
+# What the ASan+UBSan build's runs need (a finding fails the test: exit 86), and for several
+# ranks under mpirun: Open MPI's own allocations are not ours to report (tests/lsan-mpi.supp;
+# full stacks are needed to match its unloaded plugins).
+SAN_ENV="export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86;"
+MPI_SAN_ENV="export ASAN_OPTIONS=\$ASAN_OPTIONS:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=$ROOT/tests/lsan-mpi.supp;"
 
-# Unit tests (C).
-for t in build/tests/test_*; do
-    [ -x "$t" ] && run "unit/$(basename "$t")" "$t" "$ROOT"
-done
-# the trainer (shard engine, optimizer, resume) on the CPU's fused ops, adamw_multi included
-run unit/trainer-fused env FTK_FUSED=all build/tests/test_trainer "$ROOT"
-# The CUDA backend's sources emulated on the host (tests/gpu/emu; no GPU needed): gpu_ops
-# against the CPU backend, the bf16 training steps (make test-slow adds fp32's), and
-# flash_mma.cuh's attention kernels on cases of their own
-run gpu/ops-emulated env FTK_GPU_OPS_QUICK=1 FTK_GPU_OPS_STEPS=bf16-mixed,bf16-true build/tests/gpu_ops_emu
-run gpu/flash-emu build/tests/flash_emu
-# gpu_opbench's harness at small shapes on the emulation: every row, each time positive and
-# finite (the figures themselves mean nothing there)
-run gpu/opbench-emulated sh -c 'build/tests/gpu_opbench_emu >"$1" || exit 1; cat "$1"
-    grep -Eiq "nan|inf|-[0-9]" "$1" && { echo "a figure that is not positive and finite"; exit 1; }
-    [ "$(grep -Ec " [0-9]+\.[0-9]+ ms " "$1")" -ge 60 ] || { echo "fewer rows than expected"; exit 1; }' \
-    opbench "$WORK/opbench-emu.txt"
-# the host's waits for the device in a training step (counted by the emulation): none in the
-# micro-batch loop, 3 a step
-run gpu/host-waits-emulated sh tests/gpu/host_waits.sh "$ROOT/build/tests/emu/bin" "$WORK/host-waits"
-# NCCL emulated too (tests/gpu/emu/emu_nccl.c): comm.h's contract on 2 and 4 ranks, the
-# duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
-# against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)
-run gpu/nccl-emulated sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated quick
-if [ -x build/tests/gpu_smoke ]; then
-    run gpu/smoke build/tests/gpu_smoke
-    # every CUDA op and a whole training step against the CPU backend: bf16 matrix products
-    # (the default), then exact fp32 ones for tight bounds, with the model's unfused path
-    # (FTK_FUSED=none; the first run has every fused op, the CUDA default)
-    if build/tests/gpu_smoke >/dev/null 2>&1; then
-        run gpu/ops-vs-cpu build/tests/gpu_ops
-        run gpu/ops-vs-cpu-fp32 env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none FTK_CUDA_VEC=0 build/tests/gpu_ops
-        if command -v compute-sanitizer >/dev/null; then
-            run gpu/ops-compute-sanitizer compute-sanitizer --error-exitcode 1 --report-api-errors no \
-                build/tests/gpu_ops
-        fi
-    fi
-else
-    run gpu/smoke sh -c 'echo "skipped (CUDA toolkit not found at build time)"; exit 77'
-fi
+has_tag() { case ",$1," in *",$2,"*) return 0 ;; esac; return 1; }
 
-# CLI tests: --help of every tool, golden outputs, the corpus of bad inputs, verify faults.
-run cli/release sh tests/cli/run.sh "$ROOT/bin" "$WORK/cli" "$DATA"
-run cli/weights sh tests/cli/weights.sh "$ROOT/bin" "$WORK/weights"
-run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
-run cli/shards sh tests/cli/shards.sh "$ROOT/bin" "$WORK/shards" "$DATA"
-run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 2
-run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
-run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
-run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
-run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
-run cli/metrics-plot-tensorboard sh tests/cli/metrics.sh "$ROOT/bin" "$WORK/metrics"
-run cli/preemption-signals sh tests/cli/preempt.sh "$ROOT/bin" "$WORK/preempt"
-run cli/config-and-kept-options sh tests/cli/config.sh "$ROOT/bin" "$WORK/config"
-run cli/tokenizer-carried sh tests/cli/tokenizer.sh "$ROOT/bin" "$WORK/tokenizer" "$DATA"
-run cli/ux sh tests/cli/ux.sh "$ROOT/bin" "$WORK/ux"
-run fault/kill-during-pack sh tests/fault/pack_kill.sh "$ROOT/bin" "$WORK/fault"
-run fault/kill-during-weights-export-import sh tests/fault/weights_kill.sh "$ROOT/bin" "$WORK/fault-weights"
-run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
-run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
-run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
-run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
-run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
-run fault/stopped-rank sh tests/fault/hang.sh "$ROOT/bin" "$WORK/hang"
-run fault/unbounded-input sh tests/fault/unbounded.sh "$ROOT/bin" "$WORK/unbounded"
-run fuzz/safetensors-header-10s sh tests/fuzz/run.sh 10 "$ROOT/build/fuzz"
-
-# Reference tests against independent implementations.
-if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; then
-    run ref/tokenizer-vs-sentencepiece "$PY" tests/ref/tokenizer_vs_sentencepiece.py bin "$DATA" "$WORK/tok"
-    run ref/tokenizer-edge-bytes "$PY" tests/ref/tokenizer_bytes.py bin "$ROOT/examples/demo/tokenizer.model" "$DATA"
-    run ref/pack-vs-python "$PY" tests/ref/pack_vs_python.py bin "$ROOT" "$DATA" "$WORK/pack"
-    run ref/h5py-reads-ftk-files "$PY" tests/ref/h5py_reads.py bin "$ROOT" "$WORK/h5py"
-    # Test-only extras from PyPI (the product has no Python): the safetensors reference
-    # library, transformers to load our exports (and jinja2 for its apply_chat_template). Pinned to versions that work with
-    # Debian 12's torch 1.13; installed once into build/pylib.
+# Whether the reference implementations are there; the test-only extras from PyPI (the
+# product has no Python): the safetensors reference library, transformers to load our exports
+# (and jinja2 for its apply_chat_template), pinned to versions that work with Debian 12's
+# torch 1.13, installed once into build/pylib.
+ref_ready=
+ref_prepare() {
+    [ -n "$ref_ready" ] && return
+    ref_ready=no
+    [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null || return
+    ref_ready=yes
     export PYTHONPATH="$ROOT/build/pylib"
     if ! "$PY" -c 'import safetensors, transformers, jinja2' 2>/dev/null; then
         "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/build/pylib" \
@@ -177,51 +85,59 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
             jinja2==3.1.3 MarkupSafe==2.1.5 \
             >"$WORK/pip.log" 2>&1 || echo "note: pip install of the test extras failed (see $WORK/pip.log)"
     fi
-    run ref/weights-vs-safetensors-torch "$PY" tests/ref/weights_vs_reference.py bin "$DATA" "$WORK/weights-ref"
-    run ref/transformers-loads-exports "$PY" tests/ref/transformers_loads.py bin "$DATA" "$WORK/transformers"
-    run ref/tokenizer-end-to-end "$PY" tests/ref/tokenizer_end_to_end.py bin "$DATA" "$WORK/tokenizer-e2e"
-    run ref/chat-template-vs-transformers "$PY" tests/ref/chat_template_vs_transformers.py bin "$DATA" "$WORK/chat-ref"
-    run ref/model-vs-torch "$PY" tests/ref/model_vs_torch.py bin build/tests/probe_model "$DATA" "$WORK/model-ref"
-    run ref/precision-vs-torch "$PY" tests/ref/precision_vs_torch.py bin build/tests/probe_model "$DATA" \
-        "$WORK/precision-ref"
-    run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
-else
-    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports tokenizer-end-to-end chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
-        run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
-    done
-fi
+}
 
-# The same unit and CLI tests under AddressSanitizer + UndefinedBehaviorSanitizer.
-if [ -d build/asan/bin ]; then
-    sanitizer_env
-    for t in build/asan/tests/test_*; do
-        [ -x "$t" ] && run "asan/unit/$(basename "$t")" "$t" "$ROOT"
-    done
-    run asan/cli sh tests/cli/run.sh "$ROOT/build/asan/bin" "$WORK/asan-cli" "$DATA"
-    run asan/cli-weights sh tests/cli/weights.sh "$ROOT/build/asan/bin" "$WORK/asan-weights"
-    run asan/cli-train sh tests/cli/train.sh "$ROOT/build/asan/bin" "$WORK/asan-train" "$DATA" quick
-    run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
-    run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
-    run asan/cli-config-and-kept-options sh tests/cli/config.sh "$ROOT/build/asan/bin" "$WORK/asan-config"
-    run asan/cli-ux sh tests/cli/ux.sh "$ROOT/build/asan/bin" "$WORK/asan-ux"
-    run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
-    run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
-    run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"
-    run asan/fault-messages-and-leftovers sh tests/fault/messages.sh "$ROOT/build/asan/bin" "$WORK/asan-messages"
-    run asan/fault-unbounded-input sh tests/fault/unbounded.sh "$ROOT/build/asan/bin" "$WORK/asan-unbounded"
-    # Several ranks under mpirun: Open MPI's own allocations are not ours to report
-    # (tests/lsan-mpi.supp; full stacks are needed to match its unloaded plugins).
-    run asan/cli-comm env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/comm.sh "$ROOT/build/asan/tests/test_comm" \
-        "$WORK/asan-comm" 4
-    run asan/cli-plan env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/cli/plan.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-plan" quick
-    run asan/fault-async-save env ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" \
-        LSAN_OPTIONS="suppressions=$ROOT/tests/lsan-mpi.supp" sh tests/fault/async_kill.sh "$ROOT/build/asan/bin" \
-        "$WORK/asan-async-kill" quick
-else
-    run asan/build sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
-fi
+# one TAGS NAME COMMAND: runs a line of tests/list (or skips it, saying why)
+one() {
+    tags=$1 name=$2 cmd=$3
+    BIN=$ROOT/bin TESTS=$ROOT/build/tests
+    if has_tag "$tags" asan; then
+        if [ ! -d build/asan/bin ]; then
+            run "$name" sh -c 'echo "FAIL: build/asan missing: run make SAN=1 all"; exit 1'
+            return
+        fi
+        BIN=$ROOT/build/asan/bin TESTS=$ROOT/build/asan/tests
+    fi
+    if has_tag "$tags" cuda || has_tag "$tags" gpu; then
+        if [ ! -x build/tests/gpu_smoke ]; then
+            run "$name" sh -c 'echo "skipped (CUDA toolkit not found at build time)"; exit 77'
+            return
+        fi
+        if has_tag "$tags" gpu && ! build/tests/gpu_smoke >/dev/null 2>&1; then
+            run "$name" sh -c 'echo "skipped (no GPU)"; exit 77'
+            return
+        fi
+    fi
+    if has_tag "$tags" ref; then
+        ref_prepare
+        if [ "$ref_ready" != yes ]; then
+            run "$name" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
+            return
+        fi
+    fi
+    prefix=${name%\*}
+    case $name in
+    */\*)
+        for T in "$TESTS"/test_*; do
+            [ -x "$T" ] && one_run "$tags" "$prefix$(basename "$T")" "$cmd"
+        done ;;
+    *) one_run "$tags" "$name" "$cmd" ;;
+    esac
+}
+one_run() {
+    env_=""
+    has_tag "$1" asan && env_=$SAN_ENV
+    has_tag "$1" mpi && env_="$env_ $MPI_SAN_ENV"
+    run "$2" sh -c "$env_ ROOT='$ROOT' WORK='$WORK' DATA='$DATA' PY='$PY' BIN='$BIN' TESTS='$TESTS' T='$T'; $3"
+}
 
+T=
+while read -r tags name cmd; do
+    case $tags in '' | '#'*) continue ;; esac
+    case $SET in
+    all) has_tag "$tags" quick || continue ;;
+    *) has_tag "$tags" "$SET" || continue ;;
+    esac
+    one "$tags" "$name" "$cmd"
+done <"${FTK_TEST_LIST:-tests/list}"
 finish
