@@ -115,6 +115,11 @@ run gpu/host-waits-emulated sh tests/gpu/host_waits.sh "$ROOT/build/tests/emu/bi
 # duplicate-GPU refusal, a failed collective's report, and 2-rank grad-op training over NCCL
 # against the MPI run (make test-slow: every strategy, resume, hybrid on 4 ranks)
 run gpu/nccl-emulated sh tests/gpu/nccl_vs_mpi.sh "$ROOT/build/tests/emu/bin" "$WORK/nccl-emu" emulated quick
+# the GPU bundle (make gpu-bundle) rehearsed as a bare GPU machine sees it: built, at most 48
+# MiB, run.sh in a mount namespace where the system's HDF5, Open MPI, zstd, xxHash and
+# OpenBLAS are hidden, on the host emulation of CUDA: every step in order, the report and
+# summary rewritten after each, a small budget's tail "not run", a GPU-less run's skips
+run gpu/bundle-rehearsal sh tests/gpu/bundle/rehearsal.sh "$WORK/bundle-rehearsal"
 if [ -x build/tests/gpu_smoke ]; then
     run gpu/smoke build/tests/gpu_smoke
     # every CUDA op and a whole training step against the CPU backend: bf16 matrix products
