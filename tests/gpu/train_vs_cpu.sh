@@ -24,7 +24,7 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 export FTK_DEVICE=cpu # the runs without --device cuda: on the CPU
 . "$ROOT/tests/cli/lib.sh"
 if [ "$EMU" = emulated ]; then
-    PRESET=tiny LEN=128 STEPS=2 STOP=1 SHAPE="--global-batch 1 --micro-batch 1 --save-every 1" LIM=120
+    PRESET=tiny LEN=128 STEPS=2 STOP=1 SHAPE="--global-batch 1 --micro-batch 1 --save-every 1" LIM=300
     PRECISIONS=fp32
 else
     "$ROOT/build/tests/gpu_smoke" >/dev/null 2>&1 || { echo "skipped (no GPU)"; exit 77; }

@@ -123,7 +123,8 @@ if [ "${1:-}" = --step ]; then
         command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (the bundle's mpi/bin)"; exit 1; }
         export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
         echo "== test_comm --nccl, 1 rank"
-        timeout -k 5 60 $MPI -np 1 "$B/build/tests/test_comm" "$B" --nccl >"$W/comm.log" 2>&1
+        timeout -k 5 $([ "$EMU" = 1 ] && echo 300 || echo 60) $MPI -np 1 "$B/build/tests/test_comm" "$B" --nccl \
+            >"$W/comm.log" 2>&1
         rc=$?
         cat "$W/comm.log"
         grep -q '^NCCL: .*libnccl.so.2 loads' "$W/comm.log" ||
@@ -204,19 +205,19 @@ export FTK_BUNDLE_EMULATED=$EMU
 export FTK_DEVICE=cpu # a run that does not say --device cuda stays on the CPU
 
 # name group limit emulated-limit what
-STEP_TABLE='libs a 20 60 every program and library resolves (ldd); CUDA, NCCL, cuDNN located
-smoke a 30 120 the device answers (gpu_smoke)
-ops a 150 300 gpu_ops: every op against the CPU, bf16 products, fused ops, adamw_multi, both tensor-core attentions, staged uploads
-train a 120 300 ftk-train --device cuda against the CPU; a GPU checkpoint resumed on the CPU
-nccl a 100 300 NCCL: test_comm --nccl on 1 rank; a 1-rank NCCL world against a process alone
-bench-7b b 240 300 Llama-2-7B 8x512: ftk (flash, mma; FTK_PROFILE) against PyTorch eager + transformers
-epoch c 150 300 the Alpaca1024 epoch (7B, bf16-true): steps and wall time split
-sanitizer d 200 300 compute-sanitizer memcheck over gpu_ops (quick)
-opbench d 90 300 gpu_opbench: memory-bound ops against the device copy, attention, products
-ops-fp32 d 120 300 gpu_ops with exact fp32 products, simple attention, unfused, one element a thread
-bench-1b d 200 300 llama-1b: ftk against PyTorch eager and torch.compile
-attn-e2e d 90 300 a small Llama trained with each attention: the same losses
-demo d 120 300 the demo on the GPU against the CPU, fp32 and bf16-true, checkpoints both ways'
+STEP_TABLE='libs a 60 100 every program and library resolves (ldd); CUDA, NCCL, cuDNN located
+smoke a 60 200 the device answers (gpu_smoke)
+ops a 150 400 gpu_ops: every op against the CPU, bf16 products, fused ops, adamw_multi, both tensor-core attentions, staged uploads
+train a 120 400 ftk-train --device cuda against the CPU; a GPU checkpoint resumed on the CPU
+nccl a 100 400 NCCL: test_comm --nccl on 1 rank; a 1-rank NCCL world against a process alone
+bench-7b b 240 400 Llama-2-7B 8x512: ftk (flash, mma; FTK_PROFILE) against PyTorch eager + transformers
+epoch c 150 400 the Alpaca1024 epoch (7B, bf16-true): steps and wall time split
+sanitizer d 200 400 compute-sanitizer memcheck over gpu_ops (quick)
+opbench d 90 400 gpu_opbench: memory-bound ops against the device copy, attention, products
+ops-fp32 d 120 400 gpu_ops with exact fp32 products, simple attention, unfused, one element a thread
+bench-1b d 200 400 llama-1b: ftk against PyTorch eager and torch.compile
+attn-e2e d 90 400 a small Llama trained with each attention: the same losses
+demo d 120 400 the demo on the GPU against the CPU, fp32 and bf16-true, checkpoints both ways'
 STEPS=$(echo "$STEP_TABLE" | awk '{print $1}')
 field() { echo "$STEP_TABLE" | awk -v n="$1" -v k="$2" '$1 == n { if (k == "what") { $1 = $2 = $3 = $4 = ""; sub(/^ +/, ""); print } else print $k }'; }
 n_steps=$(echo "$STEPS" | wc -l)
