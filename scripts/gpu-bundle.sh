@@ -30,7 +30,7 @@ EMU=""
 OUT=${1:?usage: gpu-bundle.sh [--emulated] OUT}
 DATA=${FTK_DATA:-$ROOT/../shared/data}
 MAX_MIB=${GPU_BUNDLE_MAX_MIB:-48}
-# GPU_BUNDLE_GZIP: the payload's gzip level (6; the rehearsal takes 1, quicker)
+# GPU_BUNDLE_GZIP: the payload's gzip level (default 6)
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
 
 TOOLS="ftk ftk-train ftk-pack ftk-init ftk-generate ftk-verify ftk-info"

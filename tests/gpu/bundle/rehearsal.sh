@@ -1,9 +1,9 @@
 #!/bin/sh
 # rehearsal.sh WORK: the GPU bundle (scripts/gpu-bundle.sh, tests/gpu/bundle/run.sh) rehearsed
 # without a GPU, as the bare GPU machine will see it (make test: gpu/bundle-rehearsal):
-#  - the bundle is built (payload at gzip -1: quicker, and larger than make gpu-bundle's) and
-#    is at most 48 MiB; copied into a scratch folder with the emulated programs beside it
-#    (gpu-bundle.sh --emulated: the host emulation of CUDA, tests/gpu/emu, and its NCCL);
+#  - the bundle is built as make gpu-bundle builds it, is at most 48 MiB, and is copied into
+#    a scratch folder, the emulated programs beside it (gpu-bundle.sh --emulated: the host
+#    emulation of CUDA, tests/gpu/emu, and its NCCL);
 #  - in a mount namespace (unshare) where the system's HDF5, Open MPI (and PMIx, hwloc,
 #    libevent), zstd, xxHash, OpenBLAS (and libgfortran) are hidden under empty files and
 #    folders (this checkout's own bin/ftk-pack no longer starts there), run.sh
@@ -45,7 +45,7 @@ if [ -z "${INSIDE:-}" ]; then
     fi
     rm -rf "$WORK" && mkdir -p "$WORK/scratch" || exit 1
     WORK=$(cd "$WORK" && pwd)
-    GPU_BUNDLE_GZIP=1 sh scripts/gpu-bundle.sh "$WORK/gpu" || { echo "FAIL: gpu-bundle.sh"; exit 1; }
+    sh scripts/gpu-bundle.sh "$WORK/gpu" || { echo "FAIL: gpu-bundle.sh"; exit 1; }
     sh scripts/gpu-bundle.sh --emulated "$WORK/emu" || { echo "FAIL: gpu-bundle.sh --emulated"; exit 1; }
     kib=$(du -sk "$WORK/gpu" | cut -f1)
     check "the bundle is at most 48 MiB ($kib KiB)" [ "$kib" -le $((48 * 1024)) ]
