@@ -100,8 +100,9 @@ for t in $TESTS; do wrap build/tests "$t" ../..; done
 # Open MPI's run time (ftk-train links libmpi even alone; mpirun for the NCCL steps): the
 # launcher and the plugins of one machine (no InfiniBand, OFI, UCX, PSM: their libraries
 # are large and a single node needs shared memory only).
-ompi=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-pmix=/usr/lib/x86_64-linux-gnu/pmix2
+MA=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+ompi=/usr/lib/$MA/openmpi/lib/openmpi3
+pmix=/usr/lib/$MA/pmix2
 if [ -d "$ompi" ]; then
     for f in "$ompi"/*.so; do
         case $(basename "$f") in *ofi* | *ucx* | *openib* | *verbs* | *psm* | *usnic* | *portals* | *java* | *cuda*) continue ;; esac
@@ -184,7 +185,7 @@ fi
 {
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
     echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n), $(ldd --version | head -n 1)"
-    echo "nvcc: $(nvcc --version 2>/dev/null | tail -n 1 || echo unknown)"
+    echo "nvcc: $({ command -v nvcc >/dev/null && nvcc --version || /usr/local/cuda/bin/nvcc --version; } 2>/dev/null | grep -m1 release)"
     echo "data: $(ls "$stage/data/alpaca" 2>/dev/null | tr '\n' ' ')$([ -d "$stage/data/alpaca" ] || echo "none ($DATA has no Llama 2 tokenizer or Alpaca files)")"
 } >"$stage/BUILD_INFO"
 cp "$stage/run.sh" "$stage/BUILD_INFO" "$tmp/"

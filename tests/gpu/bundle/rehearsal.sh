@@ -59,7 +59,7 @@ fi
 
 # --- inside the namespace
 fails=${2:-0}
-L=/usr/lib/x86_64-linux-gnu
+L=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 mkdir -p "$WORK/empty.d" && : >"$WORK/empty.f"
 hidden=0
 for p in $L/libhdf5* $L/libmpi* $L/libopen-rte* $L/libopen-pal* $L/liboshmem* $L/libpmix* $L/libhwloc* \
