@@ -247,9 +247,9 @@ else
 fi
 export FTK_BUNDLE_GPU
 # the libraries the bundle's programs need from CUDA (as ldd names them), NCCL, cuDNN
-need=$(for f in "$B"/libexec/*; do ldd "$f" 2>/dev/null | awk '{print $1}'; done | grep -E '^lib(cudart|cublasLt|cublas)\.so' | sort -u)
-need="$need libnccl.so.2"
-[ "$EMU" = 1 ] && need=$(echo "$need" | grep -v nccl)
+need=$(for f in "$B"/libexec/*; do ldd "$f" 2>/dev/null | awk '{print $1}'; done | grep -E '^lib(cudart|cublasLt|cublas)\.so' |
+    sort -u | tr '\n' ' ')
+[ "$EMU" = 1 ] || need="$need libnccl.so.2" # emulated: the bundle's own, lib/libnccl.so.2
 # wheel folders: site-packages/nvidia/*/lib (cu12 layout) and nvidia/cu13/lib (cu13)
 wheel_dirs=$("$PY" -c 'import nvidia, os, glob
 for p in nvidia.__path__:
@@ -329,7 +329,8 @@ write_outputs() {
             echo "| $ws | $(field "$ws" 2) | $st | $(cat "$ST/$ws.secs" 2>/dev/null || echo -) | $(cat "$ST/$ws.limit" 2>/dev/null || echo -) | $(field "$ws" what) |"
         done
         for ws in opbench bench-7b epoch bench-1b; do
-            [ -s "$LOGS/$ws.log" ] && [ -f "$ST/$ws.status" ] || continue
+            case $(status_of "$ws") in pass | FAIL* | running*) ;; *) continue ;; esac
+            [ -s "$LOGS/$ws.log" ] || continue
             echo
             echo "## $ws"
             echo
