@@ -10,6 +10,8 @@
 #                        HDF5 read beside a background write (h5_wait) vs one write call per array
 #   make gpu-check       on a GPU machine: every GPU check and benchmark in one command (under 9
 #                        minutes), one markdown report in REPORT (default build/gpu-check/report.md)
+#   make gpu-bundle      here, no GPU needed: GPU_BUNDLE (gpu/, at most 48 MiB) holds everything a
+#                        bare GPU machine needs for them; there: sh gpu/run.sh OUTDIR [BUDGET_S]
 #   make asan            the sanitizer build only (build/asan/bin)
 #   make install PREFIX=/usr/local
 #
@@ -115,7 +117,7 @@ endif
 COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
-.PHONY: all deps deps-build test test-slow check demo bench gpu-check asan fuzz install clean config
+.PHONY: all deps deps-build test test-slow check demo bench gpu-check gpu-bundle asan fuzz install clean config
 all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(TESTTOOL_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
 
 config:
@@ -309,6 +311,13 @@ REPORT ?= build/gpu-check
 gpu-check:
 	@$(BUILD) all
 	@sh tests/gpu/check.sh $(REPORT)
+
+# The GPU bundle (scripts/gpu-bundle.sh; docs/gpu.md): the built programs, the libraries a bare
+# GPU machine lacks, Open MPI's run time, the scripts and data, one entry point (run.sh).
+GPU_BUNDLE ?= gpu
+gpu-bundle:
+	@$(BUILD) all
+	@sh scripts/gpu-bundle.sh $(GPU_BUNDLE)
 
 # The long fuzz run of the safetensors header parser (make test runs 10 s of it).
 FUZZ_SECONDS ?= 600

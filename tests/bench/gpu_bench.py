@@ -20,6 +20,14 @@ usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--m
        op, read once a step) and print where their steps' time went, per op and per shape; the
        PyTorch eager row runs one more step under torch.profiler and prints its kernels by time.
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
+--emulated: BIN's ftk-train runs on the host emulation of CUDA (tests/gpu/emu; the GPU bundle's
+       rehearsal, tests/gpu/bundle/run.sh): ftk rows only, PyTorch is not imported, tiny shapes
+       (--alpaca1024: the smoke shape, 4 records in rows of 128); the figures mean nothing.
+--goals FILE: the goal figures as they land, one "KEY<tab>VALUE" line each (the last of a key
+       counts): 7b_mfu, 7b_ratio, peak_7b (llama2-7b, or the emulated shape), epoch_steps,
+       epoch_wall, peak_epoch.
+Each row is printed as it lands (a run killed halfway keeps what it measured). Exit 0 with
+figures, 1 when an ftk run failed, 77 when skipped (no GPU, no PyTorch, no data: it says why).
 The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
 the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
 ftk-train's defaults (LitGPT's: global batch 64, micro-batch 4), no checkpoint; prints the
@@ -27,9 +35,7 @@ wall time of the ftk-train process (loading the weights included) and of the ste
 No run writes a checkpoint (--no-save: a 7B checkpoint would not fit the GPU machine's disk).
 DATA holds llama2-tokenizer/tokenizer.model and alpaca/*.json (../shared/data's layout).
 """
-import argparse, contextlib, glob, json, os, subprocess, sys, time
-
-import torch
+import argparse, contextlib, glob, json, os, re, subprocess, sys, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bin")
@@ -44,12 +50,34 @@ ap.add_argument("--no-compile", action="store_true")
 ap.add_argument("--alpaca1024", action="store_true")
 ap.add_argument("--attn", default="", help="FTK_CUDA_ATTN values, comma-separated: an ftk row or epoch each")
 ap.add_argument("--profile", action="store_true", help="ftk rows with FTK_PROFILE: their per-op times printed")
+ap.add_argument("--emulated", action="store_true", help="ftk on the host emulation of CUDA: ftk rows only")
+ap.add_argument("--goals", default="", help="append the goal figures to this file as KEY<tab>VALUE lines")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
-if dev == "cuda" and not torch.cuda.is_available():
-    print("gpu bench: skipped (no GPU)")
-    sys.exit(0)
+
+
+def skip(why):
+    """Nothing measured: say why and exit 77 (never 0: no figures is not a pass)."""
+    print(f"gpu bench: skipped ({why})", flush=True)
+    sys.exit(77)
+
+
+def goal(key, value):
+    if a.goals:
+        with open(a.goals, "a") as f:
+            f.write(f"{key}\t{'emulated, meaningless: ' if a.emulated else ''}{value}\n")
+
+
+if a.emulated:
+    torch = None
+else:
+    try:
+        import torch
+    except Exception as e:
+        skip(f"{sys.executable} cannot import torch: {type(e).__name__}: {e}")
+    if dev == "cuda" and not torch.cuda.is_available():
+        skip("no GPU: torch.cuda.is_available() is False")
 
 SHAPES = {  # ftk-init presets, as transformers configs
     "llama-1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
@@ -70,18 +98,19 @@ def n_params(sh, vocab=32000):
 
 
 shapes = ["smoke"] if a.cpu_smoke else a.shapes.split(",")
+GOAL_SHAPE = "smoke" if a.emulated else "llama2-7b"  # the shape whose figures are the goals
 steps, mb, maxlen = (2, 2, 64) if a.cpu_smoke else (a.steps, a.micro_batch, a.maxlen)
 results = []
 
 
 def sync():
-    if dev == "cuda":
+    if dev == "cuda" and torch:
         torch.cuda.synchronize()
 
 
 def peaks():
     """bf16 matmul TFLOP/s and copy GB/s (bytes read + written), medians of 10."""
-    if dev != "cuda":
+    if dev != "cuda" or a.emulated:
         return 1e12, 1e10
     n = 8192
     x, y = torch.randn(n, n, device=dev, dtype=torch.bfloat16), torch.randn(n, n, device=dev, dtype=torch.bfloat16)
@@ -105,8 +134,11 @@ def peaks():
 
 
 mm_peak, copy_bw = peaks()
-print(f"device: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; bf16 matmul {mm_peak / 1e12:.0f} TFLOP/s, "
-      f"copy {copy_bw / 1e9:.0f} GB/s (measured here)")
+if a.emulated:
+    print("device: the host emulation of CUDA; peaks taken as 1 TFLOP/s and 10 GB/s (the figures mean nothing)")
+else:
+    print(f"device: {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}; bf16 matmul {mm_peak / 1e12:.0f} "
+          f"TFLOP/s, copy {copy_bw / 1e9:.0f} GB/s (measured here)", flush=True)
 
 
 def sh(*args, **kw):
@@ -116,8 +148,7 @@ def sh(*args, **kw):
 tok = os.path.join(a.data, "llama2-tokenizer", "tokenizer.model")
 alp = sorted(glob.glob(os.path.join(a.data, "alpaca", "*1k*.json")) or glob.glob(os.path.join(a.data, "alpaca", "*.json")))
 if not os.path.exists(tok) or not alp:
-    print(f"gpu bench: skipped ({a.data} has no tokenizer or Alpaca file)")
-    sys.exit(0)
+    skip(f"{a.data} has no llama2-tokenizer/tokenizer.model or alpaca/*.json")
 packed = os.path.join(a.work, f"alpaca-{maxlen}.h5")
 if not os.path.exists(packed):
     sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, alp[0], "-o", packed, "--pack", "--max-len", maxlen,
@@ -135,10 +166,13 @@ def packed_rows():
             for i in range(len(off) - 1)]
 
 
-rows = packed_rows()
+rows = None  # read when PyTorch's first row needs them (h5py)
 
 
 def torch_row(name, compiled):
+    global rows
+    if rows is None:
+        rows = packed_rows()
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
                       tie_word_embeddings=False, **SHAPES[name])
@@ -203,6 +237,8 @@ def torch_profile(name, run_step):
 
 
 def gpu_used_gib():
+    if a.emulated:
+        return 0.0
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
@@ -245,9 +281,11 @@ def ftk_row(name, attn):
         time.sleep(0.5)
     err = p.stderr.read()
     if p.returncode != 0:
+        print(f"ftk-train failed (exit {p.returncode}):\n{err.strip()[-2000:]}", flush=True)
         return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
     m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
+    peak = max(peak, m[-1].get("mem_peak_bytes", 0) / 2 ** 30)
     if a.profile and os.path.exists(prof):  # the per-op summary and the longest shapes
         print(f"\n{ftk_label(attn)} at {name}, FTK_PROFILE (steps after the first):")
         print("".join(open(prof).readlines()[:72]), flush=True)
@@ -269,55 +307,125 @@ def ftk_weights(name):
     return w
 
 
+def fmt_row(r, eager):
+    """One line of the table: shape, system, tokens/s, MFU, peak GiB, ratio to eager."""
+    name, label, tps, mfu, peak = r
+    if tps is None:
+        return f"{name:<10} {label:<22} {'-':>10} {'-':>7} {'-':>9}  {peak}"
+    ratio = f"{tps / eager[2]:.2f}x" if eager and eager[2] else "-"
+    mfu_s = f"{100 * mfu:.1f}%" if mfu is not None and not a.emulated else "-"
+    return f"{name:<10} {label:<22} {tps:>10.0f} {mfu_s:>7} {peak:>9.1f}  {ratio}"
+
+
+HEADER = f"{'shape':<10} {'system':<22} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager"
+
+
+def add_row(r):
+    """Prints the row at once (a killed run keeps it) and updates the goal figures (the ratio
+    once eager's row is there)."""
+    results.append(r)
+    name = r[0]
+    eager = next((x for x in results if x[0] == name and x[1] == "pytorch eager" and x[2]), None)
+    print(f"ROW {fmt_row(r, eager)}", flush=True)
+    if name != GOAL_SHAPE:
+        return
+    ftk = [x for x in results if x[0] == name and x[1].startswith("ftk") and x[2]]
+    if ftk:
+        goal("7b_mfu", ", ".join(f"{100 * x[3]:.1f}% ({x[1]})" for x in ftk) if not a.emulated else
+             ", ".join(f"{x[2]:.0f} tokens/s ({x[1]})" for x in ftk))
+        if eager:
+            goal("7b_ratio", ", ".join(f"{x[2] / eager[2]:.2f}x ({x[1]})" for x in ftk) +
+                 f"; PyTorch eager {eager[2]:.0f} tokens/s")
+    peaks_s = [f"{x[1]} {x[4]:.1f} GiB" for x in results if x[0] == name and x[2]]
+    if peaks_s:
+        goal("peak_7b", f"{name} {a.micro_batch}x{a.maxlen}: " + ", ".join(peaks_s))
+
+
 if a.alpaca1024:
+    # the epoch: Llama-2-7B, 1024 records in rows of 512, LitGPT's batches (64, micro 4);
+    # emulated: the smoke shape, 4 records in rows of 128, batches of 2
     big = max(glob.glob(os.path.join(a.data, "alpaca", "*.json")), key=os.path.getsize)
-    recs = json.load(open(big))[:1024]
-    src = os.path.join(a.work, "alpaca1024.json")
+    n_rec, shape, mlen = (4, "smoke", 128) if a.emulated else (1024, "llama2-7b", 512)
+    batch = ["--global-batch", 2, "--micro-batch", 2] if a.emulated else []
+    recs = json.load(open(big))[:n_rec]
+    src = os.path.join(a.work, f"alpaca{n_rec}.json")
     json.dump(recs, open(src, "w"))
-    data = os.path.join(a.work, "alpaca1024-512.h5")
-    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", 512, "--val-count", 0)
-    w = ftk_weights("llama2-7b")
+    data = os.path.join(a.work, f"alpaca{n_rec}-{mlen}.h5")
+    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", mlen, "--val-count", 0)
+    t_init = time.time()
+    w = ftk_weights(shape)
+    print(f"weights of {shape} ready in {time.time() - t_init:.1f} s (ftk-init, or kept from an earlier run)", flush=True)
+    failed = False
     for attn in ATTNS:
-        run = os.path.join(a.work, "run-alpaca1024")
+        run = os.path.join(a.work, "run-alpaca")
         sh("rm", "-rf", run)
+        env = ftk_env(attn)
+        # not -q: the time of each line splits the wall time (weights loaded: start-up and
+        # load; the steps from metrics.jsonl; what follows the last step: the end)
+        cmd = [os.path.join(a.bin, "ftk-train"), "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
+               "--precision", "bf16-true", "--eval-every", 0, "--no-save"] + batch
         t0 = time.time()
-        sh(os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
-           "--precision", "bf16-true", "--eval-every", 0, "--no-save", env=ftk_env(attn))
+        p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=env)
+        t_ready, load_s, tail = None, None, []
+        for line in p.stderr:
+            tail = (tail + [line.rstrip()])[-20:]
+            mo = re.search(r"weights loaded in ([0-9.]+) s", line)
+            if mo:
+                load_s = float(mo.group(1))
+            if t_ready is None and " parameters, " in line:
+                t_ready = time.time() - t0
+        p.wait()
         wall = time.time() - t0
+        label = f" (FTK_CUDA_ATTN={attn})" if attn else ""
+        if p.returncode != 0:
+            print(f"Alpaca epoch{label}: ftk-train failed (exit {p.returncode}):\n" + "\n".join(tail), flush=True)
+            failed = True
+            continue
         m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
         toks = sum(x["tokens"] for x in m)
-        print(f"Alpaca1024 epoch{' (FTK_CUDA_ATTN=' + attn + ')' if attn else ''} ({len(recs)} records of "
-              f"{os.path.basename(big)}, rows of 512, Llama-2-7B bf16-true, "
-              f"global batch 64, micro-batch 4, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process), "
-              f"steps {m[-1]['elapsed_s']:.1f} s, {toks / m[-1]['elapsed_s']:.0f} tokens/s, "
-              f"{6 * n_params(SHAPES['llama2-7b']) * toks / m[-1]['elapsed_s'] / mm_peak * 100:.1f}% MFU, "
-              f"peak {m[-1].get('mem_peak_bytes', 0) / 2 ** 30:.1f} GiB, last loss {m[-1]['loss']:.3f}", flush=True)
-    sys.exit(0)
+        steps_s = m[-1]["elapsed_s"]
+        mfu = 6 * n_params(SHAPES[shape]) * toks / steps_s / mm_peak * 100
+        peak = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
+        split = "not measured (no 'weights loaded' line)"
+        if t_ready is not None and load_s is not None:
+            split = (f"start-up {t_ready - load_s:.1f} s, weights load {load_s:.1f} s, steps {steps_s:.1f} s, "
+                     f"end {max(wall - t_ready - steps_s, 0):.1f} s (no final checkpoint: --no-save)")
+        print(f"Alpaca1024 epoch{label} ({len(recs)} records of {os.path.basename(big)}, rows of {mlen}, {shape} "
+              f"bf16-true, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process: {split}); "
+              f"{toks / steps_s:.0f} tokens/s, {mfu:.1f}% MFU, peak {peak:.1f} GiB, last loss {m[-1]['loss']:.3f}",
+              flush=True)
+        if not attn or attn == ATTNS[0]:
+            goal("epoch_steps", f"{len(m)} steps, {toks} tokens in {steps_s:.1f} s{label} ({toks / steps_s:.0f} "
+                 f"tokens/s, {mfu:.1f}% MFU; goal: under 20 s)")
+            goal("epoch_wall", f"{wall:.1f} s{label}: {split}")
+            goal("peak_epoch", f"Alpaca1024 epoch {peak:.1f} GiB (ftk's backend)")
+    sys.exit(1 if failed else 0)
 
+print(HEADER, flush=True)
+ftk_failed = False
 for name in shapes:
+    # ftk's rows first: a run cut short keeps the figures that are ftk's goals
+    for attn in ATTNS:
+        tps, peak = ftk_row(name, attn)
+        ftk_failed |= tps is None
+        add_row((name, ftk_label(attn), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
+    if a.emulated:
+        continue
     for compiled in ([False] if a.no_compile or a.cpu_smoke else [False, True]):
         label = "pytorch eager" if not compiled else "pytorch compile"
         try:
             n, tps, peak = torch_row(name, compiled)
             assert n == n_params(SHAPES[name]), (n, n_params(SHAPES[name]))
-            results.append((name, label, tps, 6 * n * tps / mm_peak, peak))
+            add_row((name, label, tps, 6 * n * tps / mm_peak, peak))
         except Exception as e:  # out of memory, compile failure: say so and go on
-            results.append((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+            add_row((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
             if dev == "cuda":
                 torch.cuda.empty_cache()
-    for attn in ATTNS:
-        tps, peak = ftk_row(name, attn)
-        results.append((name, ftk_label(attn), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
 
-print(f"\n{'shape':<10} {'system':<16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager")
+print(f"\n{HEADER}")
 for name in shapes:
-    eager = next((r for r in results if r[0] == name and r[1] == "pytorch eager"), None)
+    eager = next((r for r in results if r[0] == name and r[1] == "pytorch eager" and r[2]), None)
     for r in results:
-        if r[0] != name:
-            continue
-        if r[2] is None:
-            print(f"{name:<10} {r[1]:<16} {'-':>10} {'-':>7} {'-':>9}  {r[4]}")
-            continue
-        ratio = f"{r[2] / eager[2]:.2f}x" if eager and eager[2] else "-"
-        mfu = f"{100 * r[3]:.1f}%" if r[3] is not None else "-"
-        print(f"{name:<10} {r[1]:<16} {r[2]:>10.0f} {mfu:>7} {r[4]:>9.1f}  {ratio}")
+        if r[0] == name:
+            print(fmt_row(r, eager))
+sys.exit(1 if ftk_failed else 0)

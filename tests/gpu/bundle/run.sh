@@ -1,0 +1,461 @@
+#!/bin/sh
+# run.sh OUTDIR [BUDGET_S]: every GPU check and benchmark of ftk from the GPU bundle (`make
+# gpu-bundle` writes it: scripts/gpu-bundle.sh; docs/gpu.md, "The GPU bundle"), on a machine
+# with a GPU and CUDA's driver, and none of ftk's other dependencies. Sent as gpu/ (this
+# script, BUILD_INFO, payload.tar.gz), it unpacks the payload into FTK_BUNDLE_WORK/bundle and
+# goes on from the run.sh there. One clock for the whole run: a step starts only while its
+# own time limit fits in what is left of BUDGET_S (default 560 s), else it is "not run (time
+# budget)" and the later steps that fit still run. The steps, most valuable first:
+#   a. what never ran on a GPU: libs (every program resolves: ldd, with CUDA's libraries,
+#      NCCL and cuDNN located), smoke, ops (gpu_ops: bf16 products, the fused ops,
+#      adamw_multi, both tensor-core attentions, the staged uploads), train (a short
+#      ftk-train --device cuda against the CPU, a GPU checkpoint resumed on the CPU), nccl
+#      (a 1-rank NCCL world against a process alone; 2 ranks where there are 2 GPUs)
+#   b. bench-7b: Llama-2-7B at 8 x 512 against PyTorch eager + transformers, FTK_PROFILE's table
+#   c. epoch: the Alpaca1024 epoch, its wall time split (start-up, weights load, steps, end)
+#   d. sanitizer (compute-sanitizer memcheck), opbench, ops-fp32 (exact fp32 products),
+#      bench-1b (with torch.compile's row), attn-e2e, demo (demo_vs_cpu.sh)
+# After every step OUTDIR holds report.md (the steps, the figures, the goals table last),
+# summary.json (the same for programs: steps_done counts the steps finished) and logs.tar.gz
+# (every log), three files of a few MB at most; large work files (the 7B weights) go to
+# FTK_BUNDLE_WORK (default /tmp/ftk-gpu-work), never to OUTDIR. Statuses: pass, FAIL (…),
+# skipped (reason), not run (time budget). Exit 0 when no step failed, 1 otherwise.
+# Environment: GPU_PYTHON (python3 with PyTorch, default python3), FTK_BUNDLE_STEPS (a
+# subset, by name), FTK_BUNDLE_WORK, FTK_BUNDLE_EMULATED=DIR (the rehearsal without a GPU:
+# DIR, made by `gpu-bundle.sh --emulated`, holds the programs on the host emulation of CUDA,
+# put in place of the GPU's; small shapes; tests/gpu/bundle/rehearsal.sh), FTK_BUNDLE_ON_STEP
+# (a command run after each rewrite of OUTDIR: the rehearsal keeps each summary.json).
+set -u
+B=$(cd "$(dirname "$0")" && pwd)
+ME=$B/run.sh
+
+# --- The folder as sent (run.sh, BUILD_INFO, payload.tar.gz): the clock starts, the payload
+# is unpacked into FTK_BUNDLE_WORK/bundle (the emulated programs over it, for a rehearsal),
+# and the run.sh there goes on.
+if [ "${1:-}" != --step ] && [ -f "$B/payload.tar.gz" ] && [ ! -f "$B/env.sh" ]; then
+    FTK_BUNDLE_T0=$(date +%s)
+    export FTK_BUNDLE_T0
+    [ $# -ge 1 ] || { echo "usage: run.sh OUTDIR [BUDGET_S]" >&2; exit 2; }
+    W=${FTK_BUNDLE_WORK:-${TMPDIR:-/tmp}/ftk-gpu-work}
+    rm -rf "$W/bundle" && mkdir -p "$W/bundle" || exit 2
+    gzip -dc "$B/payload.tar.gz" | tar -C "$W/bundle" -xf - || { echo "run.sh: error: cannot unpack $B/payload.tar.gz into $W/bundle" >&2; exit 2; }
+    E=${FTK_BUNDLE_EMULATED:-}
+    if [ -n "$E" ] && [ "$E" != 0 ]; then
+        [ -f "$E/EMULATED" ] || { echo "run.sh: error: FTK_BUNDLE_EMULATED=$E: not a folder made by gpu-bundle.sh --emulated" >&2; exit 2; }
+        cp "$E"/libexec/* "$W/bundle/libexec/" && cp "$E"/lib/* "$W/bundle/lib/" && cp "$E/EMULATED" "$W/bundle/" || exit 2
+    fi
+    export FTK_BUNDLE_WORK=$W
+    exec sh "$W/bundle/run.sh" "$@"
+fi
+
+# --- One step's body, run by the driver below under its time limit: run.sh --step NAME
+if [ "${1:-}" = --step ]; then
+    . "$B/env.sh"
+    name=$2
+    EMU=$FTK_BUNDLE_EMULATED
+    BIN=$B/bin
+    DATA=$B/data
+    W=$FTK_BUNDLE_WORK/$name
+    rm -rf "$W" && mkdir -p "$W"
+    PY=${GPU_PYTHON:-python3}
+    MPI="mpirun --oversubscribe"
+    [ "$(id -u)" = 0 ] && MPI="$MPI --allow-run-as-root"
+    GB="$PY $B/tests/bench/gpu_bench.py $BIN $DATA $FTK_BUNDLE_WORK/bench --goals $FTK_BUNDLE_WORK/goals.txt"
+    skip() { echo "skipped ($*)"; exit 77; }
+    emu_skip() { [ "$EMU" = 1 ] && skip "emulated: $*"; return 0; }
+    case $name in
+    libs)
+        # every ELF program and library of the bundle, with the libraries env.sh and the
+        # driver located; a library not found is named
+        bad=""
+        for f in "$B"/libexec/* "$B"/mpi/libexec-* "$B"/mpi/lib/openmpi3/*.so "$B"/mpi/lib/pmix/*.so "$B"/lib/*.so*; do
+            [ -f "$f" ] || continue
+            [ "$(head -c 4 "$f" | tail -c 3)" = ELF ] || continue
+            out=$(LD_LIBRARY_PATH=$FTK_BUNDLE_LD_PATH ldd "$f" 2>&1)
+            miss=$(echo "$out" | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+            echo "$(basename "$f"): ${miss:+NOT FOUND: }${miss:-ok}"
+            [ -n "$miss" ] && bad="$bad $(basename "$f"): $miss;"
+        done
+        echo "LD_LIBRARY_PATH of the bundle's programs: $FTK_BUNDLE_LD_PATH"
+        echo "$FTK_BUNDLE_FOUND" | tr ';' '\n'
+        [ -n "$FTK_BUNDLE_NOT_FOUND" ] && bad="$bad not found: $FTK_BUNDLE_NOT_FOUND"
+        if [ -n "$bad" ]; then
+            case $FTK_BUNDLE_GPU in
+            yes | emulated) echo "FAIL: $bad"; exit 1 ;;
+            esac
+            # no GPU: CUDA's own libraries may well be absent; anything else is the bundle's fault
+            if echo "$bad" | tr ' ;:' '\n\n\n' | grep -v '^$' | grep '^lib' | grep -Eqv '^lib(cudart|cublas|cublasLt|nccl|cudnn)\.'; then
+                echo "FAIL: $bad"
+                exit 1
+            fi
+            skip "no GPU, and no CUDA libraries: $bad"
+        fi
+        exit 0
+        ;;
+    smoke)
+        if [ "$EMU" = 1 ]; then # the emulated device answers: one step of a tiny model
+            "$BIN/ftk-pack" -q -t "$B/examples/demo/tokenizer.model" "$B/examples/demo/alpaca-demo.json" \
+                -o "$W/d.h5" --pack --max-len 48 --val-count 0 || exit 1
+            "$BIN/ftk-init" -q --preset tiny --seed 1 -t "$B/examples/demo/tokenizer.model" -o "$W/w.h5" || exit 1
+            exec "$BIN/ftk-train" -m "$W/w.h5" -d "$W/d.h5" -o "$W/run" --steps 1 --global-batch 1 --micro-batch 1 \
+                --eval-every 0 --no-save --device cuda
+        fi
+        "$B/build/tests/gpu_smoke"
+        rc=$?
+        if [ $rc -eq 77 ] && [ "$FTK_BUNDLE_GPU" = yes ]; then
+            echo "FAIL: gpu_smoke sees no device, though this machine lists one (the driver, CUDA_VISIBLE_DEVICES?)"
+            exit 1
+        fi
+        exit $rc
+        ;;
+    ops)
+        # the defaults: bf16 products, fused ops, 8 elements a thread, both tensor-core
+        # attentions; the staged uploads' race case where gpu_ops has it (issue 32, item 4)
+        emu_skip "make test runs gpu_ops_emu, minutes here"
+        exec "$B/build/tests/gpu_ops"
+        ;;
+    train)
+        exec sh "$B/tests/gpu/train_vs_cpu.sh" "$BIN" "$W" $([ "$EMU" = 1 ] && echo emulated)
+        ;;
+    nccl)
+        # NCCL loads (a GPU machine without it fails here, naming it), comm.h's contract on one
+        # rank, then one rank under mpirun (a 1-rank NCCL world) against a process alone
+        command -v mpirun >/dev/null || { echo "FAIL: mpirun not found (the bundle's mpi/bin)"; exit 1; }
+        export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+        echo "== test_comm --nccl, 1 rank"
+        timeout -k 5 $([ "$EMU" = 1 ] && echo 300 || echo 60) $MPI -np 1 "$B/build/tests/test_comm" "$B" --nccl \
+            >"$W/comm.log" 2>&1
+        rc=$?
+        cat "$W/comm.log"
+        grep -q '^NCCL: .*libnccl.so.2 loads' "$W/comm.log" ||
+            { echo "FAIL: libnccl.so.2 does not load: $(grep -m1 '^NCCL: ' "$W/comm.log")"; exit 1; }
+        [ $rc -eq 0 ] || { echo "FAIL: test_comm --nccl exit $rc"; exit 1; }
+        sh "$B/tests/gpu/train_vs_cpu.sh" "$BIN" "$W/one" $([ "$EMU" = 1 ] && echo emulated) nccl || exit 1
+        # two GPUs or more: 2-rank training over NCCL against 2 MPI ranks on the CPU
+        [ "$EMU" = 1 ] && exit 0
+        ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        [ "$ngpu" -ge 2 ] || { echo "one GPU: the 2-rank runs (tests/gpu/nccl_vs_mpi.sh) need two"; exit 0; }
+        exec sh "$B/tests/gpu/nccl_vs_mpi.sh" "$BIN" "$W/two"
+        ;;
+    bench-7b)
+        if [ "$EMU" = 1 ]; then
+            exec $GB --emulated --shapes smoke --steps 1 --micro-batch 2 --maxlen 64 --profile --attn flash,mma
+        fi
+        exec $GB --shapes llama2-7b --steps 3 --no-compile --profile --attn flash,mma
+        ;;
+    epoch)
+        [ "$EMU" = 1 ] && exec $GB --emulated --alpaca1024
+        exec $GB --alpaca1024
+        ;;
+    sanitizer)
+        emu_skip "compute-sanitizer checks a GPU's memory"
+        command -v compute-sanitizer >/dev/null || skip "compute-sanitizer not found"
+        # a probe first: some machines refuse the device to it ("Device not supported")
+        if ! compute-sanitizer --target-processes all --error-exitcode 1 "$B/build/tests/gpu_smoke" >"$W/probe.log" 2>&1; then
+            skip "compute-sanitizer cannot run here: $(grep -m1 -i 'error\|not supported' "$W/probe.log")"
+        fi
+        # gpu_ops provokes an allocation failure on purpose: API errors are the program's to check
+        FTK_GPU_OPS_QUICK=1 exec compute-sanitizer --target-processes all --error-exitcode 1 --tool memcheck \
+            --report-api-errors no "$B/build/tests/gpu_ops"
+        ;;
+    opbench)
+        emu_skip "make test runs gpu_opbench_emu, its harness at small shapes"
+        exec "$B/build/tests/gpu_opbench"
+        ;;
+    ops-fp32)
+        emu_skip "make test-slow runs these settings on the emulation"
+        exec env FTK_CUDA_MATMUL=fp32 FTK_CUDA_ATTN=simple FTK_FUSED=none FTK_CUDA_VEC=0 "$B/build/tests/gpu_ops"
+        ;;
+    bench-1b)
+        emu_skip "torch.compile's rows need a GPU"
+        exec $GB --shapes llama-1b --steps 3 --attn flash
+        ;;
+    attn-e2e)
+        emu_skip "40 steps of a 512-wide model: hours on the emulation"
+        exec sh "$B/tests/gpu/attn_e2e.sh" "$BIN" "$DATA" "$W"
+        ;;
+    demo)
+        emu_skip "make test-slow runs demo_vs_cpu.sh on the emulation"
+        exec sh "$B/tests/gpu/demo_vs_cpu.sh" "$BIN" "$W"
+        ;;
+    esac
+    echo "run.sh: no step $name"
+    exit 2
+fi
+
+# --- The driver
+OUTDIR=${1:?usage: run.sh OUTDIR [BUDGET_S]}
+BUDGET=${2:-560}
+case $BUDGET in '' | *[!0-9]*) echo "run.sh: error: BUDGET_S '$BUDGET' is not a number of seconds" >&2; exit 2 ;; esac
+t_start=${FTK_BUNDLE_T0:-$(date +%s)}
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+FTK_BUNDLE_WORK=${FTK_BUNDLE_WORK:-${TMPDIR:-/tmp}/ftk-gpu-work}
+mkdir -p "$FTK_BUNDLE_WORK" || exit 2
+FTK_BUNDLE_WORK=$(cd "$FTK_BUNDLE_WORK" && pwd)
+case $FTK_BUNDLE_WORK/ in "$OUTDIR"/*)
+    echo "run.sh: error: FTK_BUNDLE_WORK ($FTK_BUNDLE_WORK) is inside OUTDIR: large files must stay out of it" >&2
+    exit 2 ;;
+esac
+export FTK_BUNDLE_WORK
+LOGS=$FTK_BUNDLE_WORK/logs ST=$FTK_BUNDLE_WORK/state
+EMU=0
+[ -f "$B/EMULATED" ] && EMU=1
+export FTK_BUNDLE_EMULATED=$EMU
+export FTK_DEVICE=cpu # a run that does not say --device cuda stays on the CPU
+
+# name group limit emulated-limit what
+STEP_TABLE='libs a 60 100 every program and library resolves (ldd); CUDA, NCCL, cuDNN located
+smoke a 60 200 the device answers (gpu_smoke)
+ops a 150 400 gpu_ops: every op against the CPU, bf16 products, fused ops, adamw_multi, both tensor-core attentions, staged uploads
+train a 120 400 ftk-train --device cuda against the CPU; a GPU checkpoint resumed on the CPU
+nccl a 100 400 NCCL: test_comm --nccl on 1 rank; a 1-rank NCCL world against a process alone
+bench-7b b 240 400 Llama-2-7B 8x512: ftk (flash, mma; FTK_PROFILE) against PyTorch eager + transformers
+epoch c 150 400 the Alpaca1024 epoch (7B, bf16-true): steps and wall time split
+sanitizer d 200 400 compute-sanitizer memcheck over gpu_ops (quick)
+opbench d 90 400 gpu_opbench: memory-bound ops against the device copy, attention, products
+ops-fp32 d 120 400 gpu_ops with exact fp32 products, simple attention, unfused, one element a thread
+bench-1b d 200 400 llama-1b: ftk against PyTorch eager and torch.compile
+attn-e2e d 90 400 a small Llama trained with each attention: the same losses
+demo d 120 400 the demo on the GPU against the CPU, fp32 and bf16-true, checkpoints both ways'
+STEPS=$(echo "$STEP_TABLE" | awk '{print $1}')
+field() { echo "$STEP_TABLE" | awk -v n="$1" -v k="$2" '$1 == n { if (k == "what") { $1 = $2 = $3 = $4 = ""; sub(/^ +/, ""); print } else print $k }'; }
+n_steps=$(echo "$STEPS" | wc -l)
+# what an earlier run left; the benchmarks' weights (7B: 13.5 GB) are kept for the next
+for d in logs state pack goals.txt $STEPS; do rm -rf "${FTK_BUNDLE_WORK:?}/$d"; done
+rm -f "$FTK_BUNDLE_WORK"/bench/profile-*.md
+mkdir -p "$LOGS" "$ST"
+
+elapsed() { echo $(($(date +%s) - t_start)); }
+say() { echo "[$(elapsed) s] $*"; }
+
+# --- The machine: GPU, CUDA's libraries, NCCL, cuDNN (the system's, else PyTorch's wheels)
+PY=${GPU_PYTHON:-python3}
+if [ "$EMU" = 1 ]; then
+    FTK_BUNDLE_GPU=emulated
+    GPU_DESC="none: the host emulation of CUDA (FTK_BUNDLE_EMULATED=1)"
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    FTK_BUNDLE_GPU=yes
+    GPU_DESC="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1)$(
+        [ "$(nvidia-smi -L | grep -c '^GPU')" -gt 1 ] && echo " (x$(nvidia-smi -L | grep -c '^GPU'))")"
+elif ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    FTK_BUNDLE_GPU=yes
+    GPU_DESC="a /dev/nvidia device (nvidia-smi not found)"
+else
+    FTK_BUNDLE_GPU=no
+    GPU_DESC="none found (no nvidia-smi listing, no /dev/nvidia0)"
+fi
+export FTK_BUNDLE_GPU
+# the libraries the bundle's programs need from CUDA (as ldd names them), NCCL, cuDNN
+need=$(for f in "$B"/libexec/*; do ldd "$f" 2>/dev/null | awk '{print $1}'; done | grep -E '^lib(cudart|cublasLt|cublas)\.so' |
+    sort -u | tr '\n' ' ')
+[ "$EMU" = 1 ] || need="$need libnccl.so.2" # emulated: the bundle's own, lib/libnccl.so.2
+# wheel folders: site-packages/nvidia/*/lib (cu12 layout) and nvidia/cu13/lib (cu13)
+wheel_dirs=$("$PY" -c 'import nvidia, os, glob
+for p in nvidia.__path__:
+    for d in sorted(glob.glob(os.path.join(p, "*", "lib")) + glob.glob(os.path.join(p, "*", "*", "lib"))): print(d)' 2>/dev/null)
+sys_dirs="${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $(ls -d /usr/local/cuda-*/lib64 2>/dev/null) /usr/lib/x86_64-linux-gnu /usr/lib64 /lib/x86_64-linux-gnu"
+find_lib() { # find_lib NAME: the folder of NAME: the loader's cache, the CUDA folders, the wheels
+    p=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n {print $NF; exit}')
+    [ -n "$p" ] && [ -e "$p" ] && { dirname "$p"; return 0; }
+    for d in $sys_dirs $wheel_dirs; do
+        [ -e "$d/$1" ] && { echo "$d"; return 0; }
+    done
+    # last, torch's own folder (importing torch takes seconds of the budget: not for cuDNN)
+    [ "${2:-}" = no-torch ] && return 1
+    [ -n "${torch_lib:-}" ] || torch_lib=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null) || torch_lib=none
+    [ -e "$torch_lib/$1" ] && { echo "$torch_lib"; return 0; }
+    return 1
+}
+FTK_BUNDLE_CUDA_PATH="" FTK_BUNDLE_FOUND="" FTK_BUNDLE_NOT_FOUND=""
+for l in $need; do
+    if d=$(find_lib "$l"); then
+        FTK_BUNDLE_FOUND="$FTK_BUNDLE_FOUND$l: $d;"
+        case ":$FTK_BUNDLE_CUDA_PATH:" in *":$d:"*) ;; *) FTK_BUNDLE_CUDA_PATH=${FTK_BUNDLE_CUDA_PATH:+$FTK_BUNDLE_CUDA_PATH:}$d ;; esac
+    else
+        FTK_BUNDLE_NOT_FOUND="$FTK_BUNDLE_NOT_FOUND $l"
+    fi
+done
+[ "$EMU" = 1 ] && FTK_BUNDLE_FOUND="${FTK_BUNDLE_FOUND}libnccl.so.2: $B/lib (emulated);"
+cudnn=$(for v in 9 8; do d=$(find_lib "libcudnn.so.$v" no-torch) && { echo "libcudnn.so.$v: $d"; break; }; done)
+FTK_BUNDLE_FOUND="$FTK_BUNDLE_FOUND${cudnn:-cuDNN: not found (only PyTorch uses it; ftk does not)};"
+export FTK_BUNDLE_CUDA_PATH FTK_BUNDLE_FOUND FTK_BUNDLE_NOT_FOUND
+. "$B/env.sh"
+
+# --- The report, rewritten after every step
+json_str() { printf '%s' "$1" | awk 'BEGIN { ORS = "" } { gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); gsub(/\t/, " ");
+    gsub(/[\001-\037]/, " "); if (NR > 1) print "\\n"; print }'; }
+status_of() { cat "$ST/$1.status" 2>/dev/null || echo pending; }
+goal() { awk -F '\t' -v k="$1" '$1 == k { v = $2 } END { if (v != "") print v; else print "not measured" }' \
+    "$FTK_BUNDLE_WORK/goals.txt" 2>/dev/null || echo "not measured"; }
+# the memory-bound kernel families against the device copy, from gpu_opbench's rows
+# ("NAME DTYPE  ms  GB/s  P% of copy"): each family's range over its dtypes and shapes
+fractions() {
+    f=$LOGS/opbench.log
+    [ -s "$f" ] && grep -q '% of copy' "$f" || { echo "not measured"; return; }
+    awk '/% of copy$/ { fam = $1; p = $(NF - 2); sub(/%/, "", p); p += 0
+            if (!(fam in lo) || p < lo[fam]) lo[fam] = p; if (!(fam in hi) || p > hi[fam]) hi[fam] = p
+            if (!(fam in seen)) { seen[fam] = 1; order[++n] = fam } }
+         END { for (i = 1; i <= n; i++) { x = order[i]
+                 printf "%s%s %s%%", (i > 1 ? ", " : ""), x, (lo[x] == hi[x] ? lo[x] : lo[x] "–" hi[x]) }
+               print "" }' "$f"
+}
+peaks() { # the benchmark's and the epoch's
+    p7=$(goal peak_7b) pe=$(goal peak_epoch)
+    case "$p7|$pe" in "not measured|not measured") echo "not measured" ;; *) echo "$p7; $pe" ;; esac
+}
+write_outputs() {
+    done_n=0
+    for ws in $STEPS; do
+        case $(status_of "$ws") in pending | running*) ;; *) done_n=$((done_n + 1)) ;; esac
+    done
+    now=$(elapsed)
+    fails=$(for ws in $STEPS; do status_of "$ws"; done | grep -c '^FAIL')
+    R=$OUTDIR/report.md
+    {
+        echo "# ftk GPU check (the GPU bundle)"
+        echo
+        echo "- $(sed -n 1p "$B/BUILD_INFO" 2>/dev/null); $(sed -n 2p "$B/BUILD_INFO" 2>/dev/null)"
+        echo "- run: $(date -u -d "@$t_start" '+%Y-%m-%d %H:%M UTC' 2>/dev/null || date -u '+%Y-%m-%d %H:%M UTC'), on $(uname -n); $now s of a budget of $BUDGET s; $done_n of $n_steps steps finished, $fails failed$([ "${FINISHED:-0}" = 1 ] && echo '; run complete' || echo '; run in progress')"
+        echo "- GPU: $GPU_DESC"
+        echo "- libraries: $(echo "$FTK_BUNDLE_FOUND" | sed 's/;$//; s/;/; /g')${FTK_BUNDLE_NOT_FOUND:+; NOT FOUND:$FTK_BUNDLE_NOT_FOUND}"
+        echo "- logs: logs.tar.gz (each step's log, FTK_PROFILE's tables); large work files: $FTK_BUNDLE_WORK"
+        echo
+        echo "| step | group | result | seconds | limit | what |"
+        echo "| --- | --- | --- | --- | --- | --- |"
+        for ws in $STEPS; do
+            st=$(status_of "$ws")
+            case $st in FAIL*) st="**$st**" ;; esac
+            echo "| $ws | $(field "$ws" 2) | $st | $(cat "$ST/$ws.secs" 2>/dev/null || echo -) | $(cat "$ST/$ws.limit" 2>/dev/null || echo -) | $(field "$ws" what) |"
+        done
+        for ws in opbench bench-7b epoch bench-1b; do
+            case $(status_of "$ws") in pass | FAIL* | running*) ;; *) continue ;; esac
+            [ -s "$LOGS/$ws.log" ] || continue
+            echo
+            echo "## $ws"
+            echo
+            echo '```'
+            tail -n 120 "$LOGS/$ws.log" | cut -c1-300
+            echo '```'
+        done
+        for ws in $STEPS; do # the end of each failed step's log
+            case $(status_of "$ws") in FAIL*) ;; *) continue ;; esac
+            echo
+            echo "## $ws: the end of its log"
+            echo
+            echo '```'
+            tail -n 30 "$LOGS/$ws.log" 2>/dev/null | cut -c1-300
+            echo '```'
+        done
+        echo
+        echo "## Goals"
+        echo
+        echo "| goal | figure |"
+        echo "| --- | --- |"
+        echo "| Llama-2-7B MFU (ftk, bf16-true, 8 x 512, recompute) | $(goal 7b_mfu) |"
+        echo "| ratio to PyTorch eager (7B tokens/s) | $(goal 7b_ratio) |"
+        echo "| Alpaca1024 epoch: steps | $(goal epoch_steps) |"
+        echo "| Alpaca1024 epoch: wall (start-up, weights load, steps, end) | $(goal epoch_wall) |"
+        echo "| memory-bound kernel families, fraction of the device copy (goal 85%) | $(fractions) |"
+        echo "| peak GPU memory | $(peaks) |"
+    } >"$R.tmp" && mv "$R.tmp" "$R"
+    {
+        printf '{"bundle": "%s", "started_utc": "%s", "gpu": "%s", "emulated": %s, "budget_s": %s, "elapsed_s": %s,\n' \
+            "$(json_str "$(sed -n 1p "$B/BUILD_INFO" 2>/dev/null)")" "$(date -u -d "@$t_start" '+%Y-%m-%dT%H:%M:%SZ' 2>/dev/null)" \
+            "$(json_str "$GPU_DESC")" "$([ "$EMU" = 1 ] && echo true || echo false)" "$BUDGET" "$now"
+        printf ' "steps_done": %s, "steps_total": %s, "failed": %s, "finished": %s,\n "steps": [\n' \
+            "$done_n" "$n_steps" "$fails" "$([ "${FINISHED:-0}" = 1 ] && echo true || echo false)"
+        i=0
+        for ws in $STEPS; do
+            i=$((i + 1))
+            printf '  {"name": "%s", "group": "%s", "status": "%s", "seconds": %s, "limit_s": %s}%s\n' "$ws" "$(field "$ws" 2)" \
+                "$(json_str "$(status_of "$ws")")" "$(cat "$ST/$ws.secs" 2>/dev/null || echo null)" \
+                "$(cat "$ST/$ws.limit" 2>/dev/null || echo null)" "$([ $i -lt "$n_steps" ] && echo ,)"
+        done
+        printf ' ],\n "goals": {"7b_mfu": "%s", "7b_ratio": "%s", "epoch_steps": "%s", "epoch_wall": "%s", "copy_fractions": "%s", "peak": "%s"}}\n' \
+            "$(json_str "$(goal 7b_mfu)")" "$(json_str "$(goal 7b_ratio)")" "$(json_str "$(goal epoch_steps)")" \
+            "$(json_str "$(goal epoch_wall)")" "$(json_str "$(fractions)")" "$(json_str "$(peaks)")"
+    } >"$OUTDIR/summary.json.tmp" && mv "$OUTDIR/summary.json.tmp" "$OUTDIR/summary.json"
+    # the logs, each cut to 4 MiB (its first and last 2 MiB), FTK_PROFILE's tables, the goals
+    P=$FTK_BUNDLE_WORK/pack
+    rm -rf "$P" && mkdir -p "$P/logs"
+    for f in "$LOGS"/*.log "$FTK_BUNDLE_WORK"/bench/profile-*.md "$FTK_BUNDLE_WORK/goals.txt" "$B/BUILD_INFO"; do
+        [ -f "$f" ] || continue
+        if [ "$(wc -c <"$f")" -gt 4194304 ]; then
+            { head -c 2097152 "$f"; printf '\n[... cut: %s bytes in all ...]\n' "$(wc -c <"$f")"; tail -c 2097152 "$f"; } >"$P/logs/$(basename "$f")"
+        else
+            cp "$f" "$P/logs/"
+        fi
+    done
+    tar -C "$P" -czf "$OUTDIR/logs.tar.gz.tmp" logs && mv "$OUTDIR/logs.tar.gz.tmp" "$OUTDIR/logs.tar.gz"
+    rm -rf "$P"
+    if [ -n "${FTK_BUNDLE_ON_STEP:-}" ]; then sh -c "$FTK_BUNDLE_ON_STEP"; fi
+}
+
+# run_step NAME: runs one step under its limit if it fits the budget, then rewrites OUTDIR
+run_step() {
+    rs=$1
+    if [ -n "${FTK_BUNDLE_STEPS:-}" ] && ! echo " $FTK_BUNDLE_STEPS " | grep -q " $rs "; then
+        echo "skipped (not in FTK_BUNDLE_STEPS)" >"$ST/$rs.status"
+        return
+    fi
+    limit=$(field "$rs" 3)
+    [ "$EMU" = 1 ] && limit=$(field "$rs" 4)
+    # the GPU's steps need the smoke's pass
+    if [ "$rs" != libs ] && [ "$rs" != smoke ] && [ -n "${NO_GPU:-}" ]; then
+        echo "skipped ($NO_GPU)" >"$ST/$rs.status"
+        say "$rs: $(cat "$ST/$rs.status")"
+        write_outputs
+        return
+    fi
+    left=$((BUDGET - $(elapsed) - 5)) # 5 s kept for the last rewrite
+    if [ "$limit" -gt "$left" ]; then
+        echo "not run (time budget)" >"$ST/$rs.status"
+        echo "$limit" >"$ST/$rs.limit"
+        say "$rs: not run (time budget: its limit ${limit}s, ${left}s left)"
+        write_outputs
+        return
+    fi
+    echo "$limit" >"$ST/$rs.limit"
+    echo "running (started at $(elapsed) s)" >"$ST/$rs.status"
+    write_outputs
+    say "$rs (limit ${limit}s) ..."
+    t0=$(date +%s)
+    timeout -k 10 "$limit" sh "$ME" --step "$rs" >"$LOGS/$rs.log" 2>&1 </dev/null
+    rc=$?
+    dt=$(($(date +%s) - t0))
+    case $rc in
+    0) res=pass ;;
+    77) res="skipped ($(grep -i 'skipped' "$LOGS/$rs.log" | tail -n 1 | sed 's/^.*skipped *(//; s/)[^)]*$//' | cut -c1-200))" ;;
+    124 | 137) res="FAIL (over its limit of ${limit} s)" ;;
+    *) res="FAIL (exit $rc: $(grep -E 'FAIL|error|Error' "$LOGS/$rs.log" | tail -n 1 | cut -c1-160))" ;;
+    esac
+    echo "$res" >"$ST/$rs.status"
+    echo "$dt" >"$ST/$rs.secs"
+    say "$rs: $res (${dt}s)"
+    write_outputs
+}
+
+say "ftk GPU bundle: $(sed -n 1p "$B/BUILD_INFO" 2>/dev/null); GPU: $GPU_DESC; budget ${BUDGET}s; OUTDIR $OUTDIR"
+write_outputs
+NO_GPU=""
+for ms in $STEPS; do
+    run_step "$ms"
+    if [ "$ms" = smoke ]; then
+        case $(status_of smoke) in
+        pass) ;;
+        skipped*)
+            NO_GPU="$(status_of smoke | sed 's/^skipped (//; s/)$//'), said the smoke step"
+            [ "$FTK_BUNDLE_GPU" = yes ] && NO_GPU="the smoke step found no device, though this machine lists one" ;;
+        FAIL*) NO_GPU="the smoke step failed" ;;
+        *) NO_GPU="the smoke step did not pass: $(status_of smoke)" ;;
+        esac
+    fi
+done
+FINISHED=1
+write_outputs
+say "done: $OUTDIR/report.md"
+echo
+sed -n '/^| step /,/^$/p' "$OUTDIR/report.md"
+sed -n '/^## Goals/,$p' "$OUTDIR/report.md"
+! grep -q '^FAIL' "$ST"/*.status
