@@ -43,7 +43,7 @@ CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC
 LDFLAGS := -fopenmp $(SANFLAGS)
 LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lyaml -lm
 
-# MPI (Open MPI): only engine/comm_mpi.c includes it and only the distributed programs link it.
+# MPI (Open MPI): only engine/comm.c includes it and only the distributed programs link it.
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
 MPI_BINS   := $(BINDIR)/ftk-train
@@ -150,9 +150,9 @@ ifneq ($(SAN),1)
 $(O)/kernels/cpu/%.o: CFLAGS += -O3
 endif
 
-$(O)/engine/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
+$(O)/engine/comm.o: CFLAGS += $(MPI_CFLAGS)
 $(MPI_BINS): LIBS += $(MPI_LIBS)
-# The trainer's unit test drives engine/trainer.c, hence comm_mpi.c (a world of one at run time).
+# The trainer's unit test drives engine/trainer.c, hence comm.c (a world of one at run time).
 $(O)/tests/test_trainer: LIBS += $(MPI_LIBS)
 $(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
 $(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
@@ -239,7 +239,7 @@ EMU_C_FLAGS := -Itests/gpu/emu/include_c $(if $(NCCL_H),-I$(dir $(NCCL_H)))
 $(O)/tests/emu/comm_nccl.o: engine/comm_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) tests/gpu/emu/emu_cuda_types.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -c $< -o $@
-$(O)/tests/emu/lib/libnccl.so.2: tests/gpu/emu/emu_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) formats/dtype.h
+$(O)/tests/emu/lib/libnccl.so.2: tests/gpu/emu/emu_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) libcommon/dtype.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -fPIC -shared -fvisibility=hidden -Wl,-soname,libnccl.so.2 $< -pthread -o $@
 # ftk-train and ftk-generate on the emulated backend (--device cuda), and the communication

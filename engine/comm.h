@@ -2,7 +2,7 @@
  * the collectives that sharded data parallelism needs (docs/design.md "Sharding
  * strategies").
  *
- * Implementation: MPI (comm_mpi.c). Started without mpirun/srun (no launcher in the
+ * Implementation: MPI (comm.c). Started without mpirun/srun (no launcher in the
  * environment), a process is a world of one without initialising MPI, and every
  * collective is a copy through the backend the world was given (comm_set_backend).
  * GPU ranks put NCCL behind the tensor collectives (comm_enable_nccl, below); control

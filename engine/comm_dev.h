@@ -1,8 +1,8 @@
 /* comm_dev.h — the device communication library behind comm.h's tensor collectives (NCCL,
- * engine/comm_nccl.c), as a table of functions: for comm_mpi.c, the library itself and the
+ * engine/comm_nccl.c), as a table of functions: for comm.c, the library itself and the
  * tests; the rest of the program sees only comm.h.
  *
- * A table, because comm_mpi.c owns the set-up order (the part that can go wrong without a
+ * A table, because comm.c owns the set-up order (the part that can go wrong without a
  * GPU in sight) and a test puts a fake library behind it on CPUs (tests/unit/test_comm.c):
  *   1. comm_enable_device(world, be, ops): ctx_new(be) once, the state every communicator
  *      of the world shares (the backend's device, one communication stream);
@@ -23,7 +23,7 @@
  *
  * Collectives take device memory and are queued on the device in the order of the calls:
  * each hands back a token (an event) that wait() makes the compute stream wait for and
- * test() polls; neither blocks the host. A world has one library (comm_mpi.c keeps the
+ * test() polls; neither blocks the host. A world has one library (comm.c keeps the
  * table of the world that enabled one last).
  *
  * Threads: the one that calls comm.h. Errors: -1 or NULL with ftk_err_msg() set, naming

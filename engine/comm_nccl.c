@@ -34,7 +34,7 @@
  *
  * Joining: ncclCommInitRank returns only when every rank of the group has called it, so a
  * rank that failed before (its own error, a bad NCCL setting on its node) would leave the
- * others in it for good. It runs on a thread of its own (the joiner) and comm_mpi.c polls
+ * others in it for good. It runs on a thread of its own (the joiner) and comm.c polls
  * nc_ready while it watches for the other ranks' "gave up" and a deadline (comm_dev.h).
  * A join given up on (comm_free with abandon) stays with its thread, which aborts the
  * communicator should it ever complete (unless the program's exit has begun) and frees it;

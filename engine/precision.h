@@ -14,7 +14,7 @@
 #ifndef FTK_PRECISION_H
 #define FTK_PRECISION_H
 
-#include "../formats/dtype.h"
+#include "../libcommon/dtype.h"
 
 typedef enum { PREC_FP32, PREC_BF16_MIXED, PREC_BF16_TRUE } precision_t;
 

@@ -459,7 +459,7 @@ static void refresh_working_copy(shard_t *s)
  * so the upload runs at the bus's speed) and one read buffer of the largest partial read,
  * both reused for every unit. Whole rows stored in the state's dtype (a bf16 file for
  * bf16-true, the whole model on one GPU) are read straight into place; anything else is
- * read in the file's dtype and converted once into place (formats/dtype.h: bf16 → f32 is
+ * read in the file's dtype and converted once into place (libcommon/dtype.h: bf16 → f32 is
  * exact, and a direct narrowing rounds as the way through f32 did, so the bits are those
  * of the former path). That path widened every tensor to fp32 in fresh buffers and
  * narrowed it again, ~4 new copies of each unit: first-touch page faults dominated, and a

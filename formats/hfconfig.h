@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "../libcommon/buf.h"
-#include "dtype.h"
+#include "../libcommon/dtype.h"
 
 typedef struct {
     int64_t hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads;

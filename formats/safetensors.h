@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #include "../libcommon/buf.h"
-#include "dtype.h"
+#include "../libcommon/dtype.h"
 
 #define ST_MAX_HEADER (100u * 1000u * 1000u) /* the reference implementation's limit */
 #define ST_MAX_RANK 8

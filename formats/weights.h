@@ -48,7 +48,7 @@
 #include <hdf5.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "../libcommon/dtype.h"
 #include "h5.h"
 #include "hfconfig.h"
 

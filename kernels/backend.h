@@ -20,7 +20,7 @@
  *   DT_BF16  bfloat16 stored as its 16 bits (the top half of a float32).
  * Arithmetic is fp32 whatever the storage: an op widens what it reads (exact), computes
  * in fp32 (double where it says so), and rounds what it stores to nearest, ties to even
- * (formats/dtype.h f32_to_bf16) — except adamw, which can round stochastically
+ * (libcommon/dtype.h f32_to_bf16) — except adamw, which can round stochastically
  * (bk_adamw_t). Matrix products take bf16 inputs and accumulate in fp32. A result is
  * rounded once per op: an op that adds into a bf16 buffer (beta = 1, the "+=" ops) adds
  * in fp32 and rounds the sum.
@@ -101,7 +101,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../formats/dtype.h"
+#include "../libcommon/dtype.h"
 
 /* A buffer (or a view into one) and its element type. */
 typedef struct {
@@ -206,7 +206,7 @@ struct backend {
      * later ops are skipped). */
     int (*sync)(backend_t *be);
 
-    /* Optional, set by a communication library (engine/comm_mpi.c, for NCCL), not by the
+    /* Optional, set by a communication library (engine/comm.c, for NCCL), not by the
      * backend: while the host waits for the device (sync, upload, download, event_sync) a
      * backend whose ops run asynchronously polls and calls wait_hook(wait_arg) every few
      * tens of microseconds, so that a collective that will never finish (a peer gone) is

@@ -4,7 +4,7 @@
 #pragma once
 #include <stdint.h>
 
-/* formats/dtype.h f32_to_bf16: nearest even; NaN keeps its sign and becomes quiet. */
+/* libcommon/dtype.h f32_to_bf16: nearest even; NaN keeps its sign and becomes quiet. */
 __device__ __forceinline__ uint16_t f32_to_bf16_dev(float f)
 {
     uint32_t u = __float_as_uint(f);

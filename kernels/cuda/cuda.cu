@@ -9,7 +9,7 @@
  * Design, kept the same as the CPU reference where that decides the result:
  *  - Storage: kernels are templates over each buffer's element type, float or uint16_t
  *    (bf16's bits). They widen what they read (exact), compute in fp32 and round each
- *    stored value once to nearest even with the bit arithmetic of formats/dtype.h
+ *    stored value once to nearest even with the bit arithmetic of libcommon/dtype.h
  *    f32_to_bf16 (the hardware conversion makes a different NaN), so a bf16 result is
  *    the CPU's wherever the fp32 value is.
  *  - Determinism (backend.h): no atomics. Reductions over rows (RMSNorm's dw, the loss,

@@ -14,7 +14,7 @@ if [ -z "$CLANG" ]; then
 fi
 mkdir -p "$out/corpus" "$out/seeds"
 HDF5_CFLAGS=$(pkg-config --cflags hdf5 2>/dev/null)
-src="tests/fuzz/fuzz_safetensors.c formats/safetensors.c formats/json.c formats/dtype.c libcommon/log.c libcommon/buf.c libcommon/hash.c"
+src="tests/fuzz/fuzz_safetensors.c formats/safetensors.c formats/json.c libcommon/dtype.c libcommon/log.c libcommon/buf.c libcommon/hash.c"
 # shellcheck disable=SC2086
 if ! "$CLANG" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -D_GNU_SOURCE \
     $HDF5_CFLAGS $src -lxxhash -o "$out/fuzz_safetensors" 2>"$out/build.log"; then

@@ -18,7 +18,7 @@
 #include <type_traits>
 
 extern "C" {
-#include "../../formats/dtype.h"
+#include "../../libcommon/dtype.h"
 #include "../../kernels/backend.h"
 #include "../../libcommon/log.h"
 #include "../ops/ops_table.h"

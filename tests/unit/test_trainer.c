@@ -402,7 +402,7 @@ static void test_mode(const char *work, precision_t p)
 
 int main(int argc, char **argv)
 {
-    /* A world of one whatever the environment (comm_mpi.c: FTK_MPI=0 wins over launcher
+    /* A world of one whatever the environment (comm.c: FTK_MPI=0 wins over launcher
      * variables). */
     setenv("FTK_MPI", "0", 1);
     ftk_set_tool("test_trainer");

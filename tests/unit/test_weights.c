@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../formats/dtype.h"
+#include "../../libcommon/dtype.h"
 #include "../../formats/hfconfig.h"
 #include "../../formats/safetensors.h"
 #include "../../formats/weights.h"

@@ -41,7 +41,7 @@
 #include <unistd.h>
 
 extern "C" {
-#include "../../../formats/dtype.h" /* bf16_to_f32, f32_to_bf16 */
+#include "../../../libcommon/dtype.h" /* bf16_to_f32, f32_to_bf16 */
 }
 
 /* ---- the CUDA surface ------------------------------------------------------------------ */

@@ -55,7 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../../formats/dtype.h" /* bf16_to_f32, f32_to_bf16 */
+#include "../../../libcommon/dtype.h" /* bf16_to_f32, f32_to_bf16 */
 
 #define EXPORT __attribute__((visibility("default")))
 #ifndef EMU_NCCL_SLOT /* bytes each rank stages per round (-D to try chunking on small buffers) */

@@ -1,4 +1,4 @@
-/* comm_mpi.c — comm.h over MPI (Open MPI from the distribution).
+/* comm.c — comm.h over MPI (Open MPI from the distribution).
  *
  * A process that no launcher started (no mpirun/srun/PMI variables in its environment)
  * does not initialise MPI at all: it is a world of one whose collectives are copies.
