@@ -146,6 +146,8 @@ run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
+run fault/forged-checkpoints sh tests/fault/ckpt_forged.sh "$ROOT/bin" "$WORK/ckpt-forged"
+run fault/special-control-files sh tests/fault/special_files.sh "$ROOT/bin" "$WORK/special-files"
 run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
 run fault/messages-and-leftovers sh tests/fault/messages.sh "$ROOT/bin" "$WORK/messages"
 run fault/async-save-kill sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 2
@@ -196,6 +198,9 @@ if [ -d build/asan/bin ]; then
     run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
+    run asan/fault-forged-checkpoints sh tests/fault/ckpt_forged.sh "$ROOT/build/asan/bin" "$WORK/asan-ckpt-forged"
+    run asan/fault-special-control-files sh tests/fault/special_files.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-special-files"
     run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"
     run asan/fault-messages-and-leftovers sh tests/fault/messages.sh "$ROOT/build/asan/bin" "$WORK/asan-messages"
     run asan/fault-unbounded-input sh tests/fault/unbounded.sh "$ROOT/build/asan/bin" "$WORK/asan-unbounded"
