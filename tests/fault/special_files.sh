@@ -2,7 +2,7 @@
 # Control files that are not what ftk wrote (formats/checkpoint.h, libcommon/buf.h
 # buf_read_small): RUN/latest as a FIFO, a link to /dev/zero, a link to a good file, a
 # directory; a checkpoint's config.json as a FIFO; RUN/.lock as a link to another file, a
-# FIFO, a directory. Every tool that reads them (ftk-verify, ftk-merge, ftk-generate,
+# FIFO, a directory; RUN/metrics.jsonl (read on a resume) as a FIFO or a link. Every tool that reads them (ftk-verify, ftk-merge, ftk-generate,
 # ftk-reshard, ftk-train) ends at once — exit 2 naming the file (3 from ftk-verify for
 # damage inside a checkpoint) — instead of waiting on the FIFO forever or reading
 # /dev/zero until memory runs out, and ftk-train writes nothing through a .lock link.
@@ -79,5 +79,14 @@ says ".lock a FIFO: the message names it" "r/.lock: not a regular file"
 rm "$WORK/r/.lock" && mkdir "$WORK/r/.lock"
 expect ".lock a directory: ftk-train exit 2" 2 $TO $T -o "$WORK/r" --resume auto
 rmdir "$WORK/r/.lock"
-expect "a regular .lock again: ftk-train --resume auto runs" 0 $TO $T -o "$WORK/r" --resume auto
+
+# metrics.jsonl, which a resume reads to cut it back: a FIFO, a link
+mv "$WORK/r/metrics.jsonl" "$WORK/metrics" && mkfifo "$WORK/r/metrics.jsonl"
+expect "metrics.jsonl a FIFO: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says "metrics.jsonl a FIFO: the message names it" "r/metrics.jsonl: a FIFO, not"
+rm "$WORK/r/metrics.jsonl" && ln -s "$WORK/victim" "$WORK/r/metrics.jsonl"
+expect "metrics.jsonl a link: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+check "metrics.jsonl a link: the file it names is untouched" grep -qx precious "$WORK/victim"
+rm "$WORK/r/metrics.jsonl" && mv "$WORK/metrics" "$WORK/r/metrics.jsonl"
+expect "regular files again: ftk-train --resume auto runs" 0 $TO $T -o "$WORK/r" --resume auto
 finish
