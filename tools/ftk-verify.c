@@ -831,8 +831,22 @@ static int compare_files(const char *pa, const char *pb)
     return rc;
 }
 
+/* Neither a regular file nor a directory (a FIFO would stall the open, a device be read
+ * forever): said, naming it. */
+static int special(const char *p)
+{
+    struct stat sb;
+    if (stat(p, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
+        ftk_error("%s: %s, not an ftk file or checkpoint", p, file_kind(sb.st_mode));
+        return 1;
+    }
+    return 0;
+}
+
 static int compare(const char *a, const char *b)
 {
+    if (special(a) || special(b))
+        return FTK_EXIT_USAGE;
     int ca = is_checkpoint_path(a), cb = is_checkpoint_path(b);
     if (ca != cb) {
         ftk_error("%s and %s are not of the same kind (a checkpoint and a file)", a, b);
@@ -858,10 +872,7 @@ int main(int argc, char **argv)
     }
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
-        struct stat sb;
-        if (stat(pos[i], &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
-            /* opening a FIFO would wait for a writer, a device would be read forever */
-            ftk_error("%s: %s, not an ftk file or checkpoint", pos[i], file_kind(sb.st_mode));
+        if (special(pos[i])) {
             rc = FTK_EXIT_USAGE;
             continue;
         }

@@ -29,6 +29,8 @@ readers() {
     expect "latest $1: ftk-verify RUN exit 2" 2 $TO "$BIN/ftk-verify" "$WORK/r"
     says "latest $1: ftk-verify names it" "$2"
     expect "latest $1: ftk-verify RUN/latest exit 2" 2 $TO "$BIN/ftk-verify" "$WORK/r/latest"
+    expect "latest $1: ftk-verify --compare RUN RUN/latest exit 2" 2 $TO "$BIN/ftk-verify" --compare "$WORK/run" \
+        "$WORK/r/latest"
     expect "latest $1: ftk-merge exit 2" 2 $TO "$BIN/ftk-merge" -q "$WORK/r" -o "$WORK/m.h5"
     says "latest $1: ftk-merge names it" "$2"
     expect "latest $1: ftk-generate exit 2" 2 $TO "$BIN/ftk-generate" -q -m "$WORK/r" -p hi -n 2 --greedy
