@@ -202,7 +202,8 @@ int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
 
 /* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
- * file (the checkpoint `latest` names).
+ * file (the checkpoint `latest` names). `latest` is read with buf_read_small() without
+ * following a link: a link, FIFO, device or directory there is refused, naming it.
  * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
 char *ckpt_resolve(const char *path);
 

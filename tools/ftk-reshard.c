@@ -48,6 +48,8 @@ static const opt_spec_t spec = {
                "points RUN/latest at the new checkpoint, like ftk-train.\n"
                "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
                "reshards on load; this tool is for moving a checkpoint between machines or layouts.\n"
+               "It takes the output run directory's lock (RUN/.lock) as ftk-train does, so that\n"
+               "neither writes into a run the other is writing (exit 2 while another holds it).\n"
                "--precision converts between precision modes on the way (at any shard count, the\n"
                "same one included): fp32 <-> bf16-mixed rewrites only the manifest's precision (both\n"
                "store float32 weights and moments, the same arrays); to bf16-true narrows the weights\n"

@@ -527,8 +527,8 @@ static int verify_path_ckpt(const char *path)
             ftk_warn("%s/%s: an unfinished checkpoint (its writer died or is still writing; not a checkpoint: "
                      "ftk-train --resume removes it)",
                      path, e->d_name);
-        else if (!strncmp(e->d_name, "step-", 5) && ++n_steps && stat(p, &sb) < 0)
-            BAD("%s/%s: not a committed checkpoint (no manifest.json)", path, e->d_name);
+        else if (!strncmp(e->d_name, "step-", 5) && ++n_steps && (stat(p, &sb) < 0 || !S_ISREG(sb.st_mode)))
+            BAD("%s/%s: not a committed checkpoint (no manifest.json, or not a regular file)", path, e->d_name);
     }
     if (d)
         closedir(d);
