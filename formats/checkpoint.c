@@ -1126,6 +1126,36 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
     memset(man, 0, sizeof *man);
 }
 
+typedef struct {
+    const ckpt_manifest_t *man;
+    int64_t index;
+} extra_t;
+
+/* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
+ * verified, and nothing else (ftk-verify's rule). */
+static int check_extra(hid_t f, const char *path, void *p)
+{
+    const extra_t *c = p;
+    const char *rest = path[0] == '/' ? path + 1 : path;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        size_t l = strlen(ckpt_kind_names[k]);
+        if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
+            for (int u = 0; u < c->man->n_units; u++)
+                if (!strcmp(rest + l + 1, c->man->units[u].name))
+                    return 0; /* checked as it is read */
+    }
+    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
+        ftk_err_set("unexpected dataset %s (not in the shard map)", path);
+        return -1;
+    }
+    uint64_t stored, computed;
+    int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
+    if (r > 0)
+        ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
+                    (unsigned long long)stored, (unsigned long long)computed);
+    return r ? -1 : 0;
+}
+
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
 {
     int64_t S = man->meta.shard_count;
@@ -1172,6 +1202,12 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
                     (long long)step, (long long)man->meta.step);
     else if (strcmp(uh, hex))
         ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
+    extra_t ex = {man, index};
+    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify &&
+        h5_each_dataset(f, check_extra, &ex) != 0) {
+        ftk_err_prefix("%s: ", spath);
+        rc = -1;
+    }
     if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
         h5_close(f);
         f = -1;

@@ -4,9 +4,9 @@
 # lie, is refused by the range checks — ftk-verify exit 3, ftk-train --resume auto,
 # ftk-reshard and ftk-merge exit 2, each naming the field, never a crash (ASan runs this
 # too: a negative data.rows_consumed was a segfault in the trainer); a shard whose padding
-# is not zero (checksums recomputed) is refused by ftk-reshard and ftk-merge as by
-# ftk-verify, not turned into a checkpoint that verifies; a manifest of an older ftk (no
-# seal) is read, with a warning.
+# is not zero, or that holds a dataset the shard map does not (checksums recomputed), is
+# refused by ftk-reshard and ftk-merge as by ftk-verify, not turned into a checkpoint that
+# verifies; a manifest of an older ftk (no seal) is read, with a warning.
 # Usage: tests/fault/ckpt_forged.sh BIN_DIR WORK_DIR   (needs /usr/bin/python3 with h5py)
 set -u
 BIN=$1 WORK=$2
@@ -92,4 +92,10 @@ rm -rf "$WORK/f" && cp -r "$WORK/r3" "$WORK/f"
 $FORGE "$WORK/f/$C/shard-00003-of-00003.h5" "/adam_m/$unit" set:-1:1 >/dev/null &&
     $FORGE "$WORK/f/$C/manifest.json" --sums >/dev/null || notok "padding: forging failed"
 refused "a padding element of /adam_m/$unit is 1" "dataset /adam_m/$unit: 1 padding elements are not zero" all
+# a dataset the shard map does not have (the file's checksum recomputed)
+rm -rf "$WORK/f" && cp -r "$WORK/run" "$WORK/f"
+"$PY" -c 'import h5py, sys; h5py.File(sys.argv[1], "r+").create_dataset("extra", data=[1, 2, 3])' \
+    "$WORK/f/$C/shard-00001-of-00001.h5" && $FORGE "$WORK/f/$C/manifest.json" --sums >/dev/null ||
+    notok "extra dataset: forging failed"
+refused "a dataset not in the shard map" "unexpected dataset /extra (not in the shard map)" all
 finish
