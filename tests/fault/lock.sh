@@ -32,6 +32,7 @@ says() { # says NAME PATTERN FILE: FILE has PATTERN (else it is shown)
     fi
 }
 
+$T -o "$WORK/src" --steps 2 --save-every 2 || exit 1 # a checkpoint of step 2, to reshard
 # a live writer, then a second one
 $T -o "$WORK/a" --steps 100000 --save-every 20 2>"$WORK/a.err" &
 pa=$!
@@ -43,6 +44,9 @@ says "message names the first one's host and process id" \
     "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
 expect "second writer, no --resume: exit 2" 2 $TO $T -o "$WORK/a" --steps 100000 --save-every 20
 says "message says the directory is in use" "in use by another ftk-train" "$WORK/err"
+expect "ftk-reshard into the live run: exit 2" 2 $TO "$BIN/ftk-reshard" -q "$WORK/src" -o "$WORK/a" --ranks 2
+says "  naming the ftk-train that holds it" "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
+check "  and writes nothing there" test -z "$(ls -A "$WORK/a" | grep step-00000002)"
 kill -TERM $pa
 wait $pa
 check "the first writer stops on SIGTERM (exit 75)" test $? -eq 75
