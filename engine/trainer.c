@@ -337,6 +337,8 @@ static int prepare_out_dir(trainer_t *t)
     }
     if (fd == -2)
         ftk_warn("%s; going on without the lock: make sure no other ftk-train writes to %s", ftk_err_msg(), out);
+    else if (fd == -4) /* .lock is a link, FIFO, …: bad input, and nothing was written through it */
+        return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     else if (fd < 0)
         return fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
     t->lock_fd = fd;
@@ -767,6 +769,10 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
         code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
     else
         *cm = man.meta;
+    if (!code && !man.sealed && t->rank == 0)
+        ftk_warn("%s/manifest.json has no manifest_xxh3 (written by an older ftk): its values are range-checked, "
+                 "not checksummed",
+                 ck);
     if ((code = agree(t, code))) {
         ckpt_manifest_free(&man); /* opened here if another rank failed (ckpt_open clears it on failure) */
         return code;

@@ -4,7 +4,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +69,8 @@ int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units
 }
 
 /* ---- writing ----------------------------------------------------------------------------- */
+
+static int check_meta(const ckpt_meta_t *m);
 
 static char *join(const char *a, const char *b)
 {
@@ -295,6 +300,9 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
     return rc ? -1 : 0;
 }
 
+/* The manifest's last member, on a line of its own: its value, 16 hex digits, follows. */
+#define SEAL_KEY "  \"manifest_xxh3\": \""
+
 static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
                           uint64_t config_sum, const ckpt_shard_sum_t *sums)
 {
@@ -338,7 +346,13 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
         rc |= buf_printf(&b, "%s\n    {\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}", i ? "," : "", name,
                          (unsigned long long)sums[i].bytes, h2);
     }
-    rc |= buf_printf(&b, "\n  ]\n}\n");
+    rc |= buf_printf(&b, "\n  ],\n");
+    /* the seal: XXH3-64 of every byte before its own line (checkpoint.h) */
+    char seal[17];
+    if (rc == 0) {
+        hash_hex(hash_bytes(b.data, b.len), seal);
+        rc |= buf_printf(&b, "%s%s\"\n}\n", SEAL_KEY, seal);
+    }
     if (rc == 0)
         rc = write_text(path, &b);
     else
@@ -440,6 +454,10 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
         ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
         rc = -1;
     }
+    if (rc == 0 && check_meta(meta) < 0) {
+        ftk_err_prefix("internal: a manifest readers would refuse: ");
+        rc = -1;
+    }
     if (rc == 0)
         rc = hfconfig_write(&cj, cfg, DT_F32);
     if (rc == 0)
@@ -506,6 +524,23 @@ int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t 
     return 0;
 }
 
+/* Whether process pid runs on this host (a zombie, killed but not yet reaped, does not). */
+static int pid_alive(long pid)
+{
+    if (pid <= 0 || (kill((pid_t)pid, 0) < 0 && errno != EPERM))
+        return 0;
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(st, 1, sizeof st - 1, f);
+    fclose(f);
+    st[n] = 0;
+    const char *p = strrchr(st, ')'); /* "PID (COMM) STATE …": COMM may hold anything */
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
 int ckpt_remove_stale(const char *run_dir)
 {
     DIR *d = opendir(run_dir);
@@ -514,7 +549,15 @@ int ckpt_remove_stale(const char *run_dir)
         return 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, ".step-", 6) || !strstr(e->d_name, ".tmp."))
+        const char *tmp = strstr(e->d_name, ".tmp.");
+        if (strncmp(e->d_name, ".step-", 6) || !tmp)
+            continue;
+        /* Every writer holds the lock the caller holds, so the temporary's writer is gone;
+         * but a process of that id alive here (a writer that took no lock: an older ftk)
+         * keeps it. At worst an unrelated process that reuses the id keeps a leftover. */
+        char *end;
+        long pid = strtol(tmp + 5, &end, 10);
+        if (*end == 0 && pid != (long)getpid() && pid_alive(pid))
             continue;
         char *p = join(run_dir, e->d_name);
         if (p && rm_tree(p) == 0)
@@ -534,16 +577,34 @@ int ckpt_lock_run(const char *run_dir)
     }
     int fd, tries = 0;
 again:
-    fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    /* Never through a link (a link planted at .lock would have the truncation and the
+     * write below land in its target), never blocking on a FIFO, only a regular file. */
+    fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0666);
+    struct stat fs;
     if (fd < 0) {
-        if (errno == ENOENT && tries)
-            ftk_err_set("%s was removed while this ftk-train started (another one started on it at the same time "
+        int e = errno;
+        struct stat ls;
+        if (e == ENOENT && tries)
+            ftk_err_set("%s was removed while this %s started (another one started on it at the same time "
                         "and failed): start again",
-                        run_dir);
-        else
-            ftk_err_set("%s: %s", p, strerror(errno));
+                        run_dir, ftk_tool());
+        else if ((e == ELOOP || e == EMLINK) && lstat(p, &ls) == 0 && S_ISLNK(ls.st_mode)) {
+            ftk_err_set("%s: a symbolic link, refused (the run's lock file is a regular file ftk creates; remove the "
+                        "link)",
+                        p);
+            free(p);
+            return -4;
+        } else
+            ftk_err_set("%s: %s", p, strerror(e));
         free(p);
-        return -3;
+        return e == EISDIR || e == ENXIO ? -4 : -3;
+    }
+    int st = fstat(fd, &fs);
+    if (st < 0 || !S_ISREG(fs.st_mode)) {
+        ftk_err_set("%s: %s", p, st < 0 ? strerror(errno) : "not a regular file (a FIFO, device or socket): refused");
+        close(fd);
+        free(p);
+        return st < 0 ? -3 : -4;
     }
     struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
     int locked = fcntl(fd, F_SETLK, &l) == 0;
@@ -567,14 +628,15 @@ again:
             ssize_t k = pread(fd, who, sizeof who - 1, 0);
             who[k > 0 ? k : 0] = 0;
             who[strcspn(who, "\n")] = 0;
-            char host[200] = "?";
+            char host[200] = "?", tool[64] = "ftk-train"; /* a lock file without the tool: ftk-train's */
             long pid = 0;
-            if (sscanf(who, "%199s %ld", host, &pid) == 2)
-                ftk_err_set("%s is in use by another ftk-train (host %s, process %ld; %s is locked): one writer per "
+            int got = sscanf(who, "%199s %ld %63s", host, &pid, tool);
+            if (got >= 2)
+                ftk_err_set("%s is in use by another %s (host %s, process %ld; %s is locked): one writer per "
                             "run directory",
-                            run_dir, host, pid, p);
+                            run_dir, tool, host, pid, p);
             else
-                ftk_err_set("%s is in use by another ftk-train (%s is locked): one writer per run directory", run_dir,
+                ftk_err_set("%s is in use by another ftk writer (%s is locked): one writer per run directory", run_dir,
                             p);
             close(fd);
             free(p);
@@ -588,7 +650,7 @@ again:
     char host[200] = "?", line[256];
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;
-    int len = snprintf(line, sizeof line, "%s %ld\n", host, (long)getpid());
+    int len = snprintf(line, sizeof line, "%s %ld %s\n", host, (long)getpid(), ftk_tool());
     if (ftruncate(fd, 0) < 0 || pwrite(fd, line, (size_t)len, 0) != len) {
         ftk_err_set("%s: %s", p, strerror(errno));
         close(fd);
@@ -619,6 +681,11 @@ char **ckpt_list(const char *run_dir, size_t *n)
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
+/* Bounds on what a reader reads whole. A manifest of 99999 shards is about 10 MB. */
+#define MANIFEST_MAX BUF_SMALL_MAX
+#define CONFIG_MAX ((size_t)1 << 20)
+#define LATEST_MAX 4096
+
 char *ckpt_resolve(const char *path)
 {
     struct stat sb;
@@ -644,9 +711,14 @@ char *ckpt_resolve(const char *path)
     }
     char *lp = join(run, "latest");
     buf_t b = {0};
-    if (!lp || buf_read_file(&b, lp) < 0) {
-        ftk_err_set("%s: neither a checkpoint (no manifest.json) nor a run directory with a checkpoint (no latest)",
-                    path);
+    /* a control file ftk writes itself as a small regular file: never a link, FIFO or device */
+    if (!lp || buf_read_small(&b, lp, LATEST_MAX, BUF_NOFOLLOW) < 0) {
+        if (lp && errno == ENOENT)
+            ftk_err_set("%s: neither a checkpoint (no manifest.json) nor a run directory with a checkpoint (no "
+                        "latest)",
+                        path);
+        else if (!lp)
+            ftk_err_set("out of memory");
         free(lp);
         free(run);
         buf_free(&b);
@@ -710,6 +782,75 @@ static int parse_hex(const char *s, uint64_t *v)
     return 0;
 }
 
+static int one_of(const char *v, const char *const *names)
+{
+    for (; *names; names++)
+        if (!strcmp(v, *names))
+            return 1;
+    return 0;
+}
+
+/* The manifest's values against each other: the ranges ftk-train accepts for its options,
+ * and the invariants of the data order (docs/design.md "Data order"): an epoch takes at
+ * least one step, a step consumes at least one row and at most global_batch, so
+ * step <= epoch * n_rows + rows_consumed <= step * global_batch. A reader uses no value
+ * unchecked and ckpt_commit() writes none a reader refuses. The message names the field
+ * as the manifest spells it. */
+static int check_meta(const ckpt_meta_t *m)
+{
+    static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
+    static const char *const strategies[] = {"full", "grad-op", "none", "hybrid", NULL};
+    const ckpt_train_t *t = &m->train;
+#define RANGE(ok, ...)                                                                                               \
+    do {                                                                                                             \
+        if (!(ok)) {                                                                                                 \
+            ftk_err_set(__VA_ARGS__);                                                                                \
+            return -1;                                                                                               \
+        }                                                                                                            \
+    } while (0)
+#define LL(x) ((long long)(x))
+    RANGE(t->total_steps >= 1, "\"train.total_steps\" is %lld (need >= 1)", LL(t->total_steps));
+    RANGE(m->step >= 0 && m->step <= t->total_steps, "\"step\" is %lld, outside [0, train.total_steps = %lld]",
+          LL(m->step), LL(t->total_steps));
+    RANGE(t->global_batch >= 1, "\"train.global_batch\" is %lld (need >= 1)", LL(t->global_batch));
+    RANGE(t->micro_batch >= 1, "\"train.micro_batch\" is %lld (need >= 1)", LL(t->micro_batch));
+    RANGE(t->warmup >= 0, "\"train.warmup\" is %lld (need >= 0)", LL(t->warmup));
+    RANGE(m->tokens_seen >= 0, "\"tokens_seen\" is %lld (need >= 0)", LL(m->tokens_seen));
+    RANGE(m->data_rows >= 1, "\"data.n_rows\" is %lld (need >= 1)", LL(m->data_rows));
+    RANGE(m->epoch >= 0 && m->epoch <= m->step, "\"data.epoch\" is %lld, outside [0, step = %lld]", LL(m->epoch),
+          LL(m->step));
+    RANGE(m->rows_consumed >= 0 && m->rows_consumed <= m->data_rows,
+          "\"data.rows_consumed\" is %lld, outside [0, data.n_rows = %lld]", LL(m->rows_consumed), LL(m->data_rows));
+    __int128 rows = (__int128)m->epoch * m->data_rows + m->rows_consumed;
+    RANGE(rows >= m->step && rows <= (__int128)m->step * t->global_batch,
+          "\"data.epoch\" %lld and \"data.rows_consumed\" %lld (of %lld rows an epoch) are not a position %lld steps "
+          "of train.global_batch = %lld rows can reach",
+          LL(m->epoch), LL(m->rows_consumed), LL(m->data_rows), LL(m->step), LL(t->global_batch));
+    RANGE(t->lr > 0 && isfinite(t->lr), "\"train.lr\" is %g (need > 0)", t->lr);
+    RANGE(t->min_lr >= 0 && isfinite(t->min_lr), "\"train.min_lr\" is %g (need >= 0)", t->min_lr);
+    RANGE(t->beta1 >= 0 && t->beta1 < 1, "\"train.beta1\" is %g (need [0, 1))", t->beta1);
+    RANGE(t->beta2 >= 0 && t->beta2 < 1, "\"train.beta2\" is %g (need [0, 1))", t->beta2);
+    RANGE(t->eps > 0 && isfinite(t->eps), "\"train.eps\" is %g (need > 0)", t->eps);
+    RANGE(t->weight_decay >= 0 && isfinite(t->weight_decay), "\"train.weight_decay\" is %g (need >= 0)",
+          t->weight_decay);
+    RANGE(t->clip >= 0 && isfinite(t->clip), "\"train.clip\" is %g (need >= 0)", t->clip);
+    RANGE(one_of(t->schedule, schedules), "\"train.schedule\" is \"%s\" (cosine, linear or constant)", t->schedule);
+    RANGE(one_of(m->strategy, strategies), "\"strategy\" is \"%s\" (full, grad-op, none or hybrid)", m->strategy);
+    RANGE(m->shard_count >= 1 && m->shard_count <= 99999, "\"shard_count\" is %lld, outside [1, 99999]",
+          LL(m->shard_count));
+    RANGE(m->world_size >= 1 && m->world_size <= INT32_MAX, "\"world_size\" is %lld (need >= 1)", LL(m->world_size));
+    if (!strcmp(m->strategy, "hybrid"))
+        RANGE(m->world_size % m->shard_count == 0,
+              "\"shard_count\" %lld does not divide \"world_size\" %lld (strategy hybrid: one shard group's ranks)",
+              LL(m->shard_count), LL(m->world_size));
+    else
+        RANGE(m->world_size == m->shard_count, "\"shard_count\" %lld is not \"world_size\" %lld (strategy %s)",
+              LL(m->shard_count), LL(m->world_size), m->strategy);
+#undef LL
+#undef RANGE
+    return 0;
+}
+
 static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_t **shards, uint64_t *config_sum)
 {
     char fmt[32], hex[32];
@@ -770,6 +911,10 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
                     m->precision);
         return -1;
     }
+    if (check_meta(m) < 0) {
+        ftk_err_prefix("manifest.json: ");
+        return -1;
+    }
     if (m->shard_count < 1 || m->shard_count > 99999 || sh->u.arr.n != (size_t)m->shard_count) {
         ftk_err_set("manifest.json: %zu entries in \"shards\" for a shard_count of %lld", sh->u.arr.n,
                     (long long)m->shard_count);
@@ -797,6 +942,60 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
     return 0;
 }
 
+/* 1 when the manifest ends with its seal and the seal holds, 0 when it has none (written
+ * before manifests were sealed), -1 (message set) when the seal is malformed or differs. */
+static int check_seal(const char *mpath, const buf_t *b)
+{
+    size_t kl = strlen(SEAL_KEY), tl = kl + 16 + 4; /* key, 16 hex digits, "\"\n}\n" */
+    const char *tail = b->len >= tl ? b->data + b->len - tl : NULL;
+    char hex[17];
+    uint64_t want;
+    if (tail && !memcmp(tail, SEAL_KEY, kl) && !memcmp(b->data + b->len - 4, "\"\n}\n", 4) && tail > b->data &&
+        tail[-1] == '\n') {
+        memcpy(hex, tail + kl, 16);
+        hex[16] = 0;
+        uint64_t got = hash_bytes(b->data, (size_t)(tail - b->data));
+        if (parse_hex(hex, &want) < 0) {
+            ftk_err_set("%s: \"manifest_xxh3\" is not 16 lowercase hex digits", mpath);
+            return -1;
+        }
+        if (got != want) {
+            ftk_err_set("%s: checksum %016llx differs from its manifest_xxh3 %016llx (the manifest was changed or "
+                        "damaged after it was written)",
+                        mpath, (unsigned long long)got, (unsigned long long)want);
+            return -1;
+        }
+        return 1;
+    }
+    if (memmem(b->data, b->len, "\"manifest_xxh3\"", 15)) {
+        ftk_err_set("%s: \"manifest_xxh3\" is not the last member on a line of its own (damaged?)", mpath);
+        return -1;
+    }
+    return 0;
+}
+
+/* A model whose shard map can be computed without overflow: at most 2^20 blocks and 2^40
+ * elements a tensor (a 4 TB float32 matrix), so every unit's length and the total fit
+ * int64. Bigger than anything trained; what is on disk bounds it further (ckpt_open). */
+static int check_model_size(const model_config_t *c)
+{
+    int64_t dims[] = {c->hidden_size, c->intermediate_size, c->vocab_size, c->num_attention_heads,
+                      c->num_key_value_heads};
+    int ok = c->num_hidden_layers >= 1 && c->num_hidden_layers <= (1 << 20);
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        ok = ok && dims[i] >= 1 && dims[i] <= (INT64_C(1) << 31);
+    ok = ok && c->hidden_size * c->intermediate_size <= (INT64_C(1) << 40) &&
+         c->hidden_size * c->vocab_size <= (INT64_C(1) << 40) && c->hidden_size * c->hidden_size <= (INT64_C(1) << 40);
+    if (!ok) {
+        ftk_err_set("a model too large for a checkpoint (%lld layers of hidden size %lld, intermediate size %lld, "
+                    "vocabulary %lld)",
+                    (long long)c->num_hidden_layers, (long long)c->hidden_size, (long long)c->intermediate_size,
+                    (long long)c->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
 int ckpt_open(const char *dir, ckpt_manifest_t *man)
 {
     int rc = -1;
@@ -808,7 +1007,9 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
     memset(man, 0, sizeof *man);
     if (!mpath || !cpath)
         goto out;
-    if (buf_read_file(&mb, mpath) < 0)
+    if (buf_read_small(&mb, mpath, MANIFEST_MAX, 0) < 0)
+        goto out;
+    if ((man->sealed = check_seal(mpath, &mb)) < 0)
         goto out;
     if (!(doc = json_parse(mb.data, mb.len, NULL, &root))) {
         ftk_err_prefix("%s: ", mpath);
@@ -818,13 +1019,17 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
         ftk_err_prefix("%s: ", dir);
         goto out;
     }
-    if (buf_read_file(&cb, cpath) < 0)
+    if (buf_read_small(&cb, cpath, CONFIG_MAX, 0) < 0)
         goto out;
     if (hash_bytes(cb.data, cb.len) != config_sum) {
         ftk_err_set("%s: checksum differs from the manifest's", cpath);
         goto out;
     }
     if (hfconfig_parse(cb.data, cb.len, &man->cfg) < 0) {
+        ftk_err_prefix("%s: ", cpath);
+        goto out;
+    }
+    if (check_model_size(&man->cfg) < 0) {
         ftk_err_prefix("%s: ", cpath);
         goto out;
     }
@@ -874,6 +1079,14 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
             }
         }
     }
+    /* Each shard holds its slice of every unit, three times, uncompressed: the shard map
+     * must fit in the bytes the manifest records (and the file has), which also bounds what
+     * a reader allocates by what is on disk. Counted at 2 bytes an element whatever the
+     * precision, so that a dataset of the wrong type is named as such when it is read. */
+    uint64_t slice_bytes = 0;
+    for (int u = 0; u < man->n_units; u++)
+        slice_bytes += (uint64_t)(man->units[u].padded / man->meta.shard_count);
+    slice_bytes *= CKPT_KINDS * 2;
     for (int64_t i = 0; i < man->meta.shard_count; i++) {
         char name[32];
         ckpt_shard_name(name, i, man->meta.shard_count);
@@ -881,12 +1094,19 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
         struct stat sb;
         if (!sp)
             goto out;
-        if (stat(sp, &sb) < 0 || (uint64_t)sb.st_size != man->shards[i].bytes) {
-            if (stat(sp, &sb) < 0)
-                ftk_err_set("%s: %s", sp, strerror(errno));
-            else
-                ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
-                            (unsigned long long)man->shards[i].bytes);
+        int st = stat(sp, &sb);
+        if (st < 0)
+            ftk_err_set("%s: %s", sp, strerror(errno));
+        else if (!S_ISREG(sb.st_mode))
+            ftk_err_set("%s: not a regular file", sp);
+        else if ((uint64_t)sb.st_size != man->shards[i].bytes)
+            ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
+                        (unsigned long long)man->shards[i].bytes);
+        else if (man->shards[i].bytes < slice_bytes)
+            ftk_err_set("%s: %llu bytes, too few for the shard map's %llu bytes of arrays (config.json's model)", sp,
+                        (unsigned long long)man->shards[i].bytes, (unsigned long long)slice_bytes);
+        if (st < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != man->shards[i].bytes ||
+            man->shards[i].bytes < slice_bytes) {
             free(sp);
             goto out;
         }
@@ -919,6 +1139,36 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
     free(man->units);
     free(man->shards);
     memset(man, 0, sizeof *man);
+}
+
+typedef struct {
+    const ckpt_manifest_t *man;
+    int64_t index;
+} extra_t;
+
+/* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
+ * verified, and nothing else (ftk-verify's rule). */
+static int check_extra(hid_t f, const char *path, void *p)
+{
+    const extra_t *c = p;
+    const char *rest = path[0] == '/' ? path + 1 : path;
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        size_t l = strlen(ckpt_kind_names[k]);
+        if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
+            for (int u = 0; u < c->man->n_units; u++)
+                if (!strcmp(rest + l + 1, c->man->units[u].name))
+                    return 0; /* checked as it is read */
+    }
+    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
+        ftk_err_set("unexpected dataset %s (not in the shard map)", path);
+        return -1;
+    }
+    uint64_t stored, computed;
+    int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
+    if (r > 0)
+        ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
+                    (unsigned long long)stored, (unsigned long long)computed);
+    return r ? -1 : 0;
 }
 
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
@@ -967,6 +1217,12 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
                     (long long)step, (long long)man->meta.step);
     else if (strcmp(uh, hex))
         ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
+    extra_t ex = {man, index};
+    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify &&
+        h5_each_dataset(f, check_extra, &ex) != 0) {
+        ftk_err_prefix("%s: ", spath);
+        rc = -1;
+    }
     if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
         h5_close(f);
         f = -1;
@@ -993,8 +1249,34 @@ static dtype_t stored_dtype(hid_t d, char *name, size_t n)
     return dt;
 }
 
+/* Whether an element of type dt is zero (either sign; NaN is not). */
+static int is_zero(const unsigned char *p, dtype_t dt)
+{
+    if (dt == DT_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f == 0;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7fff) == 0;
+}
+
+static int shard_read_at(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n,
+                         int check, dtype_t dt, void *out, int64_t base);
+
 int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
                     dtype_t dt, void *out)
+{
+    return shard_read_at(f, man, kind, unit, start, n, check, dt, out, -1);
+}
+
+/* ckpt_shard_read(), and with base >= 0 (the unit element where this shard's slice
+ * starts) the elements read that lie in the unit's padding checked to be zero, as stored
+ * (before a conversion could round a tiny value to zero): the rule ftk-verify applies, so
+ * that a tool refuses what it refuses. */
+static int shard_read_at(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n,
+                         int check, dtype_t dt, void *out, int64_t base)
 {
     char ds[64], tn[32];
     const ckpt_unit_t *u = &man->units[unit];
@@ -1043,6 +1325,15 @@ int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int
         ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds,
                     (unsigned long long)stored, (unsigned long long)got);
         rc = -1;
+    }
+    if (rc == 0 && base >= 0) {
+        int64_t nz = 0, from = u->length - base > start ? u->length - base : start;
+        for (int64_t e = from; e < start + n; e++)
+            nz += !is_zero((const unsigned char *)raw + (size_t)(e - start) * dtype_size(st), st);
+        if (nz) {
+            ftk_err_set("dataset /%s: %lld padding elements are not zero", ds, (long long)nz);
+            rc = -1;
+        }
     }
     if (raw != out) {
         if (rc == 0)
@@ -1093,7 +1384,8 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
         goto out;
     for (int k = 0; k < kinds; k++)
         for (int u = 0; u < n_units; u++)
-            if (ckpt_shard_read(f, man, k, u, 0, man->units[u].padded / S, 1, dt, (*arrays[k])[u]) < 0)
+            if (shard_read_at(f, man, k, u, 0, man->units[u].padded / S, 1, dt, (*arrays[k])[u],
+                              index * (man->units[u].padded / S)) < 0)
                 goto out;
     rc = 0;
 out:
@@ -1112,8 +1404,8 @@ int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int
 {
     int64_t S = man->meta.shard_count, part = man->units[unit].padded / S;
     for (int64_t i = 0; i < S; i++)
-        if (ckpt_shard_read(files[i], man, kind, unit, 0, part, 1, dt,
-                            (char *)out + (size_t)(i * part) * dtype_size(dt)) < 0) {
+        if (shard_read_at(files[i], man, kind, unit, 0, part, 1, dt, (char *)out + (size_t)(i * part) * dtype_size(dt),
+                          i * part) < 0) {
             char name[32];
             ckpt_shard_name(name, i, S);
             ftk_err_prefix("%s: ", name);
@@ -1138,6 +1430,45 @@ hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify)
             return NULL;
         }
     return f;
+}
+
+/* The padding of the first `kinds` arrays of every unit, as stored, checked to be zero;
+ * with dir, a shard not open yet (files[i] < 0) is opened there (attributes checked). */
+static int check_padding(hid_t *files, const char *dir, const ckpt_manifest_t *man, int kinds)
+{
+    int64_t S = man->meta.shard_count;
+    dtype_t dt = ckpt_state_dtype(man->meta.precision);
+    void *buf = malloc((size_t)S * 4); /* a unit's padding: fewer than S elements */
+    int rc = buf ? 0 : -1;
+    if (!buf)
+        ftk_err_set("out of memory");
+    for (int k = 0; k < kinds && rc == 0; k++)
+        for (int u = 0; u < man->n_units && rc == 0; u++) {
+            const ckpt_unit_t *x = &man->units[u];
+            int64_t part = x->padded / S;
+            for (int64_t i = x->length / part; i < S && rc == 0; i++) {
+                int64_t a = x->length > i * part ? x->length - i * part : 0, n = part - a;
+                if (n > S)
+                    n = S; /* unreachable for a shard map ckpt_open() accepted */
+                if (n <= 0)
+                    continue;
+                if (files[i] < 0 && dir && (files[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
+                    rc = -1;
+                else if (shard_read_at(files[i], man, k, u, a, n, 0, dt, buf, i * part) < 0) {
+                    char name[32];
+                    ckpt_shard_name(name, i, S);
+                    ftk_err_prefix("%s%s%s: ", dir ? dir : "", dir ? "/" : "", name);
+                    rc = -1;
+                }
+            }
+        }
+    free(buf);
+    return rc;
+}
+
+int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man)
+{
+    return check_padding((hid_t *)files, NULL, man, CKPT_KINDS);
 }
 
 void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man)
@@ -1189,7 +1520,8 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
                 int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
                 if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
                     goto out;
-                if (ckpt_shard_read(f[i], man, k, u, lo - i * part, hi - lo, 0, dt, dst + (size_t)(lo - a) * es) < 0) {
+                if (shard_read_at(f[i], man, k, u, lo - i * part, hi - lo, 0, dt, dst + (size_t)(lo - a) * es,
+                                  i * part) < 0) {
                     char *p = shard_path(dir, man, i);
                     if (p)
                         ftk_err_prefix("%s: ", p);
@@ -1199,6 +1531,9 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
             }
         }
     }
+    /* the old padding, which the new slices may not cover: zero, as ftk-verify requires */
+    if (check_padding(f, dir, man, kinds) < 0)
+        goto out;
     rc = 0;
 out:
     for (int64_t i = 0; i < S; i++)

@@ -7,8 +7,10 @@
  *     config.json                 the model, as Hugging Face's config.json (hfconfig.h)
  *     shard-00001-of-0000S.h5     one file per shard (S = shard count)
  *   RUN/latest                    a one-line text file naming the newest committed
- *                                 checkpoint ("step-00000200\n"), replaced by rename
+ *                                 checkpoint ("step-00000200\n"), replaced by rename;
+ *                                 never a symbolic link (a reader refuses one)
  *   RUN/metrics.jsonl             the trainer's metrics (not part of a checkpoint)
+ *   RUN/.lock                     the writers' lock ("HOST PID TOOL", ckpt_lock_run)
  *
  * A checkpoint is written under a hidden temporary name (".step-00000200.tmp.PID"), every
  * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
@@ -58,6 +60,26 @@
  *   units           [{"name", "length", "padded", "tensors": [{"name", "shape", "offset"}]}]
  *   shards          [{"file", "bytes", "xxh3"}] × S, in shard order: each shard file's
  *                   name, size and XXH3-64 of its bytes
+ *   manifest_xxh3   the seal: XXH3-64 (16 lowercase hex digits) of every byte of the file
+ *                   before this member's line. Always last, on a line of its own: the
+ *                   file ends with `  "manifest_xxh3": "HEX"\n}\n` and the bytes hashed
+ *                   end with the newline before it. Written by ckpt_commit(); a reader
+ *                   refuses a manifest whose seal differs or is malformed, and reads one
+ *                   without a seal (written before seals; ckpt_manifest_t.sealed = 0: tools
+ *                   warn). Adding it kept the version at 1: older readers ignore the key.
+ *
+ * Every value read is range-checked, sealed or not (a forger recomputes the seal too),
+ * and ckpt_commit() writes no manifest a reader refuses: step in [0, train.total_steps];
+ * data.rows_consumed in [0, data.n_rows]; data.epoch in [0, step]; step <= epoch·n_rows +
+ * rows_consumed <= step·global_batch (the data order's invariants); tokens_seen >= 0; the
+ * train options in ftk-train's ranges; strategy, schedule, precision known; shard_count =
+ * world_size (hybrid: a divisor of it), at most 99999. The units are compared entry by
+ * entry with ckpt_units() of config.json's model, which must be of a computable size
+ * (<= 2^20 blocks, <= 2^40 elements a tensor), and every shard file must be a regular file
+ * of its recorded size, at least the 3 × Σ padded/S elements of its arrays (2 bytes each). Stored
+ * padding must be zero wherever it is read (ftk-verify's rule, so that no tool accepts
+ * what it refuses). manifest.json (16 MiB), config.json (1 MiB) and latest (4 KiB) are read
+ * with buf_read_small(): regular files only, bounded, latest without following a link.
  *
  * Shard file (HDF5, ftk_format "checkpoint-shard", version 1): root attributes
  * shard_index (1-based), shard_count, step, units_xxh3 (XXH3-64 of the manifest's
@@ -180,7 +202,8 @@ int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
 
 /* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
- * file (the checkpoint `latest` names).
+ * file (the checkpoint `latest` names). `latest` is read with buf_read_small() without
+ * following a link: a link, FIFO, device or directory there is refused, naming it.
  * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
 char *ckpt_resolve(const char *path);
 
@@ -189,8 +212,9 @@ char *ckpt_resolve(const char *path);
 char **ckpt_list(const char *run_dir, size_t *n);
 
 /* Removes the hidden directories of checkpoints whose writers died before committing
- * (".step-*.tmp.*"); returns how many. Call it only when no writer is running: while
- * holding the run's lock (ckpt_lock_run). */
+ * (".step-*.tmp.PID"); returns how many. Call it only when no writer is running: while
+ * holding the run's lock (ckpt_lock_run), which every writer takes. Even then, one whose
+ * PID is a live process on this host is kept (a writer that took no lock). */
 int ckpt_remove_stale(const char *run_dir);
 
 /* One writer per run directory: takes an exclusive POSIX record lock on RUN/.lock (fcntl
@@ -199,7 +223,11 @@ int ckpt_remove_stale(const char *run_dir);
  * until it is closed or the process ends (kill -9 included: the kernel drops it); -1 when
  * another process holds it (ftk_err_msg() names its host and process id from the file);
  * -2 when the file system keeps no locks (ENOLCK, ENOSYS, EOPNOTSUPP: the caller may warn
- * and go on); -3 on any other error. A lock won on a file that is no longer at the path
+ * and go on); -3 on any other error; -4 when RUN/.lock is not a regular file (a symbolic
+ * link, FIFO, device or directory: it is opened without following a link and without
+ * blocking, and nothing is written through it). The file holds "HOST PID TOOL\n" (ftk_tool();
+ * a file of an older ftk has no TOOL: ftk-train). Every tool that creates or removes
+ * checkpoint directories in RUN takes it: ftk-train and ftk-reshard. A lock won on a file that is no longer at the path
  * (the directory's creator failed and removed it meanwhile) is not taken: it opens again.
  * A caller that made RUN but gets -1 must leave RUN alone: it is the other writer's. */
 int ckpt_lock_run(const char *run_dir);
@@ -215,6 +243,7 @@ typedef struct {
     ckpt_unit_t *units; /* the shard map, checked against cfg */
     int n_units;
     ckpt_shard_sum_t *shards; /* meta.shard_count entries */
+    int sealed;               /* 1: its manifest_xxh3 verified; 0: an older manifest without one */
 } ckpt_manifest_t;
 
 /* Reads and checks manifest.json (its precision one of the three) and config.json (its
@@ -226,13 +255,20 @@ void ckpt_manifest_free(ckpt_manifest_t *man);
 char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
- * and count, step — a shard of another checkpoint — and units_xxh3). The caller closes
- * the handle with h5_close(). */
+ * and count, step — a shard of another checkpoint — and units_xxh3); with verify, last,
+ * that it holds no dataset but the shard map's arrays and (shard 1) the tokenizer files,
+ * whose checksums are verified (as ftk-verify does). The caller closes the handle with
+ * h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
 /* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
 hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify);
 void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man);
+/* The padding of every unit of every kind in the open shards, as stored, checked to be
+ * zero (what ftk-verify checks; ckpt_read_unit(), ckpt_read_shard() and
+ * ckpt_read_resliced() check the padding they read): a tool that reads only some arrays
+ * (ftk-merge) still refuses a checkpoint ftk-verify refuses. Reads only the padding. */
+int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man);
 /* Elements [start, start+n) of /KIND/UNIT (kind: 0 param, 1 adam_m, 2 adam_v; unit: an
  * index into man->units) of an open shard of man's checkpoint, as dt into out. check
  * (whole dataset only) also compares the bytes read with the dataset's xxh3_64. */

@@ -102,6 +102,9 @@ void atomic_unregister_dir(const char *path)
             pending_dirs[i] = NULL;
 }
 
+void atomic_register_file(char *path) { pending_add(path); }
+void atomic_unregister_file(const char *path) { pending_remove(path); }
+
 void atomic_install_signal_cleanup(void)
 {
     struct sigaction sa;

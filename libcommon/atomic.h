@@ -50,6 +50,11 @@ void atomic_dir_abort(atomic_dir_t *a);
  * checkpoint shards written by ckpt_shard_create()) and removed. */
 void atomic_register_dir(char *path);
 void atomic_unregister_dir(const char *path);
+/* A file this process made that the signal handler unlinks (before the directories):
+ * the lock file of a run directory made as above. path must stay valid until
+ * atomic_unregister_file(). */
+void atomic_register_file(char *path);
+void atomic_unregister_file(const char *path);
 /* rm -r path (no error when it does not exist). */
 int rm_tree(const char *path);
 

@@ -24,4 +24,17 @@ void buf_free(buf_t *b);
 /* Reads a whole file, or stdin when path is "-", into b (appending). */
 int buf_read_file(buf_t *b, const char *path);
 
+/* Reads a small file a tool trusts for its shape — a control file (RUN/latest, a lock),
+ * a manifest, a config — into b (appending), refusing what could hang or exhaust the
+ * process: the file is opened non-blocking (a FIFO cannot stall the open) and must be a
+ * regular file (fstat after the open: FIFOs, devices, sockets and directories are refused)
+ * of at most max bytes. With BUF_NOFOLLOW a symbolic link at path is refused too (for
+ * control files, whose links ftk never writes). Returns 0, or -1 with ftk_err_msg()
+ * naming path and saying why, and errno set: ENOENT (no such file), ELOOP (a symbolic
+ * link, BUF_NOFOLLOW), EINVAL (not a regular file), EFBIG (larger than max), another
+ * (I/O, memory). */
+#define BUF_NOFOLLOW 1
+#define BUF_SMALL_MAX ((size_t)16 << 20) /* the usual bound: 16 MiB */
+int buf_read_small(buf_t *b, const char *path, size_t max, int flags);
+
 #endif

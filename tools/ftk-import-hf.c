@@ -106,7 +106,7 @@ static int read_index(const char *path, char ***names, size_t *n)
     int rc = -1;
     *names = NULL;
     *n = 0;
-    if (buf_read_file(&b, path) < 0)
+    if (buf_read_small(&b, path, BUF_SMALL_MAX, 0) < 0)
         goto out;
     json_opts_t jo = {.max_depth = 8};
     if (!(doc = json_parse(b.data, b.len, &jo, &root)))
@@ -243,7 +243,7 @@ static int check_eos(const char *dir, const model_config_t *cfg, const tokfiles_
     char *gp = join(dir, "generation_config.json");
     buf_t g = {0};
     int has_gen = gp && exists(gp);
-    int rc = has_gen && buf_read_file(&g, gp) < 0 ? -1 : 0;
+    int rc = has_gen && buf_read_small(&g, gp, BUF_SMALL_MAX, 0) < 0 ? -1 : 0;
     int64_t eos[16];
     int n = 0, from_gen = 0;
     if (rc == 0 &&
@@ -336,7 +336,7 @@ int main(int argc, char **argv)
     buf_t text = {0};
     if (!cfg_path || !index_path || !single_path)
         goto done;
-    if (buf_read_file(&text, cfg_path) < 0) {
+    if (buf_read_small(&text, cfg_path, BUF_SMALL_MAX, 0) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

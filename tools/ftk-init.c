@@ -165,7 +165,7 @@ int main(int argc, char **argv)
     }
     if (config_path) {
         buf_t text = {0};
-        int bad = buf_read_file(&text, config_path) < 0 || hfconfig_parse(text.data, text.len, &in.cfg) < 0;
+        int bad = buf_read_small(&text, config_path, BUF_SMALL_MAX, 0) < 0 || hfconfig_parse(text.data, text.len, &in.cfg) < 0;
         buf_free(&text);
         if (bad) {
             ftk_error("%s: %s", config_path, ftk_err_msg());

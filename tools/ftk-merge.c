@@ -198,8 +198,8 @@ int main(int argc, char **argv)
         m.unit_of[i] = (int)u;
         m.tensor_of[i] = (int)k;
     }
-    if (!(files = ckpt_open_shards(dir, &man, 1))) {
-        ftk_error("%s", ftk_err_msg());
+    if (!(files = ckpt_open_shards(dir, &man, 1)) || ckpt_check_padding(files, &man) < 0) {
+        ftk_error("%s%s%s", files ? dir : "", files ? ": " : "", ftk_err_msg());
         rc = FTK_EXIT_USAGE;
         goto done;
     }

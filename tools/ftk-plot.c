@@ -75,14 +75,14 @@ static int write_csv(buf_t *b, const metrics_t *m, int n)
 }
 
 /* The figure: four panels, each run's series in its colour. */
-static int write_svg(buf_t *b, const metrics_t *m, int n)
+static int write_svg(buf_t *b, const metrics_t *m, int n_runs)
 {
-    size_t total = 0;
-    for (int r = 0; r < n; r++)
+    size_t n = n_runs > 0 ? (size_t)n_runs : 0, total = 0;
+    for (size_t r = 0; r < n; r++)
         total += 5 * (m[r].n_steps + m[r].n_evals) + 2;
     double *mem = malloc(total * 2 * sizeof *mem);
-    plot_series_t *ser = calloc((size_t)n * 5, sizeof *ser);
-    const char **names = calloc((size_t)n, sizeof *names);
+    plot_series_t *ser = calloc(n * 5 + 1, sizeof *ser);
+    const char **names = calloc(n + 1, sizeof *names);
     if (!mem || !ser || !names) {
         free(mem), free(ser), free(names);
         ftk_err_set("out of memory");
@@ -90,9 +90,9 @@ static int write_svg(buf_t *b, const metrics_t *m, int n)
     }
     double *p = mem;
     /* ser[k * n + r]: panel k's series of run r (k = 4: validation, on panel 0) */
-    for (int r = 0; r < n; r++) {
+    for (size_t r = 0; r < n; r++) {
         names[r] = m[r].name;
-        for (int k = 0; k < 5; k++) {
+        for (size_t k = 0; k < 5; k++) {
             size_t cnt = k < 4 ? m[r].n_steps : m[r].n_evals;
             double *x = p, *y = p + cnt;
             p += 2 * cnt;
@@ -106,24 +106,24 @@ static int write_svg(buf_t *b, const metrics_t *m, int n)
                 x[i] = (double)st->step;
                 y[i] = k == 0 ? st->loss : k == 1 ? st->lr : k == 2 ? st->tokens_per_s : st->grad_norm;
             }
-            ser[k * n + r] = (plot_series_t){x, y, cnt, r, k == 4, k == 4};
+            ser[k * n + r] = (plot_series_t){x, y, cnt, (int)r, k == 4, k == 4};
         }
     }
     /* panel 0 draws the losses then the validation losses: 2n series, contiguous */
-    plot_series_t *loss = calloc((size_t)n * 2, sizeof *loss);
+    plot_series_t *loss = calloc(n * 2 + 1, sizeof *loss);
     int rc = -1;
     if (loss) {
-        for (int r = 0; r < n; r++) {
+        for (size_t r = 0; r < n; r++) {
             loss[r] = ser[r];
             loss[n + r] = ser[4 * n + r];
         }
         plot_panel_t panels[4] = {
-            {"loss", "step", loss, (size_t)n * 2, "solid: training; dashed with dots: validation"},
-            {"learning rate", "step", ser + n, (size_t)n, NULL},
-            {"tokens/s", "step", ser + 2 * n, (size_t)n, NULL},
-            {"gradient norm (before clipping)", "step", ser + 3 * n, (size_t)n, NULL},
+            {"loss", "step", loss, n * 2, "solid: training; dashed with dots: validation"},
+            {"learning rate", "step", ser + n, n, NULL},
+            {"tokens/s", "step", ser + 2 * n, n, NULL},
+            {"gradient norm (before clipping)", "step", ser + 3 * n, n, NULL},
         };
-        rc = plot_svg(b, panels, 4, 2, names, n, title);
+        rc = plot_svg(b, panels, 4, 2, names, n_runs, title);
     } else
         ftk_err_set("out of memory");
     free(loss);

@@ -1,5 +1,6 @@
 /* ftk-reshard — a checkpoint of S shards rewritten as S' shards (another number of ranks,
  * or another strategy), streaming one unit at a time. */
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -47,6 +48,8 @@ static const opt_spec_t spec = {
                "points RUN/latest at the new checkpoint, like ftk-train.\n"
                "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
                "reshards on load; this tool is for moving a checkpoint between machines or layouts.\n"
+               "It takes the output run directory's lock (RUN/.lock) as ftk-train does, so that\n"
+               "neither writes into a run the other is writing (exit 2 while another holds it).\n"
                "--precision converts between precision modes on the way (at any shard count, the\n"
                "same one included): fp32 <-> bf16-mixed rewrites only the manifest's precision (both\n"
                "store float32 weights and moments, the same arrays); to bf16-true narrows the weights\n"
@@ -179,7 +182,8 @@ int main(int argc, char **argv)
         goto usage;
     }
     atomic_install_signal_cleanup();
-    int made_run = 0;
+    int made_run = 0, lock_fd = -1;
+    char *lock_path = NULL;
     double t0 = time_now();
     int64_t S = man.meta.shard_count;
     hid_t *in = calloc((size_t)S, sizeof *in);
@@ -228,6 +232,26 @@ int main(int argc, char **argv)
         }
         made_run = 1; /* removed again on failure or a signal, unless a checkpoint got into it */
         atomic_register_dir(run);
+        if ((lock_path = malloc(strlen(run) + 8))) { /* the lock file goes with it */
+            sprintf(lock_path, "%s/.lock", run);
+            atomic_register_file(lock_path);
+        }
+    }
+    /* One writer per run directory, as ftk-train: a trainer of this run must neither
+     * write beside us nor take our temporary for a dead writer's and remove it. */
+    lock_fd = ckpt_lock_run(run);
+    if (lock_fd == -2) {
+        ftk_warn("%s; going on without the lock: make sure no ftk-train writes to %s", ftk_err_msg(), run);
+    } else if (lock_fd < 0) {
+        ftk_error("%s", ftk_err_msg());
+        rc = lock_fd == -1 || lock_fd == -4 ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
+        if (lock_fd == -1 && made_run) { /* another writer holds it: its run now, even if our mkdir made it */
+            atomic_unregister_dir(run);
+            if (lock_path)
+                atomic_unregister_file(lock_path);
+            made_run = 0;
+        }
+        goto done;
     }
     if (ckpt_begin(&w, run, meta.step) < 0) {
         ftk_error("%s", ftk_err_msg());
@@ -308,9 +332,27 @@ abort:
 done:
     if (made_run) {
         atomic_unregister_dir(run);
+        if (lock_path)
+            atomic_unregister_file(lock_path);
+        /* only when nothing but our lock is left: a committed checkpoint whose `latest`
+         * failed stays (the lock file is removed while it is held, as ftk-train does) */
+        if (rc != FTK_EXIT_OK && lock_path) {
+            int only_lock = 1;
+            DIR *d = opendir(run);
+            struct dirent *e;
+            while (d && (e = readdir(d)))
+                only_lock &= !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, ".lock");
+            if (d)
+                closedir(d);
+            if (d && only_lock)
+                unlink(lock_path);
+        }
         if (rc != FTK_EXIT_OK)
-            rmdir(run); /* only when empty: a committed checkpoint whose `latest` failed stays */
+            rmdir(run);
     }
+    if (lock_fd >= 0)
+        close(lock_fd);
+    free(lock_path);
     for (int64_t i = 0; in && i < S; i++)
         if (in[i] >= 0)
             h5_close(in[i]);

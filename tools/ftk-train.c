@@ -246,9 +246,13 @@ static int trim_metrics(const char *path, int64_t step, double *elapsed0)
 {
     buf_t in = {0}, out = {0};
     *elapsed0 = 0;
-    if (buf_read_file(&in, path) < 0) {
+    /* a regular file of the run (a FIFO would stall the resume, /dev/zero fill memory):
+     * 1 GiB is a million steps' lines */
+    if (buf_read_small(&in, path, (size_t)1 << 30, BUF_NOFOLLOW) < 0) {
+        int e = errno;
         buf_free(&in);
-        return 0; /* none yet */
+        errno = e;
+        return e == ENOENT ? 0 : -1; /* ENOENT: none yet */
     }
     size_t i = 0;
     while (i < in.len) {
@@ -916,7 +920,8 @@ static int run(int argc, char **argv)
     code = 0;
     if (rank == 0) {
         if (trim_metrics(metrics_path, meta->step, &elapsed0) < 0)
-            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
+            code = errno == ELOOP || errno == EINVAL || errno == EFBIG ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
+            snprintf(msg, sizeof msg, "%s", ftk_err_msg());
         else if (!(mf = fopen(metrics_path, "a")))
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(errno));
         else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir)))

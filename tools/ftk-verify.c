@@ -322,6 +322,14 @@ static int verify_token_set(const char *path)
         bad++;                                                                                          \
     } while (0)
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+           : S_ISSOCK(m)                                  ? "a socket"
+           : S_ISDIR(m)                                   ? "a directory"
+                                                          : "not a regular file";
+}
+
 static int is_checkpoint_path(const char *p)
 {
     const char *base = strrchr(p, '/') ? strrchr(p, '/') + 1 : p;
@@ -465,6 +473,10 @@ static int verify_checkpoint(const char *dir)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_VERIFY;
     }
+    if (!man.sealed)
+        ftk_warn("%s/manifest.json has no manifest_xxh3 (written by an older ftk): its values are range-checked, not "
+                 "checksummed",
+                 dir);
     int bad = check_coverage(dir, &man), n_ds = 0;
     int64_t S = man.meta.shard_count, maxpart = 0;
     for (int u = 0; u < man.n_units; u++)
@@ -496,6 +508,11 @@ static int verify_path_ckpt(const char *path)
     char mp[4200];
     snprintf(mp, sizeof mp, "%s/manifest.json", path);
     if (!(stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) || stat(mp, &sb) == 0) {
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        if (!strcmp(base, "latest") && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+            ftk_error("%s: a symbolic link, not the regular file ftk writes: refused", path);
+            return FTK_EXIT_USAGE;
+        }
         char *dir = ckpt_resolve(path);
         if (!dir) {
             ftk_error("%s", ftk_err_msg());
@@ -515,15 +532,19 @@ static int verify_path_ckpt(const char *path)
             ftk_warn("%s/%s: an unfinished checkpoint (its writer died or is still writing; not a checkpoint: "
                      "ftk-train --resume removes it)",
                      path, e->d_name);
-        else if (!strncmp(e->d_name, "step-", 5) && ++n_steps && stat(p, &sb) < 0)
-            BAD("%s/%s: not a committed checkpoint (no manifest.json)", path, e->d_name);
+        else if (!strncmp(e->d_name, "step-", 5) && ++n_steps && (stat(p, &sb) < 0 || !S_ISREG(sb.st_mode)))
+            BAD("%s/%s: not a committed checkpoint (no manifest.json, or not a regular file)", path, e->d_name);
     }
     if (d)
         closedir(d);
     size_t n;
-    char **v = ckpt_list(path, &n);
     snprintf(mp, sizeof mp, "%s/latest", path);
-    int has_latest = stat(mp, &sb) == 0;
+    int has_latest = lstat(mp, &sb) == 0;
+    if (has_latest && !S_ISREG(sb.st_mode)) { /* a link, FIFO, device: not one ftk wrote */
+        ftk_error("%s: %s, not the regular file ftk writes: refused", mp, file_kind(sb.st_mode));
+        return FTK_EXIT_USAGE;
+    }
+    char **v = ckpt_list(path, &n);
     if (!n && !n_steps && !has_latest) {
         ftk_error("%s: neither a checkpoint (no manifest.json) nor a run directory (no step-* checkpoints)", path);
         free(v);
@@ -815,8 +836,22 @@ static int compare_files(const char *pa, const char *pb)
     return rc;
 }
 
+/* Neither a regular file nor a directory (a FIFO would stall the open, a device be read
+ * forever): said, naming it. */
+static int special(const char *p)
+{
+    struct stat sb;
+    if (stat(p, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode)) {
+        ftk_error("%s: %s, not an ftk file or checkpoint", p, file_kind(sb.st_mode));
+        return 1;
+    }
+    return 0;
+}
+
 static int compare(const char *a, const char *b)
 {
+    if (special(a) || special(b))
+        return FTK_EXIT_USAGE;
     int ca = is_checkpoint_path(a), cb = is_checkpoint_path(b);
     if (ca != cb) {
         ftk_error("%s and %s are not of the same kind (a checkpoint and a file)", a, b);
@@ -900,6 +935,10 @@ int main(int argc, char **argv)
         return FTK_EXIT_FAIL;
     rc = FTK_EXIT_OK;
     for (int i = 0; i < npos; i++) {
+        if (special(pos[i])) {
+            rc = FTK_EXIT_USAGE;
+            continue;
+        }
         int r = is_checkpoint_path(pos[i])                                      ? verify_path_ckpt(pos[i])
                 : access(pos[i], F_OK) != 0 || tokens_shard_count(pos[i]) > 1 ? verify_token_set(pos[i])
                                                                               : verify_file(pos[i]);

@@ -17,8 +17,9 @@
 #    damage (a flipped bf16 bit, datasets of another type than the manifest's precision, an
 #    unknown precision) named and refused;
 #  - a corruption corpus made from a real checkpoint (a bit flipped in each kind of dataset,
-#    a truncated shard, a missing shard, a shard from another step, a manifest with a wrong
-#    size or checksum, a stale .tmp directory): ftk-verify names each (exit 3), and
+#    a truncated shard, a missing shard, a shard from another step, a manifest edited
+#    without its seal, one (resealed) with a wrong size or checksum, a stale .tmp
+#    directory): ftk-verify names each (exit 3), and
 #    ftk-train --resume auto refuses the damaged checkpoint and falls back to the one before;
 #  - refusals: ftk-reshard of a damaged checkpoint (exit 2, nothing written), an existing
 #    output, a hybrid group that does not divide the ranks.
@@ -31,6 +32,9 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 need_mpi
 PY=/usr/bin/python3
 HAVE_H5PY=0
+# reseal MANIFEST: its manifest_xxh3 recomputed after an edit (so that the check behind
+# the seal is what a test reaches)
+reseal() { $PY "$ROOT/tests/fault/forge.py" "$1" --seal >/dev/null; }
 $PY -c 'import h5py' 2>/dev/null && HAVE_H5PY=1
 
 demo_pack "$WORK/demo.h5" 128
@@ -158,9 +162,12 @@ for p in fp32 bf16-mixed bf16-true; do
 done
 check "bf16-mixed: the fp32 shard files (the same float32 arrays)" cmp -s \
     "$WORK/p-fp32/step-00000001/shard-00001-of-00002.h5" "$WORK/p-bf16-mixed/step-00000001/shard-00001-of-00002.h5"
-test "$(diff "$WORK/p-fp32/step-00000001/manifest.json" "$WORK/p-bf16-mixed/step-00000001/manifest.json" |
-    grep -c '^[<>]')" = 2 && ok "bf16-mixed: only the manifest's precision differs from fp32" ||
-    notok "bf16-mixed: only the manifest's precision differs from fp32"
+# (and so the manifest's seal)
+grep -v '"manifest_xxh3"' "$WORK/p-fp32/step-00000001/manifest.json" >"$WORK/m-fp32"
+grep -v '"manifest_xxh3"' "$WORK/p-bf16-mixed/step-00000001/manifest.json" >"$WORK/m-bf16-mixed"
+test "$(diff "$WORK/m-fp32" "$WORK/m-bf16-mixed" | grep -c '^[<>]')" = 2 &&
+    ok "bf16-mixed: only the manifest's precision (and seal) differs from fp32" ||
+    notok "bf16-mixed: only the manifest's precision (and seal) differs from fp32"
 expect "bf16-true: the writer's 2 shards = ftk-reshard --precision of the fp32 ones" 0 "$BIN/ftk-reshard" \
     "$WORK/p-fp32" -o "$WORK/p-f2t" -n 2 --precision bf16-true
 if diff -r "$WORK/p-bf16-true/step-00000001" "$WORK/p-f2t/step-00000001" >/dev/null; then
@@ -224,18 +231,18 @@ same "the same text from the bf16-true checkpoint and its merge" "$WORK/out" "$W
 
 # damage and refusals
 cp -r "$WORK/pt" "$WORK/ptlie" && sed -i 's/"precision": "bf16-true"/"precision": "fp32"/' \
-    "$WORK/ptlie/step-00000016/manifest.json"
+    "$WORK/ptlie/step-00000016/manifest.json" && reseal "$WORK/ptlie/step-00000016/manifest.json"
 expect "bf16 datasets under a manifest saying fp32: exit 3" 3 "$BIN/ftk-verify" "$WORK/ptlie"
 grep -q "shard-00001-of-00004.h5: dataset /param/embed: stored as bfloat16, but the manifest's precision fp32" \
     "$WORK/err" && ok "... names the file and dataset" || notok "... names the file and dataset"
 cp -r "$WORK/ref4/step-00000016" "$WORK/fplie" && sed -i 's/"precision": "fp32"/"precision": "bf16-true"/' \
-    "$WORK/fplie/manifest.json"
+    "$WORK/fplie/manifest.json" && reseal "$WORK/fplie/manifest.json"
 expect "float32 datasets under a manifest saying bf16-true: exit 3" 3 "$BIN/ftk-verify" "$WORK/fplie"
 grep -q "dataset /adam_v/head: stored as float32, but the manifest's precision bf16-true" "$WORK/err" &&
     ok "... names the dataset" || notok "... names the dataset"
 expect "ftk-merge refuses it (exit 2)" 2 "$BIN/ftk-merge" "$WORK/fplie" -o "$WORK/y.h5"
 cp -r "$WORK/ref4/step-00000016" "$WORK/fp8" && sed -i 's/"precision": "fp32"/"precision": "fp8"/' \
-    "$WORK/fp8/manifest.json"
+    "$WORK/fp8/manifest.json" && reseal "$WORK/fp8/manifest.json"
 expect "a manifest with an unknown precision: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$WORK/fp8"
 grep -q "fp8: manifest.json: precision \"fp8\" is not one this ftk knows" "$WORK/err" &&
     ok "... names the manifest and the precision" || notok "... names the manifest and the precision"
@@ -313,18 +320,23 @@ cp "$WORK/bad/step-00000008/shard-00002-of-00004.h5" "$S2"
 corrupt "shard from another step" "written at step 8, the manifest is of step 16"
 fresh
 sed -i '0,/"bytes": \([0-9]*\)/s//"bytes": 1\1/' "$D/manifest.json"
+corrupt "manifest edited (a shard's size), its seal not" "manifest.json: checksum [0-9a-f]* differs from its manifest_xxh3"
+fresh
+sed -i '0,/"bytes": \([0-9]*\)/s//"bytes": 1\1/' "$D/manifest.json" && reseal "$D/manifest.json"
 corrupt "manifest with a wrong size" "the manifest says 1"
 fresh
 sed -i '/"shard-00001-of-00004.h5"/s/"xxh3": "[0-9a-f]*"/"xxh3": "0123456789abcdef"/' "$D/manifest.json"
+reseal "$D/manifest.json"
 corrupt "manifest with a wrong shard checksum" "differs from the manifest's 0123456789abcdef, though every dataset verifies"
 fresh
-mkdir "$WORK/bad/.step-00000024.tmp.99999" && cp "$S2" "$WORK/bad/.step-00000024.tmp.99999/"
+dead=$(sh -c 'echo $$') # the id of a process that has ended (a live one's temporary stays: lock.sh)
+mkdir "$WORK/bad/.step-00000024.tmp.$dead" && cp "$S2" "$WORK/bad/.step-00000024.tmp.$dead/"
 expect "corpus, stale .tmp directory: the checkpoints still verify" 0 "$BIN/ftk-verify" "$WORK/bad"
-grep -q "\.step-00000024\.tmp\.99999: an unfinished checkpoint" "$WORK/err" && ok "corpus, stale .tmp: named" ||
+grep -q "\.step-00000024\.tmp\.$dead: an unfinished checkpoint" "$WORK/err" && ok "corpus, stale .tmp: named" ||
     notok "corpus, stale .tmp: named"
 expect "corpus, stale .tmp: --resume auto removes it, resumes from step 16" 0 $TO $MPI -np 4 $T -o "$WORK/bad" \
     --resume auto
-check "corpus, stale .tmp: removed" test ! -e "$WORK/bad/.step-00000024.tmp.99999"
+check "corpus, stale .tmp: removed" test ! -e "$WORK/bad/.step-00000024.tmp.$dead"
 fresh
 truncate -s 20000 "$S2"
 expect "ftk-reshard refuses a damaged checkpoint (exit 2)" 2 "$BIN/ftk-reshard" "$D" -o "$WORK/y" -n 2

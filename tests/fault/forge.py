@@ -5,11 +5,14 @@ EDIT is one of
   set:I:V          element I (negative: from the end) becomes V
   reshape:D0,D1..  the dataset is replaced by one of that shape (values repeated or cut)
 The dataset's xxh3_64 attribute is recomputed (XXH3-64, seed 0, of its little-endian
-bytes: formats/h5.h) with the system's libxxhash, and its other attributes kept."""
-import ctypes, ctypes.util, sys
+bytes: formats/h5.h) with the system's libxxhash, and its other attributes kept.
 
-import h5py
-import numpy as np
+forge.py DIR/manifest.json KEY JSON_VALUE: a checkpoint manifest with one value changed
+(KEY a dotted path: data.rows_consumed, train.lr, units.0.padded, shards.1.bytes) and its
+seal (manifest_xxh3, formats/checkpoint.h) recomputed; forge.py DIR/manifest.json --seal
+only recomputes the seal (after an edit by sed); --sums recomputes every shard's bytes and
+xxh3 from the files beside it (after a shard was forged), then the seal. Needs no h5py."""
+import ctypes, ctypes.util, json, re, sys
 
 lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
 lib.XXH3_64bits.restype = ctypes.c_uint64
@@ -20,6 +23,49 @@ def xxh3(a):
     b = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
     return lib.XXH3_64bits(b, len(b))
 
+
+SEAL = re.compile(r'\n  "manifest_xxh3": "[0-9a-f]{16}"\n}\n\Z')
+
+
+def seal(text):
+    """The manifest with its seal: XXH3-64 of every byte before the seal's line."""
+    m = SEAL.search(text)
+    if m:
+        body = text[: m.start() + 1]
+    else:
+        body = text.rstrip()
+        assert body.endswith("}")
+        body = body[:-1].rstrip() + ",\n"
+    b = body.encode()
+    return body + '  "manifest_xxh3": "%016x"\n}\n' % lib.XXH3_64bits(b, len(b))
+
+
+if sys.argv[1].endswith(".json"):
+    path = sys.argv[1]
+    text = open(path).read()
+    if sys.argv[2] == "--sums":  # each shard's bytes and xxh3 from the file beside it
+        import os
+        doc = json.loads(text)
+        for e in doc["shards"]:
+            b = open(os.path.join(os.path.dirname(path), e["file"]), "rb").read()
+            e["bytes"], e["xxh3"] = len(b), "%016x" % lib.XXH3_64bits(b, len(b))
+        doc.pop("manifest_xxh3", None)
+        text = json.dumps(doc, indent=2) + "\n"
+    elif sys.argv[2] != "--seal":
+        doc = json.loads(text)
+        doc.pop("manifest_xxh3", None)
+        *keys, last = sys.argv[2].split(".")
+        o = doc
+        for k in keys:
+            o = o[int(k)] if isinstance(o, list) else o[k]
+        o[int(last) if isinstance(o, list) else last] = json.loads(sys.argv[3])
+        text = json.dumps(doc, indent=2) + "\n"
+    open(path, "w").write(seal(text))
+    print(f"forged {path} ({' '.join(sys.argv[2:])})")
+    sys.exit(0)
+
+import h5py
+import numpy as np
 
 path, name, edit = sys.argv[1:4]
 with h5py.File(path, "r+") as f:

@@ -5,7 +5,9 @@
 # order); two started together: exactly one runs, and the one that fails never removes
 # the other's run, even where its own mkdir made the directory (the races forced with the
 # LD_PRELOAD shim tests/fault/lock_delay.c, built as build/tests/lock_delay.so); after
-# kill -9 the lock is gone with the process and --resume auto continues.
+# kill -9 the lock is gone with the process and --resume auto continues; ftk-reshard takes
+# the same lock (a trainer of its output exits 2 while it writes), and a temporary whose
+# writer is a live process is never removed as stale.
 # Usage: tests/fault/lock.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -28,6 +30,7 @@ says() { # says NAME PATTERN FILE: FILE has PATTERN (else it is shown)
     fi
 }
 
+$T -o "$WORK/src" --steps 2 --save-every 2 || exit 1 # a checkpoint of step 2, to reshard
 # a live writer, then a second one
 $T -o "$WORK/a" --steps 100000 --save-every 20 2>"$WORK/a.err" &
 pa=$!
@@ -39,6 +42,9 @@ says "message names the first one's host and process id" \
     "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
 expect "second writer, no --resume: exit 2" 2 $TO $T -o "$WORK/a" --steps 100000 --save-every 20
 says "message says the directory is in use" "in use by another ftk-train" "$WORK/err"
+expect "ftk-reshard into the live run: exit 2" 2 $TO "$BIN/ftk-reshard" -q "$WORK/src" -o "$WORK/a" --ranks 2
+says "  naming the ftk-train that holds it" "in use by another ftk-train (host $(hostname), process $pa" "$WORK/err"
+check "  and writes nothing there" test -z "$(ls -A "$WORK/a" | grep step-00000002)"
 kill -TERM $pa
 wait $pa
 check "the first writer stops on SIGTERM (exit 75)" test $? -eq 75
@@ -144,6 +150,29 @@ if [ -f "$SHIM" ]; then
     else
         echo "skipped: lock, then failure and removal ($PY lacks h5py/numpy)"
     fi
+
+    # 3. ftk-reshard writes into a run directory too, under the same lock: held there (its
+    #    output's lock taken, its checkpoint not begun), a trainer of that run exits 2
+    #    naming it and touches nothing; let go, the reshard commits a checkpoint that
+    #    verifies and a trainer continues from it
+    rm -rf "$WORK/g" "$WORK/h"
+    expect "reshard: a 2-step run to reshard" 75 $T -o "$WORK/g" --steps 4 --save-every 2 --stop-after 2
+    env $SHIM_ENV FTK_TEST_LOCK_AFTER="$G/3" $TO "$BIN/ftk-reshard" -q "$WORK/g" -o "$WORK/h" --ranks 2 \
+        >/dev/null 2>"$WORK/h.err" &
+    p1=$!
+    wait_path "$G/3.waiting"
+    check "reshard: ftk-reshard holds the output's lock" test -e "$G/3.waiting"
+    expect "  ftk-train --resume auto on its output: exit 2" 2 $TO $T -o "$WORK/h" --steps 4 --save-every 2 \
+        --resume auto
+    # (held between taking the lock and writing its name into it: not named yet)
+    says "  saying the directory is in use" "is in use by another ftk" "$WORK/err"
+    touch "$G/3"
+    wait $p1
+    r1=$?
+    check "  let go, ftk-reshard commits (exit 0) ($r1)" test $r1 = 0
+    check "  the lock file names it (host, process, tool)" grep -q "^$(hostname) [0-9]* ftk-reshard\$" "$WORK/h/.lock"
+    expect "  its checkpoint verifies" 0 "$BIN/ftk-verify" "$WORK/h"
+    expect "  and a trainer continues from it (2 steps)" 0 $T -o "$WORK/h" --steps 4 --save-every 2 --resume auto
 else
     echo "skipped: the forced races ($SHIM not built)"
 fi
@@ -153,7 +182,21 @@ FTK_FAULT=train.step-end:12:kill $T -o "$WORK/c" --steps 100000 --save-every 5 2
 pc=$!
 wait $pc 2>/dev/null
 check "killed at step 12 (exit 137; $(steps "$WORK/c") steps)" test $? = 137 -a "$(steps "$WORK/c")" = 12
-check "a killed writer's lock file stays, naming it" grep -q " $pc\$" "$WORK/c/.lock"
+check "a killed writer's lock file stays, naming it" grep -q " $pc ftk-train\$" "$WORK/c/.lock"
 expect "after kill -9, --resume auto continues (2 steps)" 75 $T -o "$WORK/c" --steps 100000 --save-every 5 \
     --resume auto --stop-after 2
+
+# A temporary checkpoint whose writer is a live process (one that took no lock: an older
+# ftk) is not taken for a dead writer's: it stays until that process is gone.
+tail -f /dev/null &
+holder=$!
+mkdir "$WORK/c/.step-99999999.tmp.$holder"
+expect "a live process's temporary: --resume auto runs (1 step)" 75 $T -o "$WORK/c" --steps 100000 --save-every 5 \
+    --resume auto --stop-after 1
+check "  and leaves that temporary" test -d "$WORK/c/.step-99999999.tmp.$holder"
+kill $holder
+wait $holder 2>/dev/null
+expect "  that process gone, --resume auto runs (1 step)" 75 $T -o "$WORK/c" --steps 100000 --save-every 5 \
+    --resume auto --stop-after 1
+check "  and removes it" test ! -e "$WORK/c/.step-99999999.tmp.$holder"
 finish

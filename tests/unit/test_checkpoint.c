@@ -35,7 +35,9 @@ static int write_ckpt(const char *run, const model_config_t *c, const char *prec
     int n_units;
     if (ckpt_units(c, S, &units, &n_units) < 0)
         return -1;
-    ckpt_meta_t meta = {.step = 1, .data_rows = 1, .world_size = S, .shard_count = S};
+    /* values a reader accepts (one step of one row of a one-row data set) */
+    ckpt_meta_t meta = {.step = 1, .data_rows = 1, .rows_consumed = 1, .world_size = S, .shard_count = S,
+                        .train = {.lr = 1e-4, .eps = 1e-8, .total_steps = 1, .global_batch = 1, .micro_batch = 1}};
     snprintf(meta.data_set_xxh3, sizeof meta.data_set_xxh3, "0000000000000000");
     snprintf(meta.init_xxh3, sizeof meta.init_xxh3, "0000000000000000");
     snprintf(meta.strategy, sizeof meta.strategy, "full");

@@ -1,0 +1,94 @@
+#!/bin/sh
+# Control files that are not what ftk wrote (formats/checkpoint.h, libcommon/buf.h
+# buf_read_small): RUN/latest as a FIFO, a link to /dev/zero, a link to a good file, a
+# directory; a checkpoint's config.json as a FIFO; RUN/.lock as a link to another file, a
+# FIFO, a directory; RUN/metrics.jsonl (read on a resume) as a FIFO or a link. Every tool that reads them (ftk-verify, ftk-merge, ftk-generate,
+# ftk-reshard, ftk-train) ends at once — exit 2 naming the file (3 from ftk-verify for
+# damage inside a checkpoint) — instead of waiting on the FIFO forever or reading
+# /dev/zero until memory runs out, and ftk-train writes nothing through a .lock link.
+# Every command runs under a timeout, which only a hang reaches.
+# Usage: tests/fault/special_files.sh BIN_DIR WORK_DIR
+set -u
+BIN=$1 WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+rm -rf "$WORK" && mkdir -p "$WORK"
+. "$ROOT/tests/cli/lib.sh"
+demo_pack "$WORK/d.h5" 64 || exit 1
+demo_init "$WORK/w.h5" tiny 1 || exit 1
+T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --steps 4 --global-batch 4 --micro-batch 2 --eval-every 0 -j 1"
+expect "a run stopped at step 2 of 4 (its checkpoint)" 75 $T -o "$WORK/run" --save-every 2 --stop-after 2
+TO="timeout -k 5 60"
+says() { # says NAME PATTERN: $WORK/err has PATTERN (else it is shown)
+    if grep -q -- "$2" "$WORK/err"; then ok "$1"; else
+        notok "$1"
+        sed 's/^/     | /' "$WORK/err" | head -n 5
+    fi
+}
+# readers NAME PATTERN: every reader of RUN ($WORK/r) exits 2 naming PATTERN
+readers() {
+    expect "latest $1: ftk-verify RUN exit 2" 2 $TO "$BIN/ftk-verify" "$WORK/r"
+    says "latest $1: ftk-verify names it" "$2"
+    expect "latest $1: ftk-verify RUN/latest exit 2" 2 $TO "$BIN/ftk-verify" "$WORK/r/latest"
+    expect "latest $1: ftk-verify --compare RUN RUN/latest exit 2" 2 $TO "$BIN/ftk-verify" --compare "$WORK/run" \
+        "$WORK/r/latest"
+    expect "latest $1: ftk-merge exit 2" 2 $TO "$BIN/ftk-merge" -q "$WORK/r" -o "$WORK/m.h5"
+    says "latest $1: ftk-merge names it" "$2"
+    expect "latest $1: ftk-generate exit 2" 2 $TO "$BIN/ftk-generate" -q -m "$WORK/r" -p hi -n 2 --greedy
+    says "latest $1: ftk-generate names it" "$2"
+    expect "latest $1: ftk-reshard exit 2" 2 $TO "$BIN/ftk-reshard" -q "$WORK/r" -o "$WORK/rs" --ranks 2
+    check "latest $1: nothing written" test ! -e "$WORK/m.h5" -a ! -e "$WORK/rs"
+}
+fresh() { rm -rf "$WORK/r" && cp -r "$WORK/run" "$WORK/r" && rm "$WORK/r/latest"; }
+
+fresh && mkfifo "$WORK/r/latest"
+readers "a FIFO" "r/latest: a FIFO, not"
+fresh && ln -s /dev/zero "$WORK/r/latest"
+readers "a link to /dev/zero" "r/latest: a symbolic link"
+# ftk writes latest as a small file, never as a link: one to a good file is refused too
+fresh && echo step-00000002 >"$WORK/good" && ln -s "$WORK/good" "$WORK/r/latest"
+readers "a link to a good file" "r/latest: a symbolic link"
+fresh && mkdir "$WORK/r/latest"
+expect "latest a directory: ftk-merge exit 2" 2 $TO "$BIN/ftk-merge" -q "$WORK/r" -o "$WORK/m.h5"
+says "latest a directory: ftk-merge names it" "r/latest: a directory, not"
+expect "latest a directory: ftk-verify exit 2" 2 $TO "$BIN/ftk-verify" "$WORK/r"
+
+# config.json of a checkpoint as a FIFO: damage, said, without waiting on it
+rm -rf "$WORK/r" && cp -r "$WORK/run" "$WORK/r"
+rm "$WORK/r/step-00000002/config.json" && mkfifo "$WORK/r/step-00000002/config.json"
+expect "config.json a FIFO: ftk-verify exit 3" 3 $TO "$BIN/ftk-verify" "$WORK/r"
+says "config.json a FIFO: ftk-verify names it" "step-00000002/config.json: a FIFO, not"
+expect "config.json a FIFO: ftk-merge exit 2" 2 $TO "$BIN/ftk-merge" -q "$WORK/r" -o "$WORK/m.h5"
+expect "config.json a FIFO: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says "config.json a FIFO: ftk-train names it" "step-00000002/config.json: a FIFO, not"
+
+# .lock not a regular file: ftk-train refuses it, and writes nothing through a link
+rm -rf "$WORK/r" && cp -r "$WORK/run" "$WORK/r" && rm "$WORK/r/.lock"
+echo "precious" >"$WORK/victim"
+ln -s "$WORK/victim" "$WORK/r/.lock"
+expect ".lock a link to another file: ftk-train exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says ".lock a link: the message names it" "r/.lock: a symbolic link"
+check ".lock a link: the file it names is untouched" grep -qx precious "$WORK/victim"
+check ".lock a link: no checkpoint written" test ! -e "$WORK/r/step-00000004"
+expect ".lock a link: ftk-reshard into the run exit 2" 2 $TO "$BIN/ftk-reshard" -q "$WORK/run" \
+    -o "$WORK/r/step-00000002" --ranks 2 --force
+check ".lock a link: ftk-reshard leaves the file untouched" grep -qx precious "$WORK/victim"
+rm "$WORK/r/.lock" && ln -s "$WORK/nothing" "$WORK/r/.lock"
+expect ".lock a dangling link: ftk-train exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+check ".lock a dangling link: nothing created where it points" test ! -e "$WORK/nothing"
+rm "$WORK/r/.lock" && mkfifo "$WORK/r/.lock"
+expect ".lock a FIFO: ftk-train exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says ".lock a FIFO: the message names it" "r/.lock: not a regular file"
+rm "$WORK/r/.lock" && mkdir "$WORK/r/.lock"
+expect ".lock a directory: ftk-train exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+rmdir "$WORK/r/.lock"
+
+# metrics.jsonl, which a resume reads to cut it back: a FIFO, a link
+mv "$WORK/r/metrics.jsonl" "$WORK/metrics" && mkfifo "$WORK/r/metrics.jsonl"
+expect "metrics.jsonl a FIFO: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says "metrics.jsonl a FIFO: the message names it" "r/metrics.jsonl: a FIFO, not"
+rm "$WORK/r/metrics.jsonl" && ln -s "$WORK/victim" "$WORK/r/metrics.jsonl"
+expect "metrics.jsonl a link: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+check "metrics.jsonl a link: the file it names is untouched" grep -qx precious "$WORK/victim"
+rm "$WORK/r/metrics.jsonl" && mv "$WORK/metrics" "$WORK/r/metrics.jsonl"
+expect "regular files again: ftk-train --resume auto runs" 0 $TO $T -o "$WORK/r" --resume auto
+finish
