@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../libcommon/log.h"
-#include "chat.h"
+#include "records.h"
 
 const char alpaca_template_name[] = "alpaca";
 
@@ -84,8 +84,8 @@ int alpaca_record(const json_doc_t *doc, const json_value_t *r, size_t k, alpaca
 int alpaca_parse(const char *text, size_t len, alpaca_t *out)
 {
     memset(out, 0, sizeof *out);
-    chat_data_t d;
-    if (chat_parse(text, len, &d) < 0)
+    records_doc_t d;
+    if (records_parse(text, len, &d) < 0)
         return -1;
     out->doc = d.doc;
     out->recs = calloc(d.n, sizeof *out->recs);

@@ -50,54 +50,6 @@ static int rec_error(const json_doc_t *doc, size_t off, size_t idx, const char *
     return -1;
 }
 
-int chat_parse(const char *text, size_t len, chat_data_t *out)
-{
-    memset(out, 0, sizeof *out);
-    size_t i = 0;
-    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
-        i = 3;
-    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
-        i++;
-    if (i == len) {
-        ftk_err_set("empty input: no records");
-        return -1;
-    }
-    json_opts_t o = {.max_depth = 64, .multi = text[i] == '{'};
-    json_value_t *root;
-    out->doc = json_parse(text, len, &o, &root);
-    if (!out->doc)
-        return -1;
-    if (root->type != JSON_ARRAY) {
-        unsigned line, col;
-        json_position(out->doc, root->off, &line, &col);
-        ftk_err_set("line %u, column %u: expected an array of records or JSON Lines, found %s", line, col,
-                    json_type_name(root->type));
-        chat_data_free(out);
-        return -1;
-    }
-    if (root->u.arr.n == 0) {
-        ftk_err_set("no records");
-        chat_data_free(out);
-        return -1;
-    }
-    for (size_t k = 0; k < root->u.arr.n; k++)
-        if (root->u.arr.items[k].type != JSON_OBJECT) {
-            rec_error(out->doc, root->u.arr.items[k].off, k, "expected an object, found %s",
-                      json_type_name(root->u.arr.items[k].type));
-            chat_data_free(out);
-            return -1;
-        }
-    out->recs = root->u.arr.items;
-    out->n = root->u.arr.n;
-    return 0;
-}
-
-void chat_data_free(chat_data_t *d)
-{
-    json_free(d->doc);
-    memset(d, 0, sizeof *d);
-}
-
 enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
 static const char *const role_names[] = {"system", "user", "assistant"};
 

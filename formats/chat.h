@@ -62,11 +62,12 @@
  * text before it. With mask_prompt off every token but the first is a target (as alpaca).
  *
  * ## Ownership and errors
- * chat_parse() fills a chat_data_t whose values point into its JSON document, which keeps
- * a pointer to the caller's text: the text must outlive it; chat_data_free() releases it.
- * Errors: -1 with ftk_err_msg() = "line L, column C: record N: what" (N from 1; the caller
- * adds the file name), or a plain message for out of memory. A chat_enc_t is a per-thread
- * workspace; the tokenizer may be shared by threads.
+ * Records come from the record reader (formats/records.h: records_next() streams them,
+ * records_parse() reads a whole input in memory); the doc and rec arguments below are its
+ * JSON values and must outlive the call. Errors: -1 with ftk_err_msg() = "line L, column
+ * C: record N: what" (N from 1; the caller adds the file name), or a plain message for out
+ * of memory. A chat_enc_t is a per-thread workspace; the tokenizer may be shared by
+ * threads.
  */
 #ifndef FTK_CHAT_H
 #define FTK_CHAT_H
@@ -86,16 +87,6 @@ int chat_template_parse(const char *name, chat_template_t *t);
 /* The template a record's shape selects: llama-2-chat when it has "messages" or
  * "conversations", else alpaca (whose check then names what is missing). */
 chat_template_t chat_template_detect(const json_value_t *rec);
-
-typedef struct {
-    json_doc_t *doc;
-    const json_value_t *recs; /* n objects */
-    size_t n;
-} chat_data_t;
-
-/* Parses a JSON array or JSON Lines of objects (at least one). */
-int chat_parse(const char *text, size_t len, chat_data_t *out);
-void chat_data_free(chat_data_t *d);
 
 /* Checks that record `index` (0-based) fits template t, without tokenizing. */
 int chat_check(const json_doc_t *doc, const json_value_t *rec, size_t index, chat_template_t t);

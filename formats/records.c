@@ -403,3 +403,55 @@ int64_t records_next(records_t *r, size_t max_records, size_t max_bytes, const r
         return records_next(r, max_records, max_bytes, spans);
     return (int64_t)n;
 }
+
+/* ---------------------------------------------------------------- a whole input */
+
+int records_parse(const char *text, size_t len, records_doc_t *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t i = 0;
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
+        i = 3;
+    while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
+        i++;
+    if (i == len) {
+        ftk_err_set("empty input: no records");
+        return -1;
+    }
+    json_opts_t o = {.max_depth = 64, .multi = text[i] == '{'};
+    json_value_t *root;
+    out->doc = json_parse(text, len, &o, &root);
+    if (!out->doc)
+        return -1;
+    if (root->type != JSON_ARRAY) {
+        unsigned line, col;
+        json_position(out->doc, root->off, &line, &col);
+        ftk_err_set("line %u, column %u: expected an array of records or JSON Lines, found %s", line, col,
+                    json_type_name(root->type));
+        records_doc_free(out);
+        return -1;
+    }
+    if (root->u.arr.n == 0) {
+        ftk_err_set("no records");
+        records_doc_free(out);
+        return -1;
+    }
+    for (size_t k = 0; k < root->u.arr.n; k++)
+        if (root->u.arr.items[k].type != JSON_OBJECT) {
+            unsigned line, col;
+            json_position(out->doc, root->u.arr.items[k].off, &line, &col);
+            ftk_err_set("line %u, column %u: record %zu: expected an object, found %s", line, col, k + 1,
+                        json_type_name(root->u.arr.items[k].type));
+            records_doc_free(out);
+            return -1;
+        }
+    out->recs = root->u.arr.items;
+    out->n = root->u.arr.n;
+    return 0;
+}
+
+void records_doc_free(records_doc_t *d)
+{
+    json_free(d->doc);
+    memset(d, 0, sizeof *d);
+}

@@ -7,7 +7,7 @@
  *     the usual form; a record may span lines).
  * The first non-blank character decides: `[` an array, `{` JSON Lines; anything else is an
  * error at that character ("found string", "found byte 0x00": a stream of NULs such as
- * /dev/zero fails at its first byte). Each value is one record. This module only cuts the
+ * /dev/zero fails at its first byte). Each value is one record. The stream only cuts the
  * input into records; the caller parses each record's text with json_parse() (giving it
  * line0/col0 so that errors keep the input's line and column) and checks what it holds.
  *
@@ -32,12 +32,24 @@
  * Ownership: the reader owns the spans and the text they point to; both stay valid until
  * the second records_next() after the one that returned them (so threads can still work
  * on chunk k while chunk k+1 is read), or records_close().
+ *
+ * ## A whole input in memory
+ * records_parse() parses a text already in memory as one JSON document: JSON Lines when
+ * its first non-blank character (after an optional byte order mark) is `{`, else one JSON
+ * value that must be an array; at least one record, each an object. It fills a
+ * records_doc_t whose values point into its JSON document, which keeps a pointer to the
+ * caller's text: the text must outlive it; records_doc_free() releases it. Errors: -1
+ * with ftk_err_msg() = "line L, column C: record N: what" (N from 1; the caller adds the
+ * file name), "line L, column C: what" for the document, "no records", "empty input: no
+ * records", or a plain message for out of memory.
  */
 #ifndef FTK_RECORDS_H
 #define FTK_RECORDS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "json.h"
 
 typedef struct {
     const char *text; /* the record's bytes (not NUL-terminated) */
@@ -61,5 +73,15 @@ uint64_t records_hash(const records_t *r);
 uint64_t records_bytes(const records_t *r);
 
 void records_close(records_t *r);
+
+typedef struct {
+    json_doc_t *doc;
+    const json_value_t *recs; /* n objects */
+    size_t n;
+} records_doc_t;
+
+/* Parses a JSON array or JSON Lines of objects (at least one). */
+int records_parse(const char *text, size_t len, records_doc_t *out);
+void records_doc_free(records_doc_t *d);
 
 #endif

@@ -20,8 +20,8 @@
  * refused naming the field. BOS/EOS are the added tokens "<s>" and "</s>".
  *
  * llama2.c's tokenizer.bin (recognised by a name ending in ".bin"): the same pieces and
- * scores with "▁" written as ' ' (see load_llama2c()); read back as the SentencePiece
- * BPE model it was exported from.
+ * scores with "▁" written as ' ' (see load_llama2c() in tokenizer_load.c); read back as
+ * the SentencePiece BPE model it was exported from.
  *
  * ## Encoding (what SentencePiece's bpe_model.cc does, which we match id for id)
  *

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../formats/chat.h"
+#include "../../formats/records.h"
 #include "../../libcommon/buf.h"
 #include "../../libcommon/log.h"
 #include "test.h"
@@ -79,8 +80,8 @@ static void want_piece(want_t *w, const char *marked)
 
 static int encode(const tok_t *tok, chat_template_t t, int mask_prompt, const char *json, chat_out_t *out)
 {
-    chat_data_t d;
-    if (chat_parse(json, strlen(json), &d) < 0) {
+    records_doc_t d;
+    if (records_parse(json, strlen(json), &d) < 0) {
         fprintf(stderr, "parse: %s\n", ftk_err_msg());
         return -1;
     }
@@ -89,7 +90,7 @@ static int encode(const tok_t *tok, chat_template_t t, int mask_prompt, const ch
     if (rc < 0)
         fprintf(stderr, "encode: %s\n", ftk_err_msg());
     chat_enc_free(e);
-    chat_data_free(&d);
+    records_doc_free(&d);
     return rc;
 }
 
@@ -112,8 +113,8 @@ static int same(const chat_out_t *o, const want_t *w)
 
 static int refused(const tok_t *tok, chat_template_t t, const char *json, const char *want)
 {
-    chat_data_t d;
-    if (chat_parse(json, strlen(json), &d) < 0)
+    records_doc_t d;
+    if (records_parse(json, strlen(json), &d) < 0)
         return strstr(ftk_err_msg(), want) != NULL;
     int rc = chat_check(d.doc, &d.recs[0], 0, t);
     int ok = rc < 0 && strstr(ftk_err_msg(), want);
@@ -124,7 +125,7 @@ static int refused(const tok_t *tok, chat_template_t t, const char *json, const 
         fprintf(stderr, "wanted \"%s\", got \"%s\"\n", want, ftk_err_msg());
     chat_out_free(&o);
     chat_enc_free(e);
-    chat_data_free(&d);
+    records_doc_free(&d);
     return ok;
 }
 
