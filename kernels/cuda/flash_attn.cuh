@@ -1,6 +1,6 @@
 /* flash_attn.cuh — causal attention inside packed segments on the tensor cores, in the
  * FlashAttention-2 style, for bf16 q, k, v with head dimension a multiple of 16 up to 128
- * (Llama's 64, 80, 96, 128). Included by cuda.cu, which picks these kernels or the simple
+ * (Llama's 64, 80, 96, 128). Included by attention.cu, which picks these kernels or the simple
  * warp-per-row ones (FTK_CUDA_ATTN=simple) and checks the arguments; both are kept so the
  * fast one can always be compared with the plain one (docs/design.md, "CUDA backend").
  *
