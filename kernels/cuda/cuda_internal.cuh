@@ -69,14 +69,16 @@ enum { MAX_PLANS = 256 };
 enum { ATTN_FLASH, ATTN_MMA, ATTN_SIMPLE }; /* cuda_t.attn */
 
 /* A pinned staging slot of cu_upload: its copy to the device is queued on the stream, and
- * ev, recorded after it, says when the slot may be written again. */
+ * ev, recorded after it, says when the slot may be written again. Both are made at the
+ * slot's first use, p at the whole UP_STAGE: never freed or grown while the instance runs
+ * (cudaFreeHost and cudaMallocHost wait for the device). */
 typedef struct {
     void *p;
-    size_t cap;
-    cudaEvent_t ev; /* made at the slot's first use */
+    cudaEvent_t ev;
 } up_slot_t;
 /* Uploads of up to UP_STAGE bytes go through UP_SLOTS slots in turn (a micro-batch uploads
- * five arrays: the host may run a micro-batch ahead); larger ones wait for the stream. */
+ * five arrays: the host may run a micro-batch ahead); larger ones wait for the stream.
+ * 8 MiB of pinned memory an instance once every slot is in use. */
 enum { UP_SLOTS = 8, UP_STAGE = 1 << 20 };
 
 typedef struct {

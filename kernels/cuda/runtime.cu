@@ -106,15 +106,8 @@ void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes)
             return;
         if (ck(c, host_wait(c, NULL, u->ev), "upload") < 0) /* at once when never recorded */
             return;
-        if (bytes > u->cap) {
-            cudaFreeHost(u->p);
-            u->p = NULL;
-            u->cap = 0;
-            size_t cap = bytes < 4096 ? 4096 : bytes;
-            if (ck(c, cudaMallocHost(&u->p, cap), "upload (pinned host memory)") < 0)
-                return;
-            u->cap = cap;
-        }
+        if (!u->p && ck(c, cudaMallocHost(&u->p, UP_STAGE), "upload (pinned host memory)") < 0)
+            return;
         memcpy(u->p, src, bytes);
         if (ck(c, cudaMemcpyAsync(dst, u->p, bytes, cudaMemcpyHostToDevice, c->cur), "upload") == 0)
             ck(c, cudaEventRecord(u->ev, c->cur), "upload");

@@ -11,6 +11,9 @@
 #include "include_c/cuda_runtime_api.h"
 
 extern "C" {
+/* for tests/gpu/gpu_ops.c (a weak reference there): FTK_EMU_STATS's pinned allocations and
+ * frees so far */
+long emu_c_pinned_calls(void) { return emu::n_pinned_allocs + emu::n_pinned_frees; }
 cudaError_t emu_c_cudaGetLastError(void) { return cudaGetLastError(); }
 const char *emu_c_cudaGetErrorString(cudaError_t e) { return cudaGetErrorString(e); }
 cudaError_t emu_c_cudaGetDevice(int *d) { return cudaGetDevice(d); }
