@@ -78,8 +78,10 @@ ifneq ($(SAN),1)
 ifneq ($(NVCC),)
 # -ffp-contract=off for the host compiler: host arithmetic the CPU backend shares (AdamW's
 # factors) must round as in C11, also where the host has FMA (aarch64: Grace Hopper).
+# -Xptxas -warn-spills: ptxas names every kernel that spills registers to local memory (a
+# warning, not an error: a spill costs speed, not correctness, and another ptxas may differ).
 NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-             -gencode arch=compute_90,code=compute_90 \
+             -gencode arch=compute_90,code=compute_90 -Xptxas -warn-spills \
              -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
