@@ -614,7 +614,7 @@ static void test_events(void)
 }
 
 /* The ops that use the instance's one scratch (sumsq's and xent's partial sums, embed_bwd's
- * token order, adamw_multi's table; cuda.cu scratch_claim) issued on two streams with
+ * token order, adamw_multi's table; runtime.cu scratch_claim) issued on two streams with
  * nothing ordering them but the backend's claim: the same bits as on one stream. Each
  * output belongs to one stream (accumulators and table on one, the other's on the other),
  * so only the scratch is shared; without the claim a stream would overwrite partial sums

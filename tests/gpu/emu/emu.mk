@@ -13,8 +13,8 @@
 # the tools that take --device (and test_comm), flash_emu flash_mma.cuh's kernels alone.
 EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
                 -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
-EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu/include_c/*.h) kernels/cuda/common.cuh \
-            kernels/backend.h formats/dtype.h kernels/sround.h libcommon/log.h
+EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu/include_c/*.h) \
+            kernels/cuda/common.cuh kernels/backend.h formats/dtype.h kernels/sround.h libcommon/log.h
 EMU_BACKEND := $(addprefix $(O)/tests/emu/,$(notdir $(CUDA_BACKEND_SRC)))
 $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 	@mkdir -p $(dir $@)
@@ -23,8 +23,9 @@ $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 # first, the emulated backend, the emulated NCCL layer where it is a prerequisite), then libftk
 EMU_LINK = mkdir -p $(dir $@) && $(CXX) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
 # every rewritten source, included ahead of cuda_emu.cc's own text (-include)
-$(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(EMU_BACKEND) $(addprefix $(O)/tests/emu/,flash_attn.cuh flash_mma.cuh) \
-                           kernels/cuda/cuda_internal.cuh $(EMU_DEPS)
+$(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(EMU_BACKEND) \
+                           $(addprefix $(O)/tests/emu/,flash_attn.cuh flash_mma.cuh) kernels/cuda/cuda_internal.cuh \
+                           $(EMU_DEPS)
 	$(CXX) $(EMU_CXXFLAGS) $(addprefix -include ,$(EMU_BACKEND)) -c $< -o $@
 $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(EMU_LINK)
