@@ -75,12 +75,18 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvc
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),)
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
 CUDA_BINS :=
+# The CUDA backend: a file per op family over kernels/cuda/cuda_internal.cuh, and cuda.cu (the
+# instance, the op table); device.cu, the probe and smoke kernel, is apart. The host
+# emulation (tests/gpu/emu/emu.mk) builds the same list.
+CUDA_BACKEND_SRC := $(filter-out kernels/cuda/device.cu,$(wildcard kernels/cuda/*.cu))
 ifneq ($(SAN),1)
 ifneq ($(NVCC),)
 # -ffp-contract=off for the host compiler: host arithmetic the CPU backend shares (AdamW's
 # factors) must round as in C11, also where the host has FMA (aarch64: Grace Hopper).
+# -Xptxas -warn-spills: ptxas names every kernel that spills registers to local memory (a
+# warning, not an error: a spill costs speed, not correctness, and another ptxas may differ).
 NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-             -gencode arch=compute_90,code=compute_90 \
+             -gencode arch=compute_90,code=compute_90 -Xptxas -warn-spills \
              -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
@@ -197,63 +203,8 @@ $(O)/plugin/h5zstd.o: formats/h5zstd.c
 $(PLUGIN): $(O)/plugin/h5zstd.o
 	$(CC) -shared $(LDFLAGS) $< -lzstd -o $@
 
-# The CUDA backend run on the host, where neither a GPU nor nvcc is needed (tests/gpu/emu):
-# kernels/cuda's sources made plain C++ by launches.pl (tests/emu/, beside each other so
-# that cuda.cu's includes find the rewritten headers first), built over the emulated CUDA
-# runtime and cuBLASLt (tests/gpu/emu/include); gpu_ops_emu is gpu_ops linked with it,
-# tests/emu/bin the tools that take --device, flash_emu flash_mma.cuh's kernels alone.
-# Not in the sanitizer build: the fibers switch stacks under the sanitizers' feet.
-EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
-                -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
-EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu/include_c/*.h) kernels/cuda/common.cuh kernels/backend.h \
-            kernels/sround.h libcommon/log.h
-$(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
-	@mkdir -p $(dir $@)
-	perl tests/gpu/emu/launches.pl $< > $@.tmp && mv $@.tmp $@
-# the emulated programs' link: their objects in the order given (tools/%.o or the test's
-# first, the emulated backend, the emulated NCCL layer where it is a prerequisite), then libftk
-EMU_LINK = mkdir -p $(dir $@) && $(CXX) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
-$(O)/tests/emu/cuda_emu.o: tests/gpu/emu/cuda_emu.cc $(addprefix $(O)/tests/emu/,cuda.cu flash_attn.cuh flash_mma.cuh) \
-                           $(EMU_DEPS)
-	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
-$(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(EMU_LINK)
-# gpu_opbench at small shapes: a run of the benchmark harness (its figures mean nothing)
-$(O)/tests/emu/gpu_opbench_small.o: tests/gpu/gpu_opbench.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DOPBENCH_SMALL -c $< -o $@
-$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(EMU_LINK)
-# NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
-# runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the
-# programs linked with it open (dlopen) before any other NCCL: their DT_RPATH, searched
-# ahead of LD_LIBRARY_PATH, is $ORIGIN/../lib. They export emu_c_cudaGetDevice, the device
-# the emulated NCCL checks for duplicates.
-EMU_NCCL_OBJ := $(if $(NCCL_H),$(O)/tests/emu/comm_nccl.o)
-EMU_NCCL_LIB := $(if $(NCCL_H),$(O)/tests/emu/lib/libnccl.so.2)
-EMU_NCCL_LDFLAGS :=
-ifneq ($(NCCL_H),)
-EMU_NCCL_LDFLAGS := -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/../lib' -Wl,--export-dynamic-symbol=emu_c_cudaGetDevice
-endif
-EMU_C_FLAGS := -Itests/gpu/emu/include_c $(if $(NCCL_H),-I$(dir $(NCCL_H)))
-$(O)/tests/emu/comm_nccl.o: engine/comm_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) tests/gpu/emu/emu_cuda_types.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -c $< -o $@
-$(O)/tests/emu/lib/libnccl.so.2: tests/gpu/emu/emu_nccl.c $(wildcard tests/gpu/emu/include_c/*.h) libcommon/dtype.h
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -fPIC -shared -fvisibility=hidden -Wl,-soname,libnccl.so.2 $< -pthread -o $@
-# ftk-train and ftk-generate on the emulated backend (--device cuda), and the communication
-# contract test (tests/unit/test_comm.c) there
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LIBS += $(MPI_LIBS) -ldl
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: $(EMU_NCCL_OBJ) | $(EMU_NCCL_LIB)
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LDFLAGS += $(EMU_NCCL_LDFLAGS)
-$(O)/tests/emu/bin/test_comm: $(O)/tests/unit/test_comm.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(EMU_LINK)
-$(O)/tests/emu/bin/%: $(O)/tools/%.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
-	$(EMU_LINK)
-$(O)/tests/flash_emu: tests/gpu/flash_emu.cc $(O)/tests/emu/flash_mma.cuh $(EMU_DEPS) $(OPS_TABLE_OBJ) $(LIBFTK)
-	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) $< $(OPS_TABLE_OBJ) $(LIBFTK) $(LDFLAGS) $(LIBS) -o $@
+# The CUDA backend run on the host (tests/gpu/emu): its rules and their reasons are there.
+include tests/gpu/emu/emu.mk
 
 # make bench's probe of the HDF5 lock during a background write (tests/bench/h5_wait.c).
 $(H5_WAIT): $(O)/tests/bench/h5_wait.o $(LIBFTK)
@@ -269,8 +220,12 @@ ifneq ($(CUDA_BINS),)
 $(O)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-# nvcc writes no dependency files here: the headers the CUDA sources include, by hand
-$(CUDA_OBJ): $(wildcard kernels/cuda/*.cuh kernels/cuda/*.h) kernels/backend.h kernels/sround.h libcommon/log.h
+# nvcc writes no dependency files here: the headers the CUDA sources include, by hand, each
+# object its own (a family's edit rebuilds that family; the shared header, all of them)
+$(patsubst %.cu,$(O)/%.o,$(CUDA_BACKEND_SRC)): kernels/cuda/cuda_internal.cuh kernels/cuda/common.cuh \
+        kernels/backend.h libcommon/dtype.h kernels/sround.h libcommon/log.h
+$(O)/kernels/cuda/attention.o: kernels/cuda/flash_attn.cuh kernels/cuda/mma_sync.cuh kernels/cuda/flash_mma.cuh
+$(O)/kernels/cuda/device.o: kernels/cuda/device.h
 $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@

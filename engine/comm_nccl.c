@@ -569,7 +569,7 @@ static int nc_test(void *dc, void *token, int *done)
     int rc = healthy(d);
     if (rc == 0) {
         /* "not ready" also stays as the thread's last CUDA error: the CUDA backend, which
-         * reads that after each launch, takes it for no error (cuda.cu last_error). */
+         * reads that after each launch, takes it for no error (cuda_internal.cuh last_error). */
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaErrorNotReady) {
             *done = 0;

@@ -1,6 +1,7 @@
-/* common.cuh — device helpers shared by cuda.cu and the attention kernels it includes
- * (flash_attn.cuh, flash_mma.cuh); plain C++ apart from the __device__ qualifiers, so that
- * tests/gpu/flash_emu.cc compiles them on the host too. */
+/* common.cuh — device helpers shared by the CUDA backend's files (cuda_internal.cuh) and the
+ * attention kernels attention.cu includes (flash_attn.cuh, flash_mma.cuh); plain C++ apart
+ * from the __device__ qualifiers, so that tests/gpu/flash_emu.cc compiles them on the host
+ * too. Inline: every file of the backend has its own copy (no relocatable device code). */
 #pragma once
 #include <stdint.h>
 
@@ -15,7 +16,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16_dev(float f)
 }
 
 /* The segment holding token i: the last s with seg[s] <= i. */
-__device__ int64_t seg_start(const int64_t *seg, int64_t n_seg, int64_t i, int64_t *end)
+static __device__ inline int64_t seg_start(const int64_t *seg, int64_t n_seg, int64_t i, int64_t *end)
 {
     int64_t lo = 0, hi = n_seg - 1;
     while (lo < hi) {

@@ -1,6 +1,6 @@
 /* device.h — the CUDA runtime probe and a smoke kernel, callable from C.
  *
- * The backend itself is kernels/cuda/cuda.cu; this needs nothing but the CUDA runtime,
+ * The backend itself is kernels/cuda/cuda.cu and its op families; this needs only the runtime,
  * so the test suite can say "skipped (no GPU)" or run one real kernel before the op
  * tests (tests/gpu/).
  */

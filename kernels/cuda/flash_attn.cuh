@@ -1,6 +1,6 @@
 /* flash_attn.cuh — causal attention inside packed segments on the tensor cores, in the
  * FlashAttention-2 style, for bf16 q, k, v with head dimension a multiple of 16 up to 128
- * (Llama's 64, 80, 96, 128). Included by cuda.cu, which picks these kernels or the simple
+ * (Llama's 64, 80, 96, 128). Included by attention.cu, which picks these kernels or the simple
  * warp-per-row ones (FTK_CUDA_ATTN=simple) and checks the arguments; both are kept so the
  * fast one can always be compared with the plain one (docs/design.md, "CUDA backend").
  *
@@ -78,12 +78,14 @@ __device__ void mma_abt(wmma::fragment<wmma::accumulator, 16, 16, 16, float> *ac
     }
 }
 
-/* acc[t] += A[16 × 64] · B[64 × HD] (B row-major): P·V, dS·K, Pᵀ·dO, dSᵀ·Q. */
-template <int HD>
+/* acc[t] += A[16 × 64] · B[64 × HD] (B row-major): P·V, dS·K, Pᵀ·dO, dSᵀ·Q. KU: the steps
+ * along the 64 unrolled (all, unless a kernel is short of registers); each acc[t] takes the
+ * same products in the same order whatever KU. */
+template <int HD, int KU = BN / 16>
 __device__ void mma_ab(wmma::fragment<wmma::accumulator, 16, 16, 16, float> *acc, const uint16_t *A, int lda,
                        const uint16_t *B, int ldb)
 {
-#pragma unroll
+#pragma unroll KU
     for (int kk = 0; kk < BN; kk += 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> a;
         wmma::load_matrix_sync(a, (const bf *)A + kk, lda);
@@ -315,6 +317,13 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
     load_tile<HD>(Vs, v + kh * HD, j0, n, ks);
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> dka[HD / 16], dva[HD / 16], s[BM / 16];
+    /* At HD = 128 the dk and dv accumulators alone are 128 registers a thread: with the
+     * products below unrolled whole, ptxas spilled (sm_90: 32 bytes of spill stores, 60 of
+     * loads, at its 255 registers; sm_80: 12 and 20). One step of 16 at a time: none (252
+     * registers on sm_90, 255 on sm_80; ptxas of CUDA 13.0). The smaller head dimensions keep
+     * the whole unroll; of them, 16 on sm_90 and 32 on sm_80 spill 4 bytes, ptxas's choice far
+     * below the register limit (not Llama's head dimensions; -Xptxas -warn-spills names them). */
+    constexpr int KU = HD > 112 ? 1 : BN / 16;
 #pragma unroll
     for (int t = 0; t < HD / 16; t++) {
         wmma::fill_fragment(dka[t], 0.0f);
@@ -340,8 +349,8 @@ __global__ void __launch_bounds__(THREADS) dkv_kernel(uint16_t *dk, uint16_t *dv
                 }
             }
             __syncwarp();
-            mma_ab<HD>(dva, Pt + warp * 16 * LDP, LDP, Gs, LDH);
-            mma_ab<HD>(dka, dSt + warp * 16 * LDP, LDP, Qs, LDH);
+            mma_ab<HD, KU>(dva, Pt + warp * 16 * LDP, LDP, Gs, LDH);
+            mma_ab<HD, KU>(dka, dSt + warp * 16 * LDP, LDP, Qs, LDH);
             __syncthreads();
         }
     float *stage = St + warp * 16 * LDO;

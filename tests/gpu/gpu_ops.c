@@ -7,8 +7,9 @@
  *     every fused op of tests/ops (ops_fused_table) against its sequence on the CPU and on
  *     the GPU (test_fused);
  *  4. an event recorded on one stream and waited for on another orders a producer and a
- *     consumer; errors: a failed allocation leaves no error, a refused dtype is reported
- *     at sync() and stays;
+ *     consumer; staged uploads queued behind a long product, more than the slots, from one
+ *     host array rewritten between them, each read back; errors: a failed allocation
+ *     leaves no error, a refused dtype is reported at sync() and stays;
  *  5. a whole training step of a small 3-layer GQA model in fp32, bf16-mixed and bf16-true
  *     on both backends, each with the same fused ops (FTK_FUSED; unset: all on both): the
  *     loss, every unit's gradient, the weights after one AdamW step, the loss after it;
@@ -613,7 +614,7 @@ static void test_events(void)
 }
 
 /* The ops that use the instance's one scratch (sumsq's and xent's partial sums, embed_bwd's
- * token order, adamw_multi's table; cuda.cu scratch_claim) issued on two streams with
+ * token order, adamw_multi's table; runtime.cu scratch_claim) issued on two streams with
  * nothing ordering them but the backend's claim: the same bits as on one stream. Each
  * output belongs to one stream (accumulators and table on one, the other's on the other),
  * so only the scratch is shared; without the claim a stream would overwrite partial sums
@@ -671,6 +672,94 @@ static void test_scratch_streams(void)
     G->stream_free(G, st[1]);
     bk_free(G, X.p), bk_free(G, D.p), bk_free(G, L), bk_free(G, W), bk_free(G, T), bk_free(G, I);
     free(x), free(lg), free(dout), free(w), free(tab0), free(t), free(ids);
+}
+
+/* ---- staged uploads ------------------------------------------------------------------------ */
+
+/* The host emulation's count of page-locked host allocations and frees (tests/gpu/emu,
+ * cuda_emu.cc); NULL where the backend is a GPU's. */
+extern long emu_c_pinned_calls(void) __attribute__((weak));
+
+/* Byte i of upload k's source: a different pattern for every call. */
+static unsigned char upload_byte(int k, size_t i)
+{
+    return (unsigned char)(((uint32_t)i * 2654435761u >> 13) ^ (uint32_t)(k * 151 + 7));
+}
+
+/* cu_upload (kernels/cuda/runtime.cu) copies an upload of up to 1 MiB into one of 8 pinned
+ * slots in turn and queues the slot's copy on the stream: the host buffer is free on
+ * return, and a slot is rewritten only after its previous copy ran. Here, behind a long
+ * product (on a GPU the copies still wait for it while the host issues the rest), 20
+ * uploads from one host array rewritten before each call, then every destination read
+ * back: each must hold its own call's bytes (a slot rewritten before its copy ran would
+ * give it a later call's). The emulator runs every copy when it is issued, so there only
+ * the data path is checked, and the slots' allocation: made whole at their first use, no
+ * pinned memory allocated or freed after the first 8 uploads whatever their sizes
+ * (cudaMallocHost and cudaFreeHost wait for the whole device). A fresh instance, so that
+ * these are its slots' first uses. */
+static void test_staged_uploads(void)
+{
+    enum { N_UP = 20, SLOTS = 8, STAGE = 1 << 20 };
+    backend_t *E = backend_cuda_new(0);
+    if (!E) {
+        verdict(0, "staged uploads: a second instance: %s", ftk_err_msg());
+        return;
+    }
+    /* the product: reps × 2n³ flops, tens of milliseconds on a GPU, far longer than the
+     * host's copies into the slots (small under FTK_GPU_OPS_QUICK, for the emulator) */
+    const int64_t n = quick ? 256 : 4096;
+    const int reps = quick ? 1 : 64;
+    ops_rng_t rng;
+    ops_rng_seed(&rng, seed ^ 0x0b1);
+    float *ha = ops_rand(&rng, n * n, 1, 0);
+    bk_buf_t A = ops_put(E, DT_BF16, ha, n * n), P = ops_nan(E, DT_F32, n * n);
+    size_t size[N_UP];
+    void *dst[N_UP];
+    unsigned char *h = ops_xmalloc(STAGE), *back = ops_xmalloc(STAGE);
+    int ok = 1;
+    for (int k = 0; k < N_UP; k++) {
+        /* small first (the slots' first uses), then up to the whole stage */
+        size[k] = k < SLOTS ? (size_t)(k + 1) * 100 : k % 4 == 0 ? (size_t)STAGE : (size_t)k * 52433 % STAGE + 1;
+        ok = ok && (dst[k] = bk_alloc(E, size[k], BK_MEM_OTHER, "staged upload")) != NULL;
+    }
+    if (ok && E->sync(E) == 0) {
+        for (int r = 0; r < reps; r++)
+            E->matmul(E, 0, 1, n, n, n, 1, A, A, 0, P);
+        long pinned0 = 0, pinned1 = 0;
+        for (int k = 0; k < N_UP; k++) {
+            if (k == SLOTS && emu_c_pinned_calls)
+                pinned0 = emu_c_pinned_calls();
+            for (size_t i = 0; i < size[k]; i++)
+                h[i] = upload_byte(k, i);
+            E->upload(E, dst[k], h, size[k]);
+        }
+        if (emu_c_pinned_calls)
+            pinned1 = emu_c_pinned_calls();
+        int bad = -1;
+        for (int k = 0; k < N_UP && bad < 0; k++) {
+            E->download(E, back, dst[k], size[k]);
+            for (size_t i = 0; i < size[k] && bad < 0; i++)
+                if (back[i] != upload_byte(k, i))
+                    bad = k;
+        }
+        ok = E->sync(E) == 0;
+        char why[48] = "";
+        if (bad >= 0)
+            snprintf(why, sizeof why, " (not upload %d)", bad);
+        verdict(ok && bad < 0,
+                "staged uploads: %d of 100 B to 1 MiB from one host array rewritten between them, queued behind %d "
+                "product%s of %lld³: each destination holds its own call's bytes%s",
+                N_UP, reps, reps == 1 ? "" : "s", (long long)n, why);
+        if (emu_c_pinned_calls)
+            verdict(pinned1 == pinned0,
+                    "staged uploads: no pinned host memory allocated or freed after the slots' first uses (%ld "
+                    "calls, emulated runtime's count)",
+                    pinned1 - pinned0);
+    }
+    if (!ok)
+        verdict(0, "staged uploads: %s", ftk_err_msg());
+    free(h), free(back), free(ha);
+    backend_free(E); /* frees A, P and the destinations */
 }
 
 /* ---- errors ------------------------------------------------------------------------------- */
@@ -929,6 +1018,7 @@ int main(void)
     test_adamw_multi();
     test_events();
     test_scratch_streams();
+    test_staged_uploads();
     test_errors();
     const precision_t precs[3] = {PREC_FP32, PREC_BF16_MIXED, PREC_BF16_TRUE};
     for (int k = 0; k < 3; k++)

@@ -5,8 +5,10 @@
 # the host issues more. The step's drains must not grow with its micro-batches (no host
 # wait inside the micro-batch loop: the arrays a micro-batch uploads are staged and queued),
 # and there are at most 3 a step: Σg² before the optimizer (the clip factor), the loss, and
-# the step's end. Runs of 2 and 3 steps (the first step also grows scratch buffers) with 1
-# and 2 micro-batches a step (rows of 64 tokens); the difference is what a step costs.
+# the step's end. No step allocates or frees page-locked host memory either (cudaMallocHost
+# and cudaFreeHost wait for the whole device): the upload slots are made once, whole. Runs
+# of 2 and 3 steps (the first step also grows scratch buffers) with 1 and 2 micro-batches a
+# step (rows of 64 tokens); the difference is what a step costs.
 set -u
 BIN=$1 WORK=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,18 +18,23 @@ export FTK_DEVICE=cpu
 DEMO_TOOLS=$ROOT/bin # ftk-pack and ftk-init
 demo_pack "$WORK/demo.h5" 64 2>/dev/null || exit 1
 demo_init "$WORK/init.h5" tiny 42 || exit 1
-# drains MICRO STEPS: the stream synchronizes of a run
-drains() {
+# waits MICRO STEPS: "stream synchronizes, pinned allocations + frees" of a run
+waits() {
     rm -rf "$WORK/run" "$WORK/stats"
     FTK_EMU_STATS="$WORK/stats" "$BIN/ftk-train" -q -m "$WORK/init.h5" -d "$WORK/demo.h5" --global-batch 2 \
         --micro-batch "$1" --lr 2e-3 --warmup 2 --eval-every 0 --steps "$2" --no-save --precision bf16-true \
-        -o "$WORK/run" --device cuda 2>"$WORK/err" && sed -n 's/^stream_syncs \([0-9]*\) .*/\1/p' "$WORK/stats"
+        -o "$WORK/run" --device cuda 2>"$WORK/err" &&
+        sed -n 's/^stream_syncs \([0-9]*\) .* pinned_allocs \([0-9]*\) pinned_frees \([0-9]*\)$/\1 \2 \3/p' \
+            "$WORK/stats" | { read -r s pa pf && echo "$s $((pa + pf))"; }
 }
-a=$(drains 2 2) b=$(drains 2 3) c=$(drains 1 2) d=$(drains 1 3)
+set -- $(waits 2 2) $(waits 2 3) $(waits 1 2) $(waits 1 3)
+check "every run counted" [ $# -eq 8 ]
+a=${1:-0} pa=${2:-0} b=${3:-0} pb=${4:-0} c=${5:-0} pc=${6:-0} d=${7:-0} pd=${8:-0}
 echo "     stream synchronizes: 1 micro-batch a step: $a in 2 steps, $b in 3; 2 micro-batches: $c, $d"
-check "every run counted" sh -c "[ -n '$a' ] && [ -n '$b' ] && [ -n '$c' ] && [ -n '$d' ]"
-one=$((${b:-0} - ${a:-0})) two=$((${d:-0} - ${c:-0}))
+one=$((b - a)) two=$((d - c))
 echo "     a step: $one with 1 micro-batch, $two with 2"
 check "no drain inside the micro-batch loop (the same a step for 1 and 2 micro-batches)" [ "$one" -eq "$two" ]
 check "at most 3 a step" [ "$two" -le 3 ]
+echo "     pinned host allocations and frees: $pa in 2 steps, $pb in 3; 2 micro-batches: $pc, $pd"
+check "no pinned host memory allocated or freed in a step after the first" sh -c "[ $pa -eq $pb ] && [ $pc -eq $pd ]"
 finish

@@ -2,7 +2,7 @@
  * blocks of a grid one after the other. With it the kernel sources the CUDA backend
  * compiles run here, on machines without a GPU, against the CPU backend
  * (tests/gpu/flash_emu.cc: flash_mma.cuh's kernels; with emu_runtime.h and launches.pl
- * the whole of kernels/cuda/cuda.cu: the Makefile's gpu_ops_emu and tests/emu/bin).
+ * the whole backend, kernels/cuda's files: emu.mk's gpu_ops_emu and tests/emu/bin).
  *
  * What is emulated, and how strictly:
  *  - a block of up to 1024 threads (x fastest) is that many fibers, each running until it

@@ -1,6 +1,6 @@
-/* emu_runtime.h — the part of the CUDA runtime and of cuBLASLt that kernels/cuda/cuda.cu
- * uses, on the host, over emu.h's kernels (tests/gpu/emu/include/ makes <cuda_runtime.h>,
- * <cublasLt.h>, <cuda_bf16.h> and <mma.h> resolve to this). FTK_EMU_GPUS devices (default 1),
+/* emu_runtime.h — the part of the CUDA runtime and of cuBLASLt that the CUDA backend
+ * (kernels/cuda) uses, on the host, over emu.h's kernels (tests/gpu/emu/include/ makes
+ * <cuda_runtime.h>, <cublasLt.h>, <cuda_bf16.h> and <mma.h> resolve to this). FTK_EMU_GPUS devices (default 1),
  * the current one per host thread; device memory is host memory; every launch, copy and
  * product runs to its end when issued, so streams and events only order what is already in
  * order (events keep the host time they were recorded at, for cudaEventElapsedTime). C
@@ -157,6 +157,35 @@ template <typename F> static inline cudaError_t cudaFuncSetAttribute(F *, cudaFu
     return emu::sticky(cudaSuccess);
 }
 
+/* FTK_EMU_STATS=FILE: at exit, the host's waits for the device are appended to FILE as
+ * "stream_syncs N event_syncs M pinned_allocs A pinned_frees F": a stream synchronize drains
+ * the queue (the host waits for everything issued), an event's waits only for what came
+ * before it; allocating or freeing page-locked host memory (cudaMallocHost, cudaHostAlloc,
+ * cudaFreeHost) waits for the whole device on a GPU. What a test counts: drains that grow
+ * with the micro-batches of a step would be host waits inside the step; pinned memory
+ * allocated or freed in every step, a drain each time. */
+namespace emu {
+static long n_stream_syncs, n_event_syncs, n_pinned_allocs, n_pinned_frees;
+static void stats_write()
+{
+    const char *f = getenv("FTK_EMU_STATS");
+    FILE *o = f && *f ? fopen(f, "a") : NULL;
+    if (o) {
+        fprintf(o, "stream_syncs %ld event_syncs %ld pinned_allocs %ld pinned_frees %ld\n", n_stream_syncs,
+                n_event_syncs, n_pinned_allocs, n_pinned_frees);
+        fclose(o);
+    }
+}
+static void stats_count(long *n)
+{
+    static bool registered;
+    if (!registered && getenv("FTK_EMU_STATS"))
+        atexit(stats_write);
+    registered = true;
+    ++*n;
+}
+} /* namespace emu */
+
 /* device memory: 256-byte aligned as cudaMalloc's */
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t bytes)
 {
@@ -168,9 +197,21 @@ static inline cudaError_t cudaFree(void *p)
     free(p);
     return emu::sticky(cudaSuccess);
 }
-template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t bytes) { return cudaMalloc(p, bytes); }
-template <typename T> static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned) { return cudaMalloc(p, bytes); }
-static inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t bytes)
+{
+    emu::stats_count(&emu::n_pinned_allocs);
+    return cudaMalloc(p, bytes);
+}
+template <typename T> static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned)
+{
+    return cudaMallocHost(p, bytes);
+}
+static inline cudaError_t cudaFreeHost(void *p)
+{
+    if (p)
+        emu::stats_count(&emu::n_pinned_frees);
+    return cudaFree(p);
+}
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind)
 {
     if (emu::fault[0])
@@ -203,30 +244,6 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t s)
     free(s);
     return emu::sticky(cudaSuccess);
 }
-/* FTK_EMU_STATS=FILE: at exit, the host's waits for the device are appended to FILE as
- * "stream_syncs N event_syncs M": a stream synchronize drains the queue (the host waits for
- * everything issued), an event's waits only for what came before it. What a test counts:
- * drains that grow with the micro-batches of a step would be host waits inside the step. */
-namespace emu {
-static long n_stream_syncs, n_event_syncs;
-static void stats_write()
-{
-    const char *f = getenv("FTK_EMU_STATS");
-    FILE *o = f && *f ? fopen(f, "a") : NULL;
-    if (o) {
-        fprintf(o, "stream_syncs %ld event_syncs %ld\n", n_stream_syncs, n_event_syncs);
-        fclose(o);
-    }
-}
-static void stats_count(long *n)
-{
-    static bool registered;
-    if (!registered && getenv("FTK_EMU_STATS"))
-        atexit(stats_write);
-    registered = true;
-    ++*n;
-}
-} /* namespace emu */
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
     emu::stats_count(&emu::n_stream_syncs);

@@ -1,0 +1,328 @@
+/* vectors.cu — the CUDA backend's vector ops: add, scale, Σx² (sumsq), and the optimizer
+ * (AdamW, one tensor a launch or every segment in one); add_parts, the in-order sum of
+ * partial sums that sumsq and xent share. */
+#include "cuda_internal.cuh"
+
+/* ---- sums, add, scale ------------------------------------------------------------------ */
+
+/* y *= a (0·NaN is NaN, as on the CPU). */
+template <int K, typename T> __device__ __forceinline__ void mul_at(T *y, float a, int64_t i)
+{
+    float x[K];
+    ldk<K>(y, i, x);
+    for (int k = 0; k < K; k++)
+        x[k] = x[k] * a;
+    stk<K>(y, i, x);
+}
+template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n, int vec) { ELEMENTWISE(n, vec, mul_at, y, a); }
+
+/* *acc += Σ v[0 … n), the sum taken in order from 0 and then added, as the CPU does (one
+ * thread: the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+__global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
+{
+    double t = 0;
+    for (int64_t i = 0; i < n; i++)
+        t += v[i];
+    *acc += t;
+}
+
+void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what)
+{
+    add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
+    launched(c, what);
+}
+
+template <int K, typename TY, typename TX> __device__ __forceinline__ void add_at(TY *y, const TX *x, int64_t i)
+{
+    float a[K], b[K];
+    ldk<K>(y, i, a);
+    ldk<K>(x, i, b);
+    for (int k = 0; k < K; k++)
+        a[k] = a[k] + b[k];
+    stk<K>(y, i, a);
+}
+template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, int vec)
+{
+    ELEMENTWISE(n, vec, add_at, y, x);
+}
+
+/* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
+enum { SUMSQ_BLOCK = 65536 };
+template <int K, typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
+{
+    __shared__ double sh[32];
+    int64_t a = (int64_t)blockIdx.x * SUMSQ_BLOCK, b = a + SUMSQ_BLOCK < n ? a + SUMSQ_BLOCK : n;
+    double s = 0;
+    /* K consecutive elements a thread (a is a multiple of VEC: whole groups from an aligned
+     * x), the last partial group one by one */
+    for (int64_t i = a + K * threadIdx.x; i < b; i += K * blockDim.x) {
+        float v[K];
+        int k1 = i + K <= b ? K : (int)(b - i);
+        if (k1 == K)
+            ldk<K>(x, i, v);
+        else
+            for (int k = 0; k < k1; k++)
+                v[k] = ld(x, i + k);
+        for (int k = 0; k < k1; k++)
+            s += (double)v[k] * (double)v[k];
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+/* bk_adamw_t's values as the kernel uses them (fp32, derived on the host as the CPU does). */
+typedef struct {
+    float b1, b2, omb1, omb2, eps, decay, step, bc2s, gscale;
+    int stochastic;
+    uint64_t key;
+    int64_t index0;
+} adamw_args_t;
+
+/* The AdamW store of state w (0 p, 1 m, 2 v) of element i. */
+__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, int) { p[i] = x; }
+__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, int w)
+{
+    p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
+}
+
+/* The stores of K elements of state w from i (stk for a whole group: 16-byte accesses). */
+template <int K>
+__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, int)
+{
+    stk<K>(p, i, x);
+}
+template <int K>
+__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a, int w)
+{
+    if (!a.stochastic) {
+        stk<K>(p, i, x);
+    } else if (K == VEC) {
+        uint32_t q[4];
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = bk_sround_bf16(x[2 * k], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k) + w));
+            uint32_t hi = bk_sround_bf16(x[2 * k + 1], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k + 1) + w));
+            q[k] = lo | hi << 16;
+        }
+        *(uint4 *)(p + i) = make_uint4(q[0], q[1], q[2], q[3]);
+    } else {
+        for (int k = 0; k < K; k++)
+            st_adamw(p, i + k, x[k], a, w);
+    }
+}
+
+/* backend.h's formula operation by operation, rounded as written (no FMA contraction),
+ * for elements i … i+K-1 (8 with 16-byte accesses, or 1): the one body of adamw_kernel
+ * and adamw_multi_kernel. p's update reads the fp32 m and v before they are stored. */
+template <int K, typename TP, typename TG>
+__device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, const adamw_args_t &a, int64_t i)
+{
+    float P[K], G[K], M[K], W[K];
+    ldk<K>(p, i, P);
+    ldk<K>(g_, i, G);
+    ldk<K>(m, i, M);
+    ldk<K>(v, i, W);
+    for (int k = 0; k < K; k++) {
+        float gi = __fmul_rn(G[k], a.gscale);
+        M[k] = __fadd_rn(__fmul_rn(a.b1, M[k]), __fmul_rn(a.omb1, gi));
+        W[k] = __fadd_rn(__fmul_rn(a.b2, W[k]), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
+        float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(W[k]), a.bc2s), a.eps);
+        P[k] = __fsub_rn(__fmul_rn(P[k], a.decay), __fdiv_rn(__fmul_rn(a.step, M[k]), den));
+    }
+    stk_adamw<K>(p, i, P, a, 0);
+    stk_adamw<K>(m, i, M, a, 1);
+    stk_adamw<K>(v, i, W, a, 2);
+}
+
+template <typename TP, typename TG>
+__global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a, int vec)
+{
+    ELEMENTWISE(n, vec, adamw_at, p, g_, m, v, a);
+}
+
+/* One segment of adamw_multi as the kernel reads it: the per-tensor arguments (decay
+ * derived on the host as cu_adamw does) and the first thread block that works on it. */
+typedef struct {
+    void *p, *m, *v;
+    const void *g;
+    int64_t n, index0, block0;
+    uint64_t key;
+    float decay;
+    int vec; /* p, m, v, g 16-byte aligned: 8 elements a thread */
+} adamw_seg_dev_t;
+enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
+
+/* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of the segment whose block0 is the
+ * largest not above b (a binary search of the table: block0 grows with the segment). */
+template <typename TP, typename TG>
+__global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, int n_segs, adamw_args_t a)
+{
+    int64_t b = blockIdx.x;
+    int lo = 0, hi = n_segs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (segs[mid].block0 <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const adamw_seg_dev_t &s = segs[lo];
+    a.decay = s.decay;
+    a.key = s.key;
+    a.index0 = s.index0;
+    int64_t i0 = (b - s.block0) * ADAMW_MULTI_CHUNK, i1 = i0 + ADAMW_MULTI_CHUNK < s.n ? i0 + ADAMW_MULTI_CHUNK : s.n;
+    TP *p = (TP *)s.p, *m = (TP *)s.m, *v = (TP *)s.v;
+    const TG *g_ = (const TG *)s.g;
+    if (!s.vec) {
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+            adamw_at<1>(p, g_, m, v, a, i);
+        return;
+    }
+    /* i0 is a multiple of CHUNK, so of VEC: whole groups from the aligned base, then the tail */
+    for (int64_t i = i0 + VEC * (int64_t)threadIdx.x; i < i1; i += VEC * (int64_t)blockDim.x) {
+        if (i + VEC <= i1)
+            adamw_at<VEC>(p, g_, m, v, a, i);
+        else
+            for (int64_t j = i; j < i1; j++)
+                adamw_at<1>(p, g_, m, v, a, j);
+    }
+}
+
+void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "add", y.dt) || !dt_ok(c, "add", x.dt))
+        return;
+    on_dt(y.dt, [&](auto ty) {
+        on_dt(x.dt, [&](auto tx) {
+            int v = vec_ok(c, {y.p, x.p});
+            add_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(ty, y), AS(tx, x), n, v);
+        });
+    });
+    launched(c, "add");
+}
+
+void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "scale", y.dt))
+        return;
+    int v = vec_ok(c, {y.p});
+    on_dt(y.dt, [&](auto t) { mul_kernel<<<ew_blocks(n, v), 256, 0, c->cur>>>(AS(t, y), a, n, v); });
+    launched(c, "scale");
+}
+
+void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "sumsq", x.dt))
+        return;
+    int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    scratch_claim(c);
+    double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    if (!part)
+        return;
+    on_dt(x.dt, [&](auto t) {
+        on_vec(vec_ok(c, {x.p}), [&](auto K) {
+            sumsq_part_kernel<decltype(K)::value><<<(unsigned)nb, 256, 0, c->cur>>>(part, AS(t, x), n);
+        });
+    });
+    launched(c, "sumsq");
+    add_parts(c, acc, part, nb, "sumsq sum");
+}
+
+static adamw_args_t adamw_args_of(const bk_adamw_t *h)
+{
+    adamw_args_t a;
+    a.b1 = h->b1;
+    a.b2 = h->b2;
+    a.omb1 = 1.0f - h->b1;
+    a.omb2 = 1.0f - h->b2;
+    a.eps = h->eps;
+    a.decay = 1.0f - h->lr * h->wd;
+    a.step = (float)(h->lr / h->bc1);
+    a.bc2s = (float)sqrt(h->bc2);
+    a.gscale = h->gscale;
+    a.stochastic = h->stochastic;
+    a.key = h->key;
+    a.index0 = h->index0;
+    return a;
+}
+
+void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
+        !dt_ok(c, "adamw", g_.dt))
+        return;
+    adamw_args_t a = adamw_args_of(h);
+    on_dt(p.dt, [&](auto tp) {
+        on_dt(g_.dt, [&](auto tg) {
+            int vec = vec_ok(c, {p.p, g_.p, m.p, v.p});
+            adamw_kernel<<<ew_blocks(n, vec), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a,
+                                                                vec);
+        });
+    });
+    launched(c, "adamw");
+}
+
+/* One launch for every segment: the table goes up through pinned staging (upload_seg's
+ * pattern: the host waits only for the previous table's copy) into tmp. */
+void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
+                           const bk_adamw_t *h)
+{
+    cuda_t *c = enter(be);
+    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
+        return;
+    size_t bytes = (size_t)n_segs * sizeof(adamw_seg_dev_t);
+    if (ck(c, host_wait(c, NULL, c->am_ev), "adamw_multi table") < 0)
+        return;
+    if (bytes > c->am_host_cap) {
+        cudaFreeHost(c->am_host);
+        c->am_host = NULL;
+        c->am_host_cap = 0;
+        if (ck(c, cudaMallocHost(&c->am_host, bytes), "adamw_multi table (pinned host memory)") < 0)
+            return;
+        c->am_host_cap = bytes;
+    }
+    adamw_seg_dev_t *t = (adamw_seg_dev_t *)c->am_host;
+    int k = 0;
+    int64_t blocks = 0;
+    for (int s = 0; s < n_segs; s++) {
+        if (segs[s].n <= 0)
+            continue; /* no blocks: block0 must grow strictly for the search */
+        t[k].p = segs[s].p;
+        t[k].m = segs[s].m;
+        t[k].v = segs[s].v;
+        t[k].g = segs[s].g;
+        t[k].n = segs[s].n;
+        t[k].index0 = segs[s].index0;
+        t[k].block0 = blocks;
+        t[k].key = segs[s].key;
+        t[k].decay = 1.0f - h->lr * segs[s].wd; /* as adamw_args_of */
+        t[k].vec = vec_ok(c, {segs[s].p, segs[s].m, segs[s].v, segs[s].g});
+        blocks += (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
+        k++;
+    }
+    if (k == 0)
+        return;
+    if (blocks > 0x7fffffff) {
+        note_err(c, "adamw_multi", "more than 2^31 - 1 thread blocks");
+        return;
+    }
+    scratch_claim(c);
+    adamw_seg_dev_t *dt = (adamw_seg_dev_t *)tmp_for(c, (size_t)k * sizeof *t);
+    if (!dt)
+        return;
+    if (ck(c, cudaMemcpyAsync(dt, t, (size_t)k * sizeof *t, cudaMemcpyHostToDevice, c->cur), "adamw_multi table") <
+            0 ||
+        ck(c, cudaEventRecord(c->am_ev, c->cur), "adamw_multi table") < 0)
+        return;
+    adamw_args_t a = adamw_args_of(h);
+    on_dt(sdt, [&](auto tp) {
+        on_dt(gdt, [&](auto tg) {
+            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, k, a);
+        });
+    });
+    launched(c, "adamw_multi");
+}
