@@ -141,6 +141,8 @@ run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 2
 run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
+# every numeric option of every tool fed 0, -1, NaN, inf, 2^31, 2^63-1, 2^63, a huge -j
+run cli/option-numbers "$PY" tests/cli/option_numbers.py "$ROOT/bin" "$WORK/option-numbers"
 run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
@@ -195,6 +197,8 @@ if [ -d build/asan/bin ]; then
     run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
     run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
+    run asan/cli-option-numbers "$PY" tests/cli/option_numbers.py "$ROOT/build/asan/bin" \
+        "$WORK/asan-option-numbers"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
     run asan/fault-full-disk sh tests/fault/disk.sh "$ROOT/build/asan/bin" "$WORK/asan-disk" "$DATA"
     run asan/fault-messages-and-leftovers sh tests/fault/messages.sh "$ROOT/build/asan/bin" "$WORK/asan-messages"

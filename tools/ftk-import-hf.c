@@ -20,6 +20,7 @@
 
 static const char *output, *dtype_opt = "keep", *compress = "none";
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "keep|float32|float16|bfloat16",
@@ -27,6 +28,7 @@ static const opt_t options[] = {
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-import-hf",

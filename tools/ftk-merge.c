@@ -14,6 +14,7 @@
 static const char *output, *dtype_opt = "float32", *compress = "none";
 static int with_optimizer;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
     {"dtype", 0, OPT_STR, &dtype_opt, "float32|bfloat16|float16",
@@ -23,6 +24,7 @@ static const opt_t options[] = {
     {"compress", 0, OPT_STR, &compress, "none|zstd|zstd:L", "zstd-compress the tensors (HDF5 filter 32015)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-merge",
