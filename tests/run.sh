@@ -147,6 +147,7 @@ run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
 run fault/kill-during-pack sh tests/cli/fault.sh "$ROOT/bin" "$WORK/fault"
 run fault/kill-during-weights-export-import sh tests/cli/fault-weights.sh "$ROOT/bin" "$WORK/fault-weights"
 run fault/forged-files sh tests/fault/forged.sh "$ROOT/bin" "$WORK/forged"
+run fault/forged-dataset-types sh tests/fault/forged_types.sh "$ROOT/bin" "$WORK/forged-types"
 run fault/signal-removes-every-temporary sh tests/fault/pack_signal.sh "$ROOT/bin" "$WORK/pack-signal"
 run fault/one-writer-per-run sh tests/fault/lock.sh "$ROOT/bin" "$WORK/lock"
 run fault/full-disk sh tests/fault/disk.sh "$ROOT/bin" "$WORK/disk" "$DATA"
@@ -198,6 +199,8 @@ if [ -d build/asan/bin ]; then
     run asan/cli-shards sh tests/cli/shards.sh "$ROOT/build/asan/bin" "$WORK/asan-shards" "$DATA" quick
     run asan/cli-generation-eos sh tests/cli/eos.sh "$ROOT/build/asan/bin" "$WORK/asan-eos"
     run asan/fault-forged-files sh tests/fault/forged.sh "$ROOT/build/asan/bin" "$WORK/asan-forged"
+    run asan/fault-forged-dataset-types sh tests/fault/forged_types.sh "$ROOT/build/asan/bin" \
+        "$WORK/asan-forged-types"
     run asan/cli-option-numbers "$PY" tests/cli/option_numbers.py "$ROOT/build/asan/bin" \
         "$WORK/asan-option-numbers"
     run asan/fault-one-writer-per-run sh tests/fault/lock.sh "$ROOT/build/asan/bin" "$WORK/asan-lock"
