@@ -109,6 +109,7 @@ static void *writer(void *arg)
 {
     bgsave_t *b = arg;
     double t0 = time_now();
+    h5_init(); /* this thread's HDF5 error printing off (per thread): ftk's message alone */
     /* Below the training threads: where training runs on the same cores (the CPU backend)
      * the write's hashing and copying should take the cycles training leaves, not half of
      * each step's. On Linux the nice value is per thread. Best effort: a failure changes

@@ -15,7 +15,10 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     comm_t *world = be ? comm_plan(p->ranks, rank) : NULL;
     shard_t *sh = NULL;
     model_t *m = NULL;
-    int rc = world ? trainer_build(be, world, &p->cfg, &o, o.train.micro_batch * p->max_len, &sh, &m) : -1;
+    int64_t tokens;
+    int rc = trainer_pass_tokens(o.train.micro_batch, p->max_len, &tokens) < 0 ? -1
+             : world ? trainer_build(be, world, &p->cfg, &o, tokens, &sh, &m)
+                     : -1;
     rc = rc ? -1 : 0;
     if (rc == 0) {
         *mem = *bk_mem(be);

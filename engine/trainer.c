@@ -18,6 +18,7 @@
 #include "../libcommon/atomic.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "../libcommon/opts.h"
 #include "../libcommon/path.h"
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
@@ -376,6 +377,16 @@ static int prepare_out_dir(trainer_t *t)
 
 /* ---- building ----------------------------------------------------------------------------- */
 
+int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
+{
+    if (opts_mul_i64(micro_batch, max_len, tokens) < 0 || *tokens > TRAINER_MAX_PASS_TOKENS) {
+        ftk_err_set("--micro-batch %lld of rows of %lld tokens: more than %lld tokens in one pass", (long long)micro_batch,
+                    (long long)max_len, (long long)TRAINER_MAX_PASS_TOKENS);
+        return -1;
+    }
+    return 0;
+}
+
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, model_t **m)
 {
@@ -435,10 +446,16 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
     CHECK(c);
     t->R = t->data.rows[TOKENS_TRAIN];
-    t->per_epoch = (t->R + o->train.global_batch - 1) / o->train.global_batch;
+    /* Products of options, checked (a global batch or --epochs of 2^63-1 overflowed) */
+    t->per_epoch = t->R / o->train.global_batch + (t->R % o->train.global_batch != 0);
     meta->train = o->train;
-    if (!meta->train.total_steps)
-        meta->train.total_steps = o->epochs * t->per_epoch;
+    int64_t pass_tokens;
+    if (!meta->train.total_steps && opts_mul_i64(o->epochs, t->per_epoch, &meta->train.total_steps) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "--epochs %lld of %lld steps each: more steps than a counter holds",
+                 (long long)o->epochs, (long long)t->per_epoch);
+    else if (trainer_pass_tokens(o->train.micro_batch, t->data.max_len, &pass_tokens) < 0)
+        c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->data_path, ftk_err_msg());
+    CHECK(c);
     snprintf(meta->train.rounding, sizeof meta->train.rounding, "%s",
              o->precision == PREC_BF16_TRUE && o->stochastic ? "stochastic" : "nearest");
     snprintf(meta->data_file, sizeof meta->data_file, "%s", o->data_path);
@@ -450,7 +467,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     meta->world_size = t->nranks;
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
-    c = trainer_build(be, world, &t->cfg, o, o->train.micro_batch * t->data.max_len, &t->sh, &t->m);
+    c = trainer_build(be, world, &t->cfg, o, pass_tokens, &t->sh, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     if (o->async_save) {
@@ -466,7 +483,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
         CHECK(c);
     }
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
-    t->rows = malloc((size_t)o->train.global_batch * sizeof *t->rows);
+    /* a batch holds at most the epoch's rows */
+    t->rows = malloc((size_t)(o->train.global_batch < t->R ? o->train.global_batch : t->R) * sizeof *t->rows);
     CHECK(!t->perm || !t->rows ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
     return t;
 fail:

@@ -120,6 +120,13 @@ void trainer_discard_new_run(trainer_t *t);
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, model_t **m);
 
+/* The tokens of one forward/backward pass, micro_batch rows of max_len: 0, or -1 with
+ * ftk_err_msg() naming --micro-batch when the product passes TRAINER_MAX_PASS_TOKENS (the
+ * activations' sizes are products of it and the model's widths: bounded, they cannot
+ * overflow). */
+#define TRAINER_MAX_PASS_TOKENS ((int64_t)1 << 31)
+int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens);
+
 /* Continues the run from a checkpoint as o->resume asks, or starts it from the initial
  * weights (resume "none", or "auto" in a directory without checkpoints). */
 int trainer_resume(trainer_t *t);

@@ -61,13 +61,22 @@ const char *h5_err_reason(char *buf, size_t n)
 
 int h5_init(void)
 {
-    static int done;
-    if (done)
+    /* HDF5's automatic error printing is per thread in a thread-safe build (each thread's
+     * default error stack starts with it on): it is turned off on every thread that comes
+     * here, and h5_create/h5_open come here, so a background writer (engine/bgsave.c)
+     * gives ftk's one-line message, not HDF5's 42-line stack. The filter is registered
+     * once, by the first caller (the main thread, before any other uses HDF5). */
+    static _Thread_local int quiet;
+    static int registered;
+    if (!quiet) {
+        H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+        quiet = 1;
+    }
+    if (registered)
         return 0;
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     if (h5zstd_register() < 0)
         return -1;
-    done = 1;
+    registered = 1;
     return 0;
 }
 
@@ -724,6 +733,33 @@ void h5_type_name(hid_t dset, char *out, size_t n)
         snprintf(out, n, "other");
     }
     H5Tclose(t);
+}
+
+int h5r_check_type(hid_t loc, const char *name, hid_t memtype)
+{
+    hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
+    if (d < 0) {
+        ftk_err_set("cannot open dataset %s", name);
+        return -1;
+    }
+    hid_t t = H5Dget_type(d);
+    H5T_class_t wc = H5Tget_class(memtype);
+    size_t ws = H5Tget_size(memtype);
+    int ok = t >= 0 && H5Tget_class(t) == wc && H5Tget_size(t) == ws &&
+             (wc != H5T_INTEGER || H5Tget_sign(t) == H5Tget_sign(memtype));
+    if (t >= 0)
+        H5Tclose(t);
+    if (!ok) {
+        char have[64];
+        h5_type_name(d, have, sizeof have);
+        if (wc == H5T_INTEGER)
+            ftk_err_set("%s: type %s, the format says %sint%zu", name, have,
+                        H5Tget_sign(memtype) == H5T_SGN_2 ? "" : "u", ws * 8);
+        else
+            ftk_err_set("%s: type %s, the format says float%zu", name, have, ws * 8);
+    }
+    H5Dclose(d);
+    return ok ? 0 : -1;
 }
 
 int h5_parse_compress(const char *s, int *level)

@@ -90,6 +90,11 @@ int h5_parse_compress(const char *s, int *level);
 /* ---- Reading ---------------------------------------------------------------------- */
 /* Shape of a dataset: rank returned (or -1), dims filled up to 8. */
 int h5r_shape(hid_t loc, const char *name, hsize_t dims[8]);
+/* Whether dataset `name` is stored with memtype's class, size and (integers) sign, as its
+ * format header says; byte order may differ. 0, or -1 with ftk_err_msg() naming the
+ * dataset, its type and the expected one (a float32 loss_mask would otherwise be
+ * converted silently: 0.9 becomes 0). */
+int h5r_check_type(hid_t loc, const char *name, hid_t memtype);
 /* Reads a whole dataset of n elements (must match) into out, converting to memtype. */
 int h5r_read(hid_t loc, const char *name, hid_t memtype, void *out, size_t n);
 /* Reads rows [row0, row0+n) (along the first dimension, whole rows) into out. */

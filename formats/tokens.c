@@ -14,6 +14,12 @@ const char *const tokens_dataset_names[TOKENS_N_DATASETS] = {
     "tokens", "loss_mask", "row_offsets", "row_samples", "sample_starts", "sample_lengths", "sample_record",
 };
 
+hid_t tokens_dataset_type(int j)
+{
+    return j == 0 ? H5T_NATIVE_INT32 : j == 1 ? H5T_NATIVE_UINT8 : H5T_NATIVE_INT64;
+}
+
+
 void tokens_split_free(tokens_split_t *s)
 {
     free(s->tokens);
@@ -269,6 +275,12 @@ int tokens_read_split(hid_t file, const char *group, tokens_split_t *s)
         H5Gclose(g);
         return -1;
     }
+    for (int j = 0; j < TOKENS_N_DATASETS; j++)
+        if (h5r_check_type(g, tokens_dataset_names[j], tokens_dataset_type(j)) < 0) {
+            ftk_err_prefix("%s: ", group);
+            H5Gclose(g);
+            return -1;
+        }
     if (tokens_split_alloc(s, nt, nr, ns) < 0) {
         H5Gclose(g);
         return -1;

@@ -192,5 +192,8 @@ uint64_t tokens_set_hash(const uint64_t (*sums)[2 * TOKENS_N_DATASETS], int n_sh
 
 /* Dataset names of a split, in layout order. */
 extern const char *const tokens_dataset_names[TOKENS_N_DATASETS];
+/* The memory type of dataset j (layout order): the type the layout gives it, which readers
+ * check the file's against (h5r_check_type). */
+hid_t tokens_dataset_type(int j);
 
 #endif

@@ -297,9 +297,11 @@ static int load_split(hid_t f, shard_file_t *h, int sp, const tokens_set_info_t 
         hsize_t dims[8];
         const char *name = tokens_dataset_names[j];
         if (h5r_shape(g, name, dims) != 1 || (int64_t)dims[0] != want[j]) {
-            ftk_err_set("dataset %s: shape is not [%lld]", name, (long long)want[j]);
+            ftk_err_set("%s: shape is not [%lld]", name, (long long)want[j]);
             goto out;
         }
+        if (h5r_check_type(g, name, tokens_dataset_type(j)) < 0)
+            goto out;
         hid_t d = H5Dopen2(g, name, H5P_DEFAULT);
         int e = d < 0 || h5_attr_get_u64(d, "xxh3_64", &sums[j]) < 0;
         if (d >= 0)

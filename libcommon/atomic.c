@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -14,32 +16,67 @@
 #include "fault.h"
 #include "log.h"
 
-#define MAX_PENDING 1024
-/* Paths the signal handler unlinks: plain arrays, so the handler touches no allocator. */
-static char *volatile pending[MAX_PENDING];
+/* What the signal handler removes: temporary files, and directories (removed after the
+ * files in them). No fixed number: each is a node of a list that only grows. A node is
+ * made outside the handler and put at the head with one atomic store of a node whose
+ * fields are already set; leaving, a temporary clears its node's path (one atomic store)
+ * and the node waits on a free list (touched by the mutators only, under a mutex) for the
+ * next temporary. Nodes are never freed nor unlinked, so the handler, on any thread at any
+ * instant, walks a list that is whole and sees each path either set or cleared; memory is
+ * a node per temporary alive at once, at most. */
+typedef struct pending {
+    _Atomic(char *) path;
+    _Atomic int empty;     /* a directory: unlink its plain entries first */
+    int is_dir;            /* fixed when the node is made */
+    struct pending *next;  /* fixed when the node is made (the list) */
+    struct pending *free_next;
+} pending_t;
 
-static void pending_add(char *p)
+static _Atomic(pending_t *) pending_files, pending_dirs;
+static pending_t *free_files, *free_dirs;
+static pthread_mutex_t pending_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Registers path; NULL when out of memory (ftk_err_msg() set). */
+static pending_t *pending_put(char *path, int is_dir, int empty)
 {
-    for (int i = 0; i < MAX_PENDING; i++)
-        if (!pending[i]) {
-            pending[i] = p;
-            return;
-        }
+    pthread_mutex_lock(&pending_mu);
+    pending_t **fl = is_dir ? &free_dirs : &free_files, *n = *fl;
+    if (n) {
+        *fl = n->free_next;
+    } else if ((n = calloc(1, sizeof *n))) {
+        n->is_dir = is_dir;
+        _Atomic(pending_t *) *head = is_dir ? &pending_dirs : &pending_files;
+        n->next = atomic_load(head);
+        atomic_store(head, n);
+    }
+    if (n) {
+        atomic_store(&n->empty, empty);
+        atomic_store(&n->path, path);
+    }
+    pthread_mutex_unlock(&pending_mu);
+    if (!n)
+        ftk_err_set("out of memory");
+    return n;
 }
 
-static void pending_remove(const char *p)
+static void pending_clear(pending_t *n)
 {
-    for (int i = 0; i < MAX_PENDING; i++)
-        if (pending[i] == p)
-            pending[i] = NULL;
+    pthread_mutex_lock(&pending_mu);
+    atomic_store(&n->path, NULL);
+    pending_t **fl = n->is_dir ? &free_dirs : &free_files;
+    n->free_next = *fl;
+    *fl = n;
+    pthread_mutex_unlock(&pending_mu);
 }
 
-/* Temporary directories, removed after the files in them (rmdir is async-signal-safe);
- * pending_empty[i]: empty it first (a temporary directory of atomic_dir_begin(), whose
- * files other code may have made without registering them: checkpoint shards). */
-#define MAX_PENDING_DIRS 16
-static char *volatile pending_dirs[MAX_PENDING_DIRS];
-static volatile int pending_empty[MAX_PENDING_DIRS];
+/* The node holding path (a search: directories are few). */
+static pending_t *pending_find(_Atomic(pending_t *) *head, const char *path)
+{
+    for (pending_t *n = atomic_load(head); n; n = n->next)
+        if (atomic_load(&n->path) == path)
+            return n;
+    return NULL;
+}
 
 /* Unlinks the plain entries of dir, with system calls only (the handler may not allocate:
  * no opendir/nftw). Subdirectories stay, and so does dir then. */
@@ -69,41 +106,51 @@ static void empty_dir_signal_safe(const char *dir)
 
 static void on_signal(int sig)
 {
-    for (int i = 0; i < MAX_PENDING; i++)
-        if (pending[i])
-            unlink(pending[i]);
-    /* newest first: a temporary directory before the directory made to hold it */
-    for (int i = MAX_PENDING_DIRS - 1; i >= 0; i--)
-        if (pending_dirs[i]) {
-            if (pending_empty[i])
-                empty_dir_signal_safe(pending_dirs[i]);
-            rmdir(pending_dirs[i]);
+    for (pending_t *n = atomic_load(&pending_files); n; n = n->next) {
+        char *p = atomic_load(&n->path);
+        if (p)
+            unlink(p);
+    }
+    for (pending_t *n = atomic_load(&pending_dirs); n; n = n->next) {
+        char *p = atomic_load(&n->path);
+        if (p) {
+            if (atomic_load(&n->empty))
+                empty_dir_signal_safe(p);
+            rmdir(p);
         }
+    }
+    /* A directory made to hold a temporary one (ftk-reshard's new run) is empty only once
+     * that one is gone, and a reused node does not keep the list's order: rmdir again
+     * while that removes something. */
+    for (int again = 1; again;) {
+        again = 0;
+        for (pending_t *n = atomic_load(&pending_dirs); n; n = n->next) {
+            char *p = atomic_load(&n->path);
+            if (p && rmdir(p) == 0)
+                again = 1;
+        }
+    }
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
-static void pending_dir_add(char *path, int empty)
-{
-    for (int i = 0; i < MAX_PENDING_DIRS; i++)
-        if (!pending_dirs[i]) {
-            pending_empty[i] = empty;
-            pending_dirs[i] = path;
-            return;
-        }
-}
-
-void atomic_register_dir(char *path) { pending_dir_add(path, 0); }
+void atomic_register_dir(char *path) { pending_put(path, 1, 0); }
 
 void atomic_unregister_dir(const char *path)
 {
-    for (int i = 0; i < MAX_PENDING_DIRS; i++)
-        if (pending_dirs[i] == path)
-            pending_dirs[i] = NULL;
+    pending_t *n = pending_find(&pending_dirs, path);
+    if (n)
+        pending_clear(n);
 }
 
-void atomic_register_file(char *path) { pending_add(path); }
-void atomic_unregister_file(const char *path) { pending_remove(path); }
+void atomic_register_file(char *path) { pending_put(path, 0, 0); }
+
+void atomic_unregister_file(const char *path)
+{
+    pending_t *n = pending_find(&pending_files, path);
+    if (n)
+        pending_clear(n);
+}
 
 void atomic_install_signal_cleanup(void)
 {
@@ -138,6 +185,8 @@ int fsync_path(const char *path)
 
 int atomic_begin(atomic_file_t *a, const char *final_path)
 {
+    a->pending_ = NULL;
+    a->tmp_path = NULL;
     a->final_path = strdup(final_path);
     char *d = strdup(final_path), *b = strdup(final_path);
     if (!a->final_path || !d || !b) {
@@ -160,7 +209,12 @@ int atomic_begin(atomic_file_t *a, const char *final_path)
         return -1;
     }
     unlink(a->tmp_path); /* a leftover of an earlier process with the same pid */
-    pending_add(a->tmp_path);
+    if (!(a->pending_ = pending_put(a->tmp_path, 0, 0))) {
+        free(a->tmp_path);
+        free(a->final_path);
+        a->tmp_path = a->final_path = NULL;
+        return -1;
+    }
     if (fault_point("atomic.begin") < 0) {
         atomic_abort(a);
         return -1;
@@ -170,7 +224,9 @@ int atomic_begin(atomic_file_t *a, const char *final_path)
 
 static void atomic_free(atomic_file_t *a)
 {
-    pending_remove(a->tmp_path);
+    if (a->pending_)
+        pending_clear(a->pending_);
+    a->pending_ = NULL;
     free(a->tmp_path);
     free(a->final_path);
     a->tmp_path = a->final_path = NULL;
@@ -227,17 +283,22 @@ int atomic_dir_begin(atomic_dir_t *a, const char *final_path)
     atomic_file_t f;
     if (atomic_begin(&f, final_path) < 0)
         return -1;
-    pending_remove(f.tmp_path); /* a directory: listed below instead */
+    pending_clear(f.pending_); /* a directory: listed below instead */
     a->final_path = f.final_path;
     a->tmp_path = f.tmp_path;
     rm_tree(a->tmp_path); /* a leftover of an earlier process with the same pid */
-    if (mkdir(a->tmp_path, 0777) < 0) {
+    /* registered before it exists: a signal at any instant finds it */
+    pending_t *n = pending_put(a->tmp_path, 1, 1);
+    if (n && mkdir(a->tmp_path, 0777) < 0) {
         ftk_err_set("%s: mkdir: %s", a->tmp_path, strerror(errno));
+        pending_clear(n);
+        n = NULL;
+    }
+    if (!n) {
         free(a->tmp_path);
         free(a->final_path);
         return -1;
     }
-    pending_dir_add(a->tmp_path, 1);
     return 0;
 }
 
@@ -256,16 +317,13 @@ char *atomic_dir_file(atomic_dir_t *a, const char *name)
     snprintf(p, n, "%s/%s", a->tmp_path, name);
     a->files = files;
     a->files[a->n_files++] = p;
-    pending_add(p);
-    return p;
+    return p; /* the signal handler empties the whole directory: no registration */
 }
 
 static void atomic_dir_free(atomic_dir_t *a)
 {
-    for (size_t i = 0; i < a->n_files; i++) {
-        pending_remove(a->files[i]);
+    for (size_t i = 0; i < a->n_files; i++)
         free(a->files[i]);
-    }
     atomic_unregister_dir(a->tmp_path);
     free(a->files);
     free(a->tmp_path);

@@ -6,7 +6,9 @@
  * so a crash at any instant leaves either the old file or the complete new one.
  * atomic_abort() removes the temporary. Temporaries still registered when SIGINT, SIGTERM
  * or SIGHUP arrives are unlinked by a handler before the process dies with that signal
- * (atomic_install_signal_cleanup(), called by tools that write files).
+ * (atomic_install_signal_cleanup(), called by tools that write files): every one, however
+ * many there are (ftk-pack --shards 99999 holds that many at once; the handler walks a
+ * list made outside it, async-signal-safe).
  *
  * Returns 0, or -1 with ftk_err_msg() set. The struct owns its two strings until commit or
  * abort.
@@ -19,6 +21,7 @@
 typedef struct {
     char *final_path;
     char *tmp_path;
+    void *pending_; /* private: the signal handler's record of tmp_path */
 } atomic_file_t;
 
 int atomic_begin(atomic_file_t *a, const char *final_path);
@@ -28,7 +31,7 @@ void atomic_install_signal_cleanup(void);
 
 /* The same for a directory of files (an HF model folder): atomic_dir_begin() makes the
  * hidden directory ".NAME.tmp.PID" beside the final one; atomic_dir_file() names a file
- * inside it (malloc'd, owned by the struct) and registers it for signal cleanup;
+ * inside it (malloc'd, owned by the struct; the signal handler empties the directory);
  * atomic_dir_commit() fsyncs every file and the directory, then renames it into place.
  * An existing final directory is an error unless replace is set, in which case it is
  * removed only after the new one is in place. */

@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@ int ftk_progress_force = 0;
 static int want_help, want_version;
 
 /* The options every tool has; appended after the tool's own in --help. */
+OPTS_TABLE_BEGIN
 static const opt_t common_opts[] = {
     {"quiet", 'q', OPT_FLAG, &ftk_quiet, NULL, "print only errors"},
     {"progress", 0, OPT_FLAG, &ftk_progress_force, NULL,
@@ -24,18 +27,119 @@ static const opt_t common_opts[] = {
     {"version", 0, OPT_FLAG, &want_version, NULL, "show the version and exit"},
     {0},
 };
+OPTS_TABLE_END
+
+static int is_number(const opt_t *o) { return o->kind == OPT_INT || o->kind == OPT_I64 || o->kind == OPT_DOUBLE; }
+
+/* A range string, parsed (opts.h): the bounds both as integers (exact up to 2^63-1) and as
+ * doubles. */
+typedef struct {
+    int has_lo, has_hi, lo_open, hi_open;
+    long long ilo, ihi;
+    double dlo, dhi;
+} range_t;
+
+/* One bound, the whole of [s, e): 0, or -1 when it is no number. */
+static int bound_parse(const char *s, const char *e, long long *i, double *d, int is_int)
+{
+    char tmp[64], *end;
+    size_t n = (size_t)(e - s);
+    if (n == 0 || n >= sizeof tmp)
+        return -1;
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    errno = 0;
+    if (is_int) {
+        *i = strtoll(tmp, &end, 10);
+        *d = (double)*i;
+    } else {
+        *d = strtod(tmp, &end);
+        *i = 0;
+    }
+    return *end || errno || !isfinite(*d) ? -1 : 0;
+}
+
+static int range_get(const char *r, int is_int, range_t *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *dots = r ? strstr(r, "..") : NULL;
+    if (!dots)
+        return -1;
+    const char *lo_end = dots, *hi_start = dots + 2;
+    if (lo_end > r && lo_end[-1] == '<')
+        out->lo_open = 1, lo_end--;
+    if (*hi_start == '<')
+        out->hi_open = 1, hi_start++;
+    out->has_lo = lo_end > r;
+    out->has_hi = *hi_start != 0;
+    if ((out->lo_open && !out->has_lo) || (out->hi_open && !out->has_hi) || (is_int && (out->lo_open || out->hi_open)))
+        return -1;
+    if (out->has_lo && bound_parse(r, lo_end, &out->ilo, &out->dlo, is_int) < 0)
+        return -1;
+    if (out->has_hi && bound_parse(hi_start, hi_start + strlen(hi_start), &out->ihi, &out->dhi, is_int) < 0)
+        return -1;
+    if (out->has_lo && out->has_hi && (is_int ? out->ilo > out->ihi : !(out->dlo <= out->dhi)))
+        return -1;
+    return 0;
+}
+
+int opts_range_parse(const char *range, double *lo, int *lo_open, double *hi, int *hi_open)
+{
+    range_t r;
+    if (range_get(range, 0, &r) < 0)
+        return -1;
+    *lo = r.has_lo ? r.dlo : -HUGE_VAL;
+    *hi = r.has_hi ? r.dhi : HUGE_VAL;
+    *lo_open = r.lo_open;
+    *hi_open = r.hi_open;
+    return 0;
+}
+
+/* The range in words for --help and messages: "0..1024", ">= 1", "[0, 1)", "any integer". */
+static void range_text(const opt_t *o, char *out, size_t n)
+{
+    range_t r;
+    int is_int = o->kind != OPT_DOUBLE;
+    if (range_get(o->range, is_int, &r) < 0) {
+        snprintf(out, n, "(no range)");
+        return;
+    }
+    char lo[48], hi[48];
+    if (is_int) {
+        snprintf(lo, sizeof lo, "%lld", r.ilo);
+        snprintf(hi, sizeof hi, "%lld", r.ihi);
+    } else {
+        snprintf(lo, sizeof lo, "%g", r.dlo);
+        snprintf(hi, sizeof hi, "%g", r.dhi);
+    }
+    if (r.has_lo && r.has_hi) {
+        if (is_int)
+            snprintf(out, n, "%s..%s", lo, hi);
+        else
+            snprintf(out, n, "%c%s, %s%c", r.lo_open ? '(' : '[', lo, hi, r.hi_open ? ')' : ']');
+    } else if (r.has_lo) {
+        snprintf(out, n, "%s %s", r.lo_open ? ">" : ">=", lo);
+    } else if (r.has_hi) {
+        snprintf(out, n, "%s %s", r.hi_open ? "<" : "<=", hi);
+    } else {
+        snprintf(out, n, "%s", is_int ? "any integer" : "any finite number");
+    }
+}
 
 static void print_default(const opt_t *o)
 {
+    char r[128];
+    if (is_number(o))
+        range_text(o, r, sizeof r);
     switch (o->kind) {
     case OPT_INT:
-        printf(" (default: %d)", *(int *)o->dest);
+        printf(" (default: %d; range %s)", *(int *)o->dest, r);
         break;
     case OPT_I64:
-        printf(" (default: %" PRId64 ")", *(int64_t *)o->dest);
+        printf(" (default: %" PRId64 "; range %s)", *(int64_t *)o->dest, r);
         break;
     case OPT_DOUBLE:
-        printf(" (default: %g)", *(double *)o->dest);
+        printf(" (default: %g; range %s)", *(double *)o->dest, r);
         break;
     case OPT_STR:
         if (*(const char **)o->dest)
@@ -102,19 +206,36 @@ static int usage_error(const opt_spec_t *spec, const char *fmt, const char *arg)
     return -1;
 }
 
-static int set_value(const opt_spec_t *spec, const opt_t *o, const char *optname, const char *val)
+/* "option --NAME: 'VAL' is not RANGE-TEXT" (kind: "an integer" or "a number"). */
+static int range_error(const opt_spec_t *spec, const opt_t *o, const char *val, const char *why)
+{
+    char r[128], m[512];
+    range_text(o, r, sizeof r);
+    snprintf(m, sizeof m, "option --%s: '%%s' %s; need %s%s %s", o->name, why,
+             o->kind == OPT_DOUBLE ? "a number" : "an integer", r[0] == '[' || r[0] == '(' ? " in" : "", r);
+    return usage_error(spec, m, val);
+}
+
+static int set_value(const opt_spec_t *spec, const opt_t *o, const char *val)
 {
     char *end;
+    range_t r;
     errno = 0;
     switch (o->kind) {
     case OPT_INT:
     case OPT_I64: {
         long long v = strtoll(val, &end, 10);
-        if (end == val || *end || errno == ERANGE || (o->kind == OPT_INT && (v > INT_MAX || v < INT_MIN))) {
-            char m[256];
-            snprintf(m, sizeof m, "option --%s expects an integer, got '%%s'", optname);
-            return usage_error(spec, m, val);
-        }
+        int overflow = errno == ERANGE; /* before range_get's own strtoll */
+        if (end == val || *end)
+            return range_error(spec, o, val, "is not an integer");
+        range_get(o->range, 1, &r); /* checked by opts_parse */
+        long long lo = o->kind == OPT_INT ? INT_MIN : LLONG_MIN, hi = o->kind == OPT_INT ? INT_MAX : LLONG_MAX;
+        if (r.has_lo && r.ilo > lo)
+            lo = r.ilo;
+        if (r.has_hi && r.ihi < hi)
+            hi = r.ihi;
+        if (overflow || v < lo || v > hi)
+            return range_error(spec, o, val, "is out of range");
         if (o->kind == OPT_INT)
             *(int *)o->dest = (int)v;
         else
@@ -123,11 +244,14 @@ static int set_value(const opt_spec_t *spec, const opt_t *o, const char *optname
     }
     case OPT_DOUBLE: {
         double v = strtod(val, &end);
-        if (end == val || *end || errno == ERANGE) {
-            char m[256];
-            snprintf(m, sizeof m, "option --%s expects a number, got '%%s'", optname);
-            return usage_error(spec, m, val);
-        }
+        /* ERANGE: beyond a double's range, or below its smallest normal (a denormal or 0) */
+        int overflow = errno == ERANGE && fabs(v) >= 1;
+        if (end == val || *end)
+            return range_error(spec, o, val, "is not a number");
+        range_get(o->range, 0, &r);
+        if (!isfinite(v) || overflow || (r.has_lo && (r.lo_open ? !(v > r.dlo) : !(v >= r.dlo))) ||
+            (r.has_hi && (r.hi_open ? !(v < r.dhi) : !(v <= r.dhi))))
+            return range_error(spec, o, val, "is out of range");
         *(double *)o->dest = v;
         return 0;
     }
@@ -139,6 +263,52 @@ static int set_value(const opt_spec_t *spec, const opt_t *o, const char *optname
     }
 }
 
+/* Every numeric option has a range that parses (opts.h): a table that breaks the rule
+ * makes every command line of the tool fail, in the first test that runs it. (A default
+ * may lie outside: 0 for "not given" where the user must give 1 or more.) */
+static int check_table(const opt_spec_t *spec)
+{
+    range_t r;
+    for (const opt_t *o = spec->opts; o->kind != OPT_END; o++)
+        if (is_number(o) && range_get(o->range, o->kind != OPT_DOUBLE, &r) < 0) {
+            char m[256];
+            snprintf(m, sizeof m, "internal error: option --%s has no valid range in the option table (%%s)", o->name);
+            return usage_error(spec, m, o->range ? o->range : "none");
+        }
+    return 0;
+}
+
+static void list_options(const opt_spec_t *spec)
+{
+    static const char *const kinds[] = {"end", "flag", "flag", "int", "i64", "double", "str"};
+    for (const opt_t *o = spec->opts; o->kind != OPT_END; o++) {
+        char sn[2] = {o->short_name, 0};
+        printf("%s\t%s\t%s\t%s\n", o->name, o->short_name ? sn : "-", kinds[o->kind],
+               is_number(o) && o->range ? o->range : "");
+    }
+}
+
+int opts_mul_i64(int64_t a, int64_t b, int64_t *out)
+{
+    if (a < 0 || b < 0 || (a && b > INT64_MAX / a))
+        return -1;
+    *out = a * b;
+    return 0;
+}
+
+void opts_start_threads(int n)
+{
+    if (n > 0)
+        omp_set_num_threads(n);
+    int team = 0;
+#pragma omp parallel
+    {
+#pragma omp atomic
+        team++;
+    }
+    (void)team;
+}
+
 int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char ***pos)
 {
     static char **positional;
@@ -148,6 +318,13 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
         return usage_error(spec, "%s", "out of memory");
     int np = 0, only_pos = 0;
     want_help = want_version = 0;
+    if (check_table(spec) < 0)
+        return -1;
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strcmp(argv[i], "--list-options")) {
+            list_options(spec);
+            return 1;
+        }
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -205,7 +382,7 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
             }
             val = argv[++i];
         }
-        if (set_value(spec, o, name, val) < 0)
+        if (set_value(spec, o, val) < 0)
             return -1;
     }
     if (want_help) {

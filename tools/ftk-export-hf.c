@@ -24,6 +24,7 @@
 static const char *output, *dtype_opt = "keep", *max_shard = "5GB", *tokenizer_opt;
 static int force;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "DIR", "folder to write (required; must not exist unless --force)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "keep|float32|float16|bfloat16",
@@ -36,6 +37,7 @@ static const opt_t options[] = {
      "weights file)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-export-hf",

@@ -23,6 +23,7 @@ static int alpaca, greedy, threads, ignore_eos;
 static double temperature = 0.8, top_p = 0.95;
 static int64_t seed = 42, max_new = 256;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "W.h5|DIR", "weights file, checkpoint directory or run directory (its latest)"},
     {"tokenizer", 0, OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
@@ -30,16 +31,17 @@ static const opt_t options[] = {
     {"prompt", 'p', OPT_STR, &prompt, "TEXT", "text to continue (empty: start from BOS alone)"},
     {"alpaca", 0, OPT_FLAG, &alpaca, NULL, "wrap the prompt in the Alpaca template, as ftk-pack does for training"},
     {"greedy", 0, OPT_FLAG, &greedy, NULL, "always take the most likely token (same as --temperature 0)"},
-    {"temperature", 't', OPT_DOUBLE, &temperature, "T", "sampling temperature (0: greedy)"},
-    {"top-p", 0, OPT_DOUBLE, &top_p, "P", "nucleus sampling: the smallest set of tokens with probability >= P"},
-    {"seed", 's', OPT_I64, &seed, "S", "sampling seed"},
-    {"max-new", 'n', OPT_I64, &max_new, "N", "tokens to generate at most"},
+    {"temperature", 't', OPT_DOUBLE, &temperature, "T", "sampling temperature (0: greedy)", "0.."},
+    {"top-p", 0, OPT_DOUBLE, &top_p, "P", "nucleus sampling: the smallest set of tokens with probability >= P", "0<..1"},
+    {"seed", 's', OPT_I64, &seed, "S", "sampling seed", ".."},
+    {"max-new", 'n', OPT_I64, &max_new, "N", "tokens to generate at most", "0.."},
     {"ignore-eos", 0, OPT_FLAG, &ignore_eos, NULL, "go on after the end-of-sequence token"},
-    {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores)"},
+    {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores)", OPTS_THREADS_RANGE},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
      "compute backend (cuda: GPU 0). Default: $FTK_DEVICE, else cuda where a GPU is visible, else cpu"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-generate",
@@ -152,8 +154,7 @@ int main(int argc, char **argv)
         ftk_error("invalid value: need --max-new >= 0, --temperature >= 0, --top-p in (0, 1]");
         return FTK_EXIT_USAGE;
     }
-    if (threads > 0)
-        omp_set_num_threads(threads);
+    opts_start_threads(threads); /* a team that cannot be made fails now, before any output */
     if (h5_init() < 0) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
@@ -299,7 +300,10 @@ int main(int argc, char **argv)
         return FTK_EXIT_USAGE;
     }
     size_t n_prompt = ids.n;
-    int64_t ctx = (int64_t)n_prompt + max_new;
+    /* the prompt and --max-new, at most the model's context (compared, not added: -n 2^63-1
+     * overflowed) */
+    int64_t ctx = max_new > cfg.max_position_embeddings - (int64_t)n_prompt ? cfg.max_position_embeddings + 1
+                                                                             : (int64_t)n_prompt + max_new;
     if (ctx > cfg.max_position_embeddings) {
         ctx = cfg.max_position_embeddings;
         if ((int64_t)n_prompt >= ctx) {

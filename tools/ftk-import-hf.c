@@ -21,6 +21,7 @@
 
 static const char *output, *dtype_opt = "keep", *compress = "none", *tokenizer_opt;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "keep|float32|float16|bfloat16",
@@ -30,6 +31,7 @@ static const opt_t options[] = {
      "the tokenizer to store, in place of the folder's (a folder of tokenizer files, one file, or a weights file)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-import-hf",

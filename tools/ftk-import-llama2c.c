@@ -38,6 +38,7 @@
 
 static const char *output, *tokenizer_path, *dtype_opt = "float32", *compress = "none";
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "tokenizer.bin", "llama2.c tokenizer to store with the weights"},
@@ -45,6 +46,7 @@ static const opt_t options[] = {
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-import-llama2c",

@@ -18,10 +18,12 @@
 
 static int json_out;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"json", 0, OPT_FLAG, &json_out, NULL, "print one JSON object per argument on stdout (JSON Lines)"},
     {0},
 };
+OPTS_TABLE_END
 
 /* --json: the object being built for the current argument. */
 static buf_t J;

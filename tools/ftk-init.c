@@ -26,19 +26,21 @@ static const char *output, *preset, *config_path, *dtype_opt = "config", *compre
 static int64_t seed = 42;
 static int threads;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
     {"preset", 'p', OPT_STR, &preset, "NAME", "a named shape: tiny, stories260k, llama-1b, llama2-7b, llama2-13b"},
     {"config", 'c', OPT_STR, &config_path, "config.json", "a Hugging Face config.json instead of a preset"},
-    {"seed", 's', OPT_I64, &seed, "S", "random seed"},
+    {"seed", 's', OPT_I64, &seed, "S", "random seed", ".."},
     {"dtype", 0, OPT_STR, &dtype_opt, "config|float32|float16|bfloat16",
      "tensor type (config: the config's torch_dtype)"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE",
      "store this tokenizer (SentencePiece .model or tokenizer.json) in the weights file"},
-    {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores); the output does not depend on it"},
+    {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores); the output does not depend on it", OPTS_THREADS_RANGE},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-init",
@@ -157,8 +159,7 @@ int main(int argc, char **argv)
         ftk_error("invalid value: need --compress none|zstd|zstd:1..22, --threads >= 0");
         return FTK_EXIT_USAGE;
     }
-    if (threads > 0)
-        omp_set_num_threads(threads);
+    opts_start_threads(threads); /* a team that cannot be made fails now, before any output */
     if (preset && model_preset(preset, &in.cfg) < 0) {
         ftk_error("--preset: %s", ftk_err_msg());
         return FTK_EXIT_USAGE;

@@ -19,6 +19,7 @@ static int with_optimizer;
 static const char *tokenizer_opt;
 static int json_out;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
     {"dtype", 0, OPT_STR, &dtype_opt, "float32|bfloat16|float16",
@@ -31,6 +32,7 @@ static const opt_t options[] = {
     {"json", 0, OPT_FLAG, &json_out, NULL, "print a summary as JSON on stdout"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-merge",

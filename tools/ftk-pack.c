@@ -75,30 +75,32 @@ static int max_len = 512, mask_prompt = 1, drop_long, pack, shards = 1, threads,
 static int64_t seed = 42, val_count = -1, max_record_bytes = 4 << 20;
 static double val_fraction = 0.03865;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE|DIR|W.h5",
      "tokenizer.model or tokenizer.json, a folder holding one, or a weights file that stores one (required)"},
     {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name)"},
     {"template", 0, OPT_STR, &template_arg, "NAME",
      "alpaca, llama-2-chat or chatml (default: by the first record, alpaca or llama-2-chat)"},
-    {"max-len", 0, OPT_INT, &max_len, "N", "longest sample/row in tokens; longer samples are cut"},
+    {"max-len", 0, OPT_INT, &max_len, "N", "longest sample/row in tokens; longer samples are cut", "2..1048576"},
     {"drop-long", 0, OPT_FLAG, &drop_long, NULL, "skip samples longer than --max-len instead of cutting them"},
     {"mask-prompt", 0, OPT_FLAG, &mask_prompt, NULL,
      "loss on response (assistant) tokens only (Stanford Alpaca; the default)"},
     {"no-mask-prompt", 0, OPT_FLAG_OFF, &mask_prompt, NULL,
      "loss on every token but the first (LitGPT's Alpaca default)"},
     {"pack", 0, OPT_FLAG, &pack, NULL, "pack several samples into rows of exactly --max-len tokens"},
-    {"seed", 0, OPT_I64, &seed, "S", "seed of the validation split (a hash of seed and record index)"},
-    {"val-count", 0, OPT_I64, &val_count, "N", "exactly N validation samples, held in memory (overrides --val-fraction)"},
-    {"val-fraction", 0, OPT_DOUBLE, &val_fraction, "F", "fraction of records for validation, drawn record by record (LitGPT's)"},
-    {"shards", 0, OPT_INT, &shards, "N", "write N files BASE-00001-of-0000N.h5, rows split between them"},
+    {"seed", 0, OPT_I64, &seed, "S", "seed of the validation split (a hash of seed and record index)", ".."},
+    {"val-count", 0, OPT_I64, &val_count, "N", "exactly N validation samples, held in memory (overrides --val-fraction)", "-1..100000000"},
+    {"val-fraction", 0, OPT_DOUBLE, &val_fraction, "F", "fraction of records for validation, drawn record by record (LitGPT's)", "0..<1"},
+    {"shards", 0, OPT_INT, &shards, "N", "write N files BASE-00001-of-0000N.h5, rows split between them", "1..99999"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress datasets with zstd (HDF5 filter 32015)"},
-    {"threads", 'j', OPT_INT, &threads, "N", "tokenizer threads (0: all cores)"},
+    {"threads", 'j', OPT_INT, &threads, "N", "tokenizer threads (0: all cores)", OPTS_THREADS_RANGE},
     {"max-record-bytes", 0, OPT_I64, &max_record_bytes, "N",
-     "longest record, in bytes of JSON text; a longer one is an error naming its line"},
+     "longest record, in bytes of JSON text; a longer one is an error naming its line", "16..1073741824"},
     {"json", 0, OPT_FLAG, &json_out, NULL, "print the summary as JSON on stdout"},
     {0},
 };
+OPTS_TABLE_END
 
 /* Records are read, tokenized and packed a chunk at a time: at most CHUNK_RECORDS records
  * or CHUNK_BYTES of JSON text (or one record up to --max-record-bytes). */
@@ -476,8 +478,7 @@ int main(int argc, char **argv)
         ftk_error("--template: %s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
-    if (threads > 0)
-        omp_set_num_threads(threads);
+    opts_start_threads(threads); /* a team that cannot be made fails now, before any output */
     atomic_install_signal_cleanup();
     double t0 = time_now();
     const char *input = pos[0];

@@ -15,12 +15,14 @@
 static const char *out_path, *title = "ftk runs";
 static int csv;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &out_path, "FILE", "the SVG (or CSV with --csv) to write; - for stdout (required)"},
     {"csv", 0, OPT_FLAG, &csv, NULL, "write a CSV table instead of a picture"},
     {"title", 0, OPT_STR, &title, "TEXT", "the picture's heading"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-plot",

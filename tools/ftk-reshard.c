@@ -22,18 +22,20 @@ static const char *output, *strategy_opt, *precision_opt;
 static int64_t ranks, group_size;
 static int force;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "DIR",
      "the new checkpoint: RUN/step-NNNNNNNN, or a run directory RUN (the step is the input's)"},
-    {"ranks", 'n', OPT_I64, &ranks, "N", "ranks the checkpoint is for (required)"},
+    {"ranks", 'n', OPT_I64, &ranks, "N", "ranks the checkpoint is for (required)", "1..99999"},
     {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid (default: the input's)"},
     {"shard-group-size", 0, OPT_I64, &group_size, "G",
-     "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)"},
+     "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)", "0..99999"},
     {"precision", 0, OPT_STR, &precision_opt, "P",
      "fp32 | bf16-mixed | bf16-true: convert the checkpoint to this precision mode (default: the input's)"},
     {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing checkpoint at the output"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-reshard",

@@ -14,6 +14,7 @@
 static const char *tokenizer_path;
 static int add_bos, add_eos, decode, pieces;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE", "tokenizer.model (SentencePiece) or tokenizer.json (required)"},
     {"bos", 0, OPT_FLAG, &add_bos, NULL, "prepend the BOS id"},
@@ -22,6 +23,7 @@ static const opt_t options[] = {
     {"decode", 'd', OPT_FLAG, &decode, NULL, "reverse: a line of ids in, a JSON string out"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-tokenize",

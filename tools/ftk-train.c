@@ -52,36 +52,39 @@ static const char *tensorboard_dir, *config_path;
 static int extend;
 static int allow_other_tokenizer;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
     {"data", 'd', OPT_STR, &data_path, "FILE.h5", "token data from ftk-pack: a file, or a shard set by its base name or any shard (required)"},
     {"out", 'o', OPT_STR, &out_dir, "DIR", "run directory: checkpoints, latest, metrics.jsonl (required)"},
-    {"steps", 0, OPT_I64, &steps, "N", "optimizer steps (0: --epochs worth)"},
-    {"epochs", 0, OPT_I64, &epochs, "E", "passes over the training rows when --steps is 0"},
-    {"global-batch", 0, OPT_I64, &global_batch, "G", "rows per optimizer step, over all ranks"},
-    {"micro-batch", 0, OPT_I64, &micro_batch, "B", "rows per forward/backward pass on a rank (gradients accumulate)"},
-    {"lr", 0, OPT_DOUBLE, &lr, "LR", "peak learning rate"},
-    {"min-lr", 0, OPT_DOUBLE, &min_lr, "LR", "learning rate at the end of the decay"},
-    {"warmup", 0, OPT_I64, &warmup, "N", "linear warmup steps"},
+    {"steps", 0, OPT_I64, &steps, "N", "optimizer steps (0: --epochs worth)", "0.."},
+    {"epochs", 0, OPT_I64, &epochs, "E", "passes over the training rows when --steps is 0", "1.."},
+    {"global-batch", 0, OPT_I64, &global_batch, "G", "rows per optimizer step, over all ranks", "1.."},
+    {"micro-batch", 0, OPT_I64, &micro_batch, "B", "rows per forward/backward pass on a rank (gradients accumulate)", "1.."},
+    {"lr", 0, OPT_DOUBLE, &lr, "LR", "peak learning rate", "0<.."},
+    {"min-lr", 0, OPT_DOUBLE, &min_lr, "LR", "learning rate at the end of the decay", "0.."},
+    {"warmup", 0, OPT_I64, &warmup, "N", "linear warmup steps", "0.."},
     {"schedule", 0, OPT_STR, &schedule, "cosine|linear|constant", "decay after the warmup"},
-    {"beta1", 0, OPT_DOUBLE, &beta1, "B1", "AdamW beta1"},
-    {"beta2", 0, OPT_DOUBLE, &beta2, "B2", "AdamW beta2"},
-    {"eps", 0, OPT_DOUBLE, &eps, "EPS", "AdamW epsilon"},
-    {"weight-decay", 0, OPT_DOUBLE, &weight_decay, "WD", "decoupled weight decay"},
+    {"beta1", 0, OPT_DOUBLE, &beta1, "B1", "AdamW beta1", "0..<1"},
+    {"beta2", 0, OPT_DOUBLE, &beta2, "B2", "AdamW beta2", "0..<1"},
+    {"eps", 0, OPT_DOUBLE, &eps, "EPS", "AdamW epsilon", "0<.."},
+    {"weight-decay", 0, OPT_DOUBLE, &weight_decay, "WD", "decoupled weight decay", "0.."},
     {"decay-norms", 0, OPT_FLAG, &decay_norms, NULL, "also decay the RMSNorm gains (not by default)"},
-    {"clip", 0, OPT_DOUBLE, &clip, "NORM", "clip gradients to this global L2 norm (0: off)"},
-    {"seed", 0, OPT_I64, &seed, "S", "seed of the data order"},
+    {"clip", 0, OPT_DOUBLE, &clip, "NORM", "clip gradients to this global L2 norm (0: off)", "0.."},
+    {"seed", 0, OPT_I64, &seed, "S", "seed of the data order", ".."},
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid", "how ranks share the model (FSDP names)"},
-    {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)"},
-    {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)"},
-    {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M", "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; --no-save: off)"},
-    {"keep", 0, OPT_I64, &keep, "N", "keep the newest N checkpoints (0: all)"},
+    {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
+    {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
+    {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
+     "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
+     "--no-save: off)", "0.."},
+    {"keep", 0, OPT_I64, &keep, "N", "keep the newest N checkpoints (0: all)", "0.."},
     {"no-save", 0, OPT_FLAG, &no_save, NULL,
      "write no checkpoint, not even the last (benchmarks: a 7B checkpoint is 54-81 GB; a stopped run is lost)"},
     {"async-save", 0, OPT_FLAG, &async_save, NULL,
      "write checkpoints in the background: training waits only for a host copy of the state (see below)"},
-    {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)"},
-    {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)"},
+    {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)", "0.."},
+    {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)", "0.."},
     {"config", 0, OPT_STR, &config_path, "FILE.yaml",
      "options from a YAML file (every long option is a key; LitGPT's finetune/full.yaml keys too); the command "
      "line overrides it"},
@@ -96,22 +99,23 @@ static const opt_t options[] = {
      "bf16-true: how AdamW rounds the new weights and moments to bf16"},
     {"recompute", 0, OPT_FLAG, &recompute, NULL, "recompute each block's activations in the backward pass"},
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
-    {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75"},
+    {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75", "0.."},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
      "compute backend: cpu (OpenMP + BLAS; ranks talk through MPI) or cuda (the GPU of this rank's node-local "
      "index; ranks talk through NCCL). Default: $FTK_DEVICE, else cuda for a process started alone that sees a "
      "GPU, else cpu (under mpirun/srun: cpu until NCCL has been measured on GPUs)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
-    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for"},
+    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", "1..99999"},
     {"preset", 0, OPT_STR, &preset, "NAME", "--plan: a named model shape (ftk-init --preset) instead of --model"},
-    {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)"},
-    {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)"},
+    {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)", "0..1048576"},
+    {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)", OPTS_THREADS_RANGE},
     {"allow-other-tokenizer", 0, OPT_FLAG, &allow_other_tokenizer, NULL,
      "train on data packed with a tokenizer other than the one --model holds (refused by default: the ids "
      "would mean other pieces)"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-train",
@@ -850,8 +854,7 @@ static int run(int argc, char **argv)
                    backend_devices[dev0]);
     if ((code = agree_msg(code, why)))
         return code;
-    if (threads > 0)
-        omp_set_num_threads(threads);
+    opts_start_threads(threads); /* a team that cannot be made fails now, before any output */
     if (h5_init() < 0) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;

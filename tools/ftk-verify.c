@@ -24,16 +24,18 @@ static const char *compare_mode;
 static double cmp_rtol, cmp_atol;
 static int json_out;
 
+OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"deep", 0, OPT_FLAG, &deep, NULL, "also scan weights and checkpoint arrays for NaN and Inf values"},
     {"compare", 0, OPT_FLAG, &compare_mode, NULL,
      "compare two ftk files (or two checkpoints) of the same kind value by value instead"},
-    {"rtol", 0, OPT_DOUBLE, &cmp_rtol, "R", "--compare: relative tolerance, |a-b| <= atol + rtol*|b| (0: exact)"},
-    {"atol", 0, OPT_DOUBLE, &cmp_atol, "A", "--compare: absolute tolerance"},
+    {"rtol", 0, OPT_DOUBLE, &cmp_rtol, "R", "--compare: relative tolerance, |a-b| <= atol + rtol*|b| (0: exact)", "0.."},
+    {"atol", 0, OPT_DOUBLE, &cmp_atol, "A", "--compare: absolute tolerance", "0.."},
     {"json", 0, OPT_FLAG, &json_out, NULL,
      "print one JSON object per path (--compare: one in all) on stdout: path, ok, exit status, report lines"},
     {0},
 };
+OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-verify",

@@ -140,7 +140,7 @@ msg "both" "exactly one of --model and --preset"
 expect "--plan without --data or --max-len: exit 2" 2 "$BIN/ftk-train" --plan -m "$WORK/tiny.h5"
 msg "no length" "give --data or --max-len"
 expect "--plan --ranks 0: exit 2" 2 $P --ranks 0
-msg "--ranks 0" "--ranks >= 1"
+msg "--ranks 0" "option --ranks: .0. is out of range; need an integer 1..99999"
 expect "--plan --preset unknown: exit 2" 2 "$BIN/ftk-train" --plan --preset unknown --max-len 128
 msg "unknown preset" "unknown"
 expect "--ranks without --plan: exit 2" 2 $T -m "$WORK/tiny.h5" -o "$WORK/x" --ranks 2
