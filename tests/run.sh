@@ -177,8 +177,9 @@ if [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null; the
     run ref/precision-vs-torch "$PY" tests/ref/precision_vs_torch.py bin build/tests/probe_model "$DATA" \
         "$WORK/precision-ref"
     run ref/dist-equivalence "$PY" tests/ref/dist_equivalence.py bin "$ROOT" "$WORK/dist-eq"
+    run ref/litgpt-recipe "$PY" tests/ref/litgpt_recipe.py bin "$ROOT" "$WORK/litgpt-recipe"
 else
-    for n in dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
+    for n in litgpt-recipe dist-equivalence precision-vs-torch model-vs-torch weights-vs-safetensors-torch transformers-loads-exports chat-template-vs-transformers tokenizer-vs-sentencepiece tokenizer-edge-bytes pack-vs-python h5py-reads-ftk-files; do
         run "ref/$n" sh -c "echo 'skipped ($PY lacks sentencepiece/h5py/numpy: run scripts/install-deps.sh)'; exit 77"
     done
 fi
