@@ -67,6 +67,8 @@ if [ "$SET" = slow ]; then
     run fault/async-save-kill-24 sh tests/fault/async_kill.sh "$ROOT/bin" "$WORK/async-kill" 24
     run fault/pack-multi-gb sh tests/fault/pack_big.sh "$ROOT/bin" "$WORK/pack-big"
     run cli/dist-12-kills sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 12
+    # LitGPT itself (pinned, installed once into build/litgpt-venv) against --recipe litgpt
+    run ref/litgpt-itself sh tests/slow/litgpt_ref.sh "$ROOT/bin" "$ROOT" "$WORK/litgpt-ref"
     # every strategy and precision on the CPU's fused ops (adamw_multi over sharded slices)
     run cli/dist-fused env FTK_FUSED=all sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist-fused" 2
     # the CUDA backend emulated on the host (tests/gpu/emu): the fp32 training step too, and

@@ -372,7 +372,7 @@ static void apply_recipe(int argc, char **argv)
     if (!given(argc, argv, "loss-mean"))
         loss_mean = "micro";
     decay_norms = 1;
-    if (min_lr != 0 && rank == 0)
+    if (given(argc, argv, "min-lr") && min_lr != 0 && rank == 0)
         ftk_warn("--recipe litgpt: the cosine decays to 0 as LitGPT's finetune does (it never reads its min_lr); "
                  "--min-lr %g is not used",
                  min_lr);

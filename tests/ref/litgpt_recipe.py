@@ -157,7 +157,8 @@ for mb in (8, 3):
     runs[mb] = (out, st)
 
 # the micro-batch means are not the global mean: the test can tell them apart
-_, st_g, _ = train("global-mb3", 3, "--recipe", "litgpt", "--loss-mean", "global", "--no-save")
+_, st_g, err = train("global-mb3", 3, "--recipe", "litgpt", "--loss-mean", "global", "--no-save")
+check("not used" not in err, "without --min-lr, no word about it")
 d = max_rel([s["loss"] for s in st_g], [s["loss"] for s in runs[3][1]])
 check(d > 1e-5, f"--loss-mean global differs from micro by {d:.2e} relative (the test can see the difference)")
 
@@ -185,6 +186,23 @@ a, b = h5py.File(f"{out}/step-{STEPS:08d}/shard-00001-of-00001.h5"), \
     h5py.File(f"{runs[3][0]}/step-{STEPS:08d}/shard-00001-of-00001.h5")
 check(all(np.array_equal(a[g][u][...], b[g][u][...]) for g in ("param", "adam_m", "adam_v") for u in a[g]),
       "resumed: the final weights and moments bit for bit")
+
+# resharded to 2 ranks at step 4 and resumed there: the losses of the 1-rank run
+rs = f"{WORK}/reshard"
+os.makedirs(rs)
+run("ftk-reshard", "-q", f"{out}/step-00000004", "-o", f"{rs}/step-00000004", "--ranks", "2")
+open(f"{rs}/latest", "w").write("step-00000004\n")
+man = json.load(open(f"{rs}/step-00000004/manifest.json"))["train"]
+check((man.get("recipe"), man.get("loss_mean")) == ("litgpt", "micro"), "ftk-reshard keeps the recipe")
+r = subprocess.run(MPIRUN + ["2", f"{BIN}/ftk-train", "-m", MODEL, "-d", DATA, "-o", rs, "--steps", str(STEPS),
+                             "--global-batch", str(G), "--micro-batch", "3", "--lr", str(LR), "--warmup", str(W),
+                             "--precision", "fp32", "--eval-every", "0", "-j1", "--recipe", "litgpt", "--save-every",
+                             "4", "--resume", "auto"], capture_output=True, text=True, timeout=600)
+st_rs = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{rs}/metrics.jsonl") if '"loss"' in l}
+one = {s["step"]: s["loss"] for s in runs[3][1]}
+e = max(abs(st_rs[k] - one[k]) / one[k] for k in st_rs) if st_rs else float("inf")
+check(r.returncode == 0 and sorted(st_rs) == list(range(5, STEPS + 1)) and e < 1e-5,
+      f"resharded to 2 ranks and resumed: steps {sorted(st_rs)} within {e:.2e} of 1 rank's (bound 1e-5)")
 
 # ---- 5: the switches at their defaults change nothing ----------------------------------------
 _, st0, _ = train("default", 3, "--no-save")
