@@ -851,6 +851,28 @@ int trainer_resume(trainer_t *t)
 
 /* ---- training ------------------------------------------------------------------------------- */
 
+/* Rows r0 .. r0 + k - 1 of the validation split into val (k <= 0: none). */
+static int read_val_rows(trainer_t *t, int64_t r0, int64_t k, tokens_split_t *val)
+{
+    tokens_split_free(val);
+    if (k <= 0)
+        return 0;
+    int64_t *v = malloc((size_t)k * sizeof *v);
+    if (!v) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < k; i++)
+        v[i] = r0 + i;
+    int rc = tokens_set_read(t->data.set, TOKENS_VAL, v, k, val);
+    free(v);
+    return rc;
+}
+
+/* loss_mean "micro": the validation loss is the mean of the token means of micro-batches
+ * j = rows [j·mb, (j+1)·mb) of the rows evaluated (LitGPT's validate), whatever the ranks:
+ * each rank first reads its rows to count their targets per micro-batch (one all-reduce),
+ * then the passes weigh each target 1/(J·targets of its micro-batch), as a step does. */
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
 {
     tokens_split_t *val = &t->data.eval;
@@ -861,18 +883,40 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
     double v[3] = {0, 0, 0}; /* loss, targets, errors */
     double lost = 0;          /* NaN when a pass could not run */
     char err[1024] = "";
+    int micro = t->micro_n != NULL;
+    int64_t J = micro ? (rows + mb - 1) / mb : 0;
+    double *cnt = NULL; /* an error, then the targets of each micro-batch */
+    float *w = NULL;
+    if (micro) {
+        cnt = calloc((size_t)(J + 1), sizeof *cnt);
+        w = malloc((size_t)(J > 0 ? J : 1) * sizeof *w);
+        if (!cnt || !w) {
+            free(cnt);
+            free(w);
+            cnt = NULL, w = NULL;
+            return agree(t, fail(t, FTK_EXIT_FAIL, "validation: out of memory"));
+        }
+        for (int64_t p = 0; p < passes && !cnt[0]; p++) {
+            int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
+            if (read_val_rows(t, r0, k, val) < 0) {
+                snprintf(err, sizeof err, "%s", ftk_err_msg());
+                cnt[0] = 1;
+            }
+            for (int64_t i = 0; !cnt[0] && i < val->n_rows; i++)
+                cnt[1 + (r0 + i) / mb] += (double)train_row_targets(val, i);
+        }
+        comm_allreduce_f64(t->world, cnt, (int)(J + 1), COMM_SUM);
+        if (cnt[0]) {
+            free(cnt);
+            free(w);
+            return agree(t, fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank"));
+        }
+        train_micro_weights(cnt + 1, J, w);
+    }
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
-        tokens_split_free(val);
-        int bad = 0;
-        if (k > 0) { /* rows r0 .. r0 + k - 1 of the validation split */
-            int64_t *v = malloc((size_t)k * sizeof *v);
-            for (int64_t i = 0; v && i < k; i++)
-                v[i] = r0 + i;
-            bad = !v ? (ftk_err_set("out of memory"), 1) : tokens_set_read(t->data.set, TOKENS_VAL, v, k, val) < 0;
-            free(v);
-        }
-        if (bad || make_batch(&t->b, val, NULL, 0, k) < 0) {
+        int bad = read_val_rows(t, r0, k, val) < 0;
+        if (bad || (micro ? make_micro_batch(&t->b, val, 0, k, r0, mb, w) : make_batch(&t->b, val, NULL, 0, k)) < 0) {
             snprintf(err, sizeof err, "%s", ftk_err_msg());
             v[2] = 1;
             make_batch(&t->b, val, NULL, 0, 0); /* keep the collectives in step */
@@ -884,11 +928,13 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
         v[1] += (double)t->b.n_tgt;
     }
     shard_drop(t->sh);
+    free(cnt);
+    free(w);
     /* The passes' losses stayed on the device: one download for all of them. */
     v[0] = model_loss_take(t->m) + lost;
     comm_allreduce_f64(t->world, v, 3, COMM_SUM);
     *n_tgt = (int64_t)v[1];
-    *loss = v[1] ? v[0] / v[1] : NAN;
+    *loss = !v[1] ? NAN : micro ? v[0] : v[0] / v[1];
     return agree(t, v[2] ? fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank") : 0);
 }
 

@@ -168,7 +168,8 @@ static const opt_spec_t spec = {
         "as it computes it (docs/litgpt.md): --warmup-style litgpt, a cosine to 0 whatever --min-lr says\n"
         "(LitGPT never reads its min_lr), --loss-mean micro (micro-batch j: rows [j*B, (j+1)*B) of the\n"
         "global batch, on any number of ranks), --decay-norms; and for what is not given: --clip 0,\n"
-        "--precision bf16-true, --rounding nearest, --eval-every 100, --save-every 200. Data: pack with\n"
+        "--precision bf16-true, --rounding nearest, --eval-every 100, --eval-rows 100 micro-batches,\n"
+        "--save-every 200; the validation loss is then also a mean of micro-batch means. Data: pack with\n"
         "ftk-pack --no-mask-prompt (LitGPT's Alpaca) and without --pack (a warning says otherwise). The\n"
         "data order is ftk's (seed, epoch) permutation, not LitGPT's DataLoader's.\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
@@ -385,6 +386,8 @@ static void apply_recipe(int argc, char **argv)
         rounding_arg = "nearest";
     if (!given(argc, argv, "eval-every"))
         eval_every = 100;
+    if (!given(argc, argv, "eval-rows")) /* eval.max_iters: 100 micro-batches (0: the whole split) */
+        eval_rows = micro_batch > 0 && micro_batch <= INT64_MAX / 100 ? 100 * micro_batch : 0;
     if (!given(argc, argv, "save-every") && !no_save)
         save_every = 200;
 }

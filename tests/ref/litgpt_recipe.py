@@ -59,16 +59,17 @@ MODEL, DATA = f"{WORK}/model.h5", f"{WORK}/data.h5"
 run("ftk-init", "-q", "--config", f"{WORK}/config.json", "--seed", "3", "-t", tok, "-o", MODEL)
 # LitGPT's Alpaca: one sample per row, the prompt's tokens targets too
 run("ftk-pack", "-q", "-t", tok, f"{ROOT}/examples/demo/alpaca-demo.json", "-o", DATA, "--no-mask-prompt",
-    "--max-len", "64", "--val-count", "0")
+    "--max-len", "64", "--val-count", "7")
 
-STEPS, G, W, LR, SEED = 8, 8, 3, 3e-3, 1337  # 40 rows: 5 steps an epoch, so the order turns over
+# 33 training rows: 5 steps an epoch (the last of 1 row), so the order turns over; 7 validation rows
+STEPS, G, W, LR, SEED = 8, 8, 3, 3e-3, 1337
 
 
-def train(name, mb, *extra, ranks=1, code=0):
+def train(name, mb, *extra, ranks=1, code=0, ev=0):
     out = f"{WORK}/{name}"
     cmd = ([] if ranks == 1 else MPIRUN + [str(ranks)]) + [
         f"{BIN}/ftk-train", "-m", MODEL, "-d", DATA, "-o", out, "--steps", str(STEPS), "--global-batch", str(G),
-        "--micro-batch", str(mb), "--lr", str(LR), "--warmup", str(W), "--precision", "fp32", "--eval-every", "0",
+        "--micro-batch", str(mb), "--lr", str(LR), "--warmup", str(W), "--precision", "fp32", "--eval-every", str(ev),
         "-j1"] + list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != code:
@@ -77,7 +78,7 @@ def train(name, mb, *extra, ranks=1, code=0):
     if code:
         return out, r.stderr
     steps = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
-    return out, [s for s in steps if "loss" in s], r.stderr
+    return out, [s for s in steps if "loss" in s or "val_loss" in s], r.stderr
 
 
 def final_weights(out, name):
@@ -94,9 +95,25 @@ def litgpt_scheduler(opt, warmup, max_steps):
     return torch.optim.lr_scheduler.SequentialLR(opt, [s1, s2], milestones=[warmup])
 
 
+def mean_of_means(c, params, sp, rows, mb):
+    """LitGPT's loss of rows cut into micro-batches of mb: the mean of their token means."""
+    out = []
+    for j in range(0, len(rows), mb):
+        ids, pos, seg, tgt = batch(sp, rows[j:j + mb])
+        keep = tgt >= 0
+        logits = forward(c, params, ids, pos, seg, head_rows=keep)
+        # chunked_cross_entropy: the micro-batch's own token mean
+        out.append(torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / max(int(keep.sum()), 1))
+    return out
+
+
 def reference(mb):
+    """The losses and lrs of the steps, the validation losses at steps 0, 4 and 8 (all 7 rows,
+    micro-batches of mb), the final weights."""
     c, W0 = weights(MODEL)
-    sp = split(DATA)
+    sp, vsp = split(DATA), split(DATA, "val")
+    val_rows = list(range(len(vsp["row_offsets"]) - 1))
+    val = {}
     R = len(sp["row_offsets"]) - 1
     params = {k: v.clone().requires_grad_(True) for k, v in W0.items()}
     opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -104,6 +121,9 @@ def reference(mb):
     epoch, done_rows, perm = 0, 0, ftkref.train_order(SEED, 0, R)
     losses, lrs = [], []
     for step in range(STEPS):
+        if step % 4 == 0:
+            with torch.no_grad():
+                val[step] = float(sum(mean_of_means(c, params, vsp, val_rows, mb)) / -(-len(val_rows) // mb))
         if done_rows >= R:
             epoch, done_rows = epoch + 1, 0
             perm = ftkref.train_order(SEED, epoch, R)
@@ -112,19 +132,16 @@ def reference(mb):
         micro = [rows[j:j + mb] for j in range(0, len(rows), mb)]
         lrs.append(opt.param_groups[0]["lr"])
         total = 0.0
-        for m in micro:
-            ids, pos, seg, tgt = batch(sp, m)
-            keep = tgt >= 0
-            logits = forward(c, params, ids, pos, seg, head_rows=keep)
-            # chunked_cross_entropy: the micro-batch's own token mean
-            loss = torch.nn.functional.cross_entropy(logits, tgt[keep], reduction="sum") / max(int(keep.sum()), 1)
-            (loss / len(micro)).backward()
+        for loss in mean_of_means(c, params, sp, rows, mb):
+            (loss / len(micro)).backward()  # fabric.backward(loss / gradient_accumulation_iters)
             total += loss.item() / len(micro)
         opt.step()
         opt.zero_grad()
         sched.step()
         losses.append(total)
-    return losses, lrs, {k: v.detach() for k, v in params.items()}
+    with torch.no_grad():
+        val[STEPS] = float(sum(mean_of_means(c, params, vsp, val_rows, mb)) / -(-len(val_rows) // mb))
+    return losses, lrs, val, {k: v.detach() for k, v in params.items()}
 
 
 def max_rel(a, b):
@@ -134,9 +151,14 @@ def max_rel(a, b):
 # ---- 1, 2: one micro-batch per step, and three --------------------------------------------
 runs = {}
 for mb in (8, 3):
-    out, st, err = train(f"recipe-mb{mb}", mb, "--recipe", "litgpt", "--min-lr", "6e-5", "--save-every", "4")
-    runs[mb] = (out, st)
-    ref_loss, ref_lr, ref_w = reference(mb)
+    out, st, err = train(f"recipe-mb{mb}", mb, "--recipe", "litgpt", "--min-lr", "6e-5", "--save-every", "4", ev=4)
+    vals = {s["step"]: s["val_loss"] for s in st if "val_loss" in s}
+    st = [s for s in st if "loss" in s]
+    runs[mb] = (out, st, vals)
+    ref_loss, ref_lr, ref_val, ref_w = reference(mb)
+    e = max(abs(vals[k] - ref_val[k]) / ref_val[k] for k in ref_val) if sorted(vals) == sorted(ref_val) else 1
+    check(e < 1e-5, f"micro-batch {mb}: validation losses at steps {sorted(vals)} within {e:.2e} of the mean of "
+          f"micro-batch means over the 7 rows (bound 1e-5)")
     check(len(st) == STEPS, f"micro-batch {mb}: {len(st)} steps")
     if mb == 8:
         check("--min-lr 6e-05 is not used" in err, "--recipe litgpt says that --min-lr is not used")
@@ -154,7 +176,6 @@ for mb in (8, 3):
     print("     " + ", ".join(f"{k.replace('model.', '')} {relerr(fw[k].numpy(), ref_w[k].numpy()):.1e}" for k in ref_w))
     check(we < 1e-3 and rms < 1e-4, f"micro-batch {mb}: final weights within {we:.2e} of the largest (bound 1e-3), "
           f"{rms:.2e} in the L2 norm (bound 1e-4)")
-    runs[mb] = (out, st)
 
 # the micro-batch means are not the global mean: the test can tell them apart
 _, st_g, err = train("global-mb3", 3, "--recipe", "litgpt", "--loss-mean", "global", "--no-save")
@@ -164,9 +185,13 @@ check(d > 1e-5, f"--loss-mean global differs from micro by {d:.2e} relative (the
 
 # ---- 3: ranks ---------------------------------------------------------------------------------
 for n in (2, 3):
-    _, st_n, _ = train(f"recipe-mb3-np{n}", 3, "--recipe", "litgpt", "--no-save", ranks=n)
+    _, st_n, _ = train(f"recipe-mb3-np{n}", 3, "--recipe", "litgpt", "--no-save", ranks=n, ev=4)
+    vals = {s["step"]: s["val_loss"] for s in st_n if "val_loss" in s}
+    st_n = [s for s in st_n if "loss" in s]
     e = max_rel([s["loss"] for s in st_n], [s["loss"] for s in runs[3][1]])
     check(len(st_n) == STEPS and e < 1e-5, f"{n} ranks: the losses of 1 rank within {e:.2e} (bound 1e-5)")
+    e = max(abs(vals[k] - runs[3][2][k]) / runs[3][2][k] for k in vals) if sorted(vals) == sorted(runs[3][2]) else 1
+    check(e < 1e-5, f"{n} ranks: the validation losses of 1 rank within {e:.2e} (bound 1e-5)")
 
 # ---- 4: resume ---------------------------------------------------------------------------------
 out, err = train("resume", 3, "--recipe", "litgpt", "--save-every", "4", "--stop-after", "4", code=75)
