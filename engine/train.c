@@ -25,6 +25,10 @@ int64_t train_row_targets(const tokens_split_t *s, int64_t r)
 
 double train_lr(const ckpt_train_t *t, int64_t step)
 {
+    /* LitGPT steps its LambdaLR/CosineAnnealingLR after each optimizer step: step k runs at
+     * the rate the schedule gives k - 1 (0 for the first step when there is a warmup). */
+    if (!strcmp(ckpt_warmup_style(t), "litgpt"))
+        step = step > 0 ? step - 1 : 0;
     if (t->warmup > 0 && step <= t->warmup)
         return t->lr * (double)step / (double)t->warmup;
     if (!strcmp(t->schedule, "constant"))
@@ -35,4 +39,10 @@ double train_lr(const ckpt_train_t *t, int64_t step)
     if (!strcmp(t->schedule, "linear"))
         return t->lr + (t->min_lr - t->lr) * p;
     return t->min_lr + 0.5 * (1.0 + cos(M_PI * p)) * (t->lr - t->min_lr);
+}
+
+void train_micro_weights(const double *n, int64_t J, float *w)
+{
+    for (int64_t j = 0; j < J; j++)
+        w[j] = n[j] > 0 ? (float)(1.0 / ((double)J * n[j])) : 0.0f;
 }

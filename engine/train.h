@@ -7,10 +7,15 @@
  * batch of an epoch may be shorter), whatever the number of processes. The data state
  * is therefore (epoch, rows consumed) and nothing else.
  *
- * Loss normalisation: the loss of a step is Σ loss over the global batch's targets
- * divided by their number, so it does not depend on how the batch is cut into
- * micro-batches or spread over ranks; each micro-batch's backward pass is scaled by
- * 1/(targets in the global batch) and the gradients simply add up.
+ * Loss normalisation (loss_mean "global", the default): the loss of a step is Σ loss over
+ * the global batch's targets divided by their number, so it does not depend on how the
+ * batch is cut into micro-batches or spread over ranks; each micro-batch's backward pass
+ * is scaled by 1/(targets in the global batch) and the gradients simply add up.
+ * loss_mean "micro" (LitGPT's): the mean over the step's J micro-batches of each one's
+ * token mean, where micro-batch j is rows [j·micro_batch, (j+1)·micro_batch) of the global
+ * batch in the data order — not a rank's pass — so the loss depends on the micro-batch
+ * size but not on the number of ranks: every target of micro-batch j weighs
+ * 1/(J·targets of j) (train_micro_weights), whichever rank holds its row.
  */
 #ifndef FTK_TRAIN_H
 #define FTK_TRAIN_H
@@ -29,7 +34,14 @@ int64_t train_row_targets(const tokens_split_t *s, int64_t r);
 
 /* Learning rate of step `step` (1-based): linear warmup from lr/warmup to lr over
  * `warmup` steps, then schedule "cosine" or "linear" from lr down to min_lr at
- * total_steps, or "constant". */
+ * total_steps, or "constant". With warmup_style "litgpt" step k takes that of step k-1
+ * (step 0: 0 when warmup > 0, else lr), which is what LitGPT's finetune computes: its
+ * LambdaLR(step / warmup) then CosineAnnealingLR(T_max = total - warmup), stepped after
+ * each optimizer step (docs/litgpt.md). */
 double train_lr(const ckpt_train_t *t, int64_t step);
+
+/* loss_mean "micro": the weight of each target of micro-batch j, w[j] = 1/(J·n[j]) for the
+ * J micro-batches with n[j] targets each (0 where n[j] is 0: no target to weigh). */
+void train_micro_weights(const double *n, int64_t J, float *w);
 
 #endif

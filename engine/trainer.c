@@ -30,7 +30,7 @@
 typedef struct {
     tokens_set_t *set;
     tokens_split_t step, eval;
-    int64_t max_len, vocab, rows[2];
+    int64_t max_len, vocab, rows[2], mask_prompt, packed;
     char set_xxh3[32];
 } data_t;
 
@@ -71,6 +71,10 @@ struct trainer {
     model_t *m;
     int64_t *perm, *rows;
     batch_t b;
+    /* loss_mean "micro" (train.h): per micro-batch of the global batch, the counts summed
+     * over the ranks (3 + its targets each, as trainer_step's counts) and the weights */
+    double *micro_n;
+    float *micro_w;
     /* --async-save (bgsave.h): every rank's mode (the HDF5 library allows it); the writing
      * ranks' snapshot; the checkpoint in flight; the commits not yet reported */
     int async;
@@ -124,6 +128,8 @@ static int open_data(const char *path, data_t *d)
     d->vocab = in->vocab_size;
     d->rows[TOKENS_TRAIN] = in->rows[TOKENS_TRAIN];
     d->rows[TOKENS_VAL] = in->rows[TOKENS_VAL];
+    d->mask_prompt = in->mask_prompt;
+    d->packed = in->packed;
     snprintf(d->set_xxh3, sizeof d->set_xxh3, "%s", in->set_xxh3);
     return 0;
 }
@@ -227,6 +233,25 @@ static int make_batch(batch_t *b, const tokens_split_t *s, const int64_t *rows, 
     return rc;
 }
 
+/* loss_mean "micro": make_batch's batch of the split's rows r0 .. r0 + k - 1, which are
+ * rows g0 .. g0 + k - 1 of the global batch, each row's targets weighted by its
+ * micro-batch's w[g / mb] (train.h). */
+static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int64_t k, int64_t g0, int64_t mb,
+                            const float *w)
+{
+    batch_clear(b);
+    if (k <= 0)
+        return batch_add_idle(b);
+    for (int64_t i = 0; i < k; i++) {
+        int64_t row = r0 + i, n0 = b->n_tgt;
+        if (batch_add_rows(b, s, &row, 1) < 0)
+            return -1;
+        for (int64_t j = n0; j < b->n_tgt; j++)
+            b->tgt_w[j] = w[(g0 + i) / mb];
+    }
+    return 0;
+}
+
 static int same_config(const model_config_t *a, const model_config_t *b)
 {
     return a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
@@ -292,6 +317,15 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta, 
         ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here)", c->schedule, t->schedule);
         return -1;
     }
+    /* the recipe first: a change of it explains the pieces' */
+    const char *(*const get[3])(const ckpt_train_t *) = {ckpt_recipe, ckpt_warmup_style, ckpt_loss_mean};
+    static const char *const opt[3] = {"recipe", "warmup-style", "loss-mean"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(get[i](c), get[i](t))) {
+            ftk_err_set("--%s differs from the checkpoint's (%s there, %s here); resume with the same options", opt[i],
+                        get[i](c), get[i](t));
+            return -1;
+        }
     if (strcmp(cm->precision, meta->precision)) {
         ftk_err_set("--precision differs from the checkpoint's (%s there, %s here); resume with the same "
                     "--precision, or convert the checkpoint first (ftk-reshard --precision %s)",
@@ -445,6 +479,18 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     else if (ckpt_init_hash(t->wf, &t->cfg, meta->init_xxh3) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->model_path, ftk_err_msg());
     CHECK(c);
+    /* LitGPT's Alpaca: one sample per row, padded to the micro-batch's longest, every
+     * token but the first a target. Other data trains, but not LitGPT's step for step. */
+    if (t->rank == 0 && !strcmp(ckpt_recipe(&o->train), "litgpt")) {
+        if (t->data.mask_prompt == 1)
+            ftk_warn("--recipe litgpt: %s was packed with --mask-prompt: LitGPT's Alpaca has the prompt's tokens as "
+                     "targets too (ftk-pack --no-mask-prompt)",
+                     o->data_path);
+        if (t->data.packed == 1)
+            ftk_warn("--recipe litgpt: %s holds packed rows (ftk-pack --pack): LitGPT trains one sample per row, so "
+                     "its micro-batches hold other samples",
+                     o->data_path);
+    }
     t->R = t->data.rows[TOKENS_TRAIN];
     /* Products of options, checked (a global batch or --epochs of 2^63-1 overflowed) */
     t->per_epoch = t->R / o->train.global_batch + (t->R % o->train.global_batch != 0);
@@ -486,6 +532,12 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     /* a batch holds at most the epoch's rows */
     t->rows = malloc((size_t)(o->train.global_batch < t->R ? o->train.global_batch : t->R) * sizeof *t->rows);
     CHECK(!t->perm || !t->rows ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
+    if (!strcmp(ckpt_loss_mean(&o->train), "micro")) {
+        int64_t J = (o->train.global_batch + o->train.micro_batch - 1) / o->train.micro_batch;
+        t->micro_n = malloc((size_t)(3 + J) * sizeof *t->micro_n);
+        t->micro_w = malloc((size_t)J * sizeof *t->micro_w);
+        CHECK(!t->micro_n || !t->micro_w ? fail(t, FTK_EXIT_FAIL, "out of memory") : 0);
+    }
     return t;
 fail:
     trainer_discard_new_run(t);
@@ -517,6 +569,8 @@ void trainer_free(trainer_t *t)
         close(t->lock_fd);
     free(t->perm);
     free(t->rows);
+    free(t->micro_n);
+    free(t->micro_w);
     model_free(t->m);
     shard_free(t->sh);
     tokens_split_free(&t->data.step);
@@ -923,6 +977,28 @@ int trainer_resume(trainer_t *t)
 
 /* ---- training ------------------------------------------------------------------------------- */
 
+/* Rows r0 .. r0 + k - 1 of the validation split into val (k <= 0: none). */
+static int read_val_rows(trainer_t *t, int64_t r0, int64_t k, tokens_split_t *val)
+{
+    tokens_split_free(val);
+    if (k <= 0)
+        return 0;
+    int64_t *v = malloc((size_t)k * sizeof *v);
+    if (!v) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < k; i++)
+        v[i] = r0 + i;
+    int rc = tokens_set_read(t->data.set, TOKENS_VAL, v, k, val);
+    free(v);
+    return rc;
+}
+
+/* loss_mean "micro": the validation loss is the mean of the token means of micro-batches
+ * j = rows [j·mb, (j+1)·mb) of the rows evaluated (LitGPT's validate), whatever the ranks:
+ * each rank first reads its rows to count their targets per micro-batch (one all-reduce),
+ * then the passes weigh each target 1/(J·targets of its micro-batch), as a step does. */
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
 {
     tokens_split_t *val = &t->data.eval;
@@ -933,18 +1009,40 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
     double v[3] = {0, 0, 0}; /* loss, targets, errors */
     double lost = 0;          /* NaN when a pass could not run */
     char err[1024] = "";
+    int micro = t->micro_n != NULL;
+    int64_t J = micro ? (rows + mb - 1) / mb : 0;
+    double *cnt = NULL; /* an error, then the targets of each micro-batch */
+    float *w = NULL;
+    if (micro) {
+        cnt = calloc((size_t)(J + 1), sizeof *cnt);
+        w = malloc((size_t)(J > 0 ? J : 1) * sizeof *w);
+        if (!cnt || !w) {
+            free(cnt);
+            free(w);
+            cnt = NULL, w = NULL;
+            return agree(t, fail(t, FTK_EXIT_FAIL, "validation: out of memory"));
+        }
+        for (int64_t p = 0; p < passes && !cnt[0]; p++) {
+            int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
+            if (read_val_rows(t, r0, k, val) < 0) {
+                snprintf(err, sizeof err, "%s", ftk_err_msg());
+                cnt[0] = 1;
+            }
+            for (int64_t i = 0; !cnt[0] && i < val->n_rows; i++)
+                cnt[1 + (r0 + i) / mb] += (double)train_row_targets(val, i);
+        }
+        comm_allreduce_f64(t->world, cnt, (int)(J + 1), COMM_SUM);
+        if (cnt[0]) {
+            free(cnt);
+            free(w);
+            return agree(t, fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank"));
+        }
+        train_micro_weights(cnt + 1, J, w);
+    }
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
-        tokens_split_free(val);
-        int bad = 0;
-        if (k > 0) { /* rows r0 .. r0 + k - 1 of the validation split */
-            int64_t *v = malloc((size_t)k * sizeof *v);
-            for (int64_t i = 0; v && i < k; i++)
-                v[i] = r0 + i;
-            bad = !v ? (ftk_err_set("out of memory"), 1) : tokens_set_read(t->data.set, TOKENS_VAL, v, k, val) < 0;
-            free(v);
-        }
-        if (bad || make_batch(&t->b, val, NULL, 0, k) < 0) {
+        int bad = read_val_rows(t, r0, k, val) < 0;
+        if (bad || (micro ? make_micro_batch(&t->b, val, 0, k, r0, mb, w) : make_batch(&t->b, val, NULL, 0, k)) < 0) {
             snprintf(err, sizeof err, "%s", ftk_err_msg());
             v[2] = 1;
             make_batch(&t->b, val, NULL, 0, 0); /* keep the collectives in step */
@@ -956,11 +1054,13 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
         v[1] += (double)t->b.n_tgt;
     }
     shard_drop(t->sh);
+    free(cnt);
+    free(w);
     /* The passes' losses stayed on the device: one download for all of them. */
     v[0] = model_loss_take(t->m) + lost;
     comm_allreduce_f64(t->world, v, 3, COMM_SUM);
     *n_tgt = (int64_t)v[1];
-    *loss = v[1] ? v[0] / v[1] : NAN;
+    *loss = !v[1] ? NAN : micro ? v[0] : v[0] / v[1];
     return agree(t, v[2] ? fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank") : 0);
 }
 
@@ -983,7 +1083,12 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     int64_t per = (k + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
     /* This rank's rows of the batch, read once; the batch's targets and tokens are the sums
      * of every rank's (exact: integers), and the targets scale every backward pass. */
-    double c[3] = {0, 0, 0}; /* targets, tokens, a rank could not read its rows */
+    /* loss_mean "micro": then the targets of each of the J micro-batches, which rows of
+     * several ranks may share */
+    int micro = t->micro_n != NULL;
+    int64_t J = micro ? (k + mb - 1) / mb : 0;
+    double c3[3], *c = micro ? t->micro_n : c3; /* targets, tokens, a rank could not read its rows */
+    memset(c, 0, (size_t)(3 + J) * sizeof *c);
     char err[1024] = "";
     tokens_split_free(tr);
     if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
@@ -991,22 +1096,30 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         c[2] = 1;
     }
     for (int64_t i = 0; i < tr->n_rows; i++) {
-        c[0] += (double)train_row_targets(tr, i);
+        int64_t n = train_row_targets(tr, i);
+        c[0] += (double)n;
+        if (micro)
+            c[3 + (lo + i) / mb] += (double)n;
         for (int64_t j = tr->row_samples[i]; j < tr->row_samples[i + 1]; j++)
             c[1] += (double)tr->sample_lengths[j];
     }
-    comm_allreduce_f64(t->world, c, 3, COMM_SUM);
+    comm_allreduce_f64(t->world, c, (int)(3 + J), COMM_SUM);
     if (c[2])
         return agree(t, err[0] ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1, err) : 0);
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
     float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
+    if (micro) {
+        train_micro_weights(c + 3, J, t->micro_w);
+        scale = 1.0f; /* the targets' weights hold the normalisation */
+    }
     /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
      * checkpoint write is under way, a checkpoint write or commit failed */
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
     double lost = 0; /* NaN when a pass could not run */
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
-        if (make_batch(&t->b, tr, NULL, r0 - lo, kk) < 0) {
+        if ((micro ? make_micro_batch(&t->b, tr, r0 - lo, kk, r0, mb, t->micro_w)
+                   : make_batch(&t->b, tr, NULL, r0 - lo, kk)) < 0) {
             snprintf(err, sizeof err, "%s", ftk_err_msg());
             v[3] = 1;
             make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
@@ -1031,7 +1144,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if (v[3])
         return agree(t, fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1,
                              err[0] ? err : "a batch could not be built on another rank"));
-    double loss = v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
+    double loss = micro ? v[0] : v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
     int64_t step = meta->step + 1;
     double lr = train_lr(tc, step);
     double gnorm = shard_step(t->sh, tc, step, lr);

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,10 @@ dtype_t ckpt_state_dtype(const char *precision)
         return DT_F32;
     return !strcmp(precision, "bf16-true") ? DT_BF16 : DT_INVALID;
 }
+
+const char *ckpt_warmup_style(const ckpt_train_t *t) { return t->warmup_style[0] ? t->warmup_style : "ftk"; }
+const char *ckpt_loss_mean(const ckpt_train_t *t) { return t->loss_mean[0] ? t->loss_mean : "global"; }
+const char *ckpt_recipe(const ckpt_train_t *t) { return t->recipe[0] ? t->recipe : "ftk"; }
 
 int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17])
 {
@@ -330,9 +335,11 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
                   (long long)t->global_batch, (long long)t->micro_batch);
     rc |= buf_printf(&b,
                   "            \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, "
-                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld, \"rounding\": \"%s\"},\n",
+                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld, \"rounding\": \"%s\",\n",
                   t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
                   (long long)t->seed, t->rounding[0] ? t->rounding : "nearest");
+    rc |= buf_printf(&b, "            \"warmup_style\": \"%s\", \"loss_mean\": \"%s\", \"recipe\": \"%s\"},\n",
+                     ckpt_warmup_style(t), ckpt_loss_mean(t), ckpt_recipe(t));
     rc |= buf_printf(&b, "  \"precision\": \"%s\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
                   meta->precision, meta->strategy, (long long)meta->world_size);
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
@@ -905,6 +912,27 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
     if (strcmp(tr->rounding, "stochastic") && strcmp(tr->rounding, "nearest")) {
         ftk_err_set("manifest.json: \"rounding\" is \"%s\" (need stochastic or nearest)", tr->rounding);
         return -1;
+    }
+    /* Options added after version 1's first manifests: absent, they are what those runs did. */
+    static const struct {
+        const char *key, *dflt, *a, *b;
+        size_t off;
+    } opt_str[] = {
+        {"warmup_style", "ftk", "ftk", "litgpt", offsetof(ckpt_train_t, warmup_style)},
+        {"loss_mean", "global", "global", "micro", offsetof(ckpt_train_t, loss_mean)},
+        {"recipe", "ftk", "ftk", "litgpt", offsetof(ckpt_train_t, recipe)},
+    };
+    for (size_t i = 0; i < sizeof opt_str / sizeof *opt_str; i++) {
+        char *v = (char *)tr + opt_str[i].off;
+        if (!json_get(t, opt_str[i].key))
+            snprintf(v, sizeof tr->recipe, "%s", opt_str[i].dflt);
+        else if (get_str(t, opt_str[i].key, v, sizeof tr->recipe) < 0)
+            return -1;
+        if (strcmp(v, opt_str[i].a) && strcmp(v, opt_str[i].b)) {
+            ftk_err_set("manifest.json: \"%s\" is \"%s\" (need %s or %s)", opt_str[i].key, v, opt_str[i].a,
+                        opt_str[i].b);
+            return -1;
+        }
     }
     if (ckpt_state_dtype(m->precision) == DT_INVALID) {
         ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",

@@ -50,7 +50,12 @@
  *                   lr, min_lr, warmup, schedule, total_steps, global_batch, micro_batch,
  *                   beta1, beta2, eps, weight_decay, decay_norms, clip, seed, rounding
  *                   ("stochastic" or "nearest": how AdamW rounds bf16 results; a manifest
- *                   without it is read as "nearest", what fp32 runs wrote)
+ *                   without it is read as "nearest", what fp32 runs wrote), warmup_style
+ *                   ("ftk" or "litgpt": step k takes the schedule's rate of step k or of
+ *                   step k-1), loss_mean ("global": the token mean of the global batch;
+ *                   "micro": the mean of its micro-batches' token means), recipe ("ftk" or
+ *                   "litgpt": the defaults the run started from, docs/litgpt.md); a
+ *                   manifest without the last three is read as "ftk", "global", "ftk"
  *   precision       "fp32", "bf16-mixed" or "bf16-true" (Precision, above)
  *   strategy        "full", "grad-op", "none" or "hybrid" (engine/shard.h)
  *   world_size      ranks of the run that wrote it
@@ -128,7 +133,16 @@ typedef struct {
     int decay_norms;
     char schedule[16]; /* cosine | linear | constant */
     char rounding[16]; /* how bf16 results of AdamW are rounded: stochastic | nearest */
+    /* "" reads as the first of each (what runs wrote before these existed) */
+    char warmup_style[16]; /* ftk | litgpt */
+    char loss_mean[16];    /* global | micro */
+    char recipe[16];       /* ftk | litgpt */
 } ckpt_train_t;
+
+/* The value of a ckpt_train_t string option, "" read as its default. */
+const char *ckpt_warmup_style(const ckpt_train_t *t);
+const char *ckpt_loss_mean(const ckpt_train_t *t);
+const char *ckpt_recipe(const ckpt_train_t *t);
 
 typedef struct {
     int64_t step, tokens_seen;

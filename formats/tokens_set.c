@@ -436,6 +436,7 @@ tokens_set_t *tokens_set_open(const char *path)
             in->pad_id = a0.v[3];
             in->max_len = a0.v[5];
             in->packed = a0.v[6];
+            in->mask_prompt = a0.v[4];
             snprintf(in->set_xxh3, sizeof in->set_xxh3, "%s", a0.set);
             snprintf(in->tokenizer_xxh3, sizeof in->tokenizer_xxh3, "%s", a0.str[0]);
             if (in->vocab_size < 1 || in->vocab_size > INT32_MAX || in->max_len < 1 || in->pad_id < 0 ||

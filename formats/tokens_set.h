@@ -67,6 +67,7 @@ typedef struct tokens_set tokens_set_t;
 typedef struct {
     int n_shards;
     int64_t vocab_size, max_len, pad_id, packed;
+    int64_t mask_prompt; /* 1: targets are the responses only; 0: every token; -1: not recorded */
     char set_xxh3[17], tokenizer_xxh3[17];
     int64_t rows[2], tokens[2], samples[2]; /* per split, whole set */
 } tokens_set_info_t;

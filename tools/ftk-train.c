@@ -51,6 +51,8 @@ static int64_t plan_max_len;
 static const char *tensorboard_dir, *config_path;
 static int extend;
 static int allow_other_tokenizer;
+/* --recipe and its pieces (docs/litgpt.md) */
+static const char *recipe = "ftk", *warmup_style = "ftk", *loss_mean = "global";
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
@@ -65,6 +67,12 @@ static const opt_t options[] = {
     {"min-lr", 0, OPT_DOUBLE, &min_lr, "LR", "learning rate at the end of the decay", "0.."},
     {"warmup", 0, OPT_I64, &warmup, "N", "linear warmup steps", "0.."},
     {"schedule", 0, OPT_STR, &schedule, "cosine|linear|constant", "decay after the warmup"},
+    {"warmup-style", 0, OPT_STR, &warmup_style, "ftk|litgpt",
+     "litgpt: step k runs at the schedule's rate of step k-1, as LitGPT's (first step at lr 0)"},
+    {"loss-mean", 0, OPT_STR, &loss_mean, "global|micro",
+     "global: the token mean of the global batch; micro: the mean of its micro-batches' token means (LitGPT's)"},
+    {"recipe", 0, OPT_STR, &recipe, "ftk|litgpt",
+     "litgpt: LitGPT's finetune_full step for step: its schedule, loss mean and defaults (below)"},
     {"beta1", 0, OPT_DOUBLE, &beta1, "B1", "AdamW beta1", "0..<1"},
     {"beta2", 0, OPT_DOUBLE, &beta2, "B2", "AdamW beta2", "0..<1"},
     {"eps", 0, OPT_DOUBLE, &eps, "EPS", "AdamW epsilon", "0<.."},
@@ -124,11 +132,14 @@ static const opt_spec_t spec = {
     .summary =
         "Full-parameter finetuning of a Llama model: AdamW, gradient clipping, warmup + cosine schedule,\n"
         "gradient accumulation to a global batch, sharded data parallelism over MPI ranks. Defaults follow\n"
-        "LitGPT's Llama-2-7B full finetune (lr 2e-4, betas 0.9/0.95, weight decay 0.1, warmup 25, min lr\n"
-        "6e-5, global batch 64, micro batch 4, one epoch) except: --precision fp32 (the recipe: bf16-true),\n"
-        "--clip 1.0 (the recipe does not clip: --clip 0) and no decay of the norms (README). The loss of a\n"
-        "step is the mean over the targets of its global batch, whatever the number of ranks. A global\n"
-        "batch is the next G rows of the epoch: batches do not cross epochs, an epoch's last may be short.",
+        "the YAML of LitGPT's Llama-2-7B full finetune (lr 2e-4, betas 0.9/0.95, weight decay 0.1, warmup 25,\n"
+        "min lr 6e-5, global batch 64, micro batch 4, one epoch) except: --precision fp32 (the recipe:\n"
+        "bf16-true), --clip 1.0 (the recipe does not clip: --clip 0) and no decay of the norms; and what\n"
+        "LitGPT computes differs from its YAML: its step k runs at the rate of step k-1 (the first at 0),\n"
+        "its cosine ends at 0, and its loss is a mean of micro-batch means (--recipe litgpt: LitGPT's, see\n"
+        "below and docs/litgpt.md). The loss of a step is the mean over the targets of its global batch,\n"
+        "whatever the number of ranks. A global batch is the next G rows of the epoch: batches do not\n"
+        "cross epochs, an epoch's last may be short.",
     .epilog =
         "Strategies (engine/shard.h): full = ZeRO-3 (parameters, gradients and AdamW state sharded; units\n"
         "gathered when used), grad-op = ZeRO-2 (parameters gathered once per step), none = DDP (replicated,\n"
@@ -179,6 +190,14 @@ static const opt_spec_t spec = {
         "checkpoint) has finished for S seconds: a stopped or stuck rank, or a collective that never\n"
         "completes, then ends the job instead of holding it; start it again with --resume auto. Give S\n"
         "above the longest step plus a checkpoint.\n"
+        "--recipe litgpt reproduces LitGPT's finetune_full (litgpt 0.5, config_hub llama-2-7b/full.yaml)\n"
+        "as it computes it (docs/litgpt.md): --warmup-style litgpt, a cosine to 0 whatever --min-lr says\n"
+        "(LitGPT never reads its min_lr), --loss-mean micro (micro-batch j: rows [j*B, (j+1)*B) of the\n"
+        "global batch, on any number of ranks), --decay-norms; and for what is not given: --clip 0,\n"
+        "--precision bf16-true, --rounding nearest, --eval-every 100, --eval-rows 100 micro-batches,\n"
+        "--save-every 200; the validation loss is then also a mean of micro-batch means. Data: pack with\n"
+        "ftk-pack --no-mask-prompt (LitGPT's Alpaca) and without --pack (a warning says otherwise). The\n"
+        "data order is ftk's (seed, epoch) permutation, not LitGPT's DataLoader's.\n"
         "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
         "checkpoint and exit 75.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
@@ -426,6 +445,45 @@ static int same_args(int argc, char **argv)
     return v[0] == -v[1];
 }
 
+/* Whether option --name was on the command line (before a `--`). */
+static int given(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (!argv[i][2 + n] || argv[i][2 + n] == '='))
+            return 1;
+    return 0;
+}
+
+/* --recipe litgpt: its pieces, and LitGPT's values for what the command line does not give. */
+static void apply_recipe(int argc, char **argv)
+{
+    if (strcmp(recipe, "litgpt"))
+        return;
+    if (!given(argc, argv, "warmup-style"))
+        warmup_style = "litgpt";
+    if (!given(argc, argv, "loss-mean"))
+        loss_mean = "micro";
+    decay_norms = 1;
+    if (given(argc, argv, "min-lr") && min_lr != 0 && rank == 0)
+        ftk_warn("--recipe litgpt: the cosine decays to 0 as LitGPT's finetune does (it never reads its min_lr); "
+                 "--min-lr %g is not used",
+                 min_lr);
+    min_lr = 0;
+    if (!given(argc, argv, "clip"))
+        clip = 0;
+    if (!given(argc, argv, "precision"))
+        precision_arg = "bf16-true";
+    if (!given(argc, argv, "rounding"))
+        rounding_arg = "nearest";
+    if (!given(argc, argv, "eval-every"))
+        eval_every = 100;
+    if (!given(argc, argv, "eval-rows")) /* eval.max_iters: 100 micro-batches (0: the whole split) */
+        eval_rows = micro_batch > 0 && micro_batch <= INT64_MAX / 100 ? 100 * micro_batch : 0;
+    if (!given(argc, argv, "save-every") && !no_save)
+        save_every = 200;
+}
+
 static char why[1024];
 static int bad(const char *fmt, ...) FTK_PRINTF(1, 2);
 static int bad(const char *fmt, ...)
@@ -472,6 +530,12 @@ static int check_values(trainer_opts_t *o)
         return bad("%s", ftk_err_msg());
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
+    if (strcmp(recipe, "ftk") && strcmp(recipe, "litgpt"))
+        return bad("--recipe %s: need ftk or litgpt", recipe);
+    if (strcmp(warmup_style, "ftk") && strcmp(warmup_style, "litgpt"))
+        return bad("--warmup-style %s: need ftk or litgpt", warmup_style);
+    if (strcmp(loss_mean, "global") && strcmp(loss_mean, "micro"))
+        return bad("--loss-mean %s: need global or micro", loss_mean);
     if (strategy_parse(strategy_arg, &o->strategy) < 0)
         return bad("--strategy %s: need full, grad-op, none or hybrid", strategy_arg);
     if (group_size && o->strategy != STRAT_HYBRID)
@@ -495,6 +559,9 @@ static int check_values(trainer_opts_t *o)
                               .global_batch = global_batch, .micro_batch = micro_batch, .seed = seed,
                               .decay_norms = decay_norms};
     snprintf(o->train.schedule, sizeof o->train.schedule, "%s", schedule);
+    snprintf(o->train.warmup_style, sizeof o->train.warmup_style, "%s", warmup_style);
+    snprintf(o->train.loss_mean, sizeof o->train.loss_mean, "%s", loss_mean);
+    snprintf(o->train.recipe, sizeof o->train.recipe, "%s", recipe);
     o->epochs = epochs;
     o->group_size = group_size;
     o->stochastic = !strcmp(rounding_arg, "stochastic");
@@ -838,6 +905,7 @@ static int run(int argc, char **argv)
         return prc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
     if (rank != 0)
         ftk_quiet = 1; /* progress and notes from rank 0 only */
+    apply_recipe(argc, argv);
     if (!device)
         device = default_device();
     trainer_opts_t o = {0};

@@ -62,3 +62,38 @@ def relerr(a, b):
     b = np.asarray(b, dtype=np.float64)
     scale = np.abs(b).max()
     return float(np.abs(a - b).max() / scale) if scale > 0 else float(np.abs(a).max())
+
+
+def train_order(seed, epoch, n):
+    """engine/train.c's train_order, written again: the rows of an epoch in ftk-train's order
+    (xoshiro256** seeded through splitmix64, Fisher-Yates from the end, libcommon/rng.h)."""
+    M = (1 << 64) - 1
+    x = (seed ^ ((0xA0761D6478BD642F * (epoch + 1)) & M)) & M
+    s = []
+    for _ in range(4):
+        x = (x + 0x9E3779B97F4A7C15) & M
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        s.append(z ^ (z >> 31))
+
+    def nxt():
+        r = (((s[1] * 5) & M) << 7 | ((s[1] * 5) & M) >> 57) & M
+        r = (r * 9) & M
+        t = (s[1] << 17) & M
+        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t
+        s[3] = ((s[3] << 45) | (s[3] >> 19)) & M
+        return r
+
+    def below(k):
+        limit = M - M % k
+        while True:
+            v = nxt()
+            if v < limit:
+                return v % k
+
+    perm = list(range(n))
+    for i in range(n, 1, -1):
+        j = below(i)
+        perm[i - 1], perm[j] = perm[j], perm[i - 1]
+    return perm
