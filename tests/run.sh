@@ -141,6 +141,8 @@ run cli/train sh tests/cli/train.sh "$ROOT/bin" "$WORK/train" "$DATA"
 run cli/shards sh tests/cli/shards.sh "$ROOT/bin" "$WORK/shards" "$DATA"
 run cli/dist sh tests/cli/dist.sh "$ROOT/bin" "$WORK/dist" 2
 run cli/comm sh tests/cli/comm.sh "$ROOT/build/tests/test_comm" "$WORK/comm"
+# the communication and time report on 4 and 8 MPI ranks in simulated nodes (FTK_SIM_NODE_RANKS)
+run cli/comm-report sh tests/cli/comm_report.sh "$ROOT/bin" "$WORK/comm-report"
 run cli/plan sh tests/cli/plan.sh "$ROOT/bin" "$WORK/plan"
 run cli/checkpoint-tools sh tests/cli/ckpt.sh "$ROOT/bin" "$WORK/ckpt"
 run cli/generation-eos sh tests/cli/eos.sh "$ROOT/bin" "$WORK/eos"
