@@ -139,6 +139,8 @@ static const opt_spec_t spec = {
         "`latest`, and metrics.jsonl: one JSON object per step {step, loss, lr, grad_norm, tokens,\n"
         "tokens_seen, tokens_per_s, elapsed_s, epoch, ranks, micro_batches, comm} where comm holds the bytes\n"
         "this rank all-gathered, reduce-scattered and all-reduced in the step and the seconds it waited,\n"
+        "split (the step's compute, exposed and overlapped communication, host seconds) and collectives\n"
+        "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
         "mem_peak_bytes (rank 0's backend high-water mark so far) and per evaluation {step, val_loss,\n"
         "val_tokens}. A readable line per step goes to stderr.\n"
         "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy: the\n"
@@ -176,6 +178,8 @@ static const opt_spec_t spec = {
         "first step (warm-up) to the end of the run, TFLOP/s or GB/s (kernels/prof.h).\n"
         "FTK_NCCL_INIT_TIMEOUT=S (default 300): how long GPU ranks wait for every rank of a group to join\n"
         "its NCCL communicator; a rank whose join fails tells the others at once (docs/design.md).\n"
+        "FTK_SIM_NODE_RANKS=N: blocks of N consecutive ranks count as nodes (hybrid's default shard group,\n"
+        "the report's levels): the hierarchical strategies tested on one machine.\n"
         "FTK_STEP_TIMEOUT=S (default 0: off): a rank exits 1 when nothing (a step, an evaluation, a\n"
         "checkpoint) has finished for S seconds: a stopped or stuck rank, or a collective that never\n"
         "completes, then ends the job instead of holding it; start it again with --resume auto. Give S\n"
@@ -328,12 +332,12 @@ static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double el
             "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
             "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
             "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
-            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}, "
-            "\"mem_peak_bytes\": %lld%s}\n",
+            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s, "
+            "\"mem_peak_bytes\": %lld}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
             s->tokens / dt, elapsed, iso_now(now), (long long)s->epoch, nranks, (long long)s->micro_batches,
-            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak,
-            extra ? extra : "");
+            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, extra ? extra : "",
+            (long long)mem_peak);
     metrics_flush(mf);
     tb_scalar("train/loss", s->step, s->loss);
     tb_scalar("train/learning_rate", s->step, s->lr);
