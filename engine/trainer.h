@@ -91,12 +91,12 @@ typedef struct {
     int stop;          /* some rank asked to stop (agreed) */
     int save_due;      /* rank 0's clock asked for a checkpoint (agreed) */
     comm_stats_t comm; /* this rank's communication in the step */
-    /* This rank's seconds in the step, by phase: compute (the passes, the loss's download,
-     * the optimizer step and the backend's sync) and host work (reading and counting the
-     * batch, the agreement's bookkeeping, the background save's commit), each less the
-     * communication waits inside it; step_s = host_s + compute_s + comm.wait_s, the time
-     * from trainer_step's start to its end. comm.overlap_s is the communication hidden
-     * under these (comm.h "Accounting"). */
+    /* This rank's seconds in the step, by phase: compute (the passes with their
+     * micro-batches' assembly, the loss's download, the optimizer step and the backend's
+     * sync) and host work (reading and counting the batch, the agreement's bookkeeping,
+     * the background save's commit), each less the communication waits inside it;
+     * step_s = host_s + compute_s + comm.wait_s, the time from trainer_step's start to its
+     * end. comm.overlap_s is the communication hidden under these (comm.h "Accounting"). */
     double step_s, compute_s, host_s;
 } trainer_step_t;
 
