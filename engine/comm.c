@@ -41,6 +41,7 @@ struct comm {
     int self; /* no MPI: KIND_SELF (a world of one) or KIND_PLAN */
     int kind;
     comm_stats_t *stats;
+    int level; /* COMM_LEVEL_*: where in stats->coll its collectives count */
     backend_t *be; /* a world of one's collectives copy through it */
     /* device communication (comm_enable_device): the library, its shared state (freed by
      * the communicator that made it: owns_dev), this communicator's device communicator */
@@ -354,10 +355,51 @@ static int dev_issued(comm_t *c, int rc, void *tok, comm_req_t *req)
 int comm_rank(const comm_t *c) { return c->rank; }
 int comm_size(const comm_t *c) { return c->size; }
 void comm_set_stats(comm_t *c, comm_stats_t *s) { c->stats = s; }
+void comm_set_level(comm_t *c, int level) { c->level = level >= 0 && level < COMM_N_LEVELS ? level : 0; }
 
-int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
+void comm_stats_since(comm_stats_t *d, const comm_stats_t *now, const comm_stats_t *before)
 {
-    if (c->self) { /* a planning world is one node */
+    *d = *now;
+    d->ag_bytes -= before->ag_bytes;
+    d->rs_bytes -= before->rs_bytes;
+    d->ar_bytes -= before->ar_bytes;
+    d->ag_calls -= before->ag_calls;
+    d->rs_calls -= before->rs_calls;
+    d->ar_calls -= before->ar_calls;
+    d->wait_s -= before->wait_s;
+    d->inflight_s -= before->inflight_s;
+    d->overlap_s -= before->overlap_s;
+    for (int l = 0; l < COMM_N_LEVELS; l++)
+        for (int k = 0; k < COMM_N_KINDS; k++) {
+            comm_coll_t *x = &d->coll[l][k];
+            const comm_coll_t *b = &before->coll[l][k];
+            x->calls -= b->calls;
+            x->bytes -= b->bytes;
+            x->busy_s -= b->busy_s;
+            x->wait_s -= b->wait_s;
+        }
+}
+
+int comm_sim_node_ranks(int *n)
+{
+    *n = 0;
+    const char *v = getenv("FTK_SIM_NODE_RANKS");
+    if (!v || !*v)
+        return 0;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < 1 || x > INT_MAX) {
+        ftk_err_set("FTK_SIM_NODE_RANKS=%s: need a number of ranks per simulated node, at least 1", v);
+        return -1;
+    }
+    *n = (int)x;
+    return 0;
+}
+
+/* The real node: MPI's shared-memory domain (a planning world is one node). */
+static int real_node_rank(comm_t *c, int *local_rank, int *local_size)
+{
+    if (c->self) {
         *local_rank = c->rank;
         *local_size = c->size;
         return 0;
@@ -373,11 +415,47 @@ int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
     return 0;
 }
 
+int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
+{
+    int n;
+    if (comm_sim_node_ranks(&n) < 0)
+        return -1;
+    if (!n)
+        return real_node_rank(c, local_rank, local_size);
+    int first = c->rank / n * n;
+    *local_rank = c->rank - first;
+    *local_size = c->size - first < n ? c->size - first : n;
+    return 0;
+}
+
+int comm_node_id(comm_t *c, int *node)
+{
+    int n;
+    *node = 0;
+    if (comm_sim_node_ranks(&n) < 0)
+        return -1;
+    if (n) {
+        *node = c->rank / n * n;
+        return 0;
+    }
+    if (c->self) /* one node */
+        return 0;
+    MPI_Comm shm;
+    if (MPI_Comm_split_type(c->c, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shm) != MPI_SUCCESS) {
+        ftk_err_set("MPI_Comm_split_type failed");
+        return -1;
+    }
+    MPI_Allreduce(&c->rank, node, 1, MPI_INT, MPI_MIN, shm);
+    MPI_Comm_free(&shm);
+    return 0;
+}
+
 int comm_node_gpu(comm_t *c, int n_gpus)
 {
     int local = 0, n_local = 1;
-    /* collective: every rank splits, also one that sees a single GPU */
-    if (comm_node_rank(c, &local, &n_local) < 0)
+    /* collective: every rank splits, also one that sees a single GPU; the real node even
+     * where nodes are simulated (their ranks share this node's GPUs) */
+    if (real_node_rank(c, &local, &n_local) < 0)
         return -1;
     if (n_gpus <= 1)
         return 0;
@@ -504,12 +582,65 @@ static MPI_Op mpi_sum(dtype_t dt) { return dt == DT_F32 ? MPI_SUM : bf16_sum_op;
 
 static MPI_Request *req_of(comm_req_t *r) { return (MPI_Request *)(void *)r->impl; }
 
-static void account(comm_t *c, double *bytes, int64_t *calls, double total, double factor, dtype_t dt)
+static void account(comm_t *c, double *bytes, int64_t *calls, double total, double factor, dtype_t dt, int kind)
 {
     if (c->stats) {
-        *bytes += factor * (double)(c->size - 1) / (double)c->size * total * (double)dtype_size(dt);
+        double v = factor * (double)(c->size - 1) / (double)c->size * total * (double)dtype_size(dt);
+        *bytes += v;
         (*calls)++;
+        c->stats->coll[c->level][kind].bytes += v;
+        c->stats->coll[c->level][kind].calls++;
     }
+}
+
+/* Spans (comm.h "Accounting"): the time since the last mark is in flight when a collective
+ * is, and overlapped when moreover the host is not blocked in communication. */
+static void span_mark(comm_stats_t *s, double now)
+{
+    if (s->n_inflight > 0) {
+        s->inflight_s += now - s->t_mark;
+        if (!s->blocked)
+            s->overlap_s += now - s->t_mark;
+    }
+    s->t_mark = now;
+}
+
+/* A collective of c was issued into req (active). */
+static void span_begin(comm_t *c, comm_req_t *req, int kind)
+{
+    req->stats = NULL;
+    if (!c->stats || !req->active)
+        return;
+    double now = time_now();
+    span_mark(c->stats, now);
+    c->stats->n_inflight++;
+    req->stats = c->stats;
+    req->kind = kind;
+    req->level = c->level;
+    req->t0 = now;
+}
+
+/* req's collective was seen complete at now. */
+static void span_end(comm_req_t *req, double now)
+{
+    comm_stats_t *s = req->stats;
+    if (!s)
+        return;
+    span_mark(s, now);
+    s->n_inflight--;
+    s->coll[req->level][req->kind].busy_s += now - req->t0;
+    req->stats = NULL;
+}
+
+/* The host blocks in a communication call of c from now on (until waited()). */
+static double block_start(comm_t *c)
+{
+    double now = time_now();
+    if (c && c->stats) {
+        span_mark(c->stats, now);
+        c->stats->blocked++;
+    }
+    return now;
 }
 
 int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req)
@@ -517,11 +648,13 @@ int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t d
     if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->ag_bytes, &s->ag_calls, (double)n * c->size, 1, dt);
+    account(c, &s->ag_bytes, &s->ag_calls, (double)n * c->size, 1, dt, COMM_KIND_AG);
     if (c->dc) { /* in place when part sits at its place in full: the library sees it too */
         void *tok = NULL;
         int rc = c->dev->allgather(c->dc, part, full, n, dt, &tok); /* before tok is read */
-        return dev_issued(c, rc, tok, req);
+        rc = dev_issued(c, rc, tok, req);
+        span_begin(c, req, COMM_KIND_AG);
+        return rc;
     }
     if (c->self) {
         self_copy(c, full, part, (size_t)n * dtype_size(dt));
@@ -532,6 +665,7 @@ int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t d
     MPI_Iallgather(in_place ? MPI_IN_PLACE : part, (int)n, mpi_type(dt), full, (int)n, mpi_type(dt), c->c,
                    req_of(req));
     req->active = REQ_MPI;
+    span_begin(c, req, COMM_KIND_AG);
     return 0;
 }
 
@@ -540,11 +674,13 @@ int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtyp
     if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->rs_bytes, &s->rs_calls, (double)n * c->size, 1, dt);
+    account(c, &s->rs_bytes, &s->rs_calls, (double)n * c->size, 1, dt, COMM_KIND_RS);
     if (c->dc) {
         void *tok = NULL;
         int rc = c->dev->reduce_scatter(c->dc, full, part, n, dt, &tok); /* before tok is read */
-        return dev_issued(c, rc, tok, req);
+        rc = dev_issued(c, rc, tok, req);
+        span_begin(c, req, COMM_KIND_RS);
+        return rc;
     }
     if (c->self) {
         self_copy(c, part, (const char *)full + (size_t)(c->rank * n) * dtype_size(dt), (size_t)n * dtype_size(dt));
@@ -552,6 +688,7 @@ int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtyp
     }
     MPI_Ireduce_scatter_block(full, part, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
     req->active = REQ_MPI;
+    span_begin(c, req, COMM_KIND_RS);
     return 0;
 }
 
@@ -560,23 +697,30 @@ int comm_allreduce(comm_t *c, void *buf, int64_t n, dtype_t dt, comm_req_t *req)
     if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))
         return -1;
     comm_stats_t dummy, *s = c->stats ? c->stats : &dummy;
-    account(c, &s->ar_bytes, &s->ar_calls, (double)n, 2, dt);
+    account(c, &s->ar_bytes, &s->ar_calls, (double)n, 2, dt, COMM_KIND_AR);
     if (c->dc) {
         void *tok = NULL;
         int rc = c->dev->allreduce(c->dc, buf, n, dt, &tok); /* before tok is read */
-        return dev_issued(c, rc, tok, req);
+        rc = dev_issued(c, rc, tok, req);
+        span_begin(c, req, COMM_KIND_AR);
+        return rc;
     }
     if (c->self)
         return 0;
     MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), mpi_sum(dt), c->c, req_of(req));
     req->active = REQ_MPI;
+    span_begin(c, req, COMM_KIND_AR);
     return 0;
 }
 
 static void waited(comm_t *c, double t0)
 {
-    if (c && c->stats)
-        c->stats->wait_s += time_now() - t0;
+    if (c && c->stats) {
+        double now = time_now();
+        c->stats->wait_s += now - t0;
+        span_mark(c->stats, now);
+        c->stats->blocked--;
+    }
 }
 
 int comm_wait(comm_t *c, comm_req_t *req)
@@ -587,11 +731,16 @@ int comm_wait(comm_t *c, comm_req_t *req)
         dev_req_t d;
         memcpy(&d, req->impl, sizeof d);
         req->active = 0;
+        span_end(req, time_now());
         return dev_ops->wait(d.dc, d.token);
     }
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Wait(req_of(req), MPI_STATUS_IGNORE);
     req->active = 0;
+    double t1 = time_now();
+    if (req->stats)
+        req->stats->coll[req->level][req->kind].wait_s += t1 - t0;
+    span_end(req, t1);
     waited(c, t0);
     return 0;
 }
@@ -603,15 +752,19 @@ int comm_test(comm_req_t *req, int *done)
         dev_req_t d;
         memcpy(&d, req->impl, sizeof d);
         int rc = dev_ops->test(d.dc, d.token, &flag);
-        if (flag || rc < 0)
+        if (flag || rc < 0) {
             req->active = 0;
+            span_end(req, time_now());
+        }
         *done = flag || rc < 0;
         return rc;
     }
     if (req->active) {
         MPI_Test(req_of(req), &flag, MPI_STATUS_IGNORE);
-        if (flag)
+        if (flag) {
             req->active = 0;
+            span_end(req, time_now());
+        }
     }
     *done = flag;
     return 0;
@@ -623,7 +776,7 @@ int comm_allreduce_f64(comm_t *c, double *v, int n, int op)
 {
     if (c->self)
         return 0;
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, mpi_op(op), c->c);
     waited(c, t0);
     return 0;
@@ -633,7 +786,7 @@ int comm_allreduce_i64(comm_t *c, int64_t *v, int n, int op)
 {
     if (c->self)
         return 0;
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, mpi_op(op), c->c);
     waited(c, t0);
     return 0;
@@ -645,7 +798,7 @@ int comm_bcast(comm_t *c, void *buf, size_t bytes, int root)
         return 0;
     if (!count_ok((int64_t)bytes))
         return -1;
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, c->c);
     waited(c, t0);
     return 0;
@@ -660,7 +813,7 @@ int comm_gather(comm_t *c, const void *send, void *recv, size_t bytes, int root)
     }
     if (!count_ok((int64_t)bytes))
         return -1;
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Gather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, root, c->c);
     waited(c, t0);
     return 0;
@@ -670,7 +823,7 @@ int comm_barrier(comm_t *c)
 {
     if (c->self)
         return 0;
-    double t0 = time_now();
+    double t0 = block_start(c);
     MPI_Barrier(c->c);
     waited(c, t0);
     return 0;

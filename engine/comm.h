@@ -36,7 +36,20 @@
  * the ring algorithm's terms: all-gather and reduce-scatter of a vector of N elements of
  * b bytes over p ranks: (1 − 1/p)·N·b; all-reduce: 2·(1 − 1/p)·N·b. Waiting (comm_wait
  * and the blocking calls) adds to wait_s. Scalar calls (a few doubles) are not counted as
- * volume.
+ * volume. The same figures are also kept per kind and per level (coll[level][kind]: the
+ * communicator's comm_set_level, 0 unless set), with each collective's span: from its
+ * issue to its completion as this rank sees it (comm_wait, or comm_test finding it done;
+ * MPI moves data only inside MPI calls, so the span is an upper bound of the transfer),
+ * and the seconds blocked in comm_wait on it. inflight_s is the union of the spans of the
+ * collectives sharing a comm_stats_t; overlap_s the part of it in which the host was not
+ * blocked in a communication call: communication hidden behind compute. On NCCL ranks the
+ * host does not wait for a collective (comm_wait queues a stream wait), so the spans end at
+ * comm_wait and the waits are the compute stream's, invisible here.
+ *
+ * Simulated nodes (tests of the hierarchical strategies on one machine): with
+ * FTK_SIM_NODE_RANKS=N, comm_node_rank and comm_node_id see blocks of N consecutive ranks
+ * of the communicator as nodes (the last block may be smaller), and hybrid's default shard
+ * group is such a block. The GPU of a rank (comm_node_gpu) still follows the real node.
  *
  * Ownership: comm_init() and comm_plan() return the world; comm_split() and
  * comm_split_blocks() return new groups, freed with comm_free() before comm_finalize().
@@ -52,16 +65,38 @@
 
 typedef struct comm comm_t;
 
+/* The kinds of tensor collective and the levels they are accounted on (coll[level][kind]). */
+enum { COMM_KIND_AG, COMM_KIND_RS, COMM_KIND_AR, COMM_N_KINDS };
+enum { COMM_LEVEL_GROUP, COMM_LEVEL_CROSS, COMM_N_LEVELS }; /* the shard group; across groups */
+
+/* One kind of collective on one level (see above). */
+typedef struct {
+    int64_t calls;
+    double bytes;  /* per-rank volume */
+    double busy_s; /* Σ over the calls of issue → completion */
+    double wait_s; /* blocked in comm_wait on them */
+} comm_coll_t;
+
 typedef struct {
     double ag_bytes, rs_bytes, ar_bytes; /* per-rank volume (see above) */
     int64_t ag_calls, rs_calls, ar_calls;
     double wait_s; /* seconds blocked in communication */
+    comm_coll_t coll[COMM_N_LEVELS][COMM_N_KINDS];
+    double inflight_s, overlap_s; /* see above */
+    int n_inflight, blocked;      /* bookkeeping of the two (comm_mpi.c) */
+    double t_mark;
 } comm_stats_t;
+
+/* *d = now − before, figure by figure (the bookkeeping is now's). */
+void comm_stats_since(comm_stats_t *d, const comm_stats_t *now, const comm_stats_t *before);
 
 /* A request of a non-blocking collective; zero-initialised means "none". */
 typedef struct {
     int active;
     unsigned char impl[16];
+    comm_stats_t *stats; /* where its span is accounted (NULL: nowhere) */
+    int kind, level;
+    double t0;
 } comm_req_t;
 
 /* MPI_Init (thread level FUNNELED) and the world. */
@@ -74,8 +109,14 @@ int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
 /* 1 for a process started without a launcher (a world of one, no MPI), else 0. */
 int comm_alone(const comm_t *c);
-/* Ranks sharing this rank's node (MPI_Comm_split_type SHARED): index and count. */
+/* Ranks sharing this rank's node (MPI_Comm_split_type SHARED, or simulated nodes: see
+ * above): index and count. */
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
+/* This rank's node as the lowest rank of c on it (collective over c). */
+int comm_node_id(comm_t *c, int *node);
+/* FTK_SIM_NODE_RANKS: 0 and *n (0 when unset or empty: real nodes), or -1 with the message
+ * naming the variable when it is not a count of ranks >= 1 (a tool may check it first). */
+int comm_sim_node_ranks(int *n);
 /* The GPU of this rank among the n_gpus the process sees (docs/design.md, "Devices"): its
  * node-local rank's; 0 where a launcher left it one GPU (or none: the backend then says
  * so). -1 with ftk_err_msg() where the node has more ranks than its n_gpus > 1 GPUs.
@@ -90,6 +131,8 @@ int comm_split_blocks(comm_t *c, int block, comm_t **group, comm_t **cross);
 void comm_free(comm_t *c);
 /* Where the tensor collectives of c account (may be shared by several groups). */
 void comm_set_stats(comm_t *c, comm_stats_t *s);
+/* The level (COMM_LEVEL_*) c's collectives are accounted on; groups split from c start at 0. */
+void comm_set_level(comm_t *c, int level);
 /* Makes the tensor collectives of world, and of every group split from it afterwards, go
  * through NCCL on be's device (be: a CUDA backend; see above). Collective over world; every
  * rank returns 0, or -1 with the same verdict (the message names the failing rank and

@@ -312,9 +312,11 @@ static int set_groups(shard_t *s, int group_size)
         comm_allreduce_i64(s->world, v, 1, COMM_MIN);
         comm_allreduce_i64(s->world, mx, 2, COMM_MAX);
         if (v[0] != mx[0] || mx[1]) {
-            ftk_err_set("--strategy hybrid: the nodes do not hold equal blocks of consecutive ranks (%lld to %lld "
+            int sim = 0;
+            comm_sim_node_ranks(&sim);
+            ftk_err_set("--strategy hybrid: the nodes%s do not hold equal blocks of consecutive ranks (%lld to %lld "
                         "ranks per node); pass --shard-group-size",
-                        (long long)v[0], (long long)mx[0]);
+                        sim ? " (simulated: FTK_SIM_NODE_RANKS)" : "", (long long)v[0], (long long)mx[0]);
             return -1;
         }
         group_size = ls;
@@ -350,6 +352,8 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
             comm_set_stats(comms[i], &s->stats);
             comm_set_backend(comms[i], be);
         }
+    if (s->cross)
+        comm_set_level(s->cross, COMM_LEVEL_CROSS);
     int n = s->n_units;
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
@@ -442,6 +446,7 @@ int64_t shard_count(const shard_t *s) { return s->S; }
 int64_t shard_index(const shard_t *s) { return s->r; }
 int shard_writes(const shard_t *s) { return s->replica == 0; }
 comm_t *shard_group(shard_t *s) { return s->group; }
+comm_t *shard_cross(shard_t *s) { return s->cross; }
 const model_io_t *shard_io(shard_t *s) { return &s->io; }
 comm_stats_t *shard_stats(shard_t *s) { return &s->stats; }
 

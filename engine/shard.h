@@ -78,6 +78,7 @@ int64_t shard_count(const shard_t *s);     /* S: slices per unit */
 int64_t shard_index(const shard_t *s);     /* this rank's slice, 0-based */
 int shard_writes(const shard_t *s);        /* this rank writes its shard file */
 comm_t *shard_group(shard_t *s);           /* the shard group (S ranks) */
+comm_t *shard_cross(shard_t *s);           /* hybrid: the replicas of this slice; else NULL */
 const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
 comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
 

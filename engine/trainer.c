@@ -589,6 +589,7 @@ int64_t trainer_rows(const trainer_t *t) { return t->R; }
 int64_t trainer_val_rows(const trainer_t *t) { return t->data.rows[TOKENS_VAL]; }
 int64_t trainer_n_params(const trainer_t *t) { return model_n_params(&t->cfg); }
 const bk_mem_t *trainer_memory(const trainer_t *t) { return bk_mem(t->be); }
+shard_t *trainer_shard(trainer_t *t) { return t->sh; }
 
 /* ---- checkpoints ----------------------------------------------------------------------------- */
 
@@ -1064,12 +1065,24 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
     return agree(t, v[2] ? fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank") : 0);
 }
 
+/* Ends a phase of trainer_step at now: its time less the waits in it goes to *acc. */
+static void step_phase(const comm_stats_t *s, double *t, double *w, double *acc)
+{
+    double now = time_now();
+    *acc += (now - *t) - (s->wait_s - *w);
+    *t = now;
+    *w = s->wait_s;
+}
+
 int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
 {
     ckpt_meta_t *meta = &t->meta;
     const ckpt_train_t *tc = &meta->train;
     tokens_split_t *tr = &t->data.step;
     comm_stats_t *stats = shard_stats(t->sh), before = *stats;
+    /* where the step's time goes (trainer_step_t): phases of host work and of compute,
+     * each less the communication waits inside it */
+    double ph_t = time_now(), ph_w = stats->wait_s, ph[2] = {0, 0}, t_start = ph_t; /* ph: host, compute */
     int64_t G = tc->global_batch, mb = tc->micro_batch;
     /* The next global batch of the data order; this rank's slice of it. */
     if (meta->rows_consumed >= t->R) {
@@ -1112,6 +1125,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         train_micro_weights(c + 3, J, t->micro_w);
         scale = 1.0f; /* the targets' weights hold the normalisation */
     }
+    step_phase(stats, &ph_t, &ph_w, &ph[0]);
     /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
      * checkpoint write is under way, a checkpoint write or commit failed */
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
@@ -1133,6 +1147,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
      * passes): one download for the step, summed as one running sum over every chunk of
      * every micro-batch (before: a sum per micro-batch, then their sum on the host). */
     v[0] = model_loss_take(t->m) + lost;
+    step_phase(stats, &ph_t, &ph_w, &ph[1]);
     v[1] = v[1] || (stop && *stop);
     /* The background write, learned at no cost: this all-reduce happens every step. */
     if (t->pend.active && !bgsave_done(t->bg))
@@ -1147,10 +1162,12 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     double loss = micro ? v[0] : v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
     int64_t step = meta->step + 1;
     double lr = train_lr(tc, step);
+    step_phase(stats, &ph_t, &ph_w, &ph[0]);
     double gnorm = shard_step(t->sh, tc, step, lr);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
     int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
+    step_phase(stats, &ph_t, &ph_w, &ph[1]);
     int code = agree_first(t, bad ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg()) : 0,
                            cs == -2);
     if (code)
@@ -1171,6 +1188,11 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     out->comm.rs_calls = stats->rs_calls - before.rs_calls;
     out->comm.ar_calls = stats->ar_calls - before.ar_calls;
     out->comm.wait_s = stats->wait_s - before.wait_s;
+    comm_stats_since(&out->comm, stats, &before);
+    step_phase(stats, &ph_t, &ph_w, &ph[0]);
+    out->host_s = ph[0];
+    out->compute_s = ph[1];
+    out->step_s = ph_t - t_start;
     if (!isfinite(loss)) {
         ftk_err_set("step %lld: the loss is %g; stopping without a checkpoint", (long long)step, loss);
         return FTK_EXIT_FAIL;

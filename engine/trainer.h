@@ -91,6 +91,13 @@ typedef struct {
     int stop;          /* some rank asked to stop (agreed) */
     int save_due;      /* rank 0's clock asked for a checkpoint (agreed) */
     comm_stats_t comm; /* this rank's communication in the step */
+    /* This rank's seconds in the step, by phase: compute (the passes with their
+     * micro-batches' assembly, the loss's download, the optimizer step and the backend's
+     * sync) and host work (reading and counting the batch, the agreement's bookkeeping,
+     * the background save's commit), each less the communication waits inside it;
+     * step_s = host_s + compute_s + comm.wait_s, the time from trainer_step's start to its
+     * end. comm.overlap_s is the communication hidden under these (comm.h "Accounting"). */
+    double step_s, compute_s, host_s;
 } trainer_step_t;
 
 typedef struct trainer trainer_t;
@@ -159,5 +166,6 @@ int64_t trainer_rows(const trainer_t *t);             /* training rows */
 int64_t trainer_val_rows(const trainer_t *t);
 int64_t trainer_n_params(const trainer_t *t);
 const bk_mem_t *trainer_memory(const trainer_t *t);   /* this rank's backend accounting */
+shard_t *trainer_shard(trainer_t *t);                 /* the shards (layout, groups) */
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "../engine/comm.h"
 #include "../engine/plan.h"
+#include "../engine/report.h"
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
 #include "../formats/json.h"
@@ -53,6 +54,7 @@ static int extend;
 static int allow_other_tokenizer;
 /* --recipe and its pieces (docs/litgpt.md) */
 static const char *recipe = "ftk", *warmup_style = "ftk", *loss_mean = "global";
+static const char *report_path;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
@@ -121,6 +123,9 @@ static const opt_t options[] = {
     {"allow-other-tokenizer", 0, OPT_FLAG, &allow_other_tokenizer, NULL,
      "train on data packed with a tokenizer other than the one --model holds (refused by default: the ids "
      "would mean other pieces)"},
+    {"report", 0, OPT_STR, &report_path, "FILE.md",
+     "at the end, write where the steps' time and bytes went: compute, exposed and overlapped communication, "
+     "host; per collective and level; a projection to other rank counts (docs/communication.md)"},
     {0},
 };
 OPTS_TABLE_END
@@ -149,6 +154,8 @@ static const opt_spec_t spec = {
         "`latest`, and metrics.jsonl: one JSON object per step {step, loss, lr, grad_norm, tokens,\n"
         "tokens_seen, tokens_per_s, elapsed_s, epoch, ranks, micro_batches, comm} where comm holds the bytes\n"
         "this rank all-gathered, reduce-scattered and all-reduced in the step and the seconds it waited,\n"
+        "split (the step's compute, exposed and overlapped communication, host seconds) and collectives\n"
+        "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
         "mem_peak_bytes (rank 0's backend high-water mark so far) and per evaluation {step, val_loss,\n"
         "val_tokens}. A readable line per step goes to stderr.\n"
         "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy: the\n"
@@ -186,6 +193,8 @@ static const opt_spec_t spec = {
         "first step (warm-up) to the end of the run, TFLOP/s or GB/s (kernels/prof.h).\n"
         "FTK_NCCL_INIT_TIMEOUT=S (default 300): how long GPU ranks wait for every rank of a group to join\n"
         "its NCCL communicator; a rank whose join fails tells the others at once (docs/design.md).\n"
+        "FTK_SIM_NODE_RANKS=N: blocks of N consecutive ranks count as nodes (hybrid's default shard group,\n"
+        "the report's levels): the hierarchical strategies tested on one machine.\n"
         "FTK_STEP_TIMEOUT=S (default 0: off): a rank exits 1 when nothing (a step, an evaluation, a\n"
         "checkpoint) has finished for S seconds: a stopped or stuck rank, or a collective that never\n"
         "completes, then ends the job instead of holding it; start it again with --resume auto. Give S\n"
@@ -342,18 +351,20 @@ static void metrics_flush(FILE *mf)
         metrics_errno = errno ? errno : EIO;
 }
 
-static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak)
+static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak,
+                         const char *extra)
 {
     char now[32];
     fprintf(mf,
             "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
             "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
             "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
-            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}, "
+            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s, "
             "\"mem_peak_bytes\": %lld}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
             s->tokens / dt, elapsed, iso_now(now), (long long)s->epoch, nranks, (long long)s->micro_batches,
-            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, (long long)mem_peak);
+            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, extra ? extra : "",
+            (long long)mem_peak);
     metrics_flush(mf);
     tb_scalar("train/loss", s->step, s->loss);
     tb_scalar("train/learning_rate", s->step, s->lr);
@@ -528,6 +539,22 @@ static int check_values(trainer_opts_t *o)
         return bad("%s", ftk_err_msg());
     if (!plan && opts_env_seconds("FTK_STEP_TIMEOUT", 1, &step_timeout_s) < 0)
         return bad("%s", ftk_err_msg());
+    int sim_nodes; /* read again wherever nodes are asked for: checked here, a bad value is a usage error */
+    if (comm_sim_node_ranks(&sim_nodes) < 0)
+        return bad("%s", ftk_err_msg());
+    if (plan && report_path)
+        return bad("--report is for a training run, not --plan");
+    if (report_path && rank == 0) { /* rank 0 writes it at the end: its directory must take it */
+        const char *slash = strrchr(report_path, '/');
+        char dir[4096];
+        struct stat rs;
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - report_path) + (slash == report_path) : 1,
+                 slash ? report_path : ".");
+        if (!*report_path || (slash && !slash[1]) || (stat(report_path, &rs) == 0 && S_ISDIR(rs.st_mode)))
+            return bad("--report %s: need a file name", report_path);
+        if (access(dir, W_OK | X_OK) != 0)
+            return bad("--report %s: cannot write in %s: %s", report_path, dir, strerror(errno));
+    }
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
     if (strcmp(recipe, "ftk") && strcmp(recipe, "litgpt"))
@@ -782,7 +809,7 @@ static const config_alias_t litgpt_keys[] = {
 /* What a run keeps of its options (RUN/options.yaml): all but where and how this process
  * runs, and the requests of this invocation. */
 static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
-                                       "max-len", "stop-after", "device", "threads", NULL};
+                                       "max-len", "stop-after", "device", "threads", "report", NULL};
 
 /* Builds the argument list the options are parsed from: the run's kept options (with
  * --resume and neither the inputs nor --config on the command line: `ftk-train -o RUN
@@ -976,6 +1003,8 @@ static int run(int argc, char **argv)
     }
 
     FILE *mf = NULL;
+    report_t *rep = NULL;
+    buf_t step_json = {0};
     trainer_t *t = trainer_new(world, be, &o, &code);
     if (!t) {
         backend_free(be);
@@ -1016,6 +1045,15 @@ static int run(int argc, char **argv)
     snprintf(msg, sizeof msg, "%s", watchdog_start() < 0 ? ftk_err_msg() : "");
     if ((code = agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg)))
         goto out;
+    /* where the steps' time and bytes go (engine/report.h): every rank counts its own */
+    char header[8192];
+    snprintf(header, sizeof header, "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld.",
+             out_dir, meta->precision, device, (long long)meta->train.global_batch,
+             (long long)meta->train.micro_batch);
+    rep = report_new(world, trainer_shard(t), o.strategy, o.precision, &meta->train, header);
+    snprintf(msg, sizeof msg, "%s", rep ? "" : ftk_err_msg());
+    if ((code = agree_msg(rep ? 0 : FTK_EXIT_FAIL, msg)))
+        goto out;
     if (meta->step == 0)
         ftk_info("%lld parameters, %lld training row%s (%lld step%s of %lld row%s per epoch), %lld step%s on %d rank%s "
                  "(strategy %s, %lld shard%s, precision %s, device %s)",
@@ -1048,8 +1086,11 @@ static int run(int argc, char **argv)
             prof_t0 = time_now();
         }
         double now = time_now();
+        step_json.len = 0;
+        if (report_step(rep, &st, now - ts, mf ? &step_json : NULL) < 0 && !metrics_errno)
+            metrics_errno = ENOMEM;
         if (mf)
-            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, trainer_memory(t)->peak);
+            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, trainer_memory(t)->peak, step_json.data);
         if (metrics_errno)
             snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(metrics_errno));
         if ((code = agree_msg(metrics_errno ? FTK_EXIT_FAIL : 0, msg)))
@@ -1105,6 +1146,19 @@ static int run(int argc, char **argv)
     }
 out:
     beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
+    /* the report of the steps this process ran (collective: code is agreed on every path here) */
+    if (rep && report_path && (code == 0 || code == FTK_EXIT_PREEMPTED)) {
+        int rc = report_write(rep, world, report_path);
+        snprintf(msg, sizeof msg, "%s", rc < 0 ? ftk_err_msg() : "");
+        if (rc > 0)
+            ftk_warn("--report %s: no step ran in this process; nothing written", report_path);
+        else if (agree_msg(rc < 0 ? FTK_EXIT_FAIL : 0, msg) && code == 0)
+            code = FTK_EXIT_FAIL;
+        else if (rc == 0)
+            ftk_info("report: %s", report_path);
+    }
+    report_free(rep);
+    buf_free(&step_json);
     if (mf)
         fclose(mf);
     if (tfevents_close(tb) < 0)

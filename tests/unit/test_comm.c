@@ -4,6 +4,7 @@
  *    rounding (to nearest even of the fp32 sum, on 2 ranks), the accounting;
  *  - comm_split_blocks' mapping (hybrid's shard groups and replicas), and the contract
  *    again inside each group;
+ *  - simulated nodes (FTK_SIM_NODE_RANKS) and the per-level, per-kind accounting;
  *  - comm_agree: the highest code, the lowest failing rank's message, on every rank;
  *    comm_agree_first: a first-hand failure's message before those that followed a peer's.
  * Implementations: the world as started (a world of one without a launcher; MPI under
@@ -147,6 +148,15 @@ static void contract(comm_t *c, backend_t *be, const char *what)
             bad += get(h2, dt, j) != val(j / N, j % N);
         RCHECK(bad == 0);
         RCHECK(st.ar_calls == 1 && st.ar_bytes == 2.0 * (p - 1) / p * N * es);
+        /* the same figures per kind on the communicator's level (0), every span ended, the
+         * overlapped part within the union of the spans, the kinds' waits within the total */
+        const comm_coll_t *cl = st.coll[COMM_LEVEL_GROUP];
+        RCHECK(cl[COMM_KIND_AG].calls == st.ag_calls && cl[COMM_KIND_AG].bytes == st.ag_bytes &&
+               cl[COMM_KIND_RS].calls == st.rs_calls && cl[COMM_KIND_RS].bytes == st.rs_bytes &&
+               cl[COMM_KIND_AR].calls == st.ar_calls && cl[COMM_KIND_AR].bytes == st.ar_bytes);
+        RCHECK(st.coll[COMM_LEVEL_CROSS][COMM_KIND_AR].calls == 0);
+        RCHECK(st.n_inflight == 0 && st.blocked == 0 && st.overlap_s >= 0 && st.overlap_s <= st.inflight_s);
+        RCHECK(cl[COMM_KIND_AG].wait_s + cl[COMM_KIND_RS].wait_s + cl[COMM_KIND_AR].wait_s <= st.wait_s);
 
         /* bf16 sums round the fp32 sum to nearest even: 1 + ¾ ulp → 1 + ulp (truncation
          * would give 1); 1 + ½ ulp → 1 (ties to even). Two ranks: one addition, no order. */
@@ -366,6 +376,44 @@ static void node_gpus(comm_t *w)
     }
 }
 
+/* FTK_SIM_NODE_RANKS: blocks of consecutive ranks are nodes for comm_node_rank and
+ * comm_node_id, not for the GPU (comm_node_gpu); a bad value is refused; the level a
+ * communicator accounts on (comm_set_level). */
+static void sim_nodes(comm_t *w, backend_t *be)
+{
+    const char *what = "simulated nodes";
+    dtype_t dt = DT_F32;
+    int local = -1, n_local = 0, real = -1, id = -1;
+    RCHECK(comm_node_rank(w, &real, &n_local) == 0);
+    setenv("FTK_SIM_NODE_RANKS", "2", 1);
+    RCHECK(comm_node_rank(w, &local, &n_local) == 0 && local == R % 2 && n_local == (W - R / 2 * 2 < 2 ? 1 : 2));
+    RCHECK(comm_node_id(w, &id) == 0 && id == R / 2 * 2);
+    RCHECK(comm_node_gpu(w, 64) == real); /* the real node's (a node of fewer than 64 ranks) */
+    setenv("FTK_SIM_NODE_RANKS", "0", 1);
+    int n;
+    RCHECK(comm_sim_node_ranks(&n) < 0 && strstr(ftk_err_msg(), "FTK_SIM_NODE_RANKS=0") != NULL);
+    RCHECK(comm_node_rank(w, &local, &n_local) < 0);
+    unsetenv("FTK_SIM_NODE_RANKS");
+    RCHECK(comm_sim_node_ranks(&n) == 0 && n == 0);
+    RCHECK(comm_node_id(w, &id) == 0 && id >= 0 && id <= R);
+    /* a communicator's level */
+    comm_stats_t st = {0};
+    comm_req_t q = {0};
+    float *buf = bk_alloc(be, 4 * sizeof *buf, BK_MEM_OTHER, "buf");
+    CHECK(buf != NULL);
+    if (!buf)
+        return;
+    be->zero(be, buf, 4 * sizeof *buf);
+    comm_set_stats(w, &st);
+    comm_set_level(w, COMM_LEVEL_CROSS);
+    RCHECK(comm_allreduce(w, buf, 4, DT_F32, &q) == 0 && comm_wait(w, &q) == 0);
+    RCHECK(st.coll[COMM_LEVEL_CROSS][COMM_KIND_AR].calls == 1 && st.coll[COMM_LEVEL_GROUP][COMM_KIND_AR].calls == 0);
+    RCHECK(st.coll[COMM_LEVEL_CROSS][COMM_KIND_AR].bytes == st.ar_bytes && st.n_inflight == 0);
+    comm_set_level(w, COMM_LEVEL_GROUP);
+    comm_set_stats(w, NULL);
+    bk_free(be, buf);
+}
+
 /* Hybrid's mapping for every block size that divides the world, then the contract inside
  * the groups of one block size (the largest proper one). fake: check the joins too. */
 static void groups(comm_t *w, backend_t *be, int fake, const char *what)
@@ -558,6 +606,7 @@ int main(int argc, char **argv)
     groups(world, cpu, 0, "groups");
     agreement(world);
     node_gpus(world);
+    sim_nodes(world, cpu);
     if (mpi)
         fake(world, cpu);
 
