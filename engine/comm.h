@@ -83,7 +83,7 @@ typedef struct {
     double wait_s; /* seconds blocked in communication */
     comm_coll_t coll[COMM_N_LEVELS][COMM_N_KINDS];
     double inflight_s, overlap_s; /* see above */
-    int n_inflight, blocked;      /* bookkeeping of the two (comm_mpi.c) */
+    int n_inflight, blocked;      /* bookkeeping of the two (comm.c) */
     double t_mark;
 } comm_stats_t;
 
