@@ -174,8 +174,9 @@ $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
-# The op table (tests/ops) is shared by test_ops and test_prof (CPU) and gpu_ops (CUDA against CPU).
-OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o
+# The op table (tests/ops: the cases, one descriptor per op, the gradient checks' machinery) is
+# shared by test_ops and test_prof (CPU), gpu_ops (CUDA against CPU) and flash_emu.
+OPS_TABLE_OBJ := $(addprefix $(O)/tests/ops/,ops_table.o ops_defs.o ops_grad.o)
 $(O)/tests/test_ops $(O)/tests/test_prof: $(O)/tests/%: $(O)/tests/unit/%.o $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@

@@ -100,79 +100,20 @@ static const ops_case_t large[] = {
 };
 
 /* The bound on ops_compare()'s max_rel (|gpu − cpu| / (|cpu| + rms(cpu))) for output o of
- * case c in configuration cfg:
- *  - copies and gathers (convert, embed_fwd, rows_scatter), one IEEE operation then one
- *    rounding (add, scale), and ops whose fp32 arithmetic is the CPU's operation for
- *    operation with correctly rounded operations only: embed_bwd (the token sums in
- *    order) and adamw (no contraction, sqrt and quotients correctly rounded, so nearest
- *    and stochastic rounding give the CPU's bits): identical, 0 — a bound of a bf16 ulp
- *    would let a wrong stochastic-rounding index (3·(index0 + i) + w) or a reordered sum
- *    through;
- *  - fp32 arithmetic in another order and with another libm: 1e-6 for pointwise ops
- *    (expf, one quotient), 1e-5 for row reductions (rmsnorm, attention forward, the loss)
- *    and rope (the same angles, cosf/sinf of another libm, contracted products), 1e-4
- *    where a row reduction feeds a second one (rmsnorm dw) and 3e-4 for attention's
- *    backward (dout·v − D cancels);
- *  - products in fp32: two sums of K products in different orders differ by about
- *    0.6·√K·2^-24 of rms(C) (random rounding errors); 16·√K·2^-24 leaves the largest of a
- *    million elements room, and at least 1e-5. When the GPU multiplies f32 inputs in bf16
- *    (FTK_CUDA_MATMUL unset) each input is rounded by up to 2^-8: an error of about 2^-8 of
- *    rms(C) (its largest element reached 1.1e-2 on the CPU simulating it), bound 3e-2. bf16
- *    inputs multiply exactly either way;
- *  - a bf16 output may round the other way where the fp32 results straddle a rounding
- *    boundary: one ulp, 2u = 2^-7, for each rounding of the element;
- *  - bf16 attention on the tensor cores (unless FTK_CUDA_ATTN=simple) rounds the
- *    probabilities, and in the backward dS, to bf16 before their products (as
- *    FlashAttention does). Each output element then carries a random error of about
- *    u/√3 of its (token, head) row's scale; rows near a segment start (few keys, large
- *    probabilities) are many times the tensor's rms, so these outputs are measured
- *    against their row's rms (ops_compare_rows), with 4u more (the largest of a million
- *    elements, about 5σ, is 2.9u). Measured against the tensor's rms the 1024-token cases
- *    reached 3.0e-2, at rows 0–6 and 100–103 of segments starting at 0 and 100 (H200,
- *    2026-11-23). */
+ * case c in configuration cfg: the op's descriptor's (ops_gpu_tol(), tests/ops/ops_defs.c,
+ * which says why for each op) — 0 where the GPU must give the CPU's bits, else the bound
+ * of the fp32 arithmetic, a bf16 ulp per rounding of a bf16 output, and 4u more for
+ * attention's bf16 outputs on the tensor cores (measured against their row's rms). */
 /* The cases gpu_ops runs: the op table, then its larger ones (not with FTK_GPU_OPS_QUICK). */
 static int n_cases(void) { return ops_table_len + (quick ? 0 : (int)(sizeof large / sizeof *large)); }
 static const ops_case_t *case_at(int k) { return k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len]; }
 
 /* Whether output o of case c is measured row by row (the tensor-core attention's). */
-static int flash_rows(const ops_case_t *c, const ops_out_t *o)
-{
-    return flash && o->dt == DT_BF16 && (c->op == OP_ATTN_FWD || c->op == OP_ATTN_BWD);
-}
+static int flash_rows(const ops_case_t *c, const ops_out_t *o) { return flash && ops_flash_rows(c, o); }
 
 static double gpu_bound(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o)
 {
-    double b = 0;
-    switch (c->op) {
-    case OP_CONVERT:
-    case OP_EMBED_FWD:
-    case OP_ROWS_SCATTER:
-    case OP_ADD:
-    case OP_SCALE:
-    case OP_EMBED_BWD: /* token sums in order: fp32 additions as on the CPU */
-    case OP_ADAMW:
-        return 0;
-    case OP_MATMUL:
-        b = !exact && (cfg == OPS_F32 || cfg == OPS_NARROW) ? 3e-2 : fmax(1e-5, 16 * sqrt((double)c->K) / 16777216);
-        break;
-    case OP_SWIGLU_FWD:
-    case OP_SWIGLU_BWD:
-        b = 1e-6;
-        break;
-    case OP_RMSNORM_BWD:
-        b = !strcmp(o->name, "dw") ? 1e-4 : 1e-5;
-        break;
-    case OP_ATTN_BWD:
-        b = 3e-4;
-        break;
-    default:
-        b = 1e-5;
-    }
-    if (o->dt == DT_BF16)
-        b += 2 * U_BF16 * o->rounds;
-    if (flash_rows(c, o))
-        b += 4 * U_BF16;
-    return b;
+    return ops_gpu_tol(c, cfg, o, exact, flash_rows(c, o));
 }
 
 typedef struct {
@@ -184,11 +125,11 @@ static gpu_stats_t stats[OP_COUNT], stats_mma[OP_COUNT];
 static int run_both(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s, ops_result_t *rc, ops_result_t *rg)
 {
     if (ops_run(C, c, cfg, s, 1, rc) < 0) {
-        verdict(0, "%s on the CPU: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s on the CPU: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         return -1;
     }
     if (ops_run(g, c, cfg, s, 1, rg) < 0) {
-        verdict(0, "%s on the GPU: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s on the GPU: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         ops_result_free(rc);
         return -1;
     }
@@ -255,7 +196,7 @@ static void test_table(void)
     for (int op = 0; op < OP_COUNT; op++)
         if (stats[op].runs)
             verdict(!stats[op].bad, "%-12s %3d runs against the CPU: worst error %.3e (bound there %.1e)",
-                    ops_op_names[op], stats[op].runs, stats[op].worst, stats[op].worst_bound);
+                    OPS_DESC(op)->name, stats[op].runs, stats[op].worst, stats[op].worst_bound);
 }
 
 /* ---- determinism ------------------------------------------------------------------------- */
@@ -265,7 +206,7 @@ static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 {
     ops_result_t a, b;
     if (ops_run(g, c, cfg, s, 1, &a) < 0 || ops_run(g, c, cfg, s, 1, &b) < 0) {
-        verdict(0, "%s: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         return -1;
     }
     int differ = !ops_same(&a, &b);
@@ -285,8 +226,7 @@ static void test_determinism(void)
     int runs = 0, bad = 0;
     for (int k = 0; k < n_cases(); k++) {
         const ops_case_t *c = case_at(k);
-        int backward = c->op == OP_EMBED_BWD || c->op == OP_RMSNORM_BWD || c->op == OP_ATTN_BWD ||
-                       c->op == OP_SWIGLU_BWD || (c->op == OP_XENT && c->grad_scale != 0.0f);
+        int backward = OPS_DESC(c->op)->backward && OPS_DESC(c->op)->backward(c);
         for (int cfg = 0; backward && cfg < OPS_NCFG; cfg++) {
             if (!(c->cfgs & OPS_CFG(cfg)))
                 continue;
@@ -359,10 +299,10 @@ static void test_mma(void)
     int runs = 0, bad = 0;
     for (int k = 0; k < n_cases(); k++) {
         const ops_case_t *c = case_at(k);
-        if ((c->op != OP_ATTN_FWD && c->op != OP_ATTN_BWD) || !(c->cfgs & OPS_CFG(OPS_BF16)))
+        if (!OPS_DESC(c->op)->flash || !(c->cfgs & OPS_CFG(OPS_BF16)))
             continue;
         compare_case(M, stats_mma, c, OPS_BF16, seed + (uint64_t)k);
-        if (c->op == OP_ATTN_BWD) {
+        if (OPS_DESC(c->op)->backward && OPS_DESC(c->op)->backward(c)) {
             int r = twice(M, c, OPS_BF16, seed + (uint64_t)k);
             if (r < 0)
                 return;
@@ -373,7 +313,7 @@ static void test_mma(void)
     for (int op = 0; op < OP_COUNT; op++)
         if (stats_mma[op].runs)
             verdict(!stats_mma[op].bad, "%-12s %3d runs against the CPU, FTK_CUDA_ATTN=mma: worst error %.3e (bound there %.1e)",
-                    ops_op_names[op], stats_mma[op].runs, stats_mma[op].worst, stats_mma[op].worst_bound);
+                    OPS_DESC(op)->name, stats_mma[op].runs, stats_mma[op].worst, stats_mma[op].worst_bound);
     verdict(!bad, "attn_bwd, FTK_CUDA_ATTN=mma: %d runs, %d with different bits on a second run", runs, bad);
 }
 

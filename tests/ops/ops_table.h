@@ -39,28 +39,35 @@
 
 #include "../../kernels/backend.h"
 
+/* The registry: one line per op, X(ENUM, name), in the order the programs report them.
+ * Each name has its descriptor ops_desc_<name> (ops_desc_t, below) in ops_defs.c; adding an
+ * op is that descriptor, its cases in ops_table[] and a line here. */
+#define OPS_LIST(X)                                                                                           \
+    X(CONVERT, convert)                                                                                       \
+    X(MATMUL, matmul)                                                                                         \
+    X(EMBED_FWD, embed_fwd)                                                                                   \
+    X(EMBED_BWD, embed_bwd)                                                                                   \
+    X(ROWS_SCATTER, rows_scatter)                                                                             \
+    X(RMSNORM_FWD, rmsnorm_fwd)                                                                               \
+    X(RMSNORM_BWD, rmsnorm_bwd)                                                                               \
+    X(ROPE, rope)                                                                                             \
+    X(ATTN_FWD, attn_fwd)                                                                                     \
+    X(ATTN_BWD, attn_bwd)                                                                                     \
+    X(ATTN_CACHED, attn_cached)                                                                               \
+    X(SWIGLU_FWD, swiglu_fwd)                                                                                 \
+    X(SWIGLU_BWD, swiglu_bwd)                                                                                 \
+    X(XENT, xent)                                                                                             \
+    X(ADD, add)                                                                                               \
+    X(SCALE, scale)                                                                                           \
+    X(SUMSQ, sumsq)                                                                                           \
+    X(ADAMW, adamw)
+
 typedef enum {
-    OP_CONVERT,
-    OP_MATMUL,
-    OP_EMBED_FWD,
-    OP_EMBED_BWD,
-    OP_ROWS_SCATTER,
-    OP_RMSNORM_FWD,
-    OP_RMSNORM_BWD,
-    OP_ROPE,
-    OP_ATTN_FWD,
-    OP_ATTN_BWD,
-    OP_ATTN_CACHED,
-    OP_SWIGLU_FWD,
-    OP_SWIGLU_BWD,
-    OP_XENT,
-    OP_ADD,
-    OP_SCALE,
-    OP_SUMSQ,
-    OP_ADAMW,
+#define OPS_ENUM(e, name) OP_##e,
+    OPS_LIST(OPS_ENUM)
+#undef OPS_ENUM
     OP_COUNT
 } ops_op_t;
-extern const char *const ops_op_names[OP_COUNT];
 
 typedef enum { OPS_F32, OPS_BF16, OPS_MIXED, OPS_NARROW, OPS_NCFG } ops_cfg_t;
 extern const char *const ops_cfg_names[OPS_NCFG];
@@ -211,5 +218,67 @@ typedef struct {
     const char *name;
 } ops_adamw_cfg_t;
 extern const ops_adamw_cfg_t ops_adamw_cfgs[4];
+
+/* ---- one descriptor per op ------------------------------------------------------------- */
+
+/* Everything the programs know about an op but its cases (ops_table[]): how to run it, how
+ * to name a case, its tolerances on the CPU (test_ops: bf16 against fp32) and on CUDA
+ * (gpu_ops, flash_emu: against the CPU), its gradient check. ops_defs.c holds one per op,
+ * each beside its run function, with the reasons for its bounds; OPS_LIST registers it. */
+typedef struct ops_ctx ops_ctx_t; /* one run of a case (ops_impl.h) */
+
+/* What the gradient checks of an op found, summed over its cases. */
+typedef struct {
+    int cases;       /* cases checked */
+    int checks, bad; /* checks made; how many exceeded their bound */
+    double worst[3]; /* the largest error of each gradient (grad_linear: of each property) */
+} ops_grad_t;
+
+typedef struct {
+    const char *name;
+    /* Makes the inputs from R's generator, runs the op on R's backend, hands the outputs
+     * back (ops_impl.h: put(), poisoned(), output()). */
+    void (*run)(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg);
+    /* The shape in ops_case_name() after the name, e.g. "n=77 V=13 d=100"; NULL: "n=N". */
+    void (*shape)(const ops_case_t *c, char *out, size_t size);
+    /* CPU: the bound on ops_compare()'s max_rel between output o of a bf16 configuration and
+     * the same output of the fp32 run on the same inputs; *exact set when o must be exactly
+     * f32_to_bf16 of the fp32 run's. NULL: ops_cpu_tol_rounded(). */
+    double (*cpu_tol)(const ops_case_t *c, const ops_out_t *o, int *exact);
+    /* CUDA against the CPU: the bound on max_rel for the fp32 arithmetic of an output;
+     * 0 means the CPU's bits (and no allowance for bf16 roundings). gpu_tol_fn, when set,
+     * decides instead (mm_exact: FTK_CUDA_MATMUL=fp32, f32 products not made in bf16). */
+    double gpu_tol;
+    double (*gpu_tol_fn)(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o, int mm_exact);
+    /* attention the tensor-core kernels compute in bf16: those outputs are measured row by
+     * row (rows of hd, ops_compare_rows) with more allowance (gpu_ops, flash_emu) */
+    int flash;
+    /* Whether case c computes a gradient: gpu_ops runs those twice for the same bits. */
+    int (*backward)(const ops_case_t *c);
+    /* The CPU check of the gradient, in fp32, added into g (ops_grad.c: finite differences
+     * of the forward, bound OPS_FD_BOUND); NULL: none. grad_names: the gradients' names, or
+     * with grad_linear, the two properties of a linear op checked instead. */
+    void (*grad)(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_grad_t *g);
+    const char *grad_names[3];
+    int grad_linear;
+} ops_desc_t;
+
+extern const ops_desc_t *const ops_descs[OP_COUNT];
+#define OPS_DESC(op) (ops_descs[(op)])
+
+/* bf16's unit roundoff (rounding to nearest errs by at most 2^-8 of the value) and fp32's */
+#define OPS_U_BF16 (1.0 / 256)
+#define OPS_EPS32 (1.0 / 16777216)
+/* The bound of the finite-difference checks (ops_impl.h says why). */
+#define OPS_FD_BOUND (1.0 / 4096)
+/* The default cpu_tol: o is the fp32 result rounded o->rounds times (exact when once). */
+double ops_cpu_tol_rounded(const ops_case_t *c, const ops_out_t *o, int *exact);
+/* The CPU bound of output o of case c (its descriptor's cpu_tol) and whether it is exact. */
+double ops_cpu_tol(const ops_case_t *c, const ops_out_t *o, int *exact);
+/* The CUDA bound of output o of case c in cfg: the descriptor's fp32 bound, a ulp (2u) per
+ * rounding of a bf16 output, 4u more where flash_rows (ops_desc_t.flash). */
+double ops_gpu_tol(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o, int mm_exact, int flash_rows);
+/* Whether o is measured row by row when bf16 attention runs on the tensor cores. */
+int ops_flash_rows(const ops_case_t *c, const ops_out_t *o);
 
 #endif
