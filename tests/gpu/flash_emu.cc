@@ -182,8 +182,9 @@ int main(void)
     printf("seed %llu (FTK_SEED): flash_mma.cuh emulated on the host against the CPU backend, bf16\n",
            (unsigned long long)seed);
     int n_own = (int)(sizeof own / sizeof *own);
-    for (int k = 0; k < ops_table_len + n_own; k++) {
-        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &own[k - ops_table_len];
+    int n_table = ops_n_cases(0);
+    for (int k = 0; k < n_table + n_own; k++) {
+        const ops_case_t *c = k < n_table ? ops_case_at(k) : &own[k - n_table];
         /* what the CUDA backend gives these kernels (flash_ok): bf16, 16-byte rows */
         if (!OPS_DESC(c->op)->flash || !(c->cfgs & OPS_CFG(OPS_BF16)) || c->offset || c->hd % 16)
             continue;

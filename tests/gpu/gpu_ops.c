@@ -1,6 +1,6 @@
 /* gpu_ops.c — the CUDA backend (backend_cuda_new(0)) against the CPU backend:
- *  1. every case of the op table (tests/ops/ops_table.h), and a few larger ones of its
- *     own, in every dtype configuration the case lists, on the same inputs on both
+ *  1. every case of the op table (tests/ops/ops_table.h), and the descriptors' larger
+ *     ones, in every dtype configuration the case lists, on the same inputs on both
  *     backends, with the bounds of gpu_bound();
  *  2. every backward op, and a large weight-gradient product, gives the same bits twice;
  *  3. the fused rope_qk (when the backend has one) against the CPU's rope sequence, and
@@ -60,57 +60,18 @@ static void verdict(int ok, const char *fmt, ...)
 
 /* ---- the op table ------------------------------------------------------------------------ */
 
-/* Cases larger than the table's (which must run in seconds on one CPU core): many blocks,
- * long rows, a packed row of 1024 tokens. */
-static const int64_t seg_1024[] = {0, 100, 350, 511, 1024};
-/* as long as seg_1024, other boundaries: the backend keeps the last list on the device and
- * must upload this one (then seg_1024 again for the backward cases after it) */
-static const int64_t seg_1024b[] = {0, 1, 600, 601, 1024};
-#define BOTH (OPS_CFG(OPS_F32) | OPS_CFG(OPS_BF16))
-#define ALL (BOTH | OPS_CFG(OPS_MIXED) | OPS_CFG(OPS_NARROW))
-#define NARROW OPS_CFG(OPS_NARROW)
-static const ops_case_t large[] = {
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 1000, .N = 1536, .K = 1030, .tb = 1, .alpha = 1},
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 1536, .N = 1000, .K = 1030, .ta = 1, .alpha = 1, .beta = 1},
-    /* f32 inputs into a bf16 C larger than the 32 MiB workspace: the GPU makes the product
-     * in fp32 blocks of rows (3994 rows of 2100, then 106), A read at an offset into each */
-    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .ta = 1, .alpha = 0.5f, .beta = 1},
-    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .tb = 1, .alpha = 1},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 700, .V = 50, .d = 384},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 513, .d = 1000},
-    {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 600, .n_head = 6, .hd = 128, .theta = 10000.0f},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 4, .hd = 128, .seg = seg_1024, .n_seg = 4},
-    /* the tensor-core kernels' head dimensions, grouped queries, segments across tiles */
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 128, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 80, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 96, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 1, .hd = 128, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 1000, .n_head = 8, .n_kv = 2, .hd = 128},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
-    {.op = OP_XENT, .cfgs = OPS_CFG(OPS_F32), .n = 96, .V = 32000, .grad_scale = 0.25f},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 5000017},
-    /* past the grid's cap (blocks_for: 1,048,560 blocks of 256 threads) with one element a
-     * thread (FTK_CUDA_VEC=0, the ops-fp32 run): a second grid-stride pass */
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 300000017, .alpha = 0.37f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
-};
+/* The cases gpu_ops runs: the op table, then its larger ones (not with FTK_GPU_OPS_QUICK). */
+static int n_cases(void) { return ops_n_cases(!quick); }
+static const ops_case_t *case_at(int k) { return ops_case_at(k); }
+
+/* Whether output o of case c is measured row by row (the tensor-core attention's). */
+static int flash_rows(const ops_case_t *c, const ops_out_t *o) { return flash && ops_flash_rows(c, o); }
 
 /* The bound on ops_compare()'s max_rel (|gpu − cpu| / (|cpu| + rms(cpu))) for output o of
  * case c in configuration cfg: the op's descriptor's (ops_gpu_tol(), tests/ops/ops_defs.c,
  * which says why for each op) — 0 where the GPU must give the CPU's bits, else the bound
  * of the fp32 arithmetic, a bf16 ulp per rounding of a bf16 output, and 4u more for
  * attention's bf16 outputs on the tensor cores (measured against their row's rms). */
-/* The cases gpu_ops runs: the op table, then its larger ones (not with FTK_GPU_OPS_QUICK). */
-static int n_cases(void) { return ops_table_len + (quick ? 0 : (int)(sizeof large / sizeof *large)); }
-static const ops_case_t *case_at(int k) { return k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len]; }
-
-/* Whether output o of case c is measured row by row (the tensor-core attention's). */
-static int flash_rows(const ops_case_t *c, const ops_out_t *o) { return flash && ops_flash_rows(c, o); }
-
 static double gpu_bound(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o)
 {
     return ops_gpu_tol(c, cfg, o, exact, flash_rows(c, o));
@@ -331,8 +292,8 @@ static void test_rope_qk(void)
     int runs = 0, bad = 0;
     ops_rng_t rng;
     ops_rng_seed(&rng, seed ^ 0x4b);
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
         if (c->op != OP_ROPE)
             continue;
         int H = c->n_head, KV = H % 4 == 0 ? H / 4 : H;

@@ -14,6 +14,18 @@
 #define U_BF16 OPS_U_BF16
 #define EPS32 OPS_EPS32
 
+/* the dtype configurations a case runs in */
+#define F32 OPS_CFG(OPS_F32)
+#define BOTH (OPS_CFG(OPS_F32) | OPS_CFG(OPS_BF16))
+#define ALL (BOTH | OPS_CFG(OPS_MIXED) | OPS_CFG(OPS_NARROW))
+#define NARROW OPS_CFG(OPS_NARROW)
+/* a descriptor's cases, and its larger ones */
+#define CASES(a) .cases = a, .n_cases = (int)(sizeof a / sizeof *a)
+#define LARGE(a) .large = a, .n_large = (int)(sizeof a / sizeof *a)
+
+/* n floats in a new f32 buffer on be (the gradient checks' inputs and outputs) */
+static bk_buf_t up(backend_t *be, const float *x, int64_t n) { return ops_fd_up(be, x, n); }
+
 static int always(const ops_case_t *c)
 {
     (void)c;
@@ -34,9 +46,16 @@ static void run_convert(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
     output(R, "dst", dst, c->n, 1);
 }
 
+static const ops_case_t cases_convert[] = {
+    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001},
+    {.op = OP_CONVERT, .cfgs = ALL, .n = 1},
+    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001, .offset = 4},
+};
+
 /* A copy with one rounding: the CPU's bits on CUDA. */
 static const ops_desc_t desc_convert = {
     .name = "convert",
+    CASES(cases_convert),
     .run = run_convert,
 };
 
@@ -89,7 +108,7 @@ static double mm_loss(ops_fd_t *f, float *const *x)
 {
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
-    bk_buf_t A = ops_fd_up(be, x[0], c->M * c->K), B = ops_fd_up(be, x[1], c->K * c->N), C = ops_fd_up(be, f->scratch[2], c->M * c->N);
+    bk_buf_t A = up(be, x[0], c->M * c->K), B = up(be, x[1], c->K * c->N), C = up(be, f->scratch[2], c->M * c->N);
     be->matmul(be, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, B, c->beta, C);
     float *y = ops_get(be, C, c->M * c->N);
     double L = ops_fd_wdot(f, y, c->M * c->N);
@@ -107,8 +126,8 @@ static void grad_matmul(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_
     ops_fd_input(&f, rng, "B", K * N, 1);
     f.w = ops_rand(rng, M * N, 1, 1);
     f.scratch[2] = ops_rand(rng, M * N, 1, 1); /* C0, not perturbed */
-    bk_buf_t A = ops_fd_up(be, f.x[0], M * K), B = ops_fd_up(be, f.x[1], K * N), dC = ops_fd_up(be, f.w, M * N);
-    bk_buf_t dA = ops_fd_up(be, f.e[0], M * K), dB = ops_fd_up(be, f.e[1], K * N); /* overwritten: beta 0 */
+    bk_buf_t A = up(be, f.x[0], M * K), B = up(be, f.x[1], K * N), dC = up(be, f.w, M * N);
+    bk_buf_t dA = up(be, f.e[0], M * K), dB = up(be, f.e[1], K * N); /* overwritten: beta 0 */
     if (c->ta) /* A is [K, M]: dA = op(B)·dCᵀ */
         be->matmul(be, c->tb, 1, K, M, N, c->alpha, B, dC, 0, dA);
     else
@@ -127,8 +146,34 @@ static void grad_matmul(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_
     ops_fd_free(&f);
 }
 
+#define MM(m, n, k, a, b, al, be) \
+    {.op = OP_MATMUL, .cfgs = ALL, .M = m, .N = n, .K = k, .ta = a, .tb = b, .alpha = al, .beta = be}
+/* every transposition and beta across the 256 tiles, then the model's three products
+ * (y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) at 37 tokens, then degenerate sizes */
+static const ops_case_t cases_matmul[] = {
+    MM(300, 260, 270, 0, 0, 1.0f, 0.0f), MM(300, 260, 270, 0, 0, 0.5f, 1.0f),
+    MM(300, 260, 270, 0, 1, 1.0f, 0.0f), MM(300, 260, 270, 0, 1, 1.0f, 1.0f),
+    MM(300, 260, 270, 1, 0, 1.0f, 0.0f), MM(300, 260, 270, 1, 0, 0.5f, 1.0f),
+    MM(300, 260, 270, 1, 1, 1.0f, 0.0f), MM(300, 260, 270, 1, 1, 1.0f, 1.0f),
+    MM(37, 300, 100, 0, 1, 1.0f, 0.0f), MM(37, 100, 300, 0, 0, 1.0f, 1.0f),
+    MM(300, 100, 37, 1, 0, 1.0f, 1.0f), MM(1, 7, 3, 0, 1, 1.0f, 0.0f),
+    MM(5, 1, 513, 1, 0, 1.0f, 1.0f), MM(257, 3, 1, 0, 0, 2.0f, 0.0f),
+    {.op = OP_MATMUL, .cfgs = ALL, .M = 300, .N = 259, .K = 270, .tb = 1, .alpha = 1, .beta = 1, .offset = 1},
+};
+/* larger (gpu_ops): many blocks; f32 inputs into a bf16 C larger than the 32 MiB workspace:
+ * the GPU makes the product in fp32 blocks of rows (3994 rows of 2100, then 106), A read at
+ * an offset into each */
+static const ops_case_t large_matmul[] = {
+    {.op = OP_MATMUL, .cfgs = ALL, .M = 1000, .N = 1536, .K = 1030, .tb = 1, .alpha = 1},
+    {.op = OP_MATMUL, .cfgs = ALL, .M = 1536, .N = 1000, .K = 1030, .ta = 1, .alpha = 1, .beta = 1},
+    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .ta = 1, .alpha = 0.5f, .beta = 1},
+    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .tb = 1, .alpha = 1},
+};
+
 static const ops_desc_t desc_matmul = {
     .name = "matmul",
+    CASES(cases_matmul),
+    LARGE(large_matmul),
     .run = run_matmul,
     .shape = shape_matmul,
     .cpu_tol = cpu_tol_matmul,
@@ -192,7 +237,7 @@ static double embed_loss(ops_fd_t *f, float *const *x)
 {
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
-    bk_buf_t T = ops_fd_up(be, x[0], c->V * c->d), O = ops_fd_up(be, f->w, c->n * c->d);
+    bk_buf_t T = up(be, x[0], c->V * c->d), O = up(be, f->w, c->n * c->d);
     int32_t *ids = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *ids);
     be->embed_fwd(be, O, ids, T, c->n, c->d);
     float *y = ops_get(be, O, c->n * c->d);
@@ -208,7 +253,7 @@ static void grad_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_g
     f.w = ops_rand(rng, c->n * c->d, 1, 1);
     f.ids = ops_rand_ids(rng, c->n, c->V);
     float *zero = calloc((size_t)(c->V * c->d), sizeof *zero);
-    bk_buf_t dT = ops_fd_up(be, zero, c->V * c->d), dO = ops_fd_up(be, f.w, c->n * c->d);
+    bk_buf_t dT = up(be, zero, c->V * c->d), dO = up(be, f.w, c->n * c->d);
     int32_t *ids = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *ids);
     be->embed_bwd(be, dT, ids, dO, c->n, c->d);
     float *g[1] = {ops_get(be, dT, c->V * c->d)};
@@ -219,6 +264,33 @@ static void grad_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_g
     ops_fd_free(&f);
 }
 
+static const ops_case_t cases_embed_fwd[] = {
+    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 77, .V = 13, .d = 100},
+    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000},
+    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 1, .V = 3, .d = 64},
+    /* a view 4 elements in: 8-byte aligned bf16, 16-byte aligned fp32 (the CUDA 16-byte
+     * accesses are taken for one and not the other) */
+    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000, .offset = 4},
+};
+/* few rows: every row collects many tokens */
+static const ops_case_t cases_embed_bwd[] = {
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 77, .V = 13, .d = 100},
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 9, .V = 40, .d = 1000},
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 1, .V = 3, .d = 64},
+    /* chains of ~33 tokens an id: several of the CUDA row kernel's groups of 8 */
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 100, .V = 3, .d = 200},
+};
+static const ops_case_t large_embed_bwd[] = {
+    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 700, .V = 50, .d = 384},
+};
+static const ops_case_t cases_rows_scatter[] = {
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 100},
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 1, .V = 3, .d = 1000},
+    /* a view 2 elements in, and aligned: many rows 8 elements a thread */
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96, .offset = 2},
+    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96},
+};
+
 /* Gathers and scatters of rows: the CPU's bits on CUDA. embed_bwd rounds the sum of each add
  * into a bf16 dtable: a row that collects r tokens is rounded r times (the output's rounds),
  * each time by at most u of a partial sum. Partial sums of these random-signed terms (a
@@ -228,11 +300,14 @@ static void grad_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_g
  * the CPU: its bits. */
 static const ops_desc_t desc_embed_fwd = {
     .name = "embed_fwd",
+    CASES(cases_embed_fwd),
     .run = run_embed,
     .shape = shape_embed,
 };
 static const ops_desc_t desc_embed_bwd = {
     .name = "embed_bwd",
+    CASES(cases_embed_bwd),
+    LARGE(large_embed_bwd),
     .run = run_embed,
     .shape = shape_embed,
     .backward = always,
@@ -241,6 +316,7 @@ static const ops_desc_t desc_embed_bwd = {
 };
 static const ops_desc_t desc_rows_scatter = {
     .name = "rows_scatter",
+    CASES(cases_rows_scatter),
     .run = run_embed,
     .shape = shape_embed,
 };
@@ -293,7 +369,7 @@ static double rms_loss(ops_fd_t *f, float *const *x)
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
     int64_t n = c->n, d = c->d;
-    bk_buf_t X = ops_fd_up(be, x[0], n * d), W = ops_fd_up(be, x[1], d), O = ops_fd_up(be, f->w, n * d), R = ops_fd_up(be, f->w, n);
+    bk_buf_t X = up(be, x[0], n * d), W = up(be, x[1], d), O = up(be, f->w, n * d), R = up(be, f->w, n);
     be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
     float *y = ops_get(be, O, n * d);
     double L = ops_fd_wdot(f, y, n * d);
@@ -311,8 +387,8 @@ static void grad_rmsnorm(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops
         f.x[1][j] = ops_round_bf16(1.0f + f.x[1][j]);
     f.w = ops_rand(rng, n * d, 1, 1);
     float *zero = calloc((size_t)(n * d), sizeof *zero);
-    bk_buf_t X = ops_fd_up(be, f.x[0], n * d), W = ops_fd_up(be, f.x[1], d), O = ops_fd_up(be, zero, n * d), R = ops_fd_up(be, zero, n);
-    bk_buf_t dO = ops_fd_up(be, f.w, n * d), dX = ops_fd_up(be, zero, n * d), dW = ops_fd_up(be, zero, d);
+    bk_buf_t X = up(be, f.x[0], n * d), W = up(be, f.x[1], d), O = up(be, zero, n * d), R = up(be, zero, n);
+    bk_buf_t dO = up(be, f.w, n * d), dX = up(be, zero, n * d), dW = up(be, zero, d);
     be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
     be->rmsnorm_bwd(be, dX, dW, dO, X, W, R.p, n, d);
     float *g[2] = {ops_get(be, dX, n * d), ops_get(be, dW, d)};
@@ -323,14 +399,43 @@ static void grad_rmsnorm(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops
     ops_fd_free(&f);
 }
 
+static const ops_case_t cases_rmsnorm_fwd[] = {
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 7, .d = 1000},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 33, .d = 100},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 1, .d = 64},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 130, .d = 96},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 1000, .offset = 4},
+    /* Llama widths: more than one 8-element group per thread of a row */
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 4096},
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 3, .d = 5120},
+};
+static const ops_case_t large_rmsnorm_fwd[] = {
+    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 513, .d = 1000},
+};
+static const ops_case_t cases_rmsnorm_bwd[] = {
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 7, .d = 1000},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 33, .d = 100},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 1, .d = 64},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
+};
+static const ops_case_t large_rmsnorm_bwd[] = {
+    {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
+};
+
 static const ops_desc_t desc_rmsnorm_fwd = {
     .name = "rmsnorm_fwd",
+    CASES(cases_rmsnorm_fwd),
+    LARGE(large_rmsnorm_fwd),
     .run = run_rmsnorm,
     .shape = shape_nd,
     .gpu_tol = 1e-5,
 };
 static const ops_desc_t desc_rmsnorm_bwd = {
     .name = "rmsnorm_bwd",
+    CASES(cases_rmsnorm_bwd),
+    LARGE(large_rmsnorm_bwd),
     .run = run_rmsnorm,
     .shape = shape_nd,
     .gpu_tol_fn = gpu_tol_rmsnorm_bwd,
@@ -372,7 +477,7 @@ static void grad_rope(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
     for (int64_t i = 0; i < n; i++)
         pos[i] = (int32_t)((i * (c->pos_step ? c->pos_step : 1)) % 4096);
     int32_t *dpos = ops_put_raw(be, pos, (size_t)n * sizeof *pos);
-    bk_buf_t A = ops_fd_up(be, a, n * w), B = ops_fd_up(be, b, n * w);
+    bk_buf_t A = up(be, a, n * w), B = up(be, b, n * w);
     be->rope(be, A, dpos, n, c->n_head, c->hd, c->theta, c->inverse);
     be->rope(be, B, dpos, n, c->n_head, c->hd, c->theta, !c->inverse);
     float *ra = ops_get(be, A, n * w), *rb = ops_get(be, B, n * w);
@@ -403,9 +508,24 @@ static void grad_rope(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
     bk_free(be, dpos), bk_free(be, A.p), bk_free(be, B.p);
 }
 
+static const ops_case_t cases_rope[] = {
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f, .inverse = 1},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 5, .n_head = 8, .hd = 80, .theta = 500000.0f, .pos_step = 997},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 130, .n_head = 1, .hd = 96, .theta = 10000.0f, .pos_step = 31, .inverse = 1},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 1, .n_head = 2, .hd = 128, .theta = 10000.0f},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 33, .n_head = 2, .hd = 128, .theta = 10000.0f, .pos_step = 123},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 4, .hd = 64, .theta = 10000.0f, .offset = 1},
+};
+static const ops_case_t large_rope[] = {
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 600, .n_head = 6, .hd = 128, .theta = 10000.0f},
+};
+
 /* CUDA: the same angles, cosf/sinf of another libm, contracted products: 1e-5. */
 static const ops_desc_t desc_rope = {
     .name = "rope",
+    CASES(cases_rope),
+    LARGE(large_rope),
     .run = run_rope,
     .shape = shape_rope,
     .gpu_tol = 1e-5,
@@ -507,8 +627,8 @@ static double attn_loss_out(ops_fd_t *f, float *const *x, float *out_host, float
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
     int64_t n = c->seg[c->n_seg], qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
-    bk_buf_t Q = ops_fd_up(be, x[0], qn), K = ops_fd_up(be, x[1], kn), V = ops_fd_up(be, x[2], kn), O = ops_fd_up(be, f->w, qn);
-    bk_buf_t L = ops_fd_up(be, f->w, n * c->n_head);
+    bk_buf_t Q = up(be, x[0], qn), K = up(be, x[1], kn), V = up(be, x[2], kn), O = up(be, f->w, qn);
+    bk_buf_t L = up(be, f->w, n * c->n_head);
     be->attn_fwd(be, O, L.p, Q, K, V, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
     float *y = ops_get(be, O, qn);
     double s = ops_fd_wdot(f, y, qn);
@@ -531,9 +651,9 @@ static void grad_attn(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
     f.w = ops_rand(rng, qn, 1, 1);
     float *ho = ops_xmalloc((size_t)qn * sizeof *ho), *hl = ops_xmalloc((size_t)(n * c->n_head) * sizeof *hl);
     attn_loss_out(&f, f.x, ho, hl);
-    bk_buf_t Q = ops_fd_up(be, f.x[0], qn), K = ops_fd_up(be, f.x[1], kn), V = ops_fd_up(be, f.x[2], kn), O = ops_fd_up(be, ho, qn);
-    bk_buf_t L = ops_fd_up(be, hl, n * c->n_head), dO = ops_fd_up(be, f.w, qn);
-    bk_buf_t dQ = ops_fd_up(be, ho, qn), dK = ops_fd_up(be, f.x[1], kn), dV = ops_fd_up(be, f.x[2], kn); /* overwritten */
+    bk_buf_t Q = up(be, f.x[0], qn), K = up(be, f.x[1], kn), V = up(be, f.x[2], kn), O = up(be, ho, qn);
+    bk_buf_t L = up(be, hl, n * c->n_head), dO = up(be, f.w, qn);
+    bk_buf_t dQ = up(be, ho, qn), dK = up(be, f.x[1], kn), dV = up(be, f.x[2], kn); /* overwritten */
     be->attn_bwd(be, dQ, dK, dV, dO, Q, K, V, O, L.p, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
     float *g[3] = {ops_get(be, dQ, qn), ops_get(be, dK, kn), ops_get(be, dV, kn)};
     ops_fd_check(&f, g, gs);
@@ -543,6 +663,53 @@ static void grad_attn(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
         bk_free(be, all[i].p);
     ops_fd_free(&f);
 }
+
+/* Segment lists: one-token segments among longer ones, a single token, a packed row and
+ * its padding, one odd-length sample. */
+static const int64_t seg_101[] = {0, 1, 2, 37, 38, 101};
+static const int64_t seg_130[] = {0, 45, 46, 130};
+static const int64_t seg_67[] = {0, 67};
+static const int64_t seg_53[] = {0, 3, 4, 53};
+static const int64_t seg_1[] = {0, 1};
+static const int64_t seg_35[] = {0, 33, 34, 35};
+/* larger (gpu_ops): a packed row of 1024 tokens; and as long, other boundaries: the
+ * backend keeps the last list on the device and must upload this one (then seg_1024 again
+ * for the cases after it) */
+static const int64_t seg_1024[] = {0, 100, 350, 511, 1024};
+static const int64_t seg_1024b[] = {0, 1, 600, 601, 1024};
+
+#define ATTN(o, h, kv, d, s) \
+    {.op = o, .cfgs = BOTH, .n_head = h, .n_kv = kv, .hd = d, .seg = s, .n_seg = sizeof s / sizeof *s - 1}
+static const ops_case_t cases_attn_fwd[] = {
+    ATTN(OP_ATTN_FWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_FWD, 4, 1, 80, seg_130),
+    ATTN(OP_ATTN_FWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_FWD, 4, 1, 128, seg_53),
+    ATTN(OP_ATTN_FWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_FWD, 8, 4, 128, seg_35),
+    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
+};
+/* the tensor-core kernels' head dimensions, grouped queries, segments across tiles */
+static const ops_case_t large_attn_fwd[] = {
+    ATTN(OP_ATTN_FWD, 8, 2, 64, seg_1024), ATTN(OP_ATTN_FWD, 8, 2, 64, seg_1024b),
+    ATTN(OP_ATTN_FWD, 4, 1, 128, seg_1024b), ATTN(OP_ATTN_FWD, 6, 2, 80, seg_1024),
+};
+static const ops_case_t cases_attn_bwd[] = {
+    ATTN(OP_ATTN_BWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_BWD, 4, 1, 80, seg_130),
+    ATTN(OP_ATTN_BWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_BWD, 4, 1, 128, seg_53),
+    ATTN(OP_ATTN_BWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_BWD, 8, 4, 128, seg_35),
+    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
+};
+static const ops_case_t large_attn_bwd[] = {
+    ATTN(OP_ATTN_BWD, 8, 2, 64, seg_1024), ATTN(OP_ATTN_BWD, 4, 4, 128, seg_1024),
+    ATTN(OP_ATTN_BWD, 6, 2, 96, seg_1024b), ATTN(OP_ATTN_BWD, 8, 1, 128, seg_1024),
+};
+static const ops_case_t cases_attn_cached[] = {
+    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 300, .n_head = 8, .n_kv = 2, .hd = 64},
+    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 1, .p0 = 0, .n_head = 4, .n_kv = 1, .hd = 128},
+    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 3, .p0 = 61, .n_head = 2, .n_kv = 2, .hd = 80},
+    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 2, .p0 = 17, .n_head = 4, .n_kv = 1, .hd = 96},
+};
+static const ops_case_t large_attn_cached[] = {
+    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 1000, .n_head = 8, .n_kv = 2, .hd = 128},
+};
 
 /* CUDA: a row reduction (the softmax) in another order: 1e-5; the backward's dout·v − D
  * cancels: 3e-4. bf16 attention on the tensor cores (unless FTK_CUDA_ATTN=simple) rounds
@@ -555,6 +722,8 @@ static void grad_attn(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
  * 3.0e-2, at rows 0–6 and 100–103 of segments starting at 0 and 100 (H200, 2026-11-23). */
 static const ops_desc_t desc_attn_fwd = {
     .name = "attn_fwd",
+    CASES(cases_attn_fwd),
+    LARGE(large_attn_fwd),
     .run = run_attn,
     .shape = shape_attn,
     .gpu_tol = 1e-5,
@@ -562,6 +731,8 @@ static const ops_desc_t desc_attn_fwd = {
 };
 static const ops_desc_t desc_attn_bwd = {
     .name = "attn_bwd",
+    CASES(cases_attn_bwd),
+    LARGE(large_attn_bwd),
     .run = run_attn,
     .shape = shape_attn,
     .gpu_tol = 3e-4,
@@ -572,6 +743,8 @@ static const ops_desc_t desc_attn_bwd = {
 };
 static const ops_desc_t desc_attn_cached = {
     .name = "attn_cached",
+    CASES(cases_attn_cached),
+    LARGE(large_attn_cached),
     .run = run_attn,
     .shape = shape_attn_cached,
     .gpu_tol = 1e-5,
@@ -602,7 +775,7 @@ static double swiglu_loss(ops_fd_t *f, float *const *x)
 {
     backend_t *be = f->be;
     int64_t n = f->c->n;
-    bk_buf_t G = ops_fd_up(be, x[0], n), U = ops_fd_up(be, x[1], n), H = ops_fd_up(be, f->w, n);
+    bk_buf_t G = up(be, x[0], n), U = up(be, x[1], n), H = up(be, f->w, n);
     be->swiglu_fwd(be, H, G, U, n);
     float *y = ops_get(be, H, n);
     double L = ops_fd_wdot(f, y, n);
@@ -617,8 +790,8 @@ static void grad_swiglu(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_
     ops_fd_input(&f, rng, "g", n, 6);
     ops_fd_input(&f, rng, "u", n, 2);
     f.w = ops_rand(rng, n, 1, 1);
-    bk_buf_t G = ops_fd_up(be, f.x[0], n), U = ops_fd_up(be, f.x[1], n), dH = ops_fd_up(be, f.w, n), dG = ops_fd_up(be, f.w, n),
-             dU = ops_fd_up(be, f.w, n);
+    bk_buf_t G = up(be, f.x[0], n), U = up(be, f.x[1], n), dH = up(be, f.w, n), dG = up(be, f.w, n),
+             dU = up(be, f.w, n);
     be->swiglu_bwd(be, dG, dU, dH, G, U, n);
     float *g[2] = {ops_get(be, dG, n), ops_get(be, dU, n)};
     ops_fd_check(&f, g, gs);
@@ -627,14 +800,33 @@ static void grad_swiglu(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_
     ops_fd_free(&f);
 }
 
+static const ops_case_t cases_swiglu_fwd[] = {
+    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1000},
+    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097},
+    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1},
+    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097, .offset = 4},
+};
+static const ops_case_t cases_swiglu_bwd[] = {
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1000},
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097},
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1},
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097, .offset = 2},
+};
+static const ops_case_t large_swiglu_bwd[] = {
+    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
+};
+
 /* CUDA: pointwise fp32 (expf, one quotient) with another libm: 1e-6. */
 static const ops_desc_t desc_swiglu_fwd = {
     .name = "swiglu_fwd",
+    CASES(cases_swiglu_fwd),
     .run = run_swiglu,
     .gpu_tol = 1e-6,
 };
 static const ops_desc_t desc_swiglu_bwd = {
     .name = "swiglu_bwd",
+    CASES(cases_swiglu_bwd),
+    LARGE(large_swiglu_bwd),
     .run = run_swiglu,
     .gpu_tol = 1e-6,
     .backward = always,
@@ -674,7 +866,7 @@ static double xent_loss(ops_fd_t *f, float *const *x)
 {
     const ops_case_t *c = f->c;
     backend_t *be = f->be;
-    bk_buf_t X = ops_fd_up(be, x[0], c->n * c->V), W = ops_fd_up(be, f->w, c->n);
+    bk_buf_t X = up(be, x[0], c->n * c->V), W = up(be, f->w, c->n);
     int32_t *t = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *t);
     double L = 0, *acc = ops_put_raw(be, &L, sizeof L);
     be->xent(be, X.p, t, W.p, c->n, c->V, 0, acc);
@@ -693,7 +885,7 @@ static void grad_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
     for (int64_t i = 0; i < c->n; i++)
         f.w[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? 0.5f : 1.0f;
     f.ids = ops_rand_ids(rng, c->n, c->V);
-    bk_buf_t X = ops_fd_up(be, f.x[0], c->n * c->V), W = ops_fd_up(be, f.w, c->n);
+    bk_buf_t X = up(be, f.x[0], c->n * c->V), W = up(be, f.w, c->n);
     int32_t *t = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *t);
     double *acc = ops_put_raw(be, &(double){0}, sizeof(double));
     be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f, acc);
@@ -704,10 +896,22 @@ static void grad_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_gr
     ops_fd_free(&f);
 }
 
+static const ops_case_t cases_xent[] = {
+    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000},
+    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 0.25f},
+    {.op = OP_XENT, .cfgs = F32, .n = 3, .V = 32003, .grad_scale = 1.0f},
+    {.op = OP_XENT, .cfgs = F32, .n = 1, .V = 5, .grad_scale = 1.0f},
+};
+static const ops_case_t large_xent[] = {
+    {.op = OP_XENT, .cfgs = F32, .n = 96, .V = 32000, .grad_scale = 0.25f},
+};
+
 /* fp32 logits only. CUDA: a row reduction (the loss) in another order: 1e-5 (the loss itself,
  * a double, is held to 1e-12 by gpu_ops). */
 static const ops_desc_t desc_xent = {
     .name = "xent",
+    CASES(cases_xent),
+    LARGE(large_xent),
     .run = run_xent,
     .shape = shape_xent,
     .gpu_tol = 1e-5,
@@ -740,19 +944,50 @@ static void run_pointwise(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
     }
 }
 
+static const ops_case_t cases_add[] = {
+    {.op = OP_ADD, .cfgs = ALL, .n = 1000},
+    {.op = OP_ADD, .cfgs = ALL, .n = 4097},
+    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 1},
+    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 4},
+};
+static const ops_case_t cases_scale[] = {
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f},
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 1, .alpha = -3.0f},
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f, .offset = 4},
+};
+/* past the grid's cap (blocks_for: 1,048,560 blocks of 256 threads) with one element a
+ * thread (FTK_CUDA_VEC=0, the ops-fp32 run): a second grid-stride pass */
+static const ops_case_t large_scale[] = {
+    {.op = OP_SCALE, .cfgs = BOTH, .n = 300000017, .alpha = 0.37f},
+};
+static const ops_case_t cases_sumsq[] = {
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 1000},
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 2 * 65536 + 17}, /* the CPU's blocks and a ragged end */
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 1},
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 4},
+};
+static const ops_case_t large_sumsq[] = {
+    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 5000017},
+};
+
 /* add and scale: one IEEE operation then one rounding: the CPU's bits on CUDA. sumsq: double
  * sums of the same values in the same order on the CPU in every dtype (identical); on CUDA in
  * another order (1e-12 on the scalar, gpu_ops). */
 static const ops_desc_t desc_add = {
     .name = "add",
+    CASES(cases_add),
     .run = run_pointwise,
 };
 static const ops_desc_t desc_scale = {
     .name = "scale",
+    CASES(cases_scale),
+    LARGE(large_scale),
     .run = run_pointwise,
 };
 static const ops_desc_t desc_sumsq = {
     .name = "sumsq",
+    CASES(cases_sumsq),
+    LARGE(large_sumsq),
     .run = run_pointwise,
     .gpu_tol = 1e-5,
 };
@@ -791,12 +1026,25 @@ static double cpu_tol_adamw(const ops_case_t *c, const ops_out_t *o, int *exact)
     return o->dt == DT_BF16 ? (c->stochastic ? 2 : o->rounds) * U_BF16 : 0;
 }
 
+static const ops_case_t cases_adamw[] = {
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 1000, .step = 1, .wd = 0.1f},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .gscale = 0.5f},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
+};
+static const ops_case_t large_adamw[] = {
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
+};
+
 /* CUDA: fp32 arithmetic operation for operation the CPU's with correctly rounded operations
  * only (no contraction, sqrt and quotients correctly rounded), so nearest and stochastic
  * rounding give the CPU's bits — a bound of a bf16 ulp would let a wrong stochastic-rounding
  * index (3·(index0 + i) + w) through. */
 static const ops_desc_t desc_adamw = {
     .name = "adamw",
+    CASES(cases_adamw),
+    LARGE(large_adamw),
     .run = run_adamw,
     .shape = shape_adamw,
     .cpu_tol = cpu_tol_adamw,

@@ -33,7 +33,10 @@ static inline void *keep_dev(ops_ctx_t *R, void *p)
     return p;
 }
 /* Random host values (bf16 ones unless full), freed with the run. */
-static inline float *hrand(ops_ctx_t *R, int64_t n, float scale) { return keep_host(R, ops_rand(&R->rng, n, scale, !R->full)); }
+static inline float *hrand(ops_ctx_t *R, int64_t n, float scale)
+{
+    return keep_host(R, ops_rand(&R->rng, n, scale, !R->full));
+}
 static inline float *hzeros(ops_ctx_t *R, int64_t n)
 {
     float *p = keep_host(R, ops_xmalloc((size_t)n * sizeof *p));
@@ -60,7 +63,10 @@ static inline bk_buf_t poisoned(ops_ctx_t *R, dtype_t dt, int64_t n)
     keep_dev(R, b.p);
     return bk_at(b, R->off);
 }
-static inline void *put_raw(ops_ctx_t *R, const void *host, size_t bytes) { return keep_dev(R, ops_put_raw(R->be, host, bytes)); }
+static inline void *put_raw(ops_ctx_t *R, const void *host, size_t bytes)
+{
+    return keep_dev(R, ops_put_raw(R->be, host, bytes));
+}
 
 static inline void output(ops_ctx_t *R, const char *name, bk_buf_t b, int64_t n, int rounds)
 {

@@ -14,127 +14,24 @@ const char *const ops_cfg_names[OPS_NCFG] = {"f32", "bf16", "bf16 in, f32 acc", 
 
 /* ---- the table ------------------------------------------------------------------------- */
 
-#define F32 OPS_CFG(OPS_F32)
-#define BOTH (OPS_CFG(OPS_F32) | OPS_CFG(OPS_BF16))
-#define ALL (BOTH | OPS_CFG(OPS_MIXED) | OPS_CFG(OPS_NARROW))
+int ops_n_cases(int large)
+{
+    int n = 0;
+    for (int op = 0; op < OP_COUNT; op++)
+        n += OPS_DESC(op)->n_cases + (large ? OPS_DESC(op)->n_large : 0);
+    return n;
+}
 
-/* Segment lists: one-token segments among longer ones, a single token, a packed row and
- * its padding, one odd-length sample. */
-static const int64_t seg_101[] = {0, 1, 2, 37, 38, 101};
-static const int64_t seg_130[] = {0, 45, 46, 130};
-static const int64_t seg_67[] = {0, 67};
-static const int64_t seg_53[] = {0, 3, 4, 53};
-static const int64_t seg_1[] = {0, 1};
-static const int64_t seg_35[] = {0, 33, 34, 35};
-
-#define MM(m, n, k, a, b, al, be) \
-    {.op = OP_MATMUL, .cfgs = ALL, .M = m, .N = n, .K = k, .ta = a, .tb = b, .alpha = al, .beta = be}
-#define ATTN(o, h, kv, d, s) \
-    {.op = o, .cfgs = BOTH, .n_head = h, .n_kv = kv, .hd = d, .seg = s, .n_seg = sizeof s / sizeof *s - 1}
-
-const ops_case_t ops_table[] = {
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001},
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1},
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001, .offset = 4},
-
-    /* every transposition and beta across the 256 tiles, then the model's three products
-     * (y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) at 37 tokens, then degenerate sizes */
-    MM(300, 260, 270, 0, 0, 1.0f, 0.0f), MM(300, 260, 270, 0, 0, 0.5f, 1.0f),
-    MM(300, 260, 270, 0, 1, 1.0f, 0.0f), MM(300, 260, 270, 0, 1, 1.0f, 1.0f),
-    MM(300, 260, 270, 1, 0, 1.0f, 0.0f), MM(300, 260, 270, 1, 0, 0.5f, 1.0f),
-    MM(300, 260, 270, 1, 1, 1.0f, 0.0f), MM(300, 260, 270, 1, 1, 1.0f, 1.0f),
-    MM(37, 300, 100, 0, 1, 1.0f, 0.0f), MM(37, 100, 300, 0, 0, 1.0f, 1.0f),
-    MM(300, 100, 37, 1, 0, 1.0f, 1.0f), MM(1, 7, 3, 0, 1, 1.0f, 0.0f),
-    MM(5, 1, 513, 1, 0, 1.0f, 1.0f), MM(257, 3, 1, 0, 0, 2.0f, 0.0f),
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 300, .N = 259, .K = 270, .tb = 1, .alpha = 1, .beta = 1, .offset = 1},
-
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 77, .V = 13, .d = 100},
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000},
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 1, .V = 3, .d = 64},
-    /* few rows: every row collects many tokens */
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 77, .V = 13, .d = 100},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 9, .V = 40, .d = 1000},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 1, .V = 3, .d = 64},
-    /* chains of ~33 tokens an id: several of the CUDA row kernel's groups of 8 */
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 100, .V = 3, .d = 200},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 100},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 1, .V = 3, .d = 1000},
-    /* views 4 elements in: 8-byte aligned bf16, 16-byte aligned fp32 (the CUDA 16-byte
-     * accesses are taken for one and not the other), and 2 in */
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000, .offset = 4},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96, .offset = 2},
-    /* and aligned: many rows 8 elements a thread */
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96},
-
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 7, .d = 1000},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 33, .d = 100},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 1, .d = 64},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 130, .d = 96},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 7, .d = 1000},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 33, .d = 100},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 1, .d = 64},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 1000, .offset = 4},
-    /* Llama widths: more than one 8-element group per thread of a row */
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 4096},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 3, .d = 5120},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
-
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f, .inverse = 1},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 5, .n_head = 8, .hd = 80, .theta = 500000.0f, .pos_step = 997},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 130, .n_head = 1, .hd = 96, .theta = 10000.0f, .pos_step = 31, .inverse = 1},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 1, .n_head = 2, .hd = 128, .theta = 10000.0f},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 33, .n_head = 2, .hd = 128, .theta = 10000.0f, .pos_step = 123},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 4, .hd = 64, .theta = 10000.0f, .offset = 1},
-
-    ATTN(OP_ATTN_FWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_FWD, 4, 1, 80, seg_130),
-    ATTN(OP_ATTN_FWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_FWD, 4, 1, 128, seg_53),
-    ATTN(OP_ATTN_FWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_FWD, 8, 4, 128, seg_35),
-    ATTN(OP_ATTN_BWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_BWD, 4, 1, 80, seg_130),
-    ATTN(OP_ATTN_BWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_BWD, 4, 1, 128, seg_53),
-    ATTN(OP_ATTN_BWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_BWD, 8, 4, 128, seg_35),
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 300, .n_head = 8, .n_kv = 2, .hd = 64},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 1, .p0 = 0, .n_head = 4, .n_kv = 1, .hd = 128},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 3, .p0 = 61, .n_head = 2, .n_kv = 2, .hd = 80},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 2, .p0 = 17, .n_head = 4, .n_kv = 1, .hd = 96},
-
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097, .offset = 4},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097, .offset = 2},
-
-    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000},
-    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 0.25f},
-    {.op = OP_XENT, .cfgs = F32, .n = 3, .V = 32003, .grad_scale = 1.0f},
-    {.op = OP_XENT, .cfgs = F32, .n = 1, .V = 5, .grad_scale = 1.0f},
-
-    {.op = OP_ADD, .cfgs = ALL, .n = 1000},
-    {.op = OP_ADD, .cfgs = ALL, .n = 4097},
-    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 1},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1, .alpha = -3.0f},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f, .offset = 4},
-    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 4},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 2 * 65536 + 17}, /* the CPU's blocks and a ragged end */
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 1},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 4},
-
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 1000, .step = 1, .wd = 0.1f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .gscale = 0.5f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
-};
-const int ops_table_len = (int)(sizeof ops_table / sizeof *ops_table);
+const ops_case_t *ops_case_at(int k)
+{
+    for (int op = 0; op < OP_COUNT; k -= OPS_DESC(op++)->n_cases)
+        if (k < OPS_DESC(op)->n_cases)
+            return &OPS_DESC(op)->cases[k];
+    for (int op = 0; op < OP_COUNT; k -= OPS_DESC(op++)->n_large)
+        if (k < OPS_DESC(op)->n_large)
+            return &OPS_DESC(op)->large[k];
+    return NULL;
+}
 
 void ops_case_name(const ops_case_t *c, char *out, size_t size)
 {
@@ -757,13 +654,14 @@ int ops_table_differ(backend_t *a, backend_t *b, uint64_t seed, int *runs)
 {
     int bad = 0;
     *runs = 0;
-    for (int k = 0; k < ops_table_len; k++)
+    for (int k = 0; k < ops_n_cases(0); k++)
         for (int cfg = 0; cfg < OPS_NCFG; cfg++) {
-            if (!(ops_table[k].cfgs & OPS_CFG(cfg)))
+            const ops_case_t *c = ops_case_at(k);
+            if (!(c->cfgs & OPS_CFG(cfg)))
                 continue;
             ops_result_t ra, rb;
-            int rc_a = ops_run(a, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &ra);
-            int rc_b = ops_run(b, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &rb);
+            int rc_a = ops_run(a, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &ra);
+            int rc_b = ops_run(b, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &rb);
             int d = differ_pair(rc_a, &ra, rc_b, &rb);
             if (d < 0)
                 return -1;

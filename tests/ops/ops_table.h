@@ -1,11 +1,13 @@
-/* ops_table.h — one table of backend op cases (kernels/backend.h), iterated by two
- * programs: tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
- * determinism, finite differences) and tests/gpu/gpu_ops.c (the CUDA backend against the
- * CPU one). In the manner of llm.c's and ggml's test-backend-ops: a case is an op and a
- * shape; ops_run() makes its inputs on the host from a seed, uploads them, runs the op on
- * the backend it is given and downloads every output widened to float. The same seed gives
- * the same inputs on every backend and in every dtype configuration, so two runs can be
- * compared element by element.
+/* ops_table.h — the backend ops (kernels/backend.h) as test cases, one descriptor per op
+ * (ops_desc_t: its cases, how it runs, its bounds, its gradient check) registered in
+ * OPS_LIST, read by tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
+ * determinism, gradients), tests/unit/test_prof.c (profiled against plain),
+ * tests/gpu/gpu_ops.c (the CUDA backend against the CPU one) and tests/gpu/flash_emu.cc.
+ * In the manner of ggml's test-backend-ops: a case is an op and a shape; ops_run() makes
+ * its inputs on the host from a seed, uploads them, runs the op on the backend it is given
+ * and downloads every output widened to float. The same seed gives the same inputs on
+ * every backend and in every dtype configuration, so two runs can be compared element by
+ * element.
  *
  * Shapes are chosen to break kernels, not to be realistic: token counts that are not a
  * multiple of 4, one-token segments and several segments per batch, head dims 64/80/96/128,
@@ -40,8 +42,8 @@
 #include "../../kernels/backend.h"
 
 /* The registry: one line per op, X(ENUM, name), in the order the programs report them.
- * Each name has its descriptor ops_desc_<name> (ops_desc_t, below) in ops_defs.c; adding an
- * op is that descriptor, its cases in ops_table[] and a line here. */
+ * Each name has its descriptor desc_<name> (ops_desc_t, below) in ops_defs.c, its cases
+ * included; adding an op is that descriptor and a line here. */
 #define OPS_LIST(X)                                                                                           \
     X(CONVERT, convert)                                                                                       \
     X(MATMUL, matmul)                                                                                         \
@@ -97,8 +99,10 @@ typedef struct {
                              * tensors inside a unit are: pointers only 2- or 4-byte aligned */
 } ops_case_t;
 
-extern const ops_case_t ops_table[];
-extern const int ops_table_len;
+/* The op table: every descriptor's cases, in the registry's order (k < ops_n_cases(0)),
+ * then with large set every descriptor's larger ones. */
+int ops_n_cases(int large);
+const ops_case_t *ops_case_at(int k);
 
 /* A case's name with its shape, e.g. "matmul 300x260x270 ta=1 tb=0 beta=1". */
 void ops_case_name(const ops_case_t *c, char *out, size_t size);
@@ -221,10 +225,10 @@ extern const ops_adamw_cfg_t ops_adamw_cfgs[4];
 
 /* ---- one descriptor per op ------------------------------------------------------------- */
 
-/* Everything the programs know about an op but its cases (ops_table[]): how to run it, how
- * to name a case, its tolerances on the CPU (test_ops: bf16 against fp32) and on CUDA
- * (gpu_ops, flash_emu: against the CPU), its gradient check. ops_defs.c holds one per op,
- * each beside its run function, with the reasons for its bounds; OPS_LIST registers it. */
+/* Everything the programs know about an op: its cases, how to run one, how to name it, its
+ * tolerances on the CPU (test_ops: bf16 against fp32) and on CUDA (gpu_ops, flash_emu:
+ * against the CPU), its gradient check. ops_defs.c holds one per op, each beside its run
+ * function, with the reasons for its bounds; OPS_LIST registers it. */
 typedef struct ops_ctx ops_ctx_t; /* one run of a case (ops_impl.h) */
 
 /* What the gradient checks of an op found, summed over its cases. */
@@ -236,6 +240,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* Its cases (ops_case_t: shapes chosen as the top of this file says), and larger ones
+     * that only gpu_ops runs (not with FTK_GPU_OPS_QUICK): many blocks, long rows. */
+    const ops_case_t *cases, *large;
+    int n_cases, n_large;
     /* Makes the inputs from R's generator, runs the op on R's backend, hands the outputs
      * back (ops_impl.h: put(), poisoned(), output()). */
     void (*run)(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg);

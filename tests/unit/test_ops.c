@@ -108,8 +108,8 @@ static void against_f32(const ops_case_t *c, ops_cfg_t cfg, const ops_result_t *
 
 static void test_table(backend_t *be)
 {
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
         uint64_t seed = SEED + 1000003u * (uint64_t)k;
         op_stats_t *s = &stats[c->op];
         char name[128];
@@ -188,8 +188,8 @@ static void test_fd(backend_t *be)
 {
     ops_rng_t rng;
     ops_rng_seed(&rng, SEED ^ 0xfd);
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
         if (OPS_DESC(c->op)->grad)
             OPS_DESC(c->op)->grad(be, c, &rng, &grads[c->op]);
     }
