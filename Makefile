@@ -175,7 +175,7 @@ $(O)/tests/%: $(O)/tests/unit/%.o $(LIBFTK)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
 # The op table (tests/ops: the cases, one descriptor per op, the gradient checks' machinery) is
-# shared by test_ops and test_prof (CPU), gpu_ops (CUDA against CPU) and flash_emu.
+# shared by test_ops and test_prof (CPU), gpu_ops (CUDA against CPU), flash_emu and gpu_opbench.
 OPS_TABLE_OBJ := $(addprefix $(O)/tests/ops/,ops_table.o ops_defs.o ops_grad.o)
 $(O)/tests/test_ops $(O)/tests/test_prof: $(O)/tests/%: $(O)/tests/unit/%.o $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
@@ -214,7 +214,7 @@ $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu
 $(O)/tests/emu/gpu_opbench_small.o: tests/gpu/gpu_opbench.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DOPBENCH_SMALL -c $< -o $@
-$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(EMU_LINK)
 # NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
 # runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the
@@ -269,7 +269,7 @@ $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
-$(O)/tests/gpu_ops: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
+$(O)/tests/gpu_ops $(O)/tests/gpu_opbench: $(O)/tests/%: $(O)/tests/gpu/%.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 endif

@@ -1,7 +1,7 @@
-/* ops_defs.c — one descriptor per op (ops_table.h's ops_desc_t): for each op, how a case
- * runs, how it is named, its bounds on the CPU and on CUDA with their reasons, its gradient
- * check; OPS_LIST (ops_table.h) registers them in ops_descs[]. Ops of one family share a run
- * function and a section. */
+/* ops_defs.c — one descriptor per op (ops_table.h's ops_desc_t): for each op, its cases, how
+ * a case runs, how it is named, its bounds on the CPU and on CUDA with their reasons, its
+ * gradient check, its rows in the benchmark; OPS_LIST (ops_table.h) registers them in
+ * ops_descs[]. Ops of one family share a run function and a section. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 /* a descriptor's cases, and its larger ones */
 #define CASES(a) .cases = a, .n_cases = (int)(sizeof a / sizeof *a)
 #define LARGE(a) .large = a, .n_large = (int)(sizeof a / sizeof *a)
+#define PERF(a) .perf = a, .n_perf = (int)(sizeof a / sizeof *a)
 
 /* n floats in a new f32 buffer on be (the gradient checks' inputs and outputs) */
 static bk_buf_t up(backend_t *be, const float *x, int64_t n) { return ops_fd_up(be, x, n); }
@@ -37,6 +38,7 @@ static void shape_nd(const ops_case_t *c, char *out, size_t size)
 {
     snprintf(out, size, "n=%lld d=%lld", (long long)c->n, (long long)c->d);
 }
+
 /* ---- convert ---------------------------------------------------------------------------- */
 
 static void run_convert(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
@@ -70,7 +72,6 @@ static void run_matmul(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
     R->be->matmul(R->be, c->ta, c->tb, M, N, K, c->alpha, A, B, c->beta, C);
     output(R, "C", C, M * N, 1);
 }
-
 
 static void shape_matmul(const ops_case_t *c, char *out, size_t size)
 {
@@ -291,6 +292,21 @@ static const ops_case_t cases_rows_scatter[] = {
     {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96},
 };
 
+/* the benchmark: gathers of N rows of D */
+static void perf_embed_fwd(const ops_bench_t *s) { s->be->embed_fwd(s->be, s->y, s->ids, s->w, s->N, s->D); }
+static const ops_perf_t perf_embed_fwd_rows[] = {
+    {"embed_fwd", perf_embed_fwd, 2, OPS_PER_ND, "embed_fwd bf16, one element a thread"},
+};
+
+/* the embedding's gradient into the table (its values only grow a little): read dout, read
+ * and write the rows; distinct ids, and one token in 7 the same id */
+static void perf_embed_bwd(const ops_bench_t *s) { s->be->embed_bwd(s->be, s->w, s->ids, s->y, s->N, s->D); }
+static void perf_embed_bwd_rep(const ops_bench_t *s) { s->be->embed_bwd(s->be, s->w, s->ids_rep, s->y, s->N, s->D); }
+static const ops_perf_t perf_embed_bwd_rows[] = {
+    {"embed_bwd distinct ids", perf_embed_bwd, 3, OPS_PER_ND, "embed_bwd bf16, per column"},
+    {"embed_bwd 1 in 7 one id", perf_embed_bwd_rep, 3, OPS_PER_ND, "embed_bwd bf16 1/7 one id, per column"},
+};
+
 /* Gathers and scatters of rows: the CPU's bits on CUDA. embed_bwd rounds the sum of each add
  * into a bf16 dtable: a row that collects r tokens is rounded r times (the output's rounds),
  * each time by at most u of a partial sum. Partial sums of these random-signed terms (a
@@ -303,6 +319,7 @@ static const ops_desc_t desc_embed_fwd = {
     CASES(cases_embed_fwd),
     .run = run_embed,
     .shape = shape_embed,
+    PERF(perf_embed_fwd_rows),
 };
 static const ops_desc_t desc_embed_bwd = {
     .name = "embed_bwd",
@@ -313,6 +330,7 @@ static const ops_desc_t desc_embed_bwd = {
     .backward = always,
     .grad = grad_embed,
     .grad_names = {"dtable"},
+    PERF(perf_embed_bwd_rows),
 };
 static const ops_desc_t desc_rows_scatter = {
     .name = "rows_scatter",
@@ -424,6 +442,21 @@ static const ops_case_t large_rmsnorm_bwd[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
 };
 
+static void perf_rmsnorm_fwd(const ops_bench_t *s)
+{
+    s->be->rmsnorm_fwd(s->be, s->y, s->rstd, s->x, s->w, s->N, s->D, 1e-5f);
+}
+static const ops_perf_t perf_rmsnorm_fwd_rows[] = {
+    {"rmsnorm_fwd", perf_rmsnorm_fwd, 2, OPS_PER_ND, "rmsnorm_fwd bf16, one element a thread"},
+};
+static void perf_rmsnorm_bwd(const ops_bench_t *s)
+{
+    s->be->rmsnorm_bwd(s->be, s->y, s->c, s->x, s->x, s->w, s->rstd, s->N, s->D);
+}
+static const ops_perf_t perf_rmsnorm_bwd_rows[] = {
+    {"rmsnorm_bwd (dx and dw)", perf_rmsnorm_bwd, 4, OPS_PER_ND, NULL},
+};
+
 static const ops_desc_t desc_rmsnorm_fwd = {
     .name = "rmsnorm_fwd",
     CASES(cases_rmsnorm_fwd),
@@ -431,6 +464,7 @@ static const ops_desc_t desc_rmsnorm_fwd = {
     .run = run_rmsnorm,
     .shape = shape_nd,
     .gpu_tol = 1e-5,
+    PERF(perf_rmsnorm_fwd_rows),
 };
 static const ops_desc_t desc_rmsnorm_bwd = {
     .name = "rmsnorm_bwd",
@@ -442,6 +476,7 @@ static const ops_desc_t desc_rmsnorm_bwd = {
     .backward = always,
     .grad = grad_rmsnorm,
     .grad_names = {"dx", "dw"},
+    PERF(perf_rmsnorm_bwd_rows),
 };
 
 /* ---- rope ------------------------------------------------------------------------------- */
@@ -457,7 +492,6 @@ static void run_rope(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
     R->be->rope(R->be, x, d_pos, n, c->n_head, c->hd, c->theta, c->inverse);
     output(R, "x", x, n * w, 1);
 }
-
 
 static void shape_rope(const ops_case_t *c, char *out, size_t size)
 {
@@ -521,6 +555,14 @@ static const ops_case_t large_rope[] = {
     {.op = OP_ROPE, .cfgs = BOTH, .n = 600, .n_head = 6, .hd = 128, .theta = 10000.0f},
 };
 
+static void perf_rope(const ops_bench_t *s)
+{
+    s->be->rope(s->be, s->q, s->pos, s->N, (int)s->H, (int)s->HD, 10000.0f, 0);
+}
+static const ops_perf_t perf_rope_rows[] = {
+    {"rope (q)", perf_rope, 2, OPS_PER_NQ, NULL},
+};
+
 /* CUDA: the same angles, cosf/sinf of another libm, contracted products: 1e-5. */
 static const ops_desc_t desc_rope = {
     .name = "rope",
@@ -532,6 +574,7 @@ static const ops_desc_t desc_rope = {
     .grad = grad_rope,
     .grad_names = {"inverse = transpose", "inverse(forward(x)) = x"},
     .grad_linear = 1,
+    PERF(perf_rope_rows),
 };
 
 /* ---- attn_fwd, attn_bwd, attn_cached ----------------------------------------------------- */
@@ -816,12 +859,25 @@ static const ops_case_t large_swiglu_bwd[] = {
     {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
 };
 
+static void perf_swiglu_fwd(const ops_bench_t *s) { s->be->swiglu_fwd(s->be, s->c, s->a, s->b, s->N * s->F); }
+static void perf_swiglu_bwd(const ops_bench_t *s)
+{
+    s->be->swiglu_bwd(s->be, s->c, s->m, s->a, s->b, s->a, s->N * s->F);
+}
+static const ops_perf_t perf_swiglu_fwd_rows[] = {
+    {"swiglu_fwd", perf_swiglu_fwd, 3, OPS_PER_NF, "swiglu_fwd bf16, one element a thread"},
+};
+static const ops_perf_t perf_swiglu_bwd_rows[] = {
+    {"swiglu_bwd", perf_swiglu_bwd, 5, OPS_PER_NF, NULL},
+};
+
 /* CUDA: pointwise fp32 (expf, one quotient) with another libm: 1e-6. */
 static const ops_desc_t desc_swiglu_fwd = {
     .name = "swiglu_fwd",
     CASES(cases_swiglu_fwd),
     .run = run_swiglu,
     .gpu_tol = 1e-6,
+    PERF(perf_swiglu_fwd_rows),
 };
 static const ops_desc_t desc_swiglu_bwd = {
     .name = "swiglu_bwd",
@@ -832,6 +888,7 @@ static const ops_desc_t desc_swiglu_bwd = {
     .backward = always,
     .grad = grad_swiglu,
     .grad_names = {"dg", "du"},
+    PERF(perf_swiglu_bwd_rows),
 };
 
 /* ---- xent ------------------------------------------------------------------------------- */
@@ -853,7 +910,6 @@ static void run_xent(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
     R->r->has_scalar = 1;
     output(R, c->grad_scale != 0.0f ? "dlogits" : "logits", logits, n * V, 1);
 }
-
 
 static void shape_xent(const ops_case_t *c, char *out, size_t size)
 {
@@ -970,6 +1026,15 @@ static const ops_case_t large_sumsq[] = {
     {.op = OP_SUMSQ, .cfgs = BOTH, .n = 5000017},
 };
 
+static void perf_add(const ops_bench_t *s) { s->be->add(s->be, s->b, s->a, s->N * s->F); }
+static void perf_scale(const ops_bench_t *s) { s->be->scale(s->be, s->b, 1.0f, s->N * s->F); }
+static void perf_sumsq(const ops_bench_t *s) { s->be->sumsq(s->be, s->a, s->N * s->F, s->acc); }
+static const ops_perf_t perf_add_rows[] = {{"add", perf_add, 3, OPS_PER_NF, NULL}};
+static const ops_perf_t perf_scale_rows[] = {{"scale", perf_scale, 2, OPS_PER_NF, NULL}};
+static const ops_perf_t perf_sumsq_rows[] = {
+    {"sumsq", perf_sumsq, 1, OPS_PER_NF, "sumsq bf16, one element a thread"},
+};
+
 /* add and scale: one IEEE operation then one rounding: the CPU's bits on CUDA. sumsq: double
  * sums of the same values in the same order on the CPU in every dtype (identical); on CUDA in
  * another order (1e-12 on the scalar, gpu_ops). */
@@ -977,12 +1042,14 @@ static const ops_desc_t desc_add = {
     .name = "add",
     CASES(cases_add),
     .run = run_pointwise,
+    PERF(perf_add_rows),
 };
 static const ops_desc_t desc_scale = {
     .name = "scale",
     CASES(cases_scale),
     LARGE(large_scale),
     .run = run_pointwise,
+    PERF(perf_scale_rows),
 };
 static const ops_desc_t desc_sumsq = {
     .name = "sumsq",
@@ -990,6 +1057,7 @@ static const ops_desc_t desc_sumsq = {
     LARGE(large_sumsq),
     .run = run_pointwise,
     .gpu_tol = 1e-5,
+    PERF(perf_sumsq_rows),
 };
 
 /* ---- adamw ------------------------------------------------------------------------------ */
@@ -1037,6 +1105,12 @@ static const ops_case_t large_adamw[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
 };
 
+/* nearest rounding unless s->h says stochastic (gpu_opbench times both in bf16) */
+static void perf_adamw(const ops_bench_t *s) { s->be->adamw(s->be, s->a, s->b, s->m, s->v, s->N * s->F, &s->h); }
+static const ops_perf_t perf_adamw_rows[] = {
+    {"adamw (nearest)", perf_adamw, 7, OPS_PER_NF, "adamw (nearest) bf16, one element a thread"},
+};
+
 /* CUDA: fp32 arithmetic operation for operation the CPU's with correctly rounded operations
  * only (no contraction, sqrt and quotients correctly rounded), so nearest and stochastic
  * rounding give the CPU's bits — a bound of a bf16 ulp would let a wrong stochastic-rounding
@@ -1048,7 +1122,14 @@ static const ops_desc_t desc_adamw = {
     .run = run_adamw,
     .shape = shape_adamw,
     .cpu_tol = cpu_tol_adamw,
+    PERF(perf_adamw_rows),
 };
+
+double ops_perf_elems(const ops_perf_t *p, const ops_bench_t *s)
+{
+    double n = (double)s->N;
+    return p->elems * n * (double)(p->per == OPS_PER_ND ? s->D : p->per == OPS_PER_NF ? s->F : s->H * s->HD);
+}
 
 /* ---- the registry ------------------------------------------------------------------------ */
 

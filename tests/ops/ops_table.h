@@ -2,7 +2,8 @@
  * (ops_desc_t: its cases, how it runs, its bounds, its gradient check) registered in
  * OPS_LIST, read by tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
  * determinism, gradients), tests/unit/test_prof.c (profiled against plain),
- * tests/gpu/gpu_ops.c (the CUDA backend against the CPU one) and tests/gpu/flash_emu.cc.
+ * tests/gpu/gpu_ops.c (the CUDA backend against the CPU one), tests/gpu/flash_emu.cc and
+ * tests/gpu/gpu_opbench.c (the ops' bandwidth at Llama's shapes).
  * In the manner of ggml's test-backend-ops: a case is an op and a shape; ops_run() makes
  * its inputs on the host from a seed, uploads them, runs the op on the backend it is given
  * and downloads every output widened to float. The same seed gives the same inputs on
@@ -227,9 +228,39 @@ extern const ops_adamw_cfg_t ops_adamw_cfgs[4];
 
 /* Everything the programs know about an op: its cases, how to run one, how to name it, its
  * tolerances on the CPU (test_ops: bf16 against fp32) and on CUDA (gpu_ops, flash_emu:
- * against the CPU), its gradient check. ops_defs.c holds one per op, each beside its run
+ * against the CPU), its gradient check, its benchmark rows. ops_defs.c holds one per op, each beside its run
  * function, with the reasons for its bounds; OPS_LIST registers it. */
 typedef struct ops_ctx ops_ctx_t; /* one run of a case (ops_impl.h) */
+
+/* The benchmark's buffers (tests/gpu/gpu_opbench.c), one set per storage dtype dt at its
+ * shapes (Llama-2-7B's: N tokens, width D, MLP width F, H heads of HD): a, b, c, m, v
+ * [N, F] (v positive: a second moment), x, y [N, D], w [V, D] (an embedding table; its
+ * first D a norm's weights), q, k, vv, o, dq, dk, dv [N, H·HD]; rstd [N]; ids and pos [N],
+ * ids_rep one token in 7 the same id; acc one double. Random values, never zeros. */
+typedef struct {
+    backend_t *be;
+    dtype_t dt;
+    int64_t N, D, F, H, HD;
+    bk_buf_t a, b, c, m, v, x, y, w, q, k, vv, o, dq, dk, dv;
+    float *lse, *rstd;
+    const int32_t *ids, *ids_rep, *pos;
+    double *acc;
+    bk_adamw_t h;
+} ops_bench_t;
+
+/* A row of the benchmark: the op on s, timed in each storage dtype; its bandwidth counts
+ * the fewest elements it must move: elems × (N·D, N·F or N·H·HD). vec0: the row's label
+ * when timed again with one element a thread (FTK_CUDA_VEC=0, bf16), or NULL. */
+typedef enum { OPS_PER_ND, OPS_PER_NF, OPS_PER_NQ } ops_per_t;
+typedef struct {
+    const char *label;
+    void (*call)(const ops_bench_t *s);
+    double elems;
+    ops_per_t per;
+    const char *vec0;
+} ops_perf_t;
+/* The elements row p moves on s. */
+double ops_perf_elems(const ops_perf_t *p, const ops_bench_t *s);
 
 /* What the gradient checks of an op found, summed over its cases. */
 typedef struct {
@@ -269,6 +300,9 @@ typedef struct {
     void (*grad)(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_grad_t *g);
     const char *grad_names[3];
     int grad_linear;
+    /* Its rows in the benchmark (gpu_opbench), at the benchmark's shapes; none: n_perf 0. */
+    const ops_perf_t *perf;
+    int n_perf;
 } ops_desc_t;
 
 extern const ops_desc_t *const ops_descs[OP_COUNT];
