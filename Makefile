@@ -189,8 +189,9 @@ $(TESTTOOL_BINS): $(O)/tests/%: $(O)/tests/tools/%.o $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $< $(EXTRA_OBJ) $(LIBFTK) $(LIBS) -o $@
 
-# The op table (tests/ops) is shared by test_ops and test_prof (CPU) and gpu_ops (CUDA against CPU).
-OPS_TABLE_OBJ := $(O)/tests/ops/ops_table.o
+# The op table (tests/ops: the cases, one descriptor per op, the gradient checks' machinery) is
+# shared by test_ops and test_prof (CPU), gpu_ops (CUDA against CPU), flash_emu and gpu_opbench.
+OPS_TABLE_OBJ := $(addprefix $(O)/tests/ops/,ops_table.o ops_defs.o ops_grad.o)
 $(O)/tests/test_ops $(O)/tests/test_prof: $(O)/tests/%: $(O)/tests/unit/%.o $(OPS_TABLE_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(LIBFTK) $(LIBS) -o $@
@@ -232,7 +233,7 @@ $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
-$(O)/tests/gpu_ops: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
+$(O)/tests/gpu_ops $(O)/tests/gpu_opbench: $(O)/tests/%: $(O)/tests/gpu/%.o $(OPS_TABLE_OBJ) $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 endif

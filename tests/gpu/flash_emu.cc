@@ -101,7 +101,6 @@ static void emu_attn_bwd(backend_t *, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_
 
 /* ---- the cases --------------------------------------------------------------------------- */
 
-#define U_BF16 (1.0 / 256)
 /* segments longer than a 64-row tile (whole tiles unmasked) beside one-token ones */
 static const int64_t seg_330[] = {0, 1, 200, 201, 330};
 static const int64_t seg_260[] = {0, 130, 131, 260};
@@ -127,15 +126,12 @@ static const ops_case_t own[] = {
 
 static int failures;
 
-/* gpu_ops.c's bound for the tensor-core kernels' outputs: the op's fp32 bound, a bf16
- * rounding of the result, 4u for P and dS rounded to bf16 (bf16 outputs measured against
- * their row's rms) */
+/* gpu_ops.c's bound for the tensor-core kernels' outputs (the op's descriptor's): the op's
+ * fp32 bound, a bf16 rounding of the result, 4u for P and dS rounded to bf16 (bf16 outputs
+ * measured against their row's rms) */
 static double bound(const ops_case_t *c, const ops_out_t *o)
 {
-    double b = c->op == OP_ATTN_BWD ? 3e-4 : 1e-5;
-    if (o->dt == DT_BF16)
-        b += 2 * U_BF16 * o->rounds + 4 * U_BF16;
-    return b;
+    return ops_gpu_tol(c, OPS_BF16, o, 1, ops_flash_rows(c, o));
 }
 
 static void run_case(backend_t *C, backend_t *E, const ops_case_t *c, uint64_t seed)
@@ -186,11 +182,11 @@ int main(void)
     printf("seed %llu (FTK_SEED): flash_mma.cuh emulated on the host against the CPU backend, bf16\n",
            (unsigned long long)seed);
     int n_own = (int)(sizeof own / sizeof *own);
-    for (int k = 0; k < ops_table_len + n_own; k++) {
-        const ops_case_t *c = k < ops_table_len ? &ops_table[k] : &own[k - ops_table_len];
+    int n_table = ops_n_cases(0);
+    for (int k = 0; k < n_table + n_own; k++) {
+        const ops_case_t *c = k < n_table ? ops_case_at(k) : &own[k - n_table];
         /* what the CUDA backend gives these kernels (flash_ok): bf16, 16-byte rows */
-        if ((c->op != OP_ATTN_FWD && c->op != OP_ATTN_BWD) || !(c->cfgs & OPS_CFG(OPS_BF16)) || c->offset ||
-            c->hd % 16)
+        if (!OPS_DESC(c->op)->flash || !(c->cfgs & OPS_CFG(OPS_BF16)) || c->offset || c->hd % 16)
             continue;
         run_case(C, E, c, seed + (uint64_t)k);
     }

@@ -8,7 +8,8 @@
  * Bytes are the fewest an op must move (each input read once, each output written
  * once); time is the median of 9 timed batches of repetitions after a warm-up, measured on
  * the host around the batch and a sync() (the ops are asynchronous on one stream).
- * The fused ops (FTK_FUSED) get rows of their own where the instance has them.
+ * Each op's rows are its descriptor's (tests/ops/ops_defs.c: the call and the elements it
+ * moves), then the fused ops (FTK_FUSED) get rows of their own where the instance has them.
  * Random inputs, never zeros. Run by `make bench` where a GPU is present; exit 77 without.
  * Built with -DOPBENCH_SMALL (Makefile: gpu_opbench_emu, over the host emulation of CUDA,
  * tests/gpu/emu) it runs every row at small shapes: a run of the harness itself, whose
@@ -22,6 +23,7 @@
 #include "../../kernels/backend.h"
 #include "../../libcommon/log.h"
 #include "../../libcommon/timer.h"
+#include "../ops/ops_table.h"
 
 static double copy_bw;
 
@@ -127,14 +129,9 @@ enum { N = ROWS * LEN };
 static const int64_t nf = (int64_t)N * F, nd = (int64_t)N * D, nq = (int64_t)N * H * HD;
 static int64_t seg[ROWS + 1]; /* the rows' starts, and N */
 
-/* The buffers of one storage dtype; a and b are also the weight [F, D] and its product. */
-typedef struct {
-    backend_t *be;
-    dtype_t dt;
-    bk_buf_t a, b, c, m, v, x, y, w, q, k, vv, o, dq, dk, dv;
-    float *lse;
-    bk_adamw_t h;
-} set_t;
+/* The buffers of one storage dtype (tests/ops's ops_bench_t); a and b are also the weight
+ * [F, D] and its product. */
+typedef ops_bench_t set_t;
 
 static set_t S[2]; /* fp32, bf16 storage; on one instance */
 static float *rstd, *logits, *wts;
@@ -168,37 +165,6 @@ static void op_to_f32(void *c)
     (void)c;
     S[0].be->convert(S[0].be, S[0].b, S[1].a, nf);
 }
-static void op_embed(void *c)
-{
-    set_t *s = c;
-    s->be->embed_fwd(s->be, s->y, ids, s->w, N, D);
-}
-/* the embedding's gradient into the table (its values only grow a little) */
-static void op_embed_bwd(void *c)
-{
-    set_t *s = c;
-    s->be->embed_bwd(s->be, s->w, ids, s->y, N, D);
-}
-static void op_embed_bwd_rep(void *c)
-{
-    set_t *s = c;
-    s->be->embed_bwd(s->be, s->w, ids_rep, s->y, N, D);
-}
-static void op_rms_fwd(void *c)
-{
-    set_t *s = c;
-    s->be->rmsnorm_fwd(s->be, s->y, rstd, s->x, s->w, N, D, 1e-5f);
-}
-static void op_rms_bwd(void *c)
-{
-    set_t *s = c;
-    s->be->rmsnorm_bwd(s->be, s->y, s->c, s->x, s->x, s->w, rstd, N, D);
-}
-static void op_rope(void *c)
-{
-    set_t *s = c;
-    s->be->rope(s->be, s->q, pos, N, H, HD, 10000.0f, 0);
-}
 static void op_rope_qk(void *c)
 {
     set_t *s = c;
@@ -231,36 +197,6 @@ static void op_add_rms(void *c)
 {
     set_t *s = c;
     s->be->add_rmsnorm_fwd(s->be, s->y, s->dq, rstd, s->x, s->o, s->w, N, D, 1e-5f);
-}
-static void op_swiglu_fwd(void *c)
-{
-    set_t *s = c;
-    s->be->swiglu_fwd(s->be, s->c, s->a, s->b, nf);
-}
-static void op_swiglu_bwd(void *c)
-{
-    set_t *s = c;
-    s->be->swiglu_bwd(s->be, s->c, s->m, s->a, s->b, s->a, nf);
-}
-static void op_add(void *c)
-{
-    set_t *s = c;
-    s->be->add(s->be, s->b, s->a, nf);
-}
-static void op_scale(void *c)
-{
-    set_t *s = c;
-    s->be->scale(s->be, s->b, 1.0f, nf);
-}
-static void op_sumsq(void *c)
-{
-    set_t *s = c;
-    s->be->sumsq(s->be, s->a, nf, acc);
-}
-static void op_adamw(void *c)
-{
-    set_t *s = c;
-    s->be->adamw(s->be, s->a, s->b, s->m, s->v, nf, &s->h);
 }
 static void op_adamw_multi(void *c)
 {
@@ -304,6 +240,7 @@ static void fill(set_t *s, backend_t *be, dtype_t dt)
 {
     s->be = be;
     s->dt = dt;
+    s->N = N, s->D = D, s->F = F, s->H = H, s->HD = HD;
     s->a = dev_rnd(be, nf, 1, dt);
     s->b = dev_rnd(be, nf, 1, dt);
     s->c = dev_rnd(be, nf, 1, dt);
@@ -359,6 +296,23 @@ static void rows_bw(const char *name, op_fn op, double elems)
     }
 }
 
+/* An op's rows from its descriptor, timed on s. */
+typedef struct {
+    const ops_perf_t *p;
+    set_t *s;
+} perf_ctx_t;
+static void perf_call(void *c)
+{
+    perf_ctx_t *x = c;
+    x->p->call(x->s);
+}
+static double time_perf(const ops_perf_t *p, set_t *s)
+{
+    perf_ctx_t x = {p, s};
+    return time_op(s->be, perf_call, &x);
+}
+static double perf_bytes(const ops_perf_t *p, const set_t *s) { return ops_perf_elems(p, s) * (double)dtype_size(s->dt); }
+
 int main(void)
 {
     ftk_set_tool("gpu_opbench");
@@ -408,6 +362,8 @@ int main(void)
     pos = dev_alloc(G, N * 4);
     G->upload(G, pos, h, N * 4);
     free(h);
+    for (int k = 0; k < 2; k++)
+        S[k].ids = ids, S[k].ids_rep = ids_rep, S[k].pos = pos, S[k].rstd = rstd, S[k].acc = acc;
     float ones[XC];
     for (int i = 0; i < XC; i++)
         ones[i] = 1;
@@ -430,16 +386,16 @@ int main(void)
     row_bw("device-to-device copy", s, 2.0 * nf * 4);
     row_bw("convert fp32 -> bf16", time_op(G, op_to_bf16, NULL), 6.0 * nf);
     row_bw("convert bf16 -> fp32", time_op(G, op_to_f32, NULL), 6.0 * nf);
-    rows_bw("embed_fwd", op_embed, 2.0 * nd);
-    /* read dout, read and write the rows: 3 [N, D] */
-    rows_bw("embed_bwd distinct ids", op_embed_bwd, 3.0 * nd);
-    rows_bw("embed_bwd 1 in 7 one id", op_embed_bwd_rep, 3.0 * nd);
-    rows_bw("rmsnorm_fwd", op_rms_fwd, 2.0 * nd);
-    rows_bw("rmsnorm_bwd (dx and dw)", op_rms_bwd, 4.0 * nd);
-    rows_bw("rope (q)", op_rope, 2.0 * nq);
+    for (int op = 0; op < OP_COUNT; op++)
+        for (int r = 0; r < OPS_DESC(op)->n_perf; r++) {
+            const ops_perf_t *p = &OPS_DESC(op)->perf[r];
+            for (int k = 0; k < 2; k++) {
+                char label[64];
+                snprintf(label, sizeof label, "%s %s", p->label, dt_label[k]);
+                row_bw(label, time_perf(p, &S[k]), perf_bytes(p, &S[k]));
+            }
+        }
     rows_bw("rope_qk (q and k)", op_rope_qk, 4.0 * nq);
-    rows_bw("swiglu_fwd", op_swiglu_fwd, 3.0 * nf);
-    rows_bw("swiglu_bwd", op_swiglu_bwd, 5.0 * nf);
     /* the fused ops, when this instance has them (FTK_FUSED): each against the plain ops
      * it replaces above (glu: swiglu; qkv_rope: three copies and rope_qk; add_rmsnorm: a
      * copy, add and rmsnorm_fwd) */
@@ -453,14 +409,11 @@ int main(void)
     }
     if (G->add_rmsnorm_fwd)
         rows_bw("add_rmsnorm_fwd (fused)", op_add_rms, 4.0 * nd);
-    rows_bw("add", op_add, 3.0 * nf);
-    rows_bw("scale", op_scale, 2.0 * nf);
-    rows_bw("sumsq", op_sumsq, 1.0 * nf);
-    rows_bw("adamw (nearest)", op_adamw, 7.0 * nf);
     if (G->adamw_multi)
         rows_bw("adamw_multi (9 tensors, nearest)", op_adamw_multi, 7.0 * nf);
+    const ops_perf_t *adamw = &OPS_DESC(OP_ADAMW)->perf[0];
     S[1].h.stochastic = 1;
-    row_bw("adamw (stochastic) bf16", time_op(G, op_adamw, &S[1]), 7.0 * nf * 2);
+    row_bw("adamw (stochastic) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));
     char xent_label[64];
     snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32", XC);
     row_bw(xent_label, time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
@@ -486,15 +439,13 @@ int main(void)
     /* the one-element kernels (FTK_CUDA_VEC=0), bf16, beside the 8-element rows above */
     set_t one = S[1];
     one.be = instance_with("FTK_CUDA_VEC", "0");
-    row_bw("embed_fwd bf16, one element a thread", time_op(one.be, op_embed, &one), 2.0 * nd * 2);
-    row_bw("embed_bwd bf16, per column", time_op(one.be, op_embed_bwd, &one), 3.0 * nd * 2);
-    row_bw("embed_bwd bf16 1/7 one id, per column", time_op(one.be, op_embed_bwd_rep, &one),
-           3.0 * nd * 2);
-    row_bw("rmsnorm_fwd bf16, one element a thread", time_op(one.be, op_rms_fwd, &one), 2.0 * nd * 2);
-    row_bw("swiglu_fwd bf16, one element a thread", time_op(one.be, op_swiglu_fwd, &one), 3.0 * nf * 2);
-    row_bw("sumsq bf16, one element a thread", time_op(one.be, op_sumsq, &one), 1.0 * nf * 2);
     one.h.stochastic = 0;
-    row_bw("adamw (nearest) bf16, one element a thread", time_op(one.be, op_adamw, &one), 7.0 * nf * 2);
+    for (int op = 0; op < OP_COUNT; op++)
+        for (int r = 0; r < OPS_DESC(op)->n_perf; r++) {
+            const ops_perf_t *p = &OPS_DESC(op)->perf[r];
+            if (p->vec0)
+                row_bw(p->vec0, time_perf(p, &one), perf_bytes(p, &one));
+        }
     backend_free(one.be);
     char mm_label[64];
     snprintf(mm_label, sizeof mm_label, "matmul x·Wᵀ [%dx%dx%d] bf16", N, F, D);

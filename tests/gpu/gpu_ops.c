@@ -1,6 +1,6 @@
 /* gpu_ops.c — the CUDA backend (backend_cuda_new(0)) against the CPU backend:
- *  1. every case of the op table (tests/ops/ops_table.h), and a few larger ones of its
- *     own, in every dtype configuration the case lists, on the same inputs on both
+ *  1. every case of the op table (tests/ops/ops_table.h), and the descriptors' larger
+ *     ones, in every dtype configuration the case lists, on the same inputs on both
  *     backends, with the bounds of gpu_bound();
  *  2. every backward op, and a large weight-gradient product, gives the same bits twice;
  *  3. the fused rope_qk (when the backend has one) against the CPU's rope sequence, and
@@ -61,119 +61,21 @@ static void verdict(int ok, const char *fmt, ...)
 
 /* ---- the op table ------------------------------------------------------------------------ */
 
-/* Cases larger than the table's (which must run in seconds on one CPU core): many blocks,
- * long rows, a packed row of 1024 tokens. */
-static const int64_t seg_1024[] = {0, 100, 350, 511, 1024};
-/* as long as seg_1024, other boundaries: the backend keeps the last list on the device and
- * must upload this one (then seg_1024 again for the backward cases after it) */
-static const int64_t seg_1024b[] = {0, 1, 600, 601, 1024};
-#define BOTH (OPS_CFG(OPS_F32) | OPS_CFG(OPS_BF16))
-#define ALL (BOTH | OPS_CFG(OPS_MIXED) | OPS_CFG(OPS_NARROW))
-#define NARROW OPS_CFG(OPS_NARROW)
-static const ops_case_t large[] = {
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 1000, .N = 1536, .K = 1030, .tb = 1, .alpha = 1},
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 1536, .N = 1000, .K = 1030, .ta = 1, .alpha = 1, .beta = 1},
-    /* f32 inputs into a bf16 C larger than the 32 MiB workspace: the GPU makes the product
-     * in fp32 blocks of rows (3994 rows of 2100, then 106), A read at an offset into each */
-    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .ta = 1, .alpha = 0.5f, .beta = 1},
-    {.op = OP_MATMUL, .cfgs = NARROW, .M = 4100, .N = 2100, .K = 64, .tb = 1, .alpha = 1},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 700, .V = 50, .d = 384},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 513, .d = 1000},
-    {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 600, .n_head = 6, .hd = 128, .theta = 10000.0f},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 2, .hd = 64, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 4, .hd = 128, .seg = seg_1024, .n_seg = 4},
-    /* the tensor-core kernels' head dimensions, grouped queries, segments across tiles */
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 128, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 80, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 6, .n_kv = 2, .hd = 96, .seg = seg_1024b, .n_seg = 4},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 8, .n_kv = 1, .hd = 128, .seg = seg_1024, .n_seg = 4},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 1000, .n_head = 8, .n_kv = 2, .hd = 128},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1 << 20},
-    {.op = OP_XENT, .cfgs = OPS_CFG(OPS_F32), .n = 96, .V = 32000, .grad_scale = 0.25f},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 5000017},
-    /* past the grid's cap (blocks_for: 1,048,560 blocks of 256 threads) with one element a
-     * thread (FTK_CUDA_VEC=0, the ops-fp32 run): a second grid-stride pass */
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 300000017, .alpha = 0.37f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
-};
-
-/* The bound on ops_compare()'s max_rel (|gpu − cpu| / (|cpu| + rms(cpu))) for output o of
- * case c in configuration cfg:
- *  - copies and gathers (convert, embed_fwd, rows_scatter), one IEEE operation then one
- *    rounding (add, scale), and ops whose fp32 arithmetic is the CPU's operation for
- *    operation with correctly rounded operations only: embed_bwd (the token sums in
- *    order) and adamw (no contraction, sqrt and quotients correctly rounded, so nearest
- *    and stochastic rounding give the CPU's bits): identical, 0 — a bound of a bf16 ulp
- *    would let a wrong stochastic-rounding index (3·(index0 + i) + w) or a reordered sum
- *    through;
- *  - fp32 arithmetic in another order and with another libm: 1e-6 for pointwise ops
- *    (expf, one quotient), 1e-5 for row reductions (rmsnorm, attention forward, the loss)
- *    and rope (the same angles, cosf/sinf of another libm, contracted products), 1e-4
- *    where a row reduction feeds a second one (rmsnorm dw) and 3e-4 for attention's
- *    backward (dout·v − D cancels);
- *  - products in fp32: two sums of K products in different orders differ by about
- *    0.6·√K·2^-24 of rms(C) (random rounding errors); 16·√K·2^-24 leaves the largest of a
- *    million elements room, and at least 1e-5. When the GPU multiplies f32 inputs in bf16
- *    (FTK_CUDA_MATMUL unset) each input is rounded by up to 2^-8: an error of about 2^-8 of
- *    rms(C) (its largest element reached 1.1e-2 on the CPU simulating it), bound 3e-2. bf16
- *    inputs multiply exactly either way;
- *  - a bf16 output may round the other way where the fp32 results straddle a rounding
- *    boundary: one ulp, 2u = 2^-7, for each rounding of the element;
- *  - bf16 attention on the tensor cores (unless FTK_CUDA_ATTN=simple) rounds the
- *    probabilities, and in the backward dS, to bf16 before their products (as
- *    FlashAttention does). Each output element then carries a random error of about
- *    u/√3 of its (token, head) row's scale; rows near a segment start (few keys, large
- *    probabilities) are many times the tensor's rms, so these outputs are measured
- *    against their row's rms (ops_compare_rows), with 4u more (the largest of a million
- *    elements, about 5σ, is 2.9u). Measured against the tensor's rms the 1024-token cases
- *    reached 3.0e-2, at rows 0–6 and 100–103 of segments starting at 0 and 100 (H200,
- *    2026-11-23). */
 /* The cases gpu_ops runs: the op table, then its larger ones (not with FTK_GPU_OPS_QUICK). */
-static int n_cases(void) { return ops_table_len + (quick ? 0 : (int)(sizeof large / sizeof *large)); }
-static const ops_case_t *case_at(int k) { return k < ops_table_len ? &ops_table[k] : &large[k - ops_table_len]; }
+static int n_cases(void) { return ops_n_cases(!quick); }
+static const ops_case_t *case_at(int k) { return ops_case_at(k); }
 
 /* Whether output o of case c is measured row by row (the tensor-core attention's). */
-static int flash_rows(const ops_case_t *c, const ops_out_t *o)
-{
-    return flash && o->dt == DT_BF16 && (c->op == OP_ATTN_FWD || c->op == OP_ATTN_BWD);
-}
+static int flash_rows(const ops_case_t *c, const ops_out_t *o) { return flash && ops_flash_rows(c, o); }
 
+/* The bound on ops_compare()'s max_rel (|gpu − cpu| / (|cpu| + rms(cpu))) for output o of
+ * case c in configuration cfg: the op's descriptor's (ops_gpu_tol(), tests/ops/ops_defs.c,
+ * which says why for each op) — 0 where the GPU must give the CPU's bits, else the bound
+ * of the fp32 arithmetic, a bf16 ulp per rounding of a bf16 output, and 4u more for
+ * attention's bf16 outputs on the tensor cores (measured against their row's rms). */
 static double gpu_bound(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o)
 {
-    double b = 0;
-    switch (c->op) {
-    case OP_CONVERT:
-    case OP_EMBED_FWD:
-    case OP_ROWS_SCATTER:
-    case OP_ADD:
-    case OP_SCALE:
-    case OP_EMBED_BWD: /* token sums in order: fp32 additions as on the CPU */
-    case OP_ADAMW:
-        return 0;
-    case OP_MATMUL:
-        b = !exact && (cfg == OPS_F32 || cfg == OPS_NARROW) ? 3e-2 : fmax(1e-5, 16 * sqrt((double)c->K) / 16777216);
-        break;
-    case OP_SWIGLU_FWD:
-    case OP_SWIGLU_BWD:
-        b = 1e-6;
-        break;
-    case OP_RMSNORM_BWD:
-        b = !strcmp(o->name, "dw") ? 1e-4 : 1e-5;
-        break;
-    case OP_ATTN_BWD:
-        b = 3e-4;
-        break;
-    default:
-        b = 1e-5;
-    }
-    if (o->dt == DT_BF16)
-        b += 2 * U_BF16 * o->rounds;
-    if (flash_rows(c, o))
-        b += 4 * U_BF16;
-    return b;
+    return ops_gpu_tol(c, cfg, o, exact, flash_rows(c, o));
 }
 
 typedef struct {
@@ -185,11 +87,11 @@ static gpu_stats_t stats[OP_COUNT], stats_mma[OP_COUNT];
 static int run_both(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s, ops_result_t *rc, ops_result_t *rg)
 {
     if (ops_run(C, c, cfg, s, 1, rc) < 0) {
-        verdict(0, "%s on the CPU: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s on the CPU: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         return -1;
     }
     if (ops_run(g, c, cfg, s, 1, rg) < 0) {
-        verdict(0, "%s on the GPU: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s on the GPU: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         ops_result_free(rc);
         return -1;
     }
@@ -256,7 +158,7 @@ static void test_table(void)
     for (int op = 0; op < OP_COUNT; op++)
         if (stats[op].runs)
             verdict(!stats[op].bad, "%-12s %3d runs against the CPU: worst error %.3e (bound there %.1e)",
-                    ops_op_names[op], stats[op].runs, stats[op].worst, stats[op].worst_bound);
+                    OPS_DESC(op)->name, stats[op].runs, stats[op].worst, stats[op].worst_bound);
 }
 
 /* ---- determinism ------------------------------------------------------------------------- */
@@ -266,7 +168,7 @@ static int twice(backend_t *g, const ops_case_t *c, ops_cfg_t cfg, uint64_t s)
 {
     ops_result_t a, b;
     if (ops_run(g, c, cfg, s, 1, &a) < 0 || ops_run(g, c, cfg, s, 1, &b) < 0) {
-        verdict(0, "%s: %s", ops_op_names[c->op], ftk_err_msg());
+        verdict(0, "%s: %s", OPS_DESC(c->op)->name, ftk_err_msg());
         return -1;
     }
     int differ = !ops_same(&a, &b);
@@ -286,8 +188,7 @@ static void test_determinism(void)
     int runs = 0, bad = 0;
     for (int k = 0; k < n_cases(); k++) {
         const ops_case_t *c = case_at(k);
-        int backward = c->op == OP_EMBED_BWD || c->op == OP_RMSNORM_BWD || c->op == OP_ATTN_BWD ||
-                       c->op == OP_SWIGLU_BWD || (c->op == OP_XENT && c->grad_scale != 0.0f);
+        int backward = OPS_DESC(c->op)->backward && OPS_DESC(c->op)->backward(c);
         for (int cfg = 0; backward && cfg < OPS_NCFG; cfg++) {
             if (!(c->cfgs & OPS_CFG(cfg)))
                 continue;
@@ -360,10 +261,10 @@ static void test_mma(void)
     int runs = 0, bad = 0;
     for (int k = 0; k < n_cases(); k++) {
         const ops_case_t *c = case_at(k);
-        if ((c->op != OP_ATTN_FWD && c->op != OP_ATTN_BWD) || !(c->cfgs & OPS_CFG(OPS_BF16)))
+        if (!OPS_DESC(c->op)->flash || !(c->cfgs & OPS_CFG(OPS_BF16)))
             continue;
         compare_case(M, stats_mma, c, OPS_BF16, seed + (uint64_t)k);
-        if (c->op == OP_ATTN_BWD) {
+        if (OPS_DESC(c->op)->backward && OPS_DESC(c->op)->backward(c)) {
             int r = twice(M, c, OPS_BF16, seed + (uint64_t)k);
             if (r < 0)
                 return;
@@ -374,7 +275,7 @@ static void test_mma(void)
     for (int op = 0; op < OP_COUNT; op++)
         if (stats_mma[op].runs)
             verdict(!stats_mma[op].bad, "%-12s %3d runs against the CPU, FTK_CUDA_ATTN=mma: worst error %.3e (bound there %.1e)",
-                    ops_op_names[op], stats_mma[op].runs, stats_mma[op].worst, stats_mma[op].worst_bound);
+                    OPS_DESC(op)->name, stats_mma[op].runs, stats_mma[op].worst, stats_mma[op].worst_bound);
     verdict(!bad, "attn_bwd, FTK_CUDA_ATTN=mma: %d runs, %d with different bits on a second run", runs, bad);
 }
 
@@ -392,8 +293,8 @@ static void test_rope_qk(void)
     int runs = 0, bad = 0;
     ops_rng_t rng;
     ops_rng_seed(&rng, seed ^ 0x4b);
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
         if (c->op != OP_ROPE)
             continue;
         int H = c->n_head, KV = H % 4 == 0 ? H / 4 : H;

@@ -1,5 +1,6 @@
-/* ops_table.c — the op cases and how each family runs (ops_table.h). */
-#include "ops_table.h"
+/* ops_table.c — the op cases, running one through its descriptor (ops_defs.c), the fused
+ * cases, comparisons and helpers (ops_table.h). */
+#include "ops_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -9,180 +10,80 @@
 #include "../../kernels/sround.h"
 #include "../../libcommon/log.h"
 
-const char *const ops_op_names[OP_COUNT] = {
-    "convert",  "matmul",   "embed_fwd",   "embed_bwd",  "rows_scatter", "rmsnorm_fwd",
-    "rmsnorm_bwd", "rope", "attn_fwd",    "attn_bwd",   "attn_cached",  "swiglu_fwd",
-    "swiglu_bwd", "xent",  "add",         "scale",      "sumsq",        "adamw"};
 const char *const ops_cfg_names[OPS_NCFG] = {"f32", "bf16", "bf16 in, f32 acc", "f32 in, bf16 out"};
 
 /* ---- the table ------------------------------------------------------------------------- */
 
-#define F32 OPS_CFG(OPS_F32)
-#define BOTH (OPS_CFG(OPS_F32) | OPS_CFG(OPS_BF16))
-#define ALL (BOTH | OPS_CFG(OPS_MIXED) | OPS_CFG(OPS_NARROW))
+int ops_n_cases(int large)
+{
+    int n = 0;
+    for (int op = 0; op < OP_COUNT; op++)
+        n += OPS_DESC(op)->n_cases + (large ? OPS_DESC(op)->n_large : 0);
+    return n;
+}
 
-/* Segment lists: one-token segments among longer ones, a single token, a packed row and
- * its padding, one odd-length sample. */
-static const int64_t seg_101[] = {0, 1, 2, 37, 38, 101};
-static const int64_t seg_130[] = {0, 45, 46, 130};
-static const int64_t seg_67[] = {0, 67};
-static const int64_t seg_53[] = {0, 3, 4, 53};
-static const int64_t seg_1[] = {0, 1};
-static const int64_t seg_35[] = {0, 33, 34, 35};
-
-#define MM(m, n, k, a, b, al, be) \
-    {.op = OP_MATMUL, .cfgs = ALL, .M = m, .N = n, .K = k, .ta = a, .tb = b, .alpha = al, .beta = be}
-#define ATTN(o, h, kv, d, s) \
-    {.op = o, .cfgs = BOTH, .n_head = h, .n_kv = kv, .hd = d, .seg = s, .n_seg = sizeof s / sizeof *s - 1}
-
-const ops_case_t ops_table[] = {
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001},
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1},
-    {.op = OP_CONVERT, .cfgs = ALL, .n = 1001, .offset = 4},
-
-    /* every transposition and beta across the 256 tiles, then the model's three products
-     * (y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) at 37 tokens, then degenerate sizes */
-    MM(300, 260, 270, 0, 0, 1.0f, 0.0f), MM(300, 260, 270, 0, 0, 0.5f, 1.0f),
-    MM(300, 260, 270, 0, 1, 1.0f, 0.0f), MM(300, 260, 270, 0, 1, 1.0f, 1.0f),
-    MM(300, 260, 270, 1, 0, 1.0f, 0.0f), MM(300, 260, 270, 1, 0, 0.5f, 1.0f),
-    MM(300, 260, 270, 1, 1, 1.0f, 0.0f), MM(300, 260, 270, 1, 1, 1.0f, 1.0f),
-    MM(37, 300, 100, 0, 1, 1.0f, 0.0f), MM(37, 100, 300, 0, 0, 1.0f, 1.0f),
-    MM(300, 100, 37, 1, 0, 1.0f, 1.0f), MM(1, 7, 3, 0, 1, 1.0f, 0.0f),
-    MM(5, 1, 513, 1, 0, 1.0f, 1.0f), MM(257, 3, 1, 0, 0, 2.0f, 0.0f),
-    {.op = OP_MATMUL, .cfgs = ALL, .M = 300, .N = 259, .K = 270, .tb = 1, .alpha = 1, .beta = 1, .offset = 1},
-
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 77, .V = 13, .d = 100},
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000},
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 1, .V = 3, .d = 64},
-    /* few rows: every row collects many tokens */
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 77, .V = 13, .d = 100},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 9, .V = 40, .d = 1000},
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 1, .V = 3, .d = 64},
-    /* chains of ~33 tokens an id: several of the CUDA row kernel's groups of 8 */
-    {.op = OP_EMBED_BWD, .cfgs = ALL, .n = 100, .V = 3, .d = 200},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 100},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 1, .V = 3, .d = 1000},
-    /* views 4 elements in: 8-byte aligned bf16, 16-byte aligned fp32 (the CUDA 16-byte
-     * accesses are taken for one and not the other), and 2 in */
-    {.op = OP_EMBED_FWD, .cfgs = BOTH, .n = 9, .V = 40, .d = 1000, .offset = 4},
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96, .offset = 2},
-    /* and aligned: many rows 8 elements a thread */
-    {.op = OP_ROWS_SCATTER, .cfgs = BOTH, .n = 13, .V = 40, .d = 96},
-
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 7, .d = 1000},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 33, .d = 100},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 1, .d = 64},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 130, .d = 96},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 7, .d = 1000},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 33, .d = 100},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 1, .d = 64},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 1000, .offset = 4},
-    /* Llama widths: more than one 8-element group per thread of a row */
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 5, .d = 4096},
-    {.op = OP_RMSNORM_FWD, .cfgs = BOTH, .n = 3, .d = 5120},
-    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
-
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 37, .n_head = 4, .hd = 64, .theta = 10000.0f, .inverse = 1},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 5, .n_head = 8, .hd = 80, .theta = 500000.0f, .pos_step = 997},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 130, .n_head = 1, .hd = 96, .theta = 10000.0f, .pos_step = 31, .inverse = 1},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 1, .n_head = 2, .hd = 128, .theta = 10000.0f},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 33, .n_head = 2, .hd = 128, .theta = 10000.0f, .pos_step = 123},
-    {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 4, .hd = 64, .theta = 10000.0f, .offset = 1},
-
-    ATTN(OP_ATTN_FWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_FWD, 4, 1, 80, seg_130),
-    ATTN(OP_ATTN_FWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_FWD, 4, 1, 128, seg_53),
-    ATTN(OP_ATTN_FWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_FWD, 8, 4, 128, seg_35),
-    ATTN(OP_ATTN_BWD, 8, 2, 64, seg_101), ATTN(OP_ATTN_BWD, 4, 1, 80, seg_130),
-    ATTN(OP_ATTN_BWD, 2, 2, 96, seg_67),  ATTN(OP_ATTN_BWD, 4, 1, 128, seg_53),
-    ATTN(OP_ATTN_BWD, 1, 1, 64, seg_1),   ATTN(OP_ATTN_BWD, 8, 4, 128, seg_35),
-    {.op = OP_ATTN_FWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
-    {.op = OP_ATTN_BWD, .cfgs = BOTH, .n_head = 4, .n_kv = 1, .hd = 64, .seg = seg_53, .n_seg = 3, .offset = 1},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 5, .p0 = 300, .n_head = 8, .n_kv = 2, .hd = 64},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 1, .p0 = 0, .n_head = 4, .n_kv = 1, .hd = 128},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 3, .p0 = 61, .n_head = 2, .n_kv = 2, .hd = 80},
-    {.op = OP_ATTN_CACHED, .cfgs = BOTH, .n = 2, .p0 = 17, .n_head = 4, .n_kv = 1, .hd = 96},
-
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 1},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 1},
-    {.op = OP_SWIGLU_FWD, .cfgs = BOTH, .n = 4097, .offset = 4},
-    {.op = OP_SWIGLU_BWD, .cfgs = BOTH, .n = 4097, .offset = 2},
-
-    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000},
-    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 0.25f},
-    {.op = OP_XENT, .cfgs = F32, .n = 3, .V = 32003, .grad_scale = 1.0f},
-    {.op = OP_XENT, .cfgs = F32, .n = 1, .V = 5, .grad_scale = 1.0f},
-
-    {.op = OP_ADD, .cfgs = ALL, .n = 1000},
-    {.op = OP_ADD, .cfgs = ALL, .n = 4097},
-    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 1},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1, .alpha = -3.0f},
-    {.op = OP_SCALE, .cfgs = BOTH, .n = 1001, .alpha = 0.37f, .offset = 4},
-    {.op = OP_ADD, .cfgs = ALL, .n = 1001, .offset = 4},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 1000},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 2 * 65536 + 17}, /* the CPU's blocks and a ragged end */
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 1},
-    {.op = OP_SUMSQ, .cfgs = BOTH, .n = 4097, .offset = 4},
-
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 1000, .step = 1, .wd = 0.1f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .gscale = 0.5f},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
-    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
-};
-const int ops_table_len = (int)(sizeof ops_table / sizeof *ops_table);
+const ops_case_t *ops_case_at(int k)
+{
+    for (int op = 0; op < OP_COUNT; k -= OPS_DESC(op++)->n_cases)
+        if (k < OPS_DESC(op)->n_cases)
+            return &OPS_DESC(op)->cases[k];
+    for (int op = 0; op < OP_COUNT; k -= OPS_DESC(op++)->n_large)
+        if (k < OPS_DESC(op)->n_large)
+            return &OPS_DESC(op)->large[k];
+    return NULL;
+}
 
 void ops_case_name(const ops_case_t *c, char *out, size_t size)
 {
-    const char *op = ops_op_names[c->op];
-    switch (c->op) {
-    case OP_MATMUL:
-        snprintf(out, size, "%s %lldx%lldx%lld ta=%d tb=%d alpha=%g beta=%g", op, (long long)c->M, (long long)c->N,
-                 (long long)c->K, c->ta, c->tb, c->alpha, c->beta);
-        break;
-    case OP_EMBED_FWD:
-    case OP_EMBED_BWD:
-    case OP_ROWS_SCATTER:
-        snprintf(out, size, "%s n=%lld V=%lld d=%lld", op, (long long)c->n, (long long)c->V, (long long)c->d);
-        break;
-    case OP_RMSNORM_FWD:
-    case OP_RMSNORM_BWD:
-        snprintf(out, size, "%s n=%lld d=%lld", op, (long long)c->n, (long long)c->d);
-        break;
-    case OP_ROPE:
-        snprintf(out, size, "%s n=%lld heads=%d hd=%d theta=%g pos*%d%s", op, (long long)c->n, c->n_head, c->hd,
-                 c->theta, c->pos_step ? c->pos_step : 1, c->inverse ? " inverse" : "");
-        break;
-    case OP_ATTN_FWD:
-    case OP_ATTN_BWD:
-        snprintf(out, size, "%s n=%lld segs=%lld H=%d KV=%d hd=%d", op, (long long)c->seg[c->n_seg],
-                 (long long)c->n_seg, c->n_head, c->n_kv, c->hd);
-        break;
-    case OP_ATTN_CACHED:
-        snprintf(out, size, "%s n=%lld p0=%lld H=%d KV=%d hd=%d", op, (long long)c->n, (long long)c->p0, c->n_head,
-                 c->n_kv, c->hd);
-        break;
-    case OP_XENT:
-        snprintf(out, size, "%s n=%lld V=%lld grad_scale=%g", op, (long long)c->n, (long long)c->V, c->grad_scale);
-        break;
-    case OP_ADAMW:
-        snprintf(out, size, "%s n=%lld t=%d wd=%g%s", op, (long long)c->n, c->step, c->wd,
-                 c->stochastic ? " stochastic" : "");
-        break;
-    default:
-        snprintf(out, size, "%s n=%lld", op, (long long)c->n);
-    }
+    const ops_desc_t *d = OPS_DESC(c->op);
+    int len = snprintf(out, size, "%s ", d->name);
+    if (len < 0 || (size_t)len >= size)
+        return;
+    if (d->shape)
+        d->shape(c, out + len, size - (size_t)len);
+    else
+        snprintf(out + len, size - (size_t)len, "n=%lld", (long long)c->n);
     if (c->offset) {
-        size_t len = strlen(out);
-        snprintf(out + len, size - len, " at +%lld", (long long)c->offset);
+        size_t l = strlen(out);
+        snprintf(out + l, size - l, " at +%lld", (long long)c->offset);
     }
+}
+
+/* ---- tolerances ------------------------------------------------------------------------- */
+
+/* The CPU computes in fp32 from inputs widened exactly, in the same order in every
+ * configuration (cpu.c: f32 buffers are used in place, bf16 rows widened into scratch),
+ * so an f32 output is the fp32 run's bits (bound 0) and a bf16 one is the fp32 result
+ * rounded once to nearest (within u = 2^-8 of |ref|, and exactly f32_to_bf16(ref)) — or
+ * o->rounds times where the op rounds an element more than once. */
+double ops_cpu_tol_rounded(const ops_case_t *c, const ops_out_t *o, int *exact)
+{
+    (void)c;
+    *exact = o->rounds == 1;
+    return o->dt == DT_BF16 ? o->rounds * OPS_U_BF16 : 0;
+}
+
+double ops_cpu_tol(const ops_case_t *c, const ops_out_t *o, int *exact)
+{
+    const ops_desc_t *d = OPS_DESC(c->op);
+    return (d->cpu_tol ? d->cpu_tol : ops_cpu_tol_rounded)(c, o, exact);
+}
+
+int ops_flash_rows(const ops_case_t *c, const ops_out_t *o) { return OPS_DESC(c->op)->flash && o->dt == DT_BF16; }
+
+/* A bf16 output may round the other way where the fp32 results straddle a rounding
+ * boundary: one ulp, 2u, for each rounding of the element. */
+double ops_gpu_tol(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o, int mm_exact, int flash_rows)
+{
+    const ops_desc_t *d = OPS_DESC(c->op);
+    double b = d->gpu_tol_fn ? d->gpu_tol_fn(c, cfg, o, mm_exact) : d->gpu_tol;
+    if (b == 0) /* the CPU's bits */
+        return 0;
+    if (o->dt == DT_BF16)
+        b += 2 * OPS_U_BF16 * o->rounds;
+    if (flash_rows)
+        b += 4 * OPS_U_BF16;
+    return b;
 }
 
 /* ---- helpers ----------------------------------------------------------------------------- */
@@ -322,374 +223,13 @@ ops_err_t ops_compare_rows(const float *ref, const float *got, int64_t n, int64_
 
 /* ---- running a case ---------------------------------------------------------------------- */
 
-/* One run: the backend, the inputs' generator, and what to free at the end. */
-typedef struct {
-    backend_t *be;
-    ops_rng_t rng;
-    int full;
-    int64_t off; /* the case's offset */
-    void *dev[16], *host[16];
-    int n_dev, n_host;
-    ops_result_t *r;
-} run_t;
-
-static void *keep_host(run_t *R, void *p)
-{
-    R->host[R->n_host++] = p;
-    return p;
-}
-static void *keep_dev(run_t *R, void *p)
-{
-    R->dev[R->n_dev++] = p;
-    return p;
-}
-/* Random host values (bf16 ones unless full), freed with the run. */
-static float *hrand(run_t *R, int64_t n, float scale) { return keep_host(R, ops_rand(&R->rng, n, scale, !R->full)); }
-static float *hzeros(run_t *R, int64_t n)
-{
-    float *p = keep_host(R, ops_xmalloc((size_t)n * sizeof *p));
-    memset(p, 0, (size_t)n * sizeof *p);
-    return p;
-}
-/* host's n values on the device in dt (host rounded to dt in place), R->off elements into
- * their allocation. */
-static bk_buf_t put(run_t *R, dtype_t dt, float *host, int64_t n)
-{
-    float *h = ops_xmalloc((size_t)(n + R->off) * sizeof *h);
-    for (int64_t i = 0; i < R->off; i++)
-        h[i] = NAN;
-    memcpy(h + R->off, host, (size_t)n * sizeof *h);
-    bk_buf_t b = ops_put(R->be, dt, h, n + R->off);
-    memcpy(host, h + R->off, (size_t)n * sizeof *h);
-    free(h);
-    keep_dev(R, b.p);
-    return bk_at(b, R->off);
-}
-static bk_buf_t poisoned(run_t *R, dtype_t dt, int64_t n)
-{
-    bk_buf_t b = ops_nan(R->be, dt, n + R->off);
-    keep_dev(R, b.p);
-    return bk_at(b, R->off);
-}
-static void *put_raw(run_t *R, const void *host, size_t bytes) { return keep_dev(R, ops_put_raw(R->be, host, bytes)); }
-
-static void output(run_t *R, const char *name, bk_buf_t b, int64_t n, int rounds)
-{
-    ops_out_t *o = &R->r->out[R->r->n_out++];
-    o->name = name;
-    o->v = ops_get(R->be, b, n);
-    o->n = n;
-    o->dt = b.dt;
-    o->rounds = rounds;
-}
-
-/* The inputs' dtype and the accumulator's (ops_table.h). */
-static dtype_t in_dt(ops_cfg_t cfg) { return cfg == OPS_BF16 || cfg == OPS_MIXED ? DT_BF16 : DT_F32; }
-static dtype_t acc_dt(ops_cfg_t cfg) { return cfg == OPS_BF16 || cfg == OPS_NARROW ? DT_BF16 : DT_F32; }
-
-static void run_convert(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    bk_buf_t src = put(R, in_dt(cfg), hrand(R, c->n, 3), c->n), dst = poisoned(R, acc_dt(cfg), c->n);
-    R->be->convert(R->be, dst, src, c->n);
-    output(R, "dst", dst, c->n, 1);
-}
-
-static void run_matmul(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    int64_t M = c->M, N = c->N, K = c->K;
-    bk_buf_t A = put(R, in_dt(cfg), hrand(R, M * K, 1), M * K), B = put(R, in_dt(cfg), hrand(R, K * N, 1), K * N);
-    /* beta = 0 must not read C: NaN there would show */
-    bk_buf_t C = c->beta != 0.0f ? put(R, acc_dt(cfg), hrand(R, M * N, 1), M * N) : poisoned(R, acc_dt(cfg), M * N);
-    R->be->matmul(R->be, c->ta, c->tb, M, N, K, c->alpha, A, B, c->beta, C);
-    output(R, "C", C, M * N, 1);
-}
-
-/* embed_fwd, embed_bwd (dtable adds), rows_scatter (distinct rows). */
-static void run_embed(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    backend_t *be = R->be;
-    int64_t n = c->n, d = c->d, V = c->V;
-    int32_t *ids;
-    if (c->op == OP_ROWS_SCATTER) { /* distinct: the first n of a random permutation */
-        ids = keep_host(R, ops_xmalloc((size_t)V * sizeof *ids));
-        for (int64_t i = 0; i < V; i++)
-            ids[i] = (int32_t)i;
-        for (int64_t i = V - 1; i > 0; i--) {
-            int64_t j = (int64_t)(ops_urand(&R->rng) * (double)(i + 1));
-            int32_t t = ids[i];
-            ids[i] = ids[j];
-            ids[j] = t;
-        }
-    } else {
-        ids = keep_host(R, ops_rand_ids(&R->rng, n, V));
-    }
-    const int32_t *d_ids = put_raw(R, ids, (size_t)n * sizeof *ids);
-    if (c->op == OP_EMBED_FWD) {
-        bk_buf_t table = put(R, in_dt(cfg), hrand(R, V * d, 1), V * d), out = poisoned(R, in_dt(cfg), n * d);
-        be->embed_fwd(be, out, d_ids, table, n, d);
-        output(R, "out", out, n * d, 1);
-    } else if (c->op == OP_EMBED_BWD) {
-        bk_buf_t dtable = put(R, acc_dt(cfg), hrand(R, V * d, 1), V * d);
-        bk_buf_t dout = put(R, in_dt(cfg), hrand(R, n * d, 1), n * d);
-        be->embed_bwd(be, dtable, d_ids, dout, n, d);
-        int64_t most = 0; /* the most tokens one row collects: each add is rounded */
-        for (int64_t v = 0; v < V; v++) {
-            int64_t k = 0;
-            for (int64_t i = 0; i < n; i++)
-                k += ids[i] == v;
-            most = k > most ? k : most;
-        }
-        output(R, "dtable", dtable, V * d, (int)(most > 0 ? most : 1));
-    } else {
-        bk_buf_t dst = put(R, in_dt(cfg), hrand(R, V * d, 1), V * d), src = put(R, in_dt(cfg), hrand(R, n * d, 1), n * d);
-        be->rows_scatter(be, dst, d_ids, src, n, d);
-        output(R, "dst", dst, V * d, 1);
-    }
-}
-
-static void run_rmsnorm(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    backend_t *be = R->be;
-    int64_t n = c->n, d = c->d;
-    const float eps = 1e-5f;
-    float *hx = hrand(R, n * d, 2), *hw = hrand(R, d, 0.5f);
-    for (int64_t j = 0; j < d; j++)
-        hw[j] = R->full ? 1.0f + hw[j] : ops_round_bf16(1.0f + hw[j]);
-    bk_buf_t x = put(R, in_dt(cfg), hx, n * d), w = put(R, in_dt(cfg), hw, d);
-    if (c->op == OP_RMSNORM_FWD) {
-        bk_buf_t out = poisoned(R, in_dt(cfg), n * d);
-        float *rstd = poisoned(R, DT_F32, n).p;
-        be->rmsnorm_fwd(be, out, rstd, x, w, n, d, eps);
-        output(R, "out", out, n * d, 1);
-        output(R, "rstd", bk_buf(rstd, DT_F32), n, 1);
-        return;
-    }
-    /* rstd as the forward pass would have left it, from the stored x */
-    float *hr = hzeros(R, n);
-    for (int64_t i = 0; i < n; i++) {
-        double s = 0;
-        for (int64_t j = 0; j < d; j++)
-            s += (double)hx[i * d + j] * hx[i * d + j];
-        hr[i] = (float)(1.0 / sqrt(s / (double)d + eps));
-    }
-    float *rstd = put(R, DT_F32, hr, n).p;
-    bk_buf_t dout = put(R, in_dt(cfg), hrand(R, n * d, 1), n * d);
-    bk_buf_t dx = put(R, in_dt(cfg), hrand(R, n * d, 1), n * d), dw = put(R, acc_dt(cfg), hrand(R, d, 1), d);
-    be->rmsnorm_bwd(be, dx, dw, dout, x, w, rstd, n, d);
-    output(R, "dx", dx, n * d, 1);
-    output(R, "dw", dw, d, 1);
-}
-
-static void run_rope(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    int64_t n = c->n, w = (int64_t)c->n_head * c->hd;
-    int32_t *pos = keep_host(R, ops_xmalloc((size_t)n * sizeof *pos));
-    for (int64_t i = 0; i < n; i++)
-        pos[i] = (int32_t)((i * (c->pos_step ? c->pos_step : 1)) % 4096);
-    const int32_t *d_pos = put_raw(R, pos, (size_t)n * sizeof *pos);
-    bk_buf_t x = put(R, in_dt(cfg), hrand(R, n * w, 2), n * w);
-    R->be->rope(R->be, x, d_pos, n, c->n_head, c->hd, c->theta, c->inverse);
-    output(R, "x", x, n * w, 1);
-}
-
-/* Causal attention inside segments, in double on the host (attn_bwd's out and lse). */
-static void host_attn(const float *q, const float *k, const float *v, const int64_t *seg, int64_t n_seg, int H, int KV,
-                      int hd, float *out, float *lse)
-{
-    int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, lmax = 1;
-    for (int64_t s = 0; s < n_seg; s++)
-        lmax = seg[s + 1] - seg[s] > lmax ? seg[s + 1] - seg[s] : lmax;
-    double *p = ops_xmalloc((size_t)lmax * sizeof *p), scale = 1.0 / sqrt((double)hd);
-    for (int64_t s = 0; s < n_seg; s++)
-        for (int h = 0; h < H; h++) {
-            int kh = h / (H / KV);
-            for (int64_t i = seg[s]; i < seg[s + 1]; i++) {
-                double m = -INFINITY, sum = 0;
-                for (int64_t j = seg[s]; j <= i; j++) {
-                    double dot = 0;
-                    for (int t = 0; t < hd; t++)
-                        dot += (double)q[i * qs + h * hd + t] * k[j * ks + kh * hd + t];
-                    p[j - seg[s]] = dot * scale;
-                    m = fmax(m, dot * scale);
-                }
-                for (int64_t j = seg[s]; j <= i; j++)
-                    sum += p[j - seg[s]] = exp(p[j - seg[s]] - m);
-                for (int t = 0; t < hd; t++) {
-                    double o = 0;
-                    for (int64_t j = seg[s]; j <= i; j++)
-                        o += p[j - seg[s]] * v[j * ks + kh * hd + t];
-                    out[i * qs + h * hd + t] = (float)(o / sum);
-                }
-                lse[i * H + h] = (float)(m + log(sum));
-            }
-        }
-    free(p);
-}
-
-/* attn_fwd, attn_bwd (from the host's forward), attn_cached. */
-static void run_attn(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    backend_t *be = R->be;
-    dtype_t dt = in_dt(cfg);
-    int H = c->n_head, KV = c->n_kv, hd = c->hd;
-    if (c->op == OP_ATTN_CACHED) {
-        int64_t n = c->n, ctx = c->p0 + n, qn = n * H * hd, kn = ctx * KV * hd;
-        bk_buf_t q = put(R, dt, hrand(R, qn, 2), qn), kc = put(R, dt, hrand(R, kn, 1), kn);
-        bk_buf_t vc = put(R, dt, hrand(R, kn, 1), kn), out = poisoned(R, dt, qn);
-        be->attn_cached(be, out, q, kc, vc, n, c->p0, H, KV, hd);
-        output(R, "out", out, qn, 1);
-        return;
-    }
-    int64_t n = c->seg[c->n_seg], qn = n * H * hd, kn = n * KV * hd;
-    /* q twice k's scale: scores of a few units, so the softmax is neither flat nor one-hot */
-    float *hq = hrand(R, qn, 2), *hk = hrand(R, kn, 1), *hv = hrand(R, kn, 1);
-    bk_buf_t q = put(R, dt, hq, qn), k = put(R, dt, hk, kn), v = put(R, dt, hv, kn);
-    if (c->op == OP_ATTN_FWD) {
-        bk_buf_t out = poisoned(R, dt, qn);
-        float *lse = poisoned(R, DT_F32, n * H).p;
-        be->attn_fwd(be, out, lse, q, k, v, c->seg, c->n_seg, H, KV, hd);
-        output(R, "out", out, qn, 1);
-        output(R, "lse", bk_buf(lse, DT_F32), n * H, 1);
-        return;
-    }
-    float *ho = hzeros(R, qn), *hl = hzeros(R, n * H);
-    host_attn(hq, hk, hv, c->seg, c->n_seg, H, KV, hd, ho, hl);
-    for (int64_t i = 0; !R->full && i < qn; i++) /* an input like the others */
-        ho[i] = ops_round_bf16(ho[i]);
-    bk_buf_t out = put(R, dt, ho, qn), dout = put(R, dt, hrand(R, qn, 1), qn);
-    float *lse = put(R, DT_F32, hl, n * H).p;
-    bk_buf_t dq = poisoned(R, dt, qn), dk = poisoned(R, dt, kn), dv = poisoned(R, dt, kn);
-    be->attn_bwd(be, dq, dk, dv, dout, q, k, v, out, lse, c->seg, c->n_seg, H, KV, hd);
-    output(R, "dq", dq, qn, 1);
-    output(R, "dk", dk, kn, 1);
-    output(R, "dv", dv, kn, 1);
-}
-
-static void run_swiglu(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    dtype_t dt = in_dt(cfg);
-    int64_t n = c->n;
-    /* g over ±6: silu's saturated tails and its dip near -1.3 */
-    bk_buf_t g = put(R, dt, hrand(R, n, 6), n), u = put(R, dt, hrand(R, n, 2), n);
-    if (c->op == OP_SWIGLU_FWD) {
-        bk_buf_t h = poisoned(R, dt, n);
-        R->be->swiglu_fwd(R->be, h, g, u, n);
-        output(R, "h", h, n, 1);
-        return;
-    }
-    bk_buf_t dh = put(R, dt, hrand(R, n, 1), n), dg = poisoned(R, dt, n), du = poisoned(R, dt, n);
-    R->be->swiglu_bwd(R->be, dg, du, dh, g, u, n);
-    output(R, "dg", dg, n, 1);
-    output(R, "du", du, n, 1);
-}
-
-static void run_xent(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    (void)cfg;
-    int64_t n = c->n, V = c->V;
-    int32_t *tgt = keep_host(R, ops_rand_ids(&R->rng, n, V));
-    float *w = hzeros(R, n);
-    for (int64_t i = 0; i < n; i++) /* masked rows and a weighted one */
-        w[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? 0.5f : 1.0f;
-    bk_buf_t logits = put(R, DT_F32, hrand(R, n * V, 8), n * V);
-    const int32_t *d_tgt = put_raw(R, tgt, (size_t)n * sizeof *tgt);
-    const float *d_w = put_raw(R, w, (size_t)n * sizeof *w);
-    double *acc = put_raw(R, &(double){0}, sizeof(double));
-    R->be->xent(R->be, logits.p, d_tgt, d_w, n, V, c->grad_scale, acc);
-    R->be->download(R->be, &R->r->scalar, acc, sizeof(double));
-    R->r->has_scalar = 1;
-    output(R, c->grad_scale != 0.0f ? "dlogits" : "logits", logits, n * V, 1);
-}
-
-/* add (y += x, y in the accumulator's dtype), scale, sumsq. */
-static void run_pointwise(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    backend_t *be = R->be;
-    int64_t n = c->n;
-    if (c->op == OP_ADD) {
-        bk_buf_t y = put(R, acc_dt(cfg), hrand(R, n, 1), n), x = put(R, in_dt(cfg), hrand(R, n, 1), n);
-        be->add(be, y, x, n);
-        output(R, "y", y, n, 1);
-    } else if (c->op == OP_SCALE) {
-        bk_buf_t y = put(R, in_dt(cfg), hrand(R, n, 3), n);
-        be->scale(be, y, c->alpha, n);
-        output(R, "y", y, n, 1);
-    } else {
-        bk_buf_t x = put(R, in_dt(cfg), hrand(R, n, 3), n);
-        double *acc = put_raw(R, &(double){0}, sizeof(double));
-        be->sumsq(be, x, n, acc);
-        be->download(be, &R->r->scalar, acc, sizeof(double));
-        R->r->has_scalar = 1;
-    }
-}
-
-static void run_adamw(run_t *R, const ops_case_t *c, ops_cfg_t cfg)
-{
-    int64_t n = c->n;
-    dtype_t st = acc_dt(cfg);
-    float *hv = hrand(R, n, 1e-5f);
-    for (int64_t i = 0; i < n; i++)
-        hv[i] = fabsf(hv[i]);
-    bk_buf_t p = put(R, st, hrand(R, n, 0.5f), n), g = put(R, in_dt(cfg), hrand(R, n, 1e-2f), n);
-    bk_buf_t m = put(R, st, hrand(R, n, 1e-3f), n), v = put(R, st, hv, n);
-    bk_adamw_t h = {.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .wd = c->wd,
-                    .gscale = c->gscale != 0.0f ? c->gscale : 1.0f,
-                    .bc1 = 1.0 - pow(0.9, c->step), .bc2 = 1.0 - pow(0.95, c->step),
-                    .stochastic = c->stochastic, .key = bk_sround_key(7, c->step, 3), .index0 = c->index0};
-    R->be->adamw(R->be, p, g, m, v, n, &h);
-    output(R, "p", p, n, 1);
-    output(R, "m", m, n, 1);
-    output(R, "v", v, n, 1);
-}
-
 int ops_run(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, int full, ops_result_t *r)
 {
     memset(r, 0, sizeof *r);
-    run_t R = {.be = be, .full = full, .off = c->offset, .r = r};
+    ops_ctx_t R = {.be = be, .full = full, .off = c->offset, .r = r};
     /* the inputs depend on the seed, never on the configuration or the backend */
     ops_rng_seed(&R.rng, seed);
-    switch (c->op) {
-    case OP_CONVERT:
-        run_convert(&R, c, cfg);
-        break;
-    case OP_MATMUL:
-        run_matmul(&R, c, cfg);
-        break;
-    case OP_EMBED_FWD:
-    case OP_EMBED_BWD:
-    case OP_ROWS_SCATTER:
-        run_embed(&R, c, cfg);
-        break;
-    case OP_RMSNORM_FWD:
-    case OP_RMSNORM_BWD:
-        run_rmsnorm(&R, c, cfg);
-        break;
-    case OP_ROPE:
-        run_rope(&R, c, cfg);
-        break;
-    case OP_ATTN_FWD:
-    case OP_ATTN_BWD:
-    case OP_ATTN_CACHED:
-        run_attn(&R, c, cfg);
-        break;
-    case OP_SWIGLU_FWD:
-    case OP_SWIGLU_BWD:
-        run_swiglu(&R, c, cfg);
-        break;
-    case OP_XENT:
-        run_xent(&R, c, cfg);
-        break;
-    case OP_ADD:
-    case OP_SCALE:
-    case OP_SUMSQ:
-        run_pointwise(&R, c, cfg);
-        break;
-    case OP_ADAMW:
-        run_adamw(&R, c, cfg);
-        break;
-    case OP_COUNT:
-        break;
-    }
+    OPS_DESC(c->op)->run(&R, c, cfg);
     int rc = be->sync(be);
     for (int i = 0; i < R.n_dev; i++)
         bk_free(be, R.dev[i]);
@@ -1114,13 +654,14 @@ int ops_table_differ(backend_t *a, backend_t *b, uint64_t seed, int *runs)
 {
     int bad = 0;
     *runs = 0;
-    for (int k = 0; k < ops_table_len; k++)
+    for (int k = 0; k < ops_n_cases(0); k++)
         for (int cfg = 0; cfg < OPS_NCFG; cfg++) {
-            if (!(ops_table[k].cfgs & OPS_CFG(cfg)))
+            const ops_case_t *c = ops_case_at(k);
+            if (!(c->cfgs & OPS_CFG(cfg)))
                 continue;
             ops_result_t ra, rb;
-            int rc_a = ops_run(a, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &ra);
-            int rc_b = ops_run(b, &ops_table[k], (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &rb);
+            int rc_a = ops_run(a, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &ra);
+            int rc_b = ops_run(b, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &rb);
             int d = differ_pair(rc_a, &ra, rc_b, &rb);
             if (d < 0)
                 return -1;

@@ -1,11 +1,14 @@
-/* ops_table.h — one table of backend op cases (kernels/backend.h), iterated by two
- * programs: tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
- * determinism, finite differences) and tests/gpu/gpu_ops.c (the CUDA backend against the
- * CPU one). In the manner of llm.c's and ggml's test-backend-ops: a case is an op and a
- * shape; ops_run() makes its inputs on the host from a seed, uploads them, runs the op on
- * the backend it is given and downloads every output widened to float. The same seed gives
- * the same inputs on every backend and in every dtype configuration, so two runs can be
- * compared element by element.
+/* ops_table.h — the backend ops (kernels/backend.h) as test cases, one descriptor per op
+ * (ops_desc_t: its cases, how it runs, its bounds, its gradient check) registered in
+ * OPS_LIST, read by tests/unit/test_ops.c (the CPU backend: bf16 paths against fp32 ones,
+ * determinism, gradients), tests/unit/test_prof.c (profiled against plain),
+ * tests/gpu/gpu_ops.c (the CUDA backend against the CPU one), tests/gpu/flash_emu.cc and
+ * tests/gpu/gpu_opbench.c (the ops' bandwidth at Llama's shapes).
+ * In the manner of ggml's test-backend-ops: a case is an op and a shape; ops_run() makes
+ * its inputs on the host from a seed, uploads them, runs the op on the backend it is given
+ * and downloads every output widened to float. The same seed gives the same inputs on
+ * every backend and in every dtype configuration, so two runs can be compared element by
+ * element.
  *
  * Shapes are chosen to break kernels, not to be realistic: token counts that are not a
  * multiple of 4, one-token segments and several segments per batch, head dims 64/80/96/128,
@@ -39,28 +42,35 @@
 
 #include "../../kernels/backend.h"
 
+/* The registry: one line per op, X(ENUM, name), in the order the programs report them.
+ * Each name has its descriptor desc_<name> (ops_desc_t, below) in ops_defs.c, its cases
+ * included; adding an op is that descriptor and a line here. */
+#define OPS_LIST(X)                                                                                           \
+    X(CONVERT, convert)                                                                                       \
+    X(MATMUL, matmul)                                                                                         \
+    X(EMBED_FWD, embed_fwd)                                                                                   \
+    X(EMBED_BWD, embed_bwd)                                                                                   \
+    X(ROWS_SCATTER, rows_scatter)                                                                             \
+    X(RMSNORM_FWD, rmsnorm_fwd)                                                                               \
+    X(RMSNORM_BWD, rmsnorm_bwd)                                                                               \
+    X(ROPE, rope)                                                                                             \
+    X(ATTN_FWD, attn_fwd)                                                                                     \
+    X(ATTN_BWD, attn_bwd)                                                                                     \
+    X(ATTN_CACHED, attn_cached)                                                                               \
+    X(SWIGLU_FWD, swiglu_fwd)                                                                                 \
+    X(SWIGLU_BWD, swiglu_bwd)                                                                                 \
+    X(XENT, xent)                                                                                             \
+    X(ADD, add)                                                                                               \
+    X(SCALE, scale)                                                                                           \
+    X(SUMSQ, sumsq)                                                                                           \
+    X(ADAMW, adamw)
+
 typedef enum {
-    OP_CONVERT,
-    OP_MATMUL,
-    OP_EMBED_FWD,
-    OP_EMBED_BWD,
-    OP_ROWS_SCATTER,
-    OP_RMSNORM_FWD,
-    OP_RMSNORM_BWD,
-    OP_ROPE,
-    OP_ATTN_FWD,
-    OP_ATTN_BWD,
-    OP_ATTN_CACHED,
-    OP_SWIGLU_FWD,
-    OP_SWIGLU_BWD,
-    OP_XENT,
-    OP_ADD,
-    OP_SCALE,
-    OP_SUMSQ,
-    OP_ADAMW,
+#define OPS_ENUM(e, name) OP_##e,
+    OPS_LIST(OPS_ENUM)
+#undef OPS_ENUM
     OP_COUNT
 } ops_op_t;
-extern const char *const ops_op_names[OP_COUNT];
 
 typedef enum { OPS_F32, OPS_BF16, OPS_MIXED, OPS_NARROW, OPS_NCFG } ops_cfg_t;
 extern const char *const ops_cfg_names[OPS_NCFG];
@@ -90,8 +100,10 @@ typedef struct {
                              * tensors inside a unit are: pointers only 2- or 4-byte aligned */
 } ops_case_t;
 
-extern const ops_case_t ops_table[];
-extern const int ops_table_len;
+/* The op table: every descriptor's cases, in the registry's order (k < ops_n_cases(0)),
+ * then with large set every descriptor's larger ones. */
+int ops_n_cases(int large);
+const ops_case_t *ops_case_at(int k);
 
 /* A case's name with its shape, e.g. "matmul 300x260x270 ta=1 tb=0 beta=1". */
 void ops_case_name(const ops_case_t *c, char *out, size_t size);
@@ -211,5 +223,104 @@ typedef struct {
     const char *name;
 } ops_adamw_cfg_t;
 extern const ops_adamw_cfg_t ops_adamw_cfgs[4];
+
+/* ---- one descriptor per op ------------------------------------------------------------- */
+
+/* Everything the programs know about an op: its cases, how to run one, how to name it, its
+ * tolerances on the CPU (test_ops: bf16 against fp32) and on CUDA (gpu_ops, flash_emu:
+ * against the CPU), its gradient check, its benchmark rows. ops_defs.c holds one per op, each beside its run
+ * function, with the reasons for its bounds; OPS_LIST registers it. */
+typedef struct ops_ctx ops_ctx_t; /* one run of a case (ops_impl.h) */
+
+/* The benchmark's buffers (tests/gpu/gpu_opbench.c), one set per storage dtype dt at its
+ * shapes (Llama-2-7B's: N tokens, width D, MLP width F, H heads of HD): a, b, c, m, v
+ * [N, F] (v positive: a second moment), x, y [N, D], w [V, D] (an embedding table; its
+ * first D a norm's weights), q, k, vv, o, dq, dk, dv [N, H·HD]; rstd [N]; ids and pos [N],
+ * ids_rep one token in 7 the same id; acc one double. Random values, never zeros. */
+typedef struct {
+    backend_t *be;
+    dtype_t dt;
+    int64_t N, D, F, H, HD;
+    bk_buf_t a, b, c, m, v, x, y, w, q, k, vv, o, dq, dk, dv;
+    float *lse, *rstd;
+    const int32_t *ids, *ids_rep, *pos;
+    double *acc;
+    bk_adamw_t h;
+} ops_bench_t;
+
+/* A row of the benchmark: the op on s, timed in each storage dtype; its bandwidth counts
+ * the fewest elements it must move: elems × (N·D, N·F or N·H·HD). vec0: the row's label
+ * when timed again with one element a thread (FTK_CUDA_VEC=0, bf16), or NULL. */
+typedef enum { OPS_PER_ND, OPS_PER_NF, OPS_PER_NQ } ops_per_t;
+typedef struct {
+    const char *label;
+    void (*call)(const ops_bench_t *s);
+    double elems;
+    ops_per_t per;
+    const char *vec0;
+} ops_perf_t;
+/* The elements row p moves on s. */
+double ops_perf_elems(const ops_perf_t *p, const ops_bench_t *s);
+
+/* What the gradient checks of an op found, summed over its cases. */
+typedef struct {
+    int cases;       /* cases checked */
+    int checks, bad; /* checks made; how many exceeded their bound */
+    double worst[3]; /* the largest error of each gradient (grad_linear: of each property) */
+} ops_grad_t;
+
+typedef struct {
+    const char *name;
+    /* Its cases (ops_case_t: shapes chosen as the top of this file says), and larger ones
+     * that only gpu_ops runs (not with FTK_GPU_OPS_QUICK): many blocks, long rows. */
+    const ops_case_t *cases, *large;
+    int n_cases, n_large;
+    /* Makes the inputs from R's generator, runs the op on R's backend, hands the outputs
+     * back (ops_impl.h: put(), poisoned(), output()). */
+    void (*run)(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg);
+    /* The shape in ops_case_name() after the name, e.g. "n=77 V=13 d=100"; NULL: "n=N". */
+    void (*shape)(const ops_case_t *c, char *out, size_t size);
+    /* CPU: the bound on ops_compare()'s max_rel between output o of a bf16 configuration and
+     * the same output of the fp32 run on the same inputs; *exact set when o must be exactly
+     * f32_to_bf16 of the fp32 run's. NULL: ops_cpu_tol_rounded(). */
+    double (*cpu_tol)(const ops_case_t *c, const ops_out_t *o, int *exact);
+    /* CUDA against the CPU: the bound on max_rel for the fp32 arithmetic of an output;
+     * 0 means the CPU's bits (and no allowance for bf16 roundings). gpu_tol_fn, when set,
+     * decides instead (mm_exact: FTK_CUDA_MATMUL=fp32, f32 products not made in bf16). */
+    double gpu_tol;
+    double (*gpu_tol_fn)(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o, int mm_exact);
+    /* attention the tensor-core kernels compute in bf16: those outputs are measured row by
+     * row (rows of hd, ops_compare_rows) with more allowance (gpu_ops, flash_emu) */
+    int flash;
+    /* Whether case c computes a gradient: gpu_ops runs those twice for the same bits. */
+    int (*backward)(const ops_case_t *c);
+    /* The CPU check of the gradient, in fp32, added into g (ops_grad.c: finite differences
+     * of the forward, bound OPS_FD_BOUND); NULL: none. grad_names: the gradients' names, or
+     * with grad_linear, the two properties of a linear op checked instead. */
+    void (*grad)(backend_t *be, const ops_case_t *c, ops_rng_t *rng, ops_grad_t *g);
+    const char *grad_names[3];
+    int grad_linear;
+    /* Its rows in the benchmark (gpu_opbench), at the benchmark's shapes; none: n_perf 0. */
+    const ops_perf_t *perf;
+    int n_perf;
+} ops_desc_t;
+
+extern const ops_desc_t *const ops_descs[OP_COUNT];
+#define OPS_DESC(op) (ops_descs[(op)])
+
+/* bf16's unit roundoff (rounding to nearest errs by at most 2^-8 of the value) and fp32's */
+#define OPS_U_BF16 (1.0 / 256)
+#define OPS_EPS32 (1.0 / 16777216)
+/* The bound of the finite-difference checks (ops_impl.h says why). */
+#define OPS_FD_BOUND (1.0 / 4096)
+/* The default cpu_tol: o is the fp32 result rounded o->rounds times (exact when once). */
+double ops_cpu_tol_rounded(const ops_case_t *c, const ops_out_t *o, int *exact);
+/* The CPU bound of output o of case c (its descriptor's cpu_tol) and whether it is exact. */
+double ops_cpu_tol(const ops_case_t *c, const ops_out_t *o, int *exact);
+/* The CUDA bound of output o of case c in cfg: the descriptor's fp32 bound, a ulp (2u) per
+ * rounding of a bf16 output, 4u more where flash_rows (ops_desc_t.flash). */
+double ops_gpu_tol(const ops_case_t *c, ops_cfg_t cfg, const ops_out_t *o, int mm_exact, int flash_rows);
+/* Whether o is measured row by row when bf16 attention runs on the tensor cores. */
+int ops_flash_rows(const ops_case_t *c, const ops_out_t *o);
 
 #endif

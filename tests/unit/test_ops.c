@@ -1,9 +1,10 @@
 /* test_ops — the CPU backend op by op (kernels/cpu/cpu.c against kernels/backend.h):
  *  - every case of the op table (tests/ops/ops_table.h) in every dtype configuration it
- *    lists against its fp32 run on the same inputs, with the bounds of bound_vs_f32();
+ *    lists against its fp32 run on the same inputs, with the bounds of its descriptor;
  *  - every run gives the same bits twice and with 1 and 2 OpenMP threads (except fp32
  *    matmul, which is BLAS's);
- *  - every backward op against finite differences of its forward (fd_*);
+ *  - every op's gradient check (its descriptor's: backward ops against finite differences
+ *    of their forward);
  *  - adamw against the header's formula in double, its bf16 rounding (nearest, and
  *    stochastic: unbiased, two neighbours only, slicing- and thread-independent);
  *  - convert round trips; add, scale, sumsq in mixed dtypes against the host;
@@ -31,52 +32,16 @@ const char *__asan_default_options(void) { return "allocator_may_return_null=1";
 #endif
 
 static uint64_t SEED = 20261123u; /* FTK_SEED=N runs every check on other inputs */
-/* bf16's unit roundoff: rounding to nearest errs by at most 2^-8 of the value (8 bits of
- * significand, the leading one included). */
-#define U_BF16 (1.0 / 256)
-#define EPS32 (1.0 / 16777216) /* 2^-24, fp32's */
+#define U_BF16 OPS_U_BF16 /* bf16's unit roundoff, 2^-8 (8 bits of significand) */
+#define EPS32 OPS_EPS32   /* 2^-24, fp32's */
 
 /* ---- the table: bf16 against fp32, determinism ------------------------------------------- */
 
-/* The bound on ops_compare()'s max_rel (|got − ref| / (|ref| + rms(ref))) between output o of
- * a bf16 configuration and the same output of the fp32 run on the same inputs.
- *  - convert, embed_fwd, rows_scatter, rmsnorm_fwd/bwd, rope, attn_fwd/bwd/cached,
- *    swiglu_fwd/bwd, add, scale, adamw (nearest): the CPU computes in fp32 from inputs
- *    widened exactly, in the same order in both paths (cpu.c: f32 buffers are used in
- *    place, bf16 rows widened into scratch), so an f32 output (rstd, lse, rmsnorm's f32
- *    dw, add's f32 y, adamw's f32 states) is identical: 0. A bf16 one is the fp32 result
- *    rounded once to nearest: within u = 2^-8 of |ref| (copies and gathers of bf16 values:
- *    0 in fact), and exactly f32_to_bf16(ref) (checked apart: same_arithmetic()).
- *  - sumsq: double sums of the same values in the same order: identical (xent takes fp32
- *    logits only).
- *  - embed_bwd rounds the sum of each add into a bf16 dtable: a row that collects r tokens
- *    is rounded r times, each time by at most u of a partial sum. Partial sums of these
- *    random-signed terms (a random walk from the initial row) are of the size of |ref| +
- *    rms(ref), not bounded by it: r·u is a typical worst case, not a proof (over 200 seeds
- *    the largest error seen was 0.76 of it, at r = 2).
- *  - adamw with stochastic rounding stores one of the two neighbours: less than one ulp,
- *    2u.
- *  - matmul: the fp32 path is one BLAS call, the bf16 path (bf16 A and B, or a bf16 C)
- *    multiplies 256-tiles and sums over K tiles in its own fp32 tile: two fp32 sums of K
- *    products in different orders. Their difference is of the order √K·2^-24 of rms(C)
- *    (random rounding errors); the bound K·2^-24 leaves a factor √K, plus u when C is bf16.
- */
-static double bound_vs_f32(const ops_case_t *c, const ops_out_t *o)
-{
-    double b = 0;
-    if (o->dt == DT_BF16)
-        b = (c->op == OP_ADAMW && c->stochastic ? 2 : o->rounds) * U_BF16;
-    if (c->op == OP_MATMUL)
-        b += (double)c->K * EPS32;
-    return b;
-}
-
-/* Whether a bf16 output of this case is exactly f32_to_bf16 of the fp32 run's (one
- * rounding of the same fp32 arithmetic, see above). */
-static int same_arithmetic(const ops_case_t *c, const ops_out_t *o)
-{
-    return o->rounds == 1 && c->op != OP_MATMUL && !(c->op == OP_ADAMW && c->stochastic);
-}
+/* The bound on ops_compare()'s max_rel (|got − ref| / (|ref| + rms(ref))) between an output of
+ * a bf16 configuration and the same output of the fp32 run on the same inputs, and whether
+ * it must be exactly f32_to_bf16 of the fp32 run's (one rounding of the same fp32
+ * arithmetic): the op's descriptor's (ops_cpu_tol(), tests/ops/ops_defs.c, which says why
+ * for each op). */
 
 typedef struct {
     int cases, runs, exact_runs, exact_ok, det_runs, det_ok, scalar_runs, scalar_ok;
@@ -90,7 +55,7 @@ static op_stats_t stats[OP_COUNT];
 static void run_or_die(backend_t *be, const ops_case_t *c, ops_cfg_t cfg, uint64_t seed, ops_result_t *r)
 {
     if (ops_run(be, c, cfg, seed, 0, r) < 0) {
-        fprintf(stderr, "%s: %s\n", ops_op_names[c->op], ftk_err_msg());
+        fprintf(stderr, "%s: %s\n", OPS_DESC(c->op)->name, ftk_err_msg());
         exit(1);
     }
 }
@@ -111,7 +76,8 @@ static void against_f32(const ops_case_t *c, ops_cfg_t cfg, const ops_result_t *
     for (int i = 0; i < r->n_out; i++) {
         const ops_out_t *o = &r->out[i];
         ops_err_t e = ops_compare(f->out[i].v, o->v, o->n);
-        double b = bound_vs_f32(c, o);
+        int exact;
+        double b = ops_cpu_tol(c, o, &exact);
         int ok = e.nan == 0 && e.max_rel <= b;
         CHECK(ok);
         if (!ok)
@@ -126,7 +92,7 @@ static void against_f32(const ops_case_t *c, ops_cfg_t cfg, const ops_result_t *
             s->worst_bound = b;
             snprintf(s->worst_where, sizeof s->worst_where, "%s [%s] %s", name, ops_cfg_names[cfg], o->name);
         }
-        if (o->dt == DT_BF16 && same_arithmetic(c, o)) {
+        if (o->dt == DT_BF16 && exact) {
             int64_t bad = 0;
             for (int64_t j = 0; j < o->n; j++)
                 bad += f32_to_bf16(f->out[i].v[j]) != f32_to_bf16(o->v[j]);
@@ -142,8 +108,8 @@ static void against_f32(const ops_case_t *c, ops_cfg_t cfg, const ops_result_t *
 
 static void test_table(backend_t *be)
 {
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
         uint64_t seed = SEED + 1000003u * (uint64_t)k;
         op_stats_t *s = &stats[c->op];
         char name[128];
@@ -195,7 +161,7 @@ static void test_table(backend_t *be)
         if (!s->cases)
             continue;
         char line[256];
-        int len = snprintf(line, sizeof line, "  %-12s %2d cases %3d runs:", ops_op_names[op], s->cases, s->runs);
+        int len = snprintf(line, sizeof line, "  %-12s %2d cases %3d runs:", OPS_DESC(op)->name, s->cases, s->runs);
         if (s->worst_bound > 0)
             len += snprintf(line + len, sizeof line - (size_t)len, " bf16 outputs worst %.3f u (bound %.3f u),",
                             s->worst / U_BF16, s->worst_bound / U_BF16);
@@ -212,432 +178,40 @@ static void test_table(backend_t *be)
     }
 }
 
-/* ---- finite differences -------------------------------------------------------------------- */
+/* ---- gradients ---------------------------------------------------------------------------- */
 
-/* Each backward op against central differences of its forward, in fp32 on the CPU backend:
- * the scalar L = Σ w·y over the forward's output (the loss itself for xent) is evaluated
- * in double at x ± h·e for a random direction e of each input in turn, and the derivative
- * (L(x+he) − L(x−he)) / 2h at h = 2^-7 and 2^-8 is Richardson-extrapolated (truncation
- * O(h^4), below 2^-28 here). The directions take bf16 values in ±[0.5, 1), so x ± h·e is
- * exact in fp32 for the bf16-valued inputs. The error against the analytic Σ g·e is taken
- * relative to S + T: S = Σ|g·e| (the size of the derivative's terms), T = Σ|w·y| (of L's).
- * What remains is the forward's fp32 rounding divided by the step: outputs within k·2^-24
- * of their terms make |ΔL| ≤ k·2^-24·T, and (4·d(h/2) − d(h))/3 amplifies ΔL by at most
- * 3/h = 384, so the error is at most k·2.3e-5. The bound 2^-12 allows k = 10. A wrong
- * gradient, even in one segment or one head of many, errs by a fraction of S. */
-#define FD_BOUND (1.0 / 4096)
-
-typedef struct fd fd_t;
-struct fd {
-    backend_t *be;
-    const ops_case_t *c;
-    int n_in;
-    const char *in_name[3];
-    float *x[3]; /* the inputs, host */
-    int64_t len[3];
-    float *e[3];       /* a direction for each */
-    float *w;          /* the weights of the outputs in L */
-    int32_t *ids;      /* embed's ids, xent's targets */
-    double (*loss)(fd_t *f, float *const *x); /* L at inputs x; sets T */
-    double T;          /* Σ|w·y| of the last evaluation: the size of L's terms */
-    float *scratch[3]; /* x + t·e */
-};
-
-typedef struct {
-    double worst;
-    int n;
-} fd_stats_t;
-static fd_stats_t fd_stats[OP_COUNT][3];
-
-/* Σ w·y, and Σ|w·y| into f->T. */
-static double wdot(fd_t *f, const float *y, int64_t n)
-{
-    double s = 0, t = 0;
-    for (int64_t i = 0; i < n; i++) {
-        s += (double)f->w[i] * y[i];
-        t += fabs((double)f->w[i] * y[i]);
-    }
-    f->T = t;
-    return s;
-}
-
-static double loss_at(fd_t *f, int in, float t)
-{
-    float *x[3];
-    for (int i = 0; i < f->n_in; i++)
-        x[i] = f->x[i];
-    for (int64_t j = 0; j < f->len[in]; j++)
-        f->scratch[in][j] = f->x[in][j] + t * f->e[in][j];
-    x[in] = f->scratch[in];
-    return f->loss(f, x);
-}
-
-/* Checks the gradients g[i] of every input against finite differences along f->e[i]. */
-static void fd_check(fd_t *f, float *const *g)
-{
-    char name[128];
-    ops_case_name(f->c, name, sizeof name);
-    const float h = 1.0f / 128;
-    for (int i = 0; i < f->n_in; i++) {
-        double d1 = (loss_at(f, i, h) - loss_at(f, i, -h)) / (2.0 * h);
-        double d2 = (loss_at(f, i, h / 2) - loss_at(f, i, -h / 2)) / (double)h;
-        double fd = (4 * d2 - d1) / 3, an = 0, S = 0;
-        for (int64_t j = 0; j < f->len[i]; j++) {
-            an += (double)g[i][j] * f->e[i][j];
-            S += fabs((double)g[i][j] * f->e[i][j]);
-        }
-        double rel = fabs(fd - an) / (S + f->T);
-        CHECK(rel <= FD_BOUND);
-        if (rel > FD_BOUND)
-            fprintf(stderr, "  %s d%s: finite differences %.9g, backward %.9g (error %.3e of %.3e)\n", name,
-                    f->in_name[i], fd, an, rel, S);
-        fd_stats_t *s = &fd_stats[f->c->op][i];
-        s->n++;
-        s->worst = rel > s->worst ? rel : s->worst;
-    }
-}
-
-/* Inputs and directions for f: input i of len values of scale sc. */
-static void fd_input(fd_t *f, ops_rng_t *rng, const char *name, int64_t len, float sc)
-{
-    int i = f->n_in++;
-    f->in_name[i] = name;
-    f->len[i] = len;
-    f->x[i] = ops_rand(rng, len, sc, 1);
-    f->e[i] = ops_xmalloc((size_t)len * sizeof(float));
-    f->scratch[i] = ops_xmalloc((size_t)len * sizeof(float));
-    for (int64_t j = 0; j < len; j++) {
-        float u = (float)ops_urand(rng);
-        f->e[i][j] = ops_round_bf16((u < 0.5f ? -1.0f : 1.0f) * (0.5f + 0.49f * (float)ops_urand(rng)));
-    }
-}
-static void fd_free(fd_t *f)
-{
-    for (int i = 0; i < f->n_in; i++) {
-        free(f->x[i]);
-        free(f->e[i]);
-        free(f->scratch[i]);
-    }
-    free(f->w);
-    free(f->ids);
-}
-
-/* A forward op's output on be, downloaded: the upload/run/download of the losses below. */
-static bk_buf_t up(backend_t *be, const float *x, int64_t n)
-{
-    bk_buf_t b = bk_buf(bk_alloc(be, (size_t)n * sizeof(float), BK_MEM_OTHER, "a test buffer"), DT_F32);
-    if (!b.p) {
-        fprintf(stderr, "%s\n", ftk_err_msg());
-        exit(1);
-    }
-    be->upload(be, b.p, x, (size_t)n * sizeof(float));
-    return b;
-}
-static float *down(backend_t *be, bk_buf_t b, int64_t n) { return ops_get(be, b, n); }
-
-/* matmul: L(A, B) = Σ w·(alpha·op(A)·op(B) + beta·C0); the gradients through the other
- * three transpositions: dA = alpha·dC·op(B)ᵀ (stored as A is, so (alpha·op(B)·dCᵀ) when
- * ta), dB = alpha·op(A)ᵀ·dC (alpha·dCᵀ·op(A) when tb). */
-static double mm_loss(fd_t *f, float *const *x)
-{
-    const ops_case_t *c = f->c;
-    backend_t *be = f->be;
-    bk_buf_t A = up(be, x[0], c->M * c->K), B = up(be, x[1], c->K * c->N), C = up(be, f->scratch[2], c->M * c->N);
-    be->matmul(be, c->ta, c->tb, c->M, c->N, c->K, c->alpha, A, B, c->beta, C);
-    float *y = down(be, C, c->M * c->N);
-    double L = wdot(f, y, c->M * c->N);
-    free(y);
-    bk_free(be, A.p);
-    bk_free(be, B.p);
-    bk_free(be, C.p);
-    return L;
-}
-static void fd_matmul(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    fd_t f = {.be = be, .c = c, .loss = mm_loss};
-    int64_t M = c->M, N = c->N, K = c->K;
-    fd_input(&f, rng, "A", M * K, 1);
-    fd_input(&f, rng, "B", K * N, 1);
-    f.w = ops_rand(rng, M * N, 1, 1);
-    f.scratch[2] = ops_rand(rng, M * N, 1, 1); /* C0, not perturbed */
-    bk_buf_t A = up(be, f.x[0], M * K), B = up(be, f.x[1], K * N), dC = up(be, f.w, M * N);
-    bk_buf_t dA = up(be, f.e[0], M * K), dB = up(be, f.e[1], K * N); /* overwritten: beta 0 */
-    if (c->ta) /* A is [K, M]: dA = op(B)·dCᵀ */
-        be->matmul(be, c->tb, 1, K, M, N, c->alpha, B, dC, 0, dA);
-    else
-        be->matmul(be, 0, !c->tb, M, K, N, c->alpha, dC, B, 0, dA);
-    if (c->tb) /* B is [N, K]: dB = dCᵀ·op(A) */
-        be->matmul(be, 1, c->ta, N, K, M, c->alpha, dC, A, 0, dB);
-    else
-        be->matmul(be, !c->ta, 0, K, N, M, c->alpha, A, dC, 0, dB);
-    float *g[2] = {down(be, dA, M * K), down(be, dB, K * N)};
-    fd_check(&f, g);
-    free(g[0]);
-    free(g[1]);
-    free(f.scratch[2]);
-    f.scratch[2] = NULL;
-    bk_free(be, A.p), bk_free(be, B.p), bk_free(be, dC.p), bk_free(be, dA.p), bk_free(be, dB.p);
-    fd_free(&f);
-}
-
-/* embed: L(table) = Σ w·table[ids]; the gradient by embed_bwd into zeros. */
-static double embed_loss(fd_t *f, float *const *x)
-{
-    const ops_case_t *c = f->c;
-    backend_t *be = f->be;
-    bk_buf_t T = up(be, x[0], c->V * c->d), O = up(be, f->w, c->n * c->d);
-    int32_t *ids = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *ids);
-    be->embed_fwd(be, O, ids, T, c->n, c->d);
-    float *y = down(be, O, c->n * c->d);
-    double L = wdot(f, y, c->n * c->d);
-    free(y);
-    bk_free(be, T.p), bk_free(be, O.p), bk_free(be, ids);
-    return L;
-}
-static void fd_embed(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    fd_t f = {.be = be, .c = c, .loss = embed_loss};
-    fd_input(&f, rng, "table", c->V * c->d, 1);
-    f.w = ops_rand(rng, c->n * c->d, 1, 1);
-    f.ids = ops_rand_ids(rng, c->n, c->V);
-    float *zero = calloc((size_t)(c->V * c->d), sizeof *zero);
-    bk_buf_t dT = up(be, zero, c->V * c->d), dO = up(be, f.w, c->n * c->d);
-    int32_t *ids = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *ids);
-    be->embed_bwd(be, dT, ids, dO, c->n, c->d);
-    float *g[1] = {down(be, dT, c->V * c->d)};
-    fd_check(&f, g);
-    free(g[0]);
-    free(zero);
-    bk_free(be, dT.p), bk_free(be, dO.p), bk_free(be, ids);
-    fd_free(&f);
-}
-
-/* rmsnorm: L(x, w) = Σ dout·rmsnorm(x, w); dx and dw by rmsnorm_bwd into zeros. */
-static double rms_loss(fd_t *f, float *const *x)
-{
-    const ops_case_t *c = f->c;
-    backend_t *be = f->be;
-    int64_t n = c->n, d = c->d;
-    bk_buf_t X = up(be, x[0], n * d), W = up(be, x[1], d), O = up(be, f->w, n * d), R = up(be, f->w, n);
-    be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
-    float *y = down(be, O, n * d);
-    double L = wdot(f, y, n * d);
-    free(y);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, O.p), bk_free(be, R.p);
-    return L;
-}
-static void fd_rmsnorm(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    int64_t n = c->n, d = c->d;
-    fd_t f = {.be = be, .c = c, .loss = rms_loss};
-    fd_input(&f, rng, "x", n * d, 2);
-    fd_input(&f, rng, "w", d, 0.5f);
-    for (int64_t j = 0; j < d; j++)
-        f.x[1][j] = ops_round_bf16(1.0f + f.x[1][j]);
-    f.w = ops_rand(rng, n * d, 1, 1);
-    float *zero = calloc((size_t)(n * d), sizeof *zero);
-    bk_buf_t X = up(be, f.x[0], n * d), W = up(be, f.x[1], d), O = up(be, zero, n * d), R = up(be, zero, n);
-    bk_buf_t dO = up(be, f.w, n * d), dX = up(be, zero, n * d), dW = up(be, zero, d);
-    be->rmsnorm_fwd(be, O, R.p, X, W, n, d, 1e-5f);
-    be->rmsnorm_bwd(be, dX, dW, dO, X, W, R.p, n, d);
-    float *g[2] = {down(be, dX, n * d), down(be, dW, d)};
-    fd_check(&f, g);
-    free(g[0]), free(g[1]), free(zero);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, O.p), bk_free(be, R.p), bk_free(be, dO.p), bk_free(be, dX.p),
-        bk_free(be, dW.p);
-    fd_free(&f);
-}
-
-/* attention: L(q, k, v) = Σ dout·attn(q, k, v); dq, dk, dv by attn_bwd from the forward's
- * out and lse. */
-static double attn_loss_out(fd_t *f, float *const *x, float *out_host, float *lse_host)
-{
-    const ops_case_t *c = f->c;
-    backend_t *be = f->be;
-    int64_t n = c->seg[c->n_seg], qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
-    bk_buf_t Q = up(be, x[0], qn), K = up(be, x[1], kn), V = up(be, x[2], kn), O = up(be, f->w, qn);
-    bk_buf_t L = up(be, f->w, n * c->n_head);
-    be->attn_fwd(be, O, L.p, Q, K, V, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
-    float *y = down(be, O, qn);
-    double s = wdot(f, y, qn);
-    if (out_host) {
-        memcpy(out_host, y, (size_t)qn * sizeof *y);
-        be->download(be, lse_host, L.p, (size_t)(n * c->n_head) * sizeof(float));
-    }
-    free(y);
-    bk_free(be, Q.p), bk_free(be, K.p), bk_free(be, V.p), bk_free(be, O.p), bk_free(be, L.p);
-    return s;
-}
-static double attn_loss(fd_t *f, float *const *x) { return attn_loss_out(f, x, NULL, NULL); }
-static void fd_attn(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    int64_t n = c->seg[c->n_seg], qn = n * c->n_head * c->hd, kn = n * c->n_kv * c->hd;
-    fd_t f = {.be = be, .c = c, .loss = attn_loss};
-    fd_input(&f, rng, "q", qn, 2);
-    fd_input(&f, rng, "k", kn, 1);
-    fd_input(&f, rng, "v", kn, 1);
-    f.w = ops_rand(rng, qn, 1, 1);
-    float *ho = ops_xmalloc((size_t)qn * sizeof *ho), *hl = ops_xmalloc((size_t)(n * c->n_head) * sizeof *hl);
-    attn_loss_out(&f, f.x, ho, hl);
-    bk_buf_t Q = up(be, f.x[0], qn), K = up(be, f.x[1], kn), V = up(be, f.x[2], kn), O = up(be, ho, qn);
-    bk_buf_t L = up(be, hl, n * c->n_head), dO = up(be, f.w, qn);
-    bk_buf_t dQ = up(be, ho, qn), dK = up(be, f.x[1], kn), dV = up(be, f.x[2], kn); /* overwritten */
-    be->attn_bwd(be, dQ, dK, dV, dO, Q, K, V, O, L.p, c->seg, c->n_seg, c->n_head, c->n_kv, c->hd);
-    float *g[3] = {down(be, dQ, qn), down(be, dK, kn), down(be, dV, kn)};
-    fd_check(&f, g);
-    free(g[0]), free(g[1]), free(g[2]), free(ho), free(hl);
-    bk_buf_t all[] = {Q, K, V, O, L, dO, dQ, dK, dV};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        bk_free(be, all[i].p);
-    fd_free(&f);
-}
-
-/* swiglu: L(g, u) = Σ dh·silu(g)·u. */
-static double swiglu_loss(fd_t *f, float *const *x)
-{
-    backend_t *be = f->be;
-    int64_t n = f->c->n;
-    bk_buf_t G = up(be, x[0], n), U = up(be, x[1], n), H = up(be, f->w, n);
-    be->swiglu_fwd(be, H, G, U, n);
-    float *y = down(be, H, n);
-    double L = wdot(f, y, n);
-    free(y);
-    bk_free(be, G.p), bk_free(be, U.p), bk_free(be, H.p);
-    return L;
-}
-static void fd_swiglu(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    int64_t n = c->n;
-    fd_t f = {.be = be, .c = c, .loss = swiglu_loss};
-    fd_input(&f, rng, "g", n, 6);
-    fd_input(&f, rng, "u", n, 2);
-    f.w = ops_rand(rng, n, 1, 1);
-    bk_buf_t G = up(be, f.x[0], n), U = up(be, f.x[1], n), dH = up(be, f.w, n), dG = up(be, f.w, n),
-             dU = up(be, f.w, n);
-    be->swiglu_bwd(be, dG, dU, dH, G, U, n);
-    float *g[2] = {down(be, dG, n), down(be, dU, n)};
-    fd_check(&f, g);
-    free(g[0]), free(g[1]);
-    bk_free(be, G.p), bk_free(be, U.p), bk_free(be, dH.p), bk_free(be, dG.p), bk_free(be, dU.p);
-    fd_free(&f);
-}
-
-/* xent: L(logits) = the loss; its gradient is what xent leaves in the logits at grad_scale 1. */
-static double xent_loss(fd_t *f, float *const *x)
-{
-    const ops_case_t *c = f->c;
-    backend_t *be = f->be;
-    bk_buf_t X = up(be, x[0], c->n * c->V), W = up(be, f->w, c->n);
-    int32_t *t = ops_put_raw(be, f->ids, (size_t)c->n * sizeof *t);
-    double L = 0, *acc = ops_put_raw(be, &L, sizeof L);
-    be->xent(be, X.p, t, W.p, c->n, c->V, 0, acc);
-    be->download(be, &L, acc, sizeof L);
-    f->T = fabs(L);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t), bk_free(be, acc);
-    return L;
-}
-static void fd_xent(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    fd_t f = {.be = be, .c = c, .loss = xent_loss};
-    fd_input(&f, rng, "logits", c->n * c->V, 8);
-    f.w = ops_xmalloc((size_t)c->n * sizeof *f.w);
-    for (int64_t i = 0; i < c->n; i++)
-        f.w[i] = i % 4 == 1 ? 0.0f : i % 4 == 2 ? 0.5f : 1.0f;
-    f.ids = ops_rand_ids(rng, c->n, c->V);
-    bk_buf_t X = up(be, f.x[0], c->n * c->V), W = up(be, f.w, c->n);
-    int32_t *t = ops_put_raw(be, f.ids, (size_t)c->n * sizeof *t);
-    double *acc = ops_put_raw(be, &(double){0}, sizeof(double));
-    be->xent(be, X.p, t, W.p, c->n, c->V, 1.0f, acc);
-    float *g[1] = {down(be, X, c->n * c->V)};
-    fd_check(&f, g);
-    free(g[0]);
-    bk_free(be, X.p), bk_free(be, W.p), bk_free(be, t), bk_free(be, acc);
-    fd_free(&f);
-}
-
-/* rope is linear: its inverse must be its transpose, ⟨R a, b⟩ = ⟨a, Rᵀ b⟩, both sides in
- * double from fp32 outputs, each within a few 2^-24 of Σ|terms|: bound 2^-20 of Σ|a·Rᵀb|.
- * And the inverse undoes it: Rᵀ(R x) within a few 2^-24 of |x| + rms: bound 2^-20. */
-static double rope_worst_t, rope_worst_rt;
-static void fd_rope(backend_t *be, const ops_case_t *c, ops_rng_t *rng)
-{
-    int64_t n = c->n, w = (int64_t)c->n_head * c->hd;
-    float *a = ops_rand(rng, n * w, 2, 1), *b = ops_rand(rng, n * w, 2, 1);
-    int32_t *pos = ops_xmalloc((size_t)n * sizeof *pos);
-    for (int64_t i = 0; i < n; i++)
-        pos[i] = (int32_t)((i * (c->pos_step ? c->pos_step : 1)) % 4096);
-    int32_t *dpos = ops_put_raw(be, pos, (size_t)n * sizeof *pos);
-    bk_buf_t A = up(be, a, n * w), B = up(be, b, n * w);
-    be->rope(be, A, dpos, n, c->n_head, c->hd, c->theta, c->inverse);
-    be->rope(be, B, dpos, n, c->n_head, c->hd, c->theta, !c->inverse);
-    float *ra = down(be, A, n * w), *rb = down(be, B, n * w);
-    double lhs = 0, rhs = 0, S = 0;
-    for (int64_t i = 0; i < n * w; i++) {
-        lhs += (double)ra[i] * b[i];
-        rhs += (double)a[i] * rb[i];
-        S += fabs((double)a[i] * rb[i]);
-    }
-    double rel = fabs(lhs - rhs) / S;
-    rope_worst_t = rel > rope_worst_t ? rel : rope_worst_t;
-    CHECK(rel <= 1.0 / (1 << 20));
-    be->rope(be, A, dpos, n, c->n_head, c->hd, c->theta, !c->inverse); /* back to a */
-    float *back = down(be, A, n * w);
-    ops_err_t e = ops_compare(a, back, n * w);
-    rope_worst_rt = e.max_rel > rope_worst_rt ? e.max_rel : rope_worst_rt;
-    CHECK(e.nan == 0 && e.max_rel <= 1.0 / (1 << 20));
-    free(a), free(b), free(pos), free(ra), free(rb), free(back);
-    bk_free(be, dpos), bk_free(be, A.p), bk_free(be, B.p);
-}
-
+/* Every case whose op's descriptor has a gradient check (tests/ops/ops_defs.c: backward ops
+ * against finite differences of their forward in fp32, rope's inverse against its
+ * transpose), on one stream of random inputs. */
+static ops_grad_t grads[OP_COUNT];
 static void test_fd(backend_t *be)
 {
     ops_rng_t rng;
     ops_rng_seed(&rng, SEED ^ 0xfd);
-    for (int k = 0; k < ops_table_len; k++) {
-        const ops_case_t *c = &ops_table[k];
-        switch (c->op) {
-        case OP_MATMUL:
-            fd_matmul(be, c, &rng);
-            break;
-        case OP_EMBED_BWD:
-            fd_embed(be, c, &rng);
-            break;
-        case OP_RMSNORM_BWD:
-            fd_rmsnorm(be, c, &rng);
-            break;
-        case OP_ATTN_BWD:
-            fd_attn(be, c, &rng);
-            break;
-        case OP_SWIGLU_BWD:
-            fd_swiglu(be, c, &rng);
-            break;
-        case OP_XENT:
-            if (c->grad_scale != 0.0f)
-                fd_xent(be, c, &rng);
-            break;
-        case OP_ROPE:
-            fd_rope(be, c, &rng);
-            break;
-        default:
-            break;
-        }
+    for (int k = 0; k < ops_n_cases(0); k++) {
+        const ops_case_t *c = ops_case_at(k);
+        if (OPS_DESC(c->op)->grad)
+            OPS_DESC(c->op)->grad(be, c, &rng, &grads[c->op]);
     }
+    for (int op = 0; op < OP_COUNT; op++)
+        CHECK_MANY(grads[op].checks, grads[op].bad);
     printf("backward ops against finite differences of the forward (fp32; error relative to sum |g.e| + "
            "sum |w.y|, bound %.2e):\n",
-           FD_BOUND);
-    static const char *const in_names[OP_COUNT][3] = {
-        [OP_MATMUL] = {"dA", "dB"},        [OP_EMBED_BWD] = {"dtable"}, [OP_RMSNORM_BWD] = {"dx", "dw"},
-        [OP_ATTN_BWD] = {"dq", "dk", "dv"}, [OP_SWIGLU_BWD] = {"dg", "du"}, [OP_XENT] = {"dlogits"}};
+           OPS_FD_BOUND);
     for (int op = 0; op < OP_COUNT; op++) {
-        if (!fd_stats[op][0].n)
+        const ops_desc_t *d = OPS_DESC(op);
+        if (!grads[op].cases || d->grad_linear)
             continue;
-        printf("  %-12s %2d cases:", ops_op_names[op], fd_stats[op][0].n);
-        for (int i = 0; i < 3 && fd_stats[op][i].n; i++)
-            printf(" %s %.2e", in_names[op][i], fd_stats[op][i].worst);
+        printf("  %-12s %2d cases:", d->name, grads[op].cases);
+        for (int i = 0; i < 3 && d->grad_names[i]; i++)
+            printf(" %s %.2e", d->grad_names[i], grads[op].worst[i]);
         printf("\n");
     }
-    printf("  %-12s inverse = transpose: worst %.2e, inverse(forward(x)) = x: worst %.2e (bounds 2^-20 = %.2e)\n",
-           "rope", rope_worst_t, rope_worst_rt, 1.0 / (1 << 20));
+    for (int op = 0; op < OP_COUNT; op++)
+        if (OPS_DESC(op)->grad_linear)
+            printf("  %-12s %s: worst %.2e, %s: worst %.2e (bounds 2^-20 = %.2e)\n", OPS_DESC(op)->name,
+                   OPS_DESC(op)->grad_names[0], grads[op].worst[0], OPS_DESC(op)->grad_names[1], grads[op].worst[1],
+                   1.0 / (1 << 20));
 }
 
 /* ---- adamw ----------------------------------------------------------------------------------- */

@@ -33,7 +33,7 @@ $(O)/tests/gpu_ops_emu: $(O)/tests/gpu/gpu_ops.o $(OPS_TABLE_OBJ) $(O)/tests/emu
 $(O)/tests/emu/gpu_opbench_small.o: tests/gpu/gpu_opbench.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DOPBENCH_SMALL -c $< -o $@
-$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
+$(O)/tests/gpu_opbench_emu: $(O)/tests/emu/gpu_opbench_small.o $(OPS_TABLE_OBJ) $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(EMU_LINK)
 # NCCL emulated too, where NCCL's nccl.h is found: engine/comm_nccl.c over the emulated
 # runtime's C face (include_c), and tests/emu/lib/libnccl.so.2 (emu_nccl.c), which the
