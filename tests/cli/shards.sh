@@ -46,7 +46,7 @@ fi
 
 # --- the same losses ---------------------------------------------------------------------------
 T="$BIN/ftk-train -m $WORK/init.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 5 -q -j1 --steps 5"
-losses() { grep 'loss' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
+losses() { grep 'loss' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//; s/, "time".*//'; }
 expect "1 rank, 1-file pack" 0 $T -d "$WORK/one.h5" -o "$WORK/r1-one" --no-save
 expect "1 rank, 3 shards by base name" 0 $T -d "$S" -o "$WORK/r1-three" --save-every 3
 losses "$WORK/r1-one" >"$WORK/l-one"
