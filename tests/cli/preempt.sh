@@ -66,8 +66,8 @@ expect "a second SIGINT, as the checkpoint begins: exit 130 at once" 130 env \
     FTK_FAULT="train.step-end:3:sig=INT,ckpt.begin:1:sig=INT" FTK_FAULT_LOG="$WORK/int2.log" $T -o "$WORK/int2" \
     --steps 20
 check "... it landed in the checkpoint's beginning" grep -q "^ckpt.begin 1 sig=INT" "$WORK/int2.log"
-check "... no checkpoint, nothing hidden left (only the lock and the metrics)" \
-    test "$(ls -A "$WORK/int2" | tr '\n' ' ')" = ".lock metrics.jsonl "
+check "... no checkpoint, nothing hidden left (only the lock, the metrics and the options)" \
+    test "$(ls -A "$WORK/int2" | tr '\n' ' ')" = ".lock metrics.jsonl options.yaml "
 
 # --- srun without a PMI plugin --------------------------------------------------------------------
 expect "SLURM_STEP_NUM_TASKS=2 but a world of one: exit 2" 2 env SLURM_STEP_NUM_TASKS=2 FTK_MPI=1 $T -o "$WORK/srun" \
