@@ -811,6 +811,12 @@ static const config_alias_t litgpt_keys[] = {
 static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
                                        "max-len", "stop-after", "device", "threads", "report", NULL};
 
+/* The words expand_args() made: allocated for the process's life (the options point into
+ * them), reachable from here (volatile: stores the compiler would drop, as nothing reads
+ * them, and LeakSanitizer would then report). */
+static char **volatile kept_words[2];
+static char **volatile kept_argv;
+
 /* Builds the argument list the options are parsed from: the run's kept options (with
  * --resume and neither the inputs nor --config on the command line: `ftk-train -o RUN
  * --resume auto [--steps N --extend]`; a full command line is taken as it is, and its
@@ -873,11 +879,15 @@ static int expand_args(int *argc, char ***argv)
     for (int i = 1; i < *argc; i++)
         v[k++] = (*argv)[i];
     v[k] = NULL;
-    /* the words stay allocated for the process's life: the options point into them */
-    if (kept[0] && rank == 0)
-        ftk_info("options of the run from %s (the command line overrides them)", kept);
+    kept_words[0] = ka.words;
+    kept_words[1] = ca.words;
+    for (int i = 0; i < ca.n_notes; i++)
+        free(ca.notes[i]);
     free(ka.notes);
     free(ca.notes);
+    kept_argv = v;
+    if (kept[0] && rank == 0)
+        ftk_info("options of the run from %s (the command line overrides them)", kept);
     *argc = k;
     *argv = v;
     return 0;

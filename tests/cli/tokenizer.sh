@@ -85,7 +85,7 @@ expect "train: a model without tokenizer" 0 $T -m "$WORK/notok.h5" -d "$WORK/d.h
 grep -q "holds no tokenizer: cannot check" "$WORK/err" && ok "  warns that it cannot check" ||
     notok "  warns that it cannot check"
 expect "train: the model's own tokenizer" 0 $T -m "$WORK/m.h5" -d "$WORK/d.h5" -o "$WORK/run/"
-grep -q "tokenizer" "$WORK/err" && notok "  no tokenizer warning" || ok "  no tokenizer warning"
+grep -q "warning:.*tokenizer" "$WORK/err" && notok "  no tokenizer warning" || ok "  no tokenizer warning"
 
 # ftk-generate --tokenizer
 G="$BIN/ftk-generate --greedy -n 6 -p Hello -j 1"
@@ -100,8 +100,9 @@ expect "generate from the run" 0 $G -m "$WORK/run"
 
 # ftk-merge carries it; ftk-export-hf writes it
 expect "merge" 0 "$BIN/ftk-merge" "$WORK/run" -o "$WORK/final.h5"
-"$BIN/ftk-info" "$WORK/final.h5" | grep '/tokenizer/' | awk '{print $1, $4}' >"$WORK/tf"
-"$BIN/ftk-info" "$WORK/m.h5" | grep '/tokenizer/' | awk '{print $1, $4}' >"$WORK/tm"
+# (the datasets' lines only: the work directory's own path may hold the word)
+"$BIN/ftk-info" "$WORK/final.h5" | grep '^ */tokenizer/' | awk '{print $1, $4}' >"$WORK/tf"
+"$BIN/ftk-info" "$WORK/m.h5" | grep '^ */tokenizer/' | awk '{print $1, $4}' >"$WORK/tm"
 same "  the merged weights carry the model's tokenizer files, byte for byte" "$WORK/tf" "$WORK/tm"
 expect "merge --tokenizer" 0 "$BIN/ftk-merge" "$WORK/run" -o "$WORK/final-demo.h5" \
     --tokenizer "$ROOT/examples/demo/tokenizer.model"
