@@ -13,6 +13,8 @@
 #include "../engine/precision.h"
 #include "../engine/strategy.h"
 #include "../formats/checkpoint.h"
+#include "../libcommon/atomic.h"
+#include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 #include "../libcommon/progress.h"
@@ -117,6 +119,58 @@ static char *run_dir_of(const char *out, int64_t step)
         free(final);
     }
     return run;
+}
+
+/* The run's history goes with its checkpoint into a new run directory: metrics.jsonl's
+ * records up to the checkpoint's step (so elapsed_s and the curves continue there) and the
+ * kept options (options.yaml: `ftk-train -o NEW --resume auto` needs nothing else). Only
+ * where the new run has none of its own; best effort: a failure is a warning. */
+static void carry_history(const char *ckpt_dir, const char *run, int64_t step)
+{
+    char *c = strdup(ckpt_dir);
+    if (!c)
+        return;
+    char src_run[4096], src[4200], dst[4200];
+    snprintf(src_run, sizeof src_run, "%s", dirname(c));
+    free(c);
+    char *a = realpath(src_run, NULL), *b = realpath(run, NULL);
+    int same = a && b && !strcmp(a, b);
+    free(a);
+    free(b);
+    if (same)
+        return;
+    static const char *const names[] = {"metrics.jsonl", "options.yaml"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(src, sizeof src, "%s/%s", src_run, names[i]);
+        snprintf(dst, sizeof dst, "%s/%s", run, names[i]);
+        struct stat sb;
+        if (stat(dst, &sb) == 0 || stat(src, &sb) != 0)
+            continue;
+        buf_t in = {0}, out = {0};
+        int rc = buf_read_small(&in, src, (size_t)1 << 30, BUF_NOFOLLOW);
+        for (size_t k = 0; rc == 0 && k < in.len;) {
+            char *nl = memchr(in.data + k, '\n', in.len - k);
+            size_t e = nl ? (size_t)(nl - in.data) + 1 : in.len;
+            const char *st = i == 0 ? strstr(in.data + k, "\"step\": ") : NULL;
+            if (nl && (!st || st > in.data + e || atoll(st + 8) <= step))
+                rc = buf_append(&out, in.data + k, e - k);
+            k = e;
+        }
+        atomic_file_t af;
+        if (rc == 0 && (rc = atomic_begin(&af, dst)) == 0) {
+            FILE *f = fopen(af.tmp_path, "wb");
+            if (!f || fwrite(out.data ? out.data : "", 1, out.len, f) != out.len || fclose(f) != 0) {
+                ftk_err_set("%s: %s", dst, strerror(errno));
+                atomic_abort(&af);
+                rc = -1;
+            } else
+                rc = atomic_commit(&af);
+        }
+        if (rc < 0)
+            ftk_warn("the run's history (%s) not carried: %s", names[i], ftk_err_msg());
+        buf_free(&in);
+        buf_free(&out);
+    }
 }
 
 int main(int argc, char **argv)
@@ -307,6 +361,7 @@ int main(int argc, char **argv)
         free(final_name);
         goto done;
     }
+    carry_history(dir, run, meta.step);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     int64_t big = 0;

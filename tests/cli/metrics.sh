@@ -1,7 +1,8 @@
 #!/bin/sh
 # A run's metrics as people look at them:
 #  - metrics.jsonl records carry "kind" (step, eval, checkpoint) and a wall-clock "time";
-#    elapsed_s continues across a resume (it counts the run's whole history);
+#    elapsed_s continues across a resume (it counts the run's whole history), and a run
+#    resharded into a new directory carries its history there;
 #  - the per-step line shows the percentage done and an ETA;
 #  - ftk-plot draws runs as an SVG (a well-formed XML document with a line per run and
 #    panel) and writes the CSV table (one row per step, the evaluations in place);
@@ -35,6 +36,15 @@ check "every record has a wall-clock time (ISO 8601 UTC)" sh -c "[ \$(grep -c '\
 check "elapsed_s continues across the resume (never decreases)" awk '
     /"kind": "step"/ { sub(/.*"elapsed_s": /, ""); v = $0 + 0; if (v < last) bad = 1; last = v }
     END { exit bad }' "$WORK/r/metrics.jsonl"
+
+# a resharded run carries its history (metrics up to the checkpoint, the kept options)
+expect "a run stopped at step 3" 75 $T -o "$WORK/h" --stop-after 3
+expect "ftk-reshard it into a new run directory" 0 "$BIN/ftk-reshard" "$WORK/h/latest" -o "$WORK/h2" --ranks 2
+expect "... which resumes with -o alone (its options came along)" 0 "$BIN/ftk-train" -j1 -o "$WORK/h2" --resume auto
+check "... its metrics.jsonl holds steps 1-8, elapsed_s never decreasing" sh -c "
+    [ \"\$(grep -o '\"kind\": \"step\", \"step\": [0-9]*' '$WORK/h2/metrics.jsonl' | grep -o '[0-9]*\$' | tr '\n' ' ')\" = '1 2 3 4 5 6 7 8 ' ] &&
+    awk '/\"kind\": \"step\"/ { sub(/.*\"elapsed_s\": /, \"\"); v = \$0 + 0; if (v < last) bad = 1; last = v } END { exit bad }' \
+    '$WORK/h2/metrics.jsonl'"
 
 # --- ftk-plot ---------------------------------------------------------------------------------
 expect "a second run to overlay" 0 $T -o "$WORK/r2" --lr 1e-3
