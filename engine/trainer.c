@@ -305,7 +305,7 @@ static int pick_recompute(trainer_t *t)
     int64_t budget = t->o.device_bytes > 0 ? t->o.device_bytes : plan_device_bytes(t->be);
     plan_t pl;
     if (budget < 0 || plan_memory(&p, t->rank, budget, &pl) < 0)
-        return fail(t, FTK_EXIT_FAIL, "--recompute auto: %s", ftk_err_msg());
+        return fail(t, FTK_EXIT_USAGE, "--recompute auto: %s", ftk_err_msg());
     t->o.recompute = pl.recompute;
     if (t->rank == 0)
         ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
