@@ -239,9 +239,24 @@ static int adjacent(const model_t *m, int a, int b)
     return 1;
 }
 
-static int alloc_acts(model_t *m, acts_t *a)
+/* norms: NULL, or the buffers of the norms' and SwiGLU's outputs to share (--recompute
+ * norms recomputes them in each block's backward pass). */
+static int alloc_acts(model_t *m, acts_t *a, const acts_t *norms)
 {
     int64_t n = m->cap;
+    if (norms) {
+        a->xn1 = norms->xn1, a->xn2 = norms->xn2, a->h = norms->h;
+        a->rstd1 = norms->rstd1, a->rstd2 = norms->rstd2;
+        bk_buf_t *f[] = {&a->q, &a->k, &a->v, &a->att, &a->xmid, &a->g, &a->u};
+        int64_t sz[] = {n * m->Hq, n * m->Hk, n * m->Hk, n * m->Hq, n * m->D, n * m->F, n * m->F};
+        size_t nf = sizeof sz / sizeof *sz - (m->glu ? 2 : 0);
+        for (size_t i = 0; i < nf; i++)
+            if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
+                return -1;
+        if (m->glu && act_alloc(m, &a->gu, 2 * n * m->F, BK_MEM_ACTS, "activations") < 0)
+            return -1;
+        return (a->lse = m_alloc(m, n * m->H, DT_F32, BK_MEM_ACTS, "activations")) ? 0 : -1;
+    }
     bk_buf_t *f[] = {&a->xn1, &a->q, &a->k, &a->v, &a->att, &a->xmid, &a->xn2, &a->h, &a->g, &a->u};
     int64_t sz[] = {n * m->D, n * m->Hq, n * m->Hk, n * m->Hk, n * m->Hq, n * m->D, n * m->D,
                     n * m->F, n * m->F, n * m->F};
@@ -350,8 +365,11 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         if (act_alloc(m, &m->x[l], n * m->D, BK_MEM_ACTS, "activations") < 0)
             goto fail;
     for (int64_t l = 0; l < m->L; l++) {
-        if (l == 0 || !recompute) {
-            if (alloc_acts(m, &m->a[l]) < 0)
+        if (l == 0 || recompute == MODEL_RECOMPUTE_NONE) {
+            if (alloc_acts(m, &m->a[l], NULL) < 0)
+                goto fail;
+        } else if (recompute == MODEL_RECOMPUTE_NORMS) {
+            if (alloc_acts(m, &m->a[l], &m->a[0]) < 0)
                 goto fail;
         } else {
             m->a[l] = m->a[0];
@@ -521,8 +539,19 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
     backend_t *be = m->be;
     acts_t *a = &m->a[l];
     float theta = (float)m->c.rope_theta;
-    if (m->recompute)
+    float eps = (float)m->c.rms_norm_eps;
+    if (m->recompute == MODEL_RECOMPUTE_BLOCK) {
         block_fwd(m, w, n, seg, n_seg, m->x[l], a, m->trash);
+    } else if (m->recompute == MODEL_RECOMPUTE_NORMS) {
+        /* block_fwd's norms and SwiGLU again, from what it kept: add_rmsnorm_fwd's xn2 is
+         * by definition rmsnorm_fwd of the rounded xmid (backend.h), so the same bits. */
+        be->rmsnorm_fwd(be, a->xn1, a->rstd1, m->x[l], w->ln1, n, m->D, eps);
+        be->rmsnorm_fwd(be, a->xn2, a->rstd2, a->xmid, w->ln2, n, m->D, eps);
+        if (m->glu)
+            be->glu_fwd(be, a->h, a->gu, n, m->F);
+        else
+            be->swiglu_fwd(be, a->h, a->g, a->u, n * m->F);
+    }
     /* dx is the gradient of the block output, then of xmid, then of the block input: each
      * part reads it (the products) before its RMSNorm backward adds into it, which is the
      * residual path's sum with no copy. */

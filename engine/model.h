@@ -78,8 +78,21 @@ typedef struct {
     void (*grads_done)(void *ctx, int unit);
 } model_io_t;
 
+/* How much of a block's forward pass the backward pass runs again instead of keeping
+ * (each level gives the same bits: the same ops on the same values):
+ *   NONE:  every activation kept, per block;
+ *   NORMS: the products' and attention's outputs kept per block (q, k, v after rope, the
+ *          attention output and its log-sum-exp, the residual sum xmid, the gate and up
+ *          products); the two RMSNorm outputs and the SwiGLU output recomputed from them
+ *          (one buffer shared by the blocks). Rope is not recomputed: its input and output
+ *          are the same size, so redoing it would save no memory;
+ *   BLOCK: only each block's input kept; the whole block run again in its backward pass
+ *          (one set of buffers shared by the blocks).
+ * The values are the historical 0/1 of the flag, NORMS after them. */
+typedef enum { MODEL_RECOMPUTE_NONE = 0, MODEL_RECOMPUTE_BLOCK = 1, MODEL_RECOMPUTE_NORMS = 2 } model_recompute_t;
+
 /* training: allocate gradients and activations for up to max_tokens tokens per call;
- * recompute: keep only each block's input and recompute the block in the backward pass. */
+ * recompute: a model_recompute_t. */
 model_t *model_new(backend_t *be, const model_config_t *c, precision_t prec, int training, int64_t max_tokens,
                    int recompute);
 /* A training model whose units (padded for the caller's shard count) come through io. */

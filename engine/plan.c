@@ -34,15 +34,46 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     return rc;
 }
 
-int plan_memory(const plan_opts_t *p, int rank, plan_t *out)
+int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *out)
 {
     memset(out, 0, sizeof *out);
     out->rank = rank;
-    bk_mem_t other;
-    int64_t S, snap;
-    if (dry_build(p, rank, p->o.recompute, &out->mem, &out->shard_count, &out->snapshot) < 0 ||
-        dry_build(p, rank, !p->o.recompute, &other, &S, &snap) < 0)
+    /* least recompute first: auto takes the first that fits */
+    static const int order[3] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_NORMS, MODEL_RECOMPUTE_BLOCK};
+    int want = p->o.recompute, got = -1;
+    for (int i = 0; i < 3; i++) {
+        int lv = order[i];
+        bk_mem_t mem;
+        int64_t S, snap;
+        if (dry_build(p, rank, lv, &mem, &S, &snap) < 0)
+            return -1;
+        out->acts[lv] = mem.at_peak[BK_MEM_ACTS];
+        out->peak[lv] = mem.peak;
+        if (got < 0 && (lv == want || (want == PLAN_RECOMPUTE_AUTO && (mem.peak <= device_bytes || i == 2)))) {
+            got = lv;
+            out->mem = mem;
+            out->shard_count = S;
+            out->snapshot = snap;
+        }
+    }
+    if (got < 0) {
+        ftk_err_set("internal: recompute level %d", want);
         return -1;
-    out->acts_other = other.at_peak[BK_MEM_ACTS];
+    }
+    out->recompute = got;
     return 0;
+}
+
+int64_t plan_device_bytes(backend_t *be)
+{
+    int64_t avail = be->mem_avail ? be->mem_avail(be) : -1;
+    if (avail < 0) {
+        ftk_err_set("%s: its free memory is unknown (give --device-memory)", be->device);
+        return -1;
+    }
+    const bk_mem_t *m = bk_mem(be);
+    int64_t held = 0;
+    for (int c = 0; c < BK_MEM_CLASSES; c++)
+        held += m->cls[c];
+    return avail + held;
 }

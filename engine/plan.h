@@ -31,11 +31,22 @@ typedef struct {
     int rank;            /* the rank this is for */
     int64_t shard_count; /* S */
     bk_mem_t mem;        /* peak and per class at the peak */
-    int64_t acts_other;  /* activations with the other --recompute setting */
+    int recompute;       /* the level planned (model_recompute_t): o.recompute, or auto's pick */
+    int64_t acts[3];     /* activations with each level (indexed by model_recompute_t) */
+    int64_t peak[3];     /* the total with each level */
     int64_t snapshot;    /* --async-save's host snapshot (0 on a rank that writes no shard) */
 } plan_t;
 
-/* The plan of rank `rank`. 0 or -1 with ftk_err_msg() set (a bad configuration). */
-int plan_memory(const plan_opts_t *p, int rank, plan_t *out);
+/* The plan of rank `rank`, with every recompute level's activations and total beside it.
+ * o.recompute PLAN_RECOMPUTE_AUTO plans the least recompute whose total is at most
+ * device_bytes (none, then norms, then block; block when none fits). 0 or -1 with
+ * ftk_err_msg() set (a bad configuration). */
+#define PLAN_RECOMPUTE_AUTO (-1)
+int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *out);
+
+/* The bytes of the device a backend could still take: its mem_avail (backend.h) plus
+ * what it holds already (its creation-time workspaces, counted in a plan's total).
+ * -1 with ftk_err_msg() set where the backend cannot tell. */
+int64_t plan_device_bytes(backend_t *be);
 
 #endif

@@ -1,12 +1,16 @@
 /* shard.c — sharded data parallelism over comm.h (shard.h). */
 #include "shard.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../formats/weights.h"
 #include "../kernels/sround.h"
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
@@ -492,57 +496,214 @@ static int read_room(char **buf, size_t *cap, size_t need)
     return 0;
 }
 
-int shard_load_weights(shard_t *s, hid_t weights)
+/* ---- loading the initial weights ------------------------------------------------------------
+ * Contiguous tensors are read with pread straight into the destination, in 1 MiB pieces,
+ * each hashed while it is still in the cache: a tensor read whole is checked against the
+ * dataset's xxh3_64 (a damaged file fails the load). Other tensors (compressed, another
+ * layout) go through HDF5. Where the backend's memory is the host's (backend.h host_ptr:
+ * the CPU) the destination is that memory and two threads read alternate units; else a
+ * second thread reads unit u + 1 into one host buffer (page-locked on a GPU) while unit u
+ * is uploaded from the other (double buffering: the file is read while the bus moves the
+ * last unit). Only the reading threads call HDF5 while the load runs, and HDF5 only for a
+ * tensor's metadata and the tensors pread cannot read: one thread at a time (a mutex). */
+
+enum { LOAD_PIECE = 1 << 20 };
+
+static pthread_mutex_t load_h5 = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+    shard_t *s;
+    hid_t weights;
+    char *rd; /* conversion scratch, grown on demand */
+    size_t rd_cap;
+    int u;    /* the unit to fill (load_alternate: the first of its units) */
+    char *dst; /* where its slice goes (load_fill) */
+    int64_t bytes; /* file bytes read */
+    int rc;
+    char err[1024];
+} load_fill_t;
+
+/* n bytes at off of fd into dst, in pieces, each hashed into h (may be NULL). */
+static int pread_all(int fd, int64_t off, char *dst, size_t n, hash_state_t *h, const char *name)
 {
-    size_t es = dtype_size(s->dt.state), most = 1, rd_cap = 0;
-    for (int u = 0; u < s->n_units; u++)
-        most = sbytes(s, s->len[u]) > most ? sbytes(s, s->len[u]) : most;
-    int pinned = s->be->host_alloc != NULL;
-    char *host = pinned ? s->be->host_alloc(s->be, most) : malloc(most);
-    char *rd = NULL; /* grown on demand: a whole-model load in the state's dtype needs none */
-    if (!host) {
-        ftk_err_set("out of memory: %zu bytes of host memory for loading the weights", most);
-        return -1;
-    }
-    int rc = 0;
-    for (int u = 0; u < s->n_units && rc == 0; u++) {
-        const ckpt_unit_t *x = &s->units[u];
-        int64_t lo = s->lo[u], hi = lo + s->len[u];
-        /* the unit's padding past its tensors is zero */
-        if (hi > x->length) {
-            int64_t z = x->length > lo ? x->length : lo;
-            memset(host + (size_t)(z - lo) * es, 0, (size_t)(hi - z) * es);
-        }
-        for (int k = 0; k < x->n_tensors && rc == 0; k++) {
-            const ckpt_tensor_t *t = &x->t[k];
-            int64_t a, b;
-            if (!overlap(t, lo, hi, &a, &b))
+    for (size_t done = 0; done < n;) {
+        size_t want = n - done < LOAD_PIECE ? n - done : LOAD_PIECE, got = 0;
+        while (got < want) {
+            ssize_t r = pread(fd, dst + done + got, want - got, (off_t)(off + (int64_t)(done + got)));
+            if (r < 0 && errno == EINTR)
                 continue;
-            /* Rows of the tensor covering [a, b) (weights_read_rows: a 1-D tensor is one row). */
-            int64_t w = t->rank == 2 ? t->shape[1] : t->numel, r0 = (a - t->offset) / w, r1 = (b - t->offset - 1) / w + 1;
-            char *dst = host + (size_t)(a - lo) * es;
-            dtype_t dt = weights_tensor_dtype(weights, t->name);
-            size_t need = (size_t)((r1 - r0) * w) * dtype_size(dt);
-            int whole = (a - t->offset) % w == 0 && (b - t->offset) % w == 0;
-            if (dt == DT_INVALID) {
-                rc = -1;
-            } else if (whole && dt == s->dt.state) {
-                rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, dst, NULL);
-            } else if (read_room(&rd, &rd_cap, need) < 0) {
-                rc = -1;
-            } else if ((rc = weights_read_rows(weights, t->name, dt, r0, r1 - r0, rd, NULL)) == 0) {
-                dtype_convert(dst, s->dt.state, rd + (size_t)(a - t->offset - r0 * w) * dtype_size(dt), dt,
-                              (size_t)(b - a));
+            if (r <= 0) {
+                ftk_err_set("tensor %s: %s", name, r < 0 ? strerror(errno) : "the file ends early (truncated)");
+                return -1;
             }
+            got += (size_t)r;
+        }
+        if (h)
+            hash_update(h, dst + done, want);
+        done += want;
+    }
+    return 0;
+}
+
+/* Tensor t's elements [a, b) into dst in the state dtype. */
+static int load_tensor(load_fill_t *f, const ckpt_tensor_t *t, int64_t a, int64_t b, char *dst)
+{
+    shard_t *s = f->s;
+    int fd, has_sum = 0;
+    int64_t off;
+    uint64_t sum = 0;
+    pthread_mutex_lock(&load_h5);
+    dtype_t dt = weights_tensor_dtype(f->weights, t->name);
+    int raw = dt == DT_INVALID ? -1 : weights_tensor_raw(f->weights, t->name, &fd, &off, &sum, &has_sum);
+    pthread_mutex_unlock(&load_h5);
+    if (raw < 0)
+        return -1;
+    size_t fs = dtype_size(dt);
+    if (raw) {
+        int whole = a == t->offset && b == t->offset + t->numel && has_sum, same = dt == s->dt.state;
+        hash_state_t *h = whole ? hash_new() : NULL;
+        if (whole && !h) {
+            ftk_err_set("out of memory");
+            return -1;
+        }
+        size_t n = (size_t)(b - a) * fs;
+        char *to = dst;
+        int rc = 0;
+        if (!same) {
+            rc = read_room(&f->rd, &f->rd_cap, n);
+            to = f->rd;
         }
         if (rc == 0)
-            s->be->upload(s->be, s->p[u], host, sbytes(s, s->len[u]));
+            rc = pread_all(fd, off + (a - t->offset) * (int64_t)fs, to, n, h, t->name);
+        if (rc == 0 && h && hash_digest(h) != sum) {
+            ftk_err_set("tensor %s: checksum mismatch (xxh3_64 %016llx stored, %016llx read): the weights file is "
+                        "damaged",
+                        t->name, (unsigned long long)sum, (unsigned long long)hash_digest(h));
+            rc = -1;
+        }
+        hash_free(h);
+        if (rc == 0 && !same)
+            dtype_convert(dst, s->dt.state, f->rd, dt, (size_t)(b - a));
+        f->bytes += rc == 0 ? (int64_t)n : 0;
+        return rc;
     }
-    free(rd);
-    if (pinned)
-        s->be->host_free(s->be, host);
-    else
-        free(host);
+    /* Rows of the tensor covering [a, b) (weights_read_rows: a 1-D tensor is one row). */
+    int64_t w = t->rank == 2 ? t->shape[1] : t->numel, r0 = (a - t->offset) / w, r1 = (b - t->offset - 1) / w + 1;
+    size_t need = (size_t)((r1 - r0) * w) * fs;
+    int whole = (a - t->offset) % w == 0 && (b - t->offset) % w == 0, rc;
+    f->bytes += (int64_t)need;
+    pthread_mutex_lock(&load_h5);
+    if (whole && dt == s->dt.state)
+        rc = weights_read_rows(f->weights, t->name, dt, r0, r1 - r0, dst, NULL);
+    else if ((rc = read_room(&f->rd, &f->rd_cap, need)) == 0 &&
+             (rc = weights_read_rows(f->weights, t->name, dt, r0, r1 - r0, f->rd, NULL)) == 0)
+        dtype_convert(dst, s->dt.state, f->rd + (size_t)(a - t->offset - r0 * w) * fs, dt, (size_t)(b - a));
+    pthread_mutex_unlock(&load_h5);
+    return rc;
+}
+
+static void *load_fill(void *arg)
+{
+    load_fill_t *f = arg;
+    shard_t *s = f->s;
+    size_t es = dtype_size(s->dt.state);
+    const ckpt_unit_t *x = &s->units[f->u];
+    int64_t lo = s->lo[f->u], hi = lo + s->len[f->u];
+    /* the unit's padding past its tensors is zero */
+    if (hi > x->length) {
+        int64_t z = x->length > lo ? x->length : lo;
+        memset(f->dst + (size_t)(z - lo) * es, 0, (size_t)(hi - z) * es);
+    }
+    f->rc = 0;
+    for (int k = 0; k < x->n_tensors && f->rc == 0; k++) {
+        int64_t a, b;
+        if (overlap(&x->t[k], lo, hi, &a, &b))
+            f->rc = load_tensor(f, &x->t[k], a, b, f->dst + (size_t)(a - lo) * es);
+    }
+    if (f->rc < 0) /* the message is this thread's */
+        snprintf(f->err, sizeof f->err, "%s", ftk_err_msg());
+    return NULL;
+}
+
+/* Units f->u, f->u + 2, … straight into the backend's memory (host_ptr). */
+static void *load_alternate(void *arg)
+{
+    load_fill_t *f = arg;
+    int first = f->u;
+    f->rc = 0;
+    for (int u = first; u < f->s->n_units && f->rc == 0; u += 2) {
+        f->u = u;
+        f->dst = f->s->be->host_ptr(f->s->be, f->s->p[u]);
+        load_fill(f);
+    }
+    return NULL;
+}
+
+int shard_load_weights(shard_t *s, hid_t weights, int64_t *bytes_read)
+{
+    backend_t *be = s->be;
+    load_fill_t f[2];
+    memset(f, 0, sizeof f);
+    for (int i = 0; i < 2; i++)
+        f[i] = (load_fill_t){.s = s, .weights = weights, .u = i, .rc = 0};
+    char *host[2] = {NULL, NULL};
+    int pinned = be->host_alloc != NULL, rc = 0;
+    if (be->host_ptr) {
+        pthread_t th;
+        int threaded = s->n_units > 1 && pthread_create(&th, NULL, load_alternate, &f[1]) == 0;
+        load_alternate(&f[0]);
+        if (threaded)
+            pthread_join(th, NULL);
+        else if (s->n_units > 1 && f[0].rc == 0)
+            load_alternate(&f[1]); /* no thread: in turn */
+        rc = f[0].rc < 0 || f[1].rc < 0 ? -1 : 0;
+        if (rc < 0)
+            ftk_err_set("%s", f[0].rc < 0 ? f[0].err : f[1].err);
+    } else {
+        size_t most = 1;
+        for (int u = 0; u < s->n_units; u++)
+            most = sbytes(s, s->len[u]) > most ? sbytes(s, s->len[u]) : most;
+        for (int i = 0; i < 2 && rc == 0; i++)
+            if (!(host[i] = pinned ? be->host_alloc(be, most) : malloc(most))) {
+                ftk_err_set("out of memory: 2 x %zu bytes of host memory for loading the weights", most);
+                rc = -1;
+            }
+        if (rc == 0) {
+            f[0].dst = host[0];
+            load_fill(&f[0]);
+            if ((rc = f[0].rc) < 0)
+                ftk_err_set("%s", f[0].err);
+        }
+        for (int u = 0; u < s->n_units && rc == 0; u++) {
+            /* unit u is in f[u % 2]: unit u + 1 is read into the other while u goes up */
+            load_fill_t *cur = &f[u % 2], *next = &f[(u + 1) % 2];
+            pthread_t th;
+            int threaded = 0;
+            if (u + 1 < s->n_units) {
+                next->u = u + 1;
+                next->dst = host[(u + 1) % 2];
+                threaded = pthread_create(&th, NULL, load_fill, next) == 0;
+            }
+            be->upload(be, s->p[u], cur->dst, sbytes(s, s->len[u]));
+            if (threaded)
+                pthread_join(th, NULL);
+            else if (u + 1 < s->n_units)
+                load_fill(next); /* no thread: in turn */
+            if (u + 1 < s->n_units && next->rc < 0) {
+                ftk_err_set("%s", next->err);
+                rc = -1;
+            }
+        }
+    }
+    if (rc == 0 && bytes_read)
+        *bytes_read = f[0].bytes + f[1].bytes;
+    for (int i = 0; i < 2; i++) {
+        free(f[i].rd);
+        if (pinned && host[i])
+            be->host_free(be, host[i]);
+        else
+            free(host[i]);
+    }
     if (rc == 0)
         refresh_working_copy(s);
     return rc;

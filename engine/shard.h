@@ -82,9 +82,11 @@ comm_t *shard_cross(shard_t *s);           /* hybrid: the replicas of this slice
 const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
 comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
 
-/* Initial parameters from a weights file: each rank reads only the rows of its slices
- * (whole units for none), rounded to the state dtype. */
-int shard_load_weights(shard_t *s, hid_t weights);
+/* Initial parameters from a weights file: each rank reads only its slices (whole units
+ * for none), rounded to the state dtype; each tensor read whole is checked against its
+ * checksum. The file is read while the previous unit is uploaded (shard.c). *bytes_read
+ * (may be NULL): the file bytes this rank read. */
+int shard_load_weights(shard_t *s, hid_t weights, int64_t *bytes_read);
 /* This rank's slice [r·P/S, (r+1)·P/S) of one unit's array (kind 0 parameters, 1 and 2
  * the AdamW moments) into host memory (padded/S elements of the state dtype): a
  * checkpoint is written one array at a time, never a second copy of the state. */

@@ -16,6 +16,7 @@
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
+#include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -23,6 +24,7 @@
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 #include "bgsave.h"
+#include "plan.h"
 #include "train.h"
 
 /* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
@@ -438,6 +440,26 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     return 0;
 }
 
+/* --recompute auto: this rank's plan at each level against its device's memory. Ranks
+ * may pick differently (padding, free memory): every level gives the same bits. */
+static int pick_recompute(trainer_t *t)
+{
+    static const char *names[3] = {"none", "block", "norms"};
+    plan_opts_t p = {.cfg = t->cfg, .o = t->o, .max_len = t->data.max_len, .ranks = t->nranks,
+                     .device = t->be->name};
+    int64_t budget = t->o.device_bytes > 0 ? t->o.device_bytes : plan_device_bytes(t->be);
+    plan_t pl;
+    if (budget < 0 || plan_memory(&p, t->rank, budget, &pl) < 0)
+        return fail(t, FTK_EXIT_USAGE, "--recompute auto: %s", ftk_err_msg());
+    t->o.recompute = pl.recompute;
+    if (t->rank == 0)
+        ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
+                 names[pl.recompute], (double)pl.mem.peak / 1e9, (double)budget / 1e9,
+                 (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9,
+                 (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9);
+    return 0;
+}
+
 #define CHECK(expr)                                                                                                  \
     do {                                                                                                             \
         if ((*code = agree(t, (expr))))                                                                              \
@@ -513,7 +535,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     meta->world_size = t->nranks;
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
-    c = trainer_build(be, world, &t->cfg, o, pass_tokens, &t->sh, &t->m);
+    CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);
+    c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     if (o->async_save) {
@@ -964,13 +987,17 @@ int trainer_resume(trainer_t *t)
         return code;
     if (!found) {
         double t0 = time_now();
-        if ((code = agree(t, shard_load_weights(t->sh, t->wf) < 0
-                                 ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg())
-                                 : 0)))
+        int64_t bytes = 0;
+        int rc = shard_load_weights(t->sh, t->wf, &bytes) < 0 ? -1 : t->be->sync(t->be);
+        double dt = time_now() - t0;
+        if ((code = agree(t, rc < 0 ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg()) : 0)))
             return code;
-        /* a 7B file is 13.5 GB: say how long it took (rank 0's part; the ranks agreed after it) */
+        /* a 7B file is 13.5 GB: say how long it took (rank 0's part, before the ranks agreed) */
         if (t->rank == 0)
-            ftk_info("%s: weights loaded in %.1f s", t->o.model_path, time_now() - t0);
+            ftk_info("%s: weights loaded in %.2f s: %.2f GB read, %.2f GB/s", t->o.model_path, dt,
+                     (double)bytes / 1e9, (double)bytes / 1e9 / (dt > 0 ? dt : 1e-9));
+        if ((code = agree(t, fault_point("train.weights-loaded") < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)))
+            return code;
     }
     train_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
     return 0;

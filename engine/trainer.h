@@ -63,7 +63,9 @@ typedef struct {
     int group_size;         /* hybrid: ranks per shard group (0: the node's) */
     precision_t precision;
     int stochastic;         /* bf16-true: AdamW rounds stochastically (else to nearest even) */
-    int recompute;
+    int recompute;          /* model_recompute_t, or PLAN_RECOMPUTE_AUTO (-1): the least recompute whose
+                             * memory plan (plan.h) fits device_bytes, chosen by trainer_new per rank */
+    int64_t device_bytes;   /* auto's budget; 0: the backend's free memory (plan_device_bytes) */
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
     int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */

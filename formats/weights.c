@@ -290,6 +290,47 @@ int weights_read_rows(hid_t file, const char *name, dtype_t dt, int64_t row0, in
     return 0;
 }
 
+int weights_tensor_raw(hid_t file, const char *name, int *fd, int64_t *offset, uint64_t *xxh3, int *has_sum)
+{
+    dtype_t st = weights_tensor_dtype(file, name);
+    if (st == DT_INVALID)
+        return -1;
+    char path[WEIGHTS_NAME_MAX + 16];
+    tensor_path(path, sizeof path, name);
+    hid_t d = H5Dopen2(file, path, H5P_DEFAULT);
+    if (d < 0) {
+        ftk_err_set("tensor %s: cannot open", name);
+        return -1;
+    }
+    int raw = 0;
+    hid_t dcpl = H5Dget_create_plist(d), ft = H5Dget_type(d), fs = H5Dget_space(d);
+    haddr_t at = H5Dget_offset(d);
+    hssize_t n = fs >= 0 ? H5Sget_simple_extent_npoints(fs) : -1;
+    void *handle = NULL;
+    if (dcpl >= 0 && ft >= 0 && n >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
+        at != HADDR_UNDEF && H5Tequal(ft, weights_h5type(st)) > 0 &&
+        H5Dget_storage_size(d) == (hsize_t)n * dtype_size(st) && H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 &&
+        handle) {
+        hid_t fapl = H5Fget_access_plist(file);
+        raw = fapl >= 0 && H5Pget_driver(fapl) == H5FD_SEC2; /* its handle is an int descriptor */
+        if (fapl >= 0)
+            H5Pclose(fapl);
+    }
+    if (raw) {
+        *fd = *(int *)handle;
+        *offset = (int64_t)at;
+        *has_sum = H5Aexists(d, "xxh3_64") > 0 && h5_attr_get_u64(d, "xxh3_64", xxh3) == 0;
+    }
+    if (fs >= 0)
+        H5Sclose(fs);
+    if (ft >= 0)
+        H5Tclose(ft);
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
+    H5Dclose(d);
+    return raw;
+}
+
 int weights_put_file(hid_t file, const char *name, const void *data, size_t len)
 {
     char path[256];

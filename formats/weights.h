@@ -93,6 +93,14 @@ dtype_t weights_tensor_dtype(hid_t file, const char *name);
  * dt; scratch must hold n rows in the stored type when that differs from dt (it may be
  * NULL otherwise). */
 int weights_read_rows(hid_t file, const char *name, dtype_t dt, int64_t row0, int64_t n, void *out, void *scratch);
+/* Where /tensors/NAME's bytes lie when they can be read without HDF5 (pread: one large
+ * sequential read, no copy through the library): a contiguous, unfiltered, allocated
+ * dataset whose file type is its dtype's memory layout (weights_h5type), i.e. the file's
+ * bytes are the tensor's in memory. Returns 1 with *fd (HDF5's own descriptor: valid
+ * while file is open; pread only, never read/lseek), *offset (bytes from the start of the
+ * file) and *xxh3 (the dataset's checksum of those bytes; *has_sum 0 where it has none);
+ * 0 where it cannot be (read it with weights_read_rows); -1 with ftk_err_msg() set. */
+int weights_tensor_raw(hid_t file, const char *name, int *fd, int64_t *offset, uint64_t *xxh3, int *has_sum);
 
 /* ---- Writing a whole weights file from a source ------------------------------------
  * The importers and ftk-init differ only in where a tensor's rows come from, so they

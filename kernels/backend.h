@@ -195,6 +195,14 @@ struct backend {
      * Not counted in bk_mem (it is not the device's). NULL when there is not the memory. */
     void *(*host_alloc)(backend_t *be, size_t bytes);
     void (*host_free)(backend_t *be, void *p);
+    /* Optional (NULL: unknown): the bytes bk_alloc could still take now (the GPU's free
+     * memory, cudaMemGetInfo; the host's available memory for the CPU), or -1. What
+     * --recompute auto plans against (engine/plan.h plan_device_bytes). */
+    int64_t (*mem_avail)(backend_t *be);
+    /* Optional (NULL: none): where the device's memory is the host's own (the CPU), a host
+     * pointer to the bk_alloc() memory p (p itself), so that a loader reads a file straight
+     * into it (engine/shard.c) instead of into a buffer it then uploads. */
+    void *(*host_ptr)(backend_t *be, void *p);
 
     /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
     void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);

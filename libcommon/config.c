@@ -87,6 +87,8 @@ static int set_opt(loader_t *L, const opt_t *o, const char *key, const char *val
             return push(&L->out->words, &L->out->n_words, word);
         return 0;
     }
+    if (o->kind == OPT_STR_OPT && (is_true(val) || is_false(val))) /* the option alone, or not */
+        return is_true(val) ? push(&L->out->words, &L->out->n_words, word) : 0;
     if (!*val || !strcmp(val, "null") || !strcmp(val, "~"))
         return at(L, m, "%s: no value%s", key, "");
     return push(&L->out->words, &L->out->n_words, word) || push(&L->out->words, &L->out->n_words, val) ? -1 : 0;
@@ -359,6 +361,12 @@ int config_write(buf_t *out, const opt_t *opts, const char *const *skip, const c
             break;
         case OPT_STR:
             if (*(const char **)o->dest)
+                rc = buf_printf(out, "%s: ", o->name) || quoted(out, *(const char **)o->dest) || buf_putc(out, '\n');
+            break;
+        case OPT_STR_OPT: /* "": given alone */
+            if (*(const char **)o->dest && !**(const char **)o->dest)
+                rc = buf_printf(out, "%s: true\n", o->name);
+            else if (*(const char **)o->dest)
                 rc = buf_printf(out, "%s: ", o->name) || quoted(out, *(const char **)o->dest) || buf_putc(out, '\n');
             break;
         default:

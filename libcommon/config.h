@@ -3,7 +3,8 @@
  * The file is a YAML mapping whose keys are the tool's long option names (`lr`,
  * `global-batch`; `global_batch` is the same key) and whose values are scalars: numbers,
  * strings, and true/false for flags (false leaves a flag off). A key may also be a nested
- * path that an alias table maps to options (LitGPT's `train: {global_batch_size: 64}` is
+ * path that an alias table maps to options (an option whose value may be left out takes
+ * true for "given alone") (LitGPT's `train: {global_batch_size: 64}` is
  * `train.global_batch_size`), or tells why it is ignored or refused. A sequence value is
  * allowed only where an alias takes several options (LitGPT's `betas: [0.9, 0.95]`).
  *

@@ -32,6 +32,8 @@
  *
  * Sites (grep fault_point for the full list; docs/testing.md keeps it too):
  *   train.step-end       ftk-train: a step finished and was reported (every rank)
+ *   train.weights-loaded ftk-train: the initial weights are loaded and the time said (every
+ *                        rank; tests/bench/weights_load.sh ends the run there)
  *   ckpt.begin           rank 0 made the hidden checkpoint directory
  *   ckpt.shard-put       one array of a shard file written: by a training rank, its
  *                        background writer, or ftk-reshard (fails: enospc, eio)

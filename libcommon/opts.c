@@ -197,6 +197,20 @@ static const opt_t *find_short(const opt_t *t, char c)
     return NULL;
 }
 
+/* Whether w is one of the |-separated words of list (brackets around it ignored). */
+static int is_word_of(const char *list, const char *w)
+{
+    size_t n = strlen(w);
+    for (const char *p = list; p && n;) {
+        p += strspn(p, "[=|");
+        size_t len = strcspn(p, "|]");
+        if (len == n && !strncmp(p, w, n))
+            return 1;
+        p = p[len] ? p + len + 1 : NULL;
+    }
+    return 0;
+}
+
 static int usage_error(const opt_spec_t *spec, const char *fmt, const char *arg)
 {
     char msg[512];
@@ -256,6 +270,7 @@ static int set_value(const opt_spec_t *spec, const opt_t *o, const char *val)
         return 0;
     }
     case OPT_STR:
+    case OPT_STR_OPT:
         *(const char **)o->dest = val;
         return 0;
     default:
@@ -373,6 +388,9 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
         if (o->kind == OPT_FLAG_OFF) {
             *(int *)o->dest = 0;
             continue;
+        }
+        if (!val && o->kind == OPT_STR_OPT) {
+            val = i + 1 < argc && is_word_of(o->metavar, argv[i + 1]) ? argv[++i] : "";
         }
         if (!val) {
             if (i + 1 >= argc) {

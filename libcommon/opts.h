@@ -48,7 +48,9 @@ typedef enum {
     OPT_INT,      /* int* */
     OPT_I64,      /* int64_t* */
     OPT_DOUBLE,   /* double* */
-    OPT_STR       /* const char** (points into argv) */
+    OPT_STR,      /* const char** (points into argv) */
+    OPT_STR_OPT   /* const char**, a value that may be left out: --name=VALUE, or --name VALUE where
+                   * VALUE is one of the metavar's |-separated words; --name alone sets "" */
 } opt_kind_t;
 
 typedef struct {

@@ -47,7 +47,9 @@ static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 2
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
 static double save_minutes = 30;
-static int decay_norms, recompute, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
+static const char *recompute_arg, *device_memory_arg; /* recompute_arg "": bare --recompute (block) */
+static int recompute; /* model_recompute_t, or PLAN_RECOMPUTE_AUTO */
+static int decay_norms, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
 static int64_t plan_max_len;
 static const char *tensorboard_dir, *config_path;
 static int extend;
@@ -107,7 +109,11 @@ static const opt_t options[] = {
      "what the weights, gradients, optimizer state and activations are stored in (see below)"},
     {"rounding", 0, OPT_STR, &rounding_arg, "stochastic|nearest",
      "bf16-true: how AdamW rounds the new weights and moments to bf16"},
-    {"recompute", 0, OPT_FLAG, &recompute, NULL, "recompute each block's activations in the backward pass"},
+    {"recompute", 0, OPT_STR_OPT, &recompute_arg, "[none|norms|block|auto]",
+     "recompute activations in the backward pass: norms (the norms and SwiGLU), block (whole blocks; "
+     "--recompute alone), auto (the least whose memory plan fits the device); same bits at every level"},
+    {"device-memory", 0, OPT_STR, &device_memory_arg, "SIZE",
+     "--recompute auto: the device's memory to fit (80GB, 141GB; default: the device's free memory)"},
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
     {"stop-after", 0, OPT_I64, &stop_after, "N", "stop after N steps of this run: checkpoint, exit 75", "0.."},
     {"device", 0, OPT_STR, &device, "cpu|cuda",
@@ -169,7 +175,7 @@ static const opt_spec_t spec = {
         "stochastically (--rounding nearest: to nearest even, as PyTorch does). Products take bf16 inputs\n"
         "and accumulate in float32; norms, softmax and the loss compute in float32.\n"
         "--plan prints, per rank, the backend memory of weights, gradients, optimizer state, gathered\n"
-        "units, activations (with and without --recompute), workspaces and the total, for the options\n"
+        "units, activations (at each --recompute level), workspaces and the total, for the options\n"
         "given (--ranks, --strategy, --precision, --micro-batch, --device: cuda can be planned without a\n"
         "GPU). It is a dry run of the code that allocates; metrics.jsonl's mem_peak_bytes is what a run\n"
         "measured.\n"
@@ -592,7 +598,21 @@ static int check_values(trainer_opts_t *o)
     o->epochs = epochs;
     o->group_size = group_size;
     o->stochastic = !strcmp(rounding_arg, "stochastic");
+    const char *rl = recompute_arg ? (*recompute_arg ? recompute_arg : "block") : "none";
+    recompute = !strcmp(rl, "none")    ? MODEL_RECOMPUTE_NONE
+                : !strcmp(rl, "norms") ? MODEL_RECOMPUTE_NORMS
+                : !strcmp(rl, "block") ? MODEL_RECOMPUTE_BLOCK
+                : !strcmp(rl, "auto")  ? PLAN_RECOMPUTE_AUTO
+                                       : -2;
+    if (recompute == -2)
+        return bad("--recompute %s: need none, norms, block or auto", rl);
+    uint64_t dm = 0;
+    if (device_memory_arg && (opts_parse_size(device_memory_arg, &dm) < 0 || dm == 0 || dm > INT64_MAX))
+        return bad("--device-memory %s: need a size such as 80GB, 141GB or 2GiB", device_memory_arg);
+    if (device_memory_arg && recompute != PLAN_RECOMPUTE_AUTO)
+        return bad("--device-memory is for --recompute auto");
     o->recompute = recompute;
+    o->device_bytes = (int64_t)dm;
     o->eval_rows = eval_rows;
     o->keep = keep;
     o->async_save = async_save;
@@ -636,11 +656,24 @@ static int run_plan(const trainer_opts_t *o)
         p.max_len = tokens_set_info(ds)->max_len;
         tokens_set_close(ds);
     }
+    /* --recompute auto fits --device-memory, else this machine's device's free memory */
+    int64_t budget = o->device_bytes;
+    if (o->recompute == PLAN_RECOMPUTE_AUTO && !budget) {
+        backend_t *real = !strcmp(device, "cuda") ? (backend_cuda_devices() > 0 ? backend_cuda_new(0) : NULL)
+                                                  : backend_cpu_new();
+        budget = real ? plan_device_bytes(real) : -1;
+        backend_free(real);
+        if (budget < 0) {
+            ftk_error("--recompute auto: %s; give --device-memory",
+                      real ? ftk_err_msg() : "no such device here to ask its free memory");
+            return FTK_EXIT_USAGE;
+        }
+    }
     /* Ranks differ only by padding; the table is rank 0's, the largest total is named. */
     plan_t pl = {0}, most = {0};
     for (int r = 0; r < plan_ranks; r++) {
         plan_t x;
-        if (plan_memory(&p, r, &x) < 0) {
+        if (plan_memory(&p, r, budget, &x) < 0) {
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_USAGE;
         }
@@ -652,11 +685,18 @@ static int run_plan(const trainer_opts_t *o)
     const int64_t *c = pl.mem.at_peak;
     char a[32], b2[32];
     double np = (double)model_n_params(&p.cfg);
+    static const char *levels[3] = {"none", "block", "norms"};
+    char rec[96] = "";
+    if (o->recompute == PLAN_RECOMPUTE_AUTO)
+        snprintf(rec, sizeof rec, ", --recompute auto: %s (%.2f GB device)", levels[pl.recompute],
+                 (double)budget / 1e9);
+    else if (pl.recompute != MODEL_RECOMPUTE_NONE)
+        snprintf(rec, sizeof rec, ", --recompute %s", levels[pl.recompute]);
     printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shard%s), precision %s, micro-batch %lld "
            "x %lld tokens%s, device %s\n",
            what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
            (long long)pl.shard_count, plural_s(pl.shard_count), precision_arg, (long long)micro_batch, (long long)p.max_len,
-           recompute ? ", --recompute" : "", device);
+           rec, device);
     printf("per rank (rank 0):\n");
     gb(a, sizeof a, c[BK_MEM_WEIGHTS]);
     printf("  weights            %s\n", a);
@@ -667,8 +707,12 @@ static int run_plan(const trainer_opts_t *o)
     gb(a, sizeof a, c[BK_MEM_GATHER]);
     printf("  gathered units     %s   (in use and prefetched)\n", a);
     gb(a, sizeof a, c[BK_MEM_ACTS]);
-    gb(b2, sizeof b2, pl.acts_other);
-    printf("  activations        %s   (%s --recompute: %s)\n", a, recompute ? "without" : "with", b2);
+    printf("  activations        %s   (--recompute", a);
+    for (int lv = 0; lv < 3; lv++) { /* none, norms, block: least recompute first */
+        int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
+        gb(b2, sizeof b2, pl.acts[k]);
+        printf(" %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
+    }
     gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
     printf("  workspaces         %s\n", a);
     gb(a, sizeof a, c[BK_MEM_OTHER]);
@@ -676,6 +720,12 @@ static int run_plan(const trainer_opts_t *o)
     gb(a, sizeof a, pl.mem.peak);
     printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.mem.peak,
            (double)pl.mem.peak / (1 << 30));
+    printf("  total by level    ");
+    for (int lv = 0; lv < 3; lv++) {
+        int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
+        gb(b2, sizeof b2, pl.peak[k]);
+        printf(" --recompute %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
+    }
     /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
     gb(a, sizeof a, pl.snapshot);
     printf("  snapshot           %s   (%s: a host copy of this rank's shard%s)\n", a,
@@ -809,7 +859,7 @@ static const config_alias_t litgpt_keys[] = {
 /* What a run keeps of its options (RUN/options.yaml): all but where and how this process
  * runs, and the requests of this invocation. */
 static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
-                                       "max-len", "stop-after", "device", "threads", "report", NULL};
+                                       "max-len", "stop-after", "device", "threads", "report", "device-memory", NULL};
 
 /* The words expand_args() made: allocated for the process's life (the options point into
  * them), reachable from here (volatile: stores the compiler would drop, as nothing reads

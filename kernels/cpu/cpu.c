@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../libcommon/log.h"
 #include "../backend.h"
@@ -125,6 +126,35 @@ static void *cpu_mem_alloc(backend_t *be, size_t bytes)
     void *p = NULL;
     return posix_memalign(&p, 64, bytes ? bytes : 64) ? NULL : p;
 }
+/* The host's MemAvailable (/proc/meminfo: what can be allocated without swapping), else
+ * its free pages. */
+static int64_t cpu_mem_avail(backend_t *be)
+{
+    (void)be;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (kb >= 0)
+        return (int64_t)kb * 1024;
+#ifdef _SC_AVPHYS_PAGES
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (int64_t)pages * size : -1;
+#else
+    return -1;
+#endif
+}
+
+static void *cpu_host_ptr(backend_t *be, void *p)
+{
+    (void)be;
+    return p;
+}
+
 static void cpu_mem_free(backend_t *be, void *p)
 {
     (void)be;
@@ -948,6 +978,8 @@ backend_t *backend_cpu_new(void)
     be->destroy = cpu_destroy;
     be->mem_alloc = cpu_mem_alloc;
     be->mem_free = cpu_mem_free;
+    be->mem_avail = cpu_mem_avail;
+    be->host_ptr = cpu_host_ptr;
     be->upload = cpu_copy;
     be->download = cpu_copy;
     be->zero = cpu_zero;

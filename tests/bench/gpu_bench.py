@@ -52,6 +52,7 @@ ap.add_argument("--attn", default="", help="FTK_CUDA_ATTN values, comma-separate
 ap.add_argument("--profile", action="store_true", help="ftk rows with FTK_PROFILE: their per-op times printed")
 ap.add_argument("--emulated", action="store_true", help="ftk on the host emulation of CUDA: ftk rows only")
 ap.add_argument("--goals", default="", help="append the goal figures to this file as KEY<tab>VALUE lines")
+ap.add_argument("--recompute", default="block", help="ftk rows' --recompute level: none, norms or block (default; auto once the CUDA backend has mem_avail)")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
@@ -267,7 +268,7 @@ def ftk_row(name, attn):
     sh("rm", "-rf", run)
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
-           "--device", dev, "--recompute", "--no-save"]
+           "--device", dev, "--recompute", a.recompute, "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
     env = ftk_env(attn)

@@ -7,6 +7,8 @@ export FTK_DEVICE=cpu
 /usr/bin/python3 tests/bench/tokenize_bench.py "$(pwd)" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench
 sh tests/bench/pack_bench.sh "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/pack
 sh tests/bench/weights_bench.sh
+# ftk-train's load of a 2.2 GB bf16 file against cat of it, page cache warm and cold
+sh tests/bench/weights_load.sh "${FTK_DATA:-$(pwd)/../shared/data}"
 /usr/bin/python3 tests/bench/train_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/train 6
 sh tests/bench/reshard_bench.sh
 # the step's HDF5 read beside a background checkpoint write: ftk's 4 MiB pieces against one

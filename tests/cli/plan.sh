@@ -2,11 +2,16 @@
 # CLI tests of the memory plan, ftk-train --plan (engine/plan.h):
 #  - the plan is what a run measures: for every precision mode x strategy (full, grad-op,
 #    none, hybrid with --shard-group-size 2) on 2 ranks, full on 1 rank, grad-op on 3, and
-#    full --recompute on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
+#    full --recompute (block) and --recompute norms on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
 #    2-step run with the same options, exactly (stories260K's shape; tiny's untied one on 2
 #    ranks, full);
 #  - with FTK_FUSED=all (the CPU runs the model's fused paths) the plan still equals the run;
-#  - --recompute swaps the activations row and its "with/without --recompute" figure;
+#  - the activations row gives every --recompute level's figure, the level's own first,
+#    none > norms > block; the levels change only the activations row and the total;
+#  - --recompute auto --device-memory B plans the least recompute whose total fits B
+#    (block when none does), and a CPU run with auto (the host's memory) equals its plan;
+#  - Llama-2-7B bf16-true at 8 x 512 and 4 x 512 on 80 GB and 141 GB: what auto picks
+#    (printed: docs/training.md's table);
 #  - --plan writes nothing (no run directory even with --out) and needs no --out, and
 #    --device cuda plans without a GPU;
 #  - Llama-2-7B on one 80 GB GPU (micro-batch 4 x 512 tokens, --recompute): bf16-true fits,
@@ -39,7 +44,7 @@ peak() { sed -n 's/.*"mem_peak_bytes": \([0-9]*\)}$/\1/p' "$1/metrics.jsonl" | t
 # --- the plan equals the run's high-water mark ------------------------------------------------
 for prec in fp32 bf16-mixed bf16-true; do
     for cfg in "s260 2 full" "s260 2 grad-op" "s260 2 none" "s260 2 hybrid --shard-group-size 2" "s260 1 full" \
-        "s260 3 grad-op" "s260 2 full --recompute" "tiny 2 full"; do
+        "s260 3 grad-op" "s260 2 full --recompute" "s260 2 full --recompute norms" "tiny 2 full"; do
         set -- $cfg
         model=$1 np=$2
         shift 2
@@ -65,9 +70,10 @@ done
 # --- FTK_FUSED=all (the CPU's default is none): the fused paths allocate other activations
 # (one [n, 2F] gate/up buffer, the q/k/v product's scratch); the plan follows the switch
 for prec in fp32 bf16-true; do
-    for rec in "" --recompute; do
+    for rec in "" --recompute "--recompute norms"; do
+        recid=$(echo "$rec" | tr -d ' ')
         tag="FTK_FUSED=all, $prec, s260, 2 ranks, full $rec"
-        id="fused-$prec$rec"
+        id="fused-$prec$recid"
         expect "$tag: --plan" 0 env FTK_FUSED=all $BIN/ftk-train --plan -m "$WORK/s260.h5" $OPTS --ranks 2 \
             --precision "$prec" --strategy full $rec
         cp "$WORK/out" "$WORK/$id.plan"
@@ -77,22 +83,52 @@ for prec in fp32 bf16-true; do
         got=$(peak "$WORK/$id")
         check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
             test -n "$want" -a "$want" = "$got"
-        none=$(total "$WORK/$prec-s260-2-full$rec.plan")
+        none=$(total "$WORK/$prec-s260-2-full$recid.plan")
         check "$tag: differs from the unfused plan ($none bytes)" test -n "$none" -a "$want" != "$none"
     done
 done
 
-# --- --recompute: the activations row and its alternative swap --------------------------------
-a=$(sed -n 's/^  activations  *\([0-9.]* MB\)   (with --recompute: *\([0-9.]* MB\))$/\1 \2/p' "$WORK/fp32-s260-2-full.plan")
-b=$(sed -n 's/^  activations  *\([0-9.]* MB\)   (without --recompute: *\([0-9.]* MB\))$/\2 \1/p' \
-    "$WORK/fp32-s260-2-full--recompute.plan")
-check "--recompute: activations row and alternative ($a) swap ($b), and shrink" \
-    sh -c "test -n '$a' -a '$a' = '$b' && echo '$a' | awk '{ exit !(\$3 < \$1) }'"
+# --- --recompute levels: the activations row names each level's figure --------------------------
+# acts FILE LEVEL: the activations figure the row gives for LEVEL
+acts() { sed -n "s/^  activations .*(--recompute.* $2 \([0-9.]* [MG]B\)[,)].*/\1/p" "$1"; }
+F=$WORK/fp32-s260-2-full
+an=$(acts "$F.plan" none) am=$(acts "$F.plan" norms) ab=$(acts "$F.plan" block)
+check "--recompute levels: none ($an) > norms ($am) > block ($ab)" \
+    awk "BEGIN { exit !(${an% *} > ${am% *} && ${am% *} > ${ab% *} && ${ab% *} > 0) }"
+for lv in none:"" norms:--recomputenorms block:--recompute; do
+    f=$F${lv#*:}.plan
+    check "--recompute ${lv%%:*}: its row ($(row "$f" activations)) is its level's figure, the same in every plan" \
+        test -n "$(row "$f" activations)" -a "$(row "$f" activations)" = "$(acts "$F.plan" "${lv%%:*}")" \
+        -a "$(acts "$f" "${lv%%:*}")" = "$(acts "$F.plan" "${lv%%:*}")"
+done
 for prec in fp32 bf16-mixed bf16-true; do
     w1=$(grep -v activations "$WORK/$prec-s260-2-full.plan" | grep -v total | grep -v 'memory plan')
-    w2=$(grep -v activations "$WORK/$prec-s260-2-full--recompute.plan" | grep -v total | grep -v 'memory plan')
-    check "$prec: --recompute changes only the activations row and the total" test "$w1" = "$w2"
+    for rec in --recompute --recomputenorms; do
+        w2=$(grep -v activations "$WORK/$prec-s260-2-full$rec.plan" | grep -v total | grep -v 'memory plan')
+        check "$prec: $rec changes only the activations row and the total" test "$w1" = "$w2"
+    done
 done
+
+# --- --recompute auto: the least recompute that fits ----------------------------------------------
+tn=$(total "$F.plan") tm=$(total "$F--recomputenorms.plan") tb=$(total "$F--recompute.plan")
+for case in "$tn none $tn" "$((tn - 1)) norms $tm" "$tm norms $tm" "$((tm - 1)) block $tb" "1 block $tb"; do
+    set -- $case
+    expect "--recompute auto --device-memory $1: --plan" 0 $P --ranks 2 --strategy full --recompute auto \
+        --device-memory "$1"
+    check "auto in $1 bytes (none $tn, norms $tm, block $tb): $2, total $3" \
+        sh -c "grep -q -- '--recompute auto: $2 (' '$WORK/out' && test '$(total "$WORK/out")' = '$3'"
+done
+expect "--recompute auto without --device-memory: the host's memory (--plan)" 0 $P --recompute auto
+grep -q -- "--recompute auto: none (" "$WORK/out" && ok "auto on the host: none (a small model)" ||
+    notok "auto on the host: none (a small model)"
+expect "--recompute auto --device cuda without a GPU or --device-memory: exit 2" 2 $P --recompute auto --device cuda
+grep -q -- "--device-memory" "$WORK/err" && ok "auto on cuda: asks for --device-memory" ||
+    notok "auto on cuda: asks for --device-memory"
+expect "--device-memory without --recompute auto: exit 2" 2 $P --device-memory 80GB
+expect "--recompute auto: 2 steps (CPU, 2 ranks)" 0 $TO $MPI -np 2 $T -m "$WORK/s260.h5" -o "$WORK/auto" \
+    --recompute auto --device-memory "$tm"
+got=$(peak "$WORK/auto")
+check "--recompute auto in $tm bytes: measured mem_peak_bytes ${got:-(none)} == the norms plan" test "$got" = "$tm"
 g1=$(row "$WORK/fp32-s260-2-full.plan" 'gathered units')
 g2=$(row "$WORK/fp32-s260-2-grad-op.plan" 'gathered units')
 check "grad-op holds more gathered units ($g2) than full ($g1)" awk "BEGIN { exit !(${g2% *} > ${g1% *}) }"
@@ -127,6 +163,22 @@ check "7B bf16-true: optimizer state 4 bytes/parameter" \
 check "7B bf16-mixed: weights 6 bytes/parameter" near "$(row "$WORK/7b-bf16-mixed.plan" weights)" 6
 check "7B bf16-mixed: optimizer state 8 bytes/parameter" \
     near "$(row "$WORK/7b-bf16-mixed.plan" 'optimizer state')" 8
+
+# --- Llama-2-7B bf16-true on one GPU: what --recompute auto takes (docs/training.md's table)
+for dev in 80GB 141GB; do
+    for mb in 8 4; do
+        expect "7B bf16-true, $mb x 512, $dev: --plan --recompute auto" 0 $BIN/ftk-train --plan --preset llama2-7b \
+            --max-len 512 --micro-batch "$mb" --precision bf16-true --device cuda --recompute auto --device-memory "$dev"
+        echo "     $dev, $mb x 512: $(sed -n 's/.*--recompute auto: \([a-z]*\) .*/\1/p' "$WORK/out")," \
+            "total $(row "$WORK/out" total); $(sed -n 's/^  total by level  *//p' "$WORK/out")"
+        cp "$WORK/out" "$WORK/7b-auto-$dev-$mb.plan"
+    done
+done
+pick() { sed -n 's/.*--recompute auto: \([a-z]*\) .*/\1/p' "$WORK/7b-auto-$1.plan"; }
+# bf16-true's state is 8 bytes/parameter (53.9 GB): every activation kept fits both at 4 x 512 and 8 x 512
+for c in 80GB-8 80GB-4 141GB-8 141GB-4; do
+    check "7B bf16-true, $c: auto takes none ($(pick $c))" test "$(pick $c)" = none
+done
 
 # --- bad usage: exit 2 with a message ------------------------------------------------------------
 msg() { # msg NAME PATTERN: stderr says PATTERN

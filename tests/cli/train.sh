@@ -82,10 +82,40 @@ same "resumed run: final shard (weights, AdamW m and v) byte-identical" \
     "$WORK/b/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
 same "resumed run: same manifest" "$WORK/b/step-00000012/manifest.json" "$WORK/a/step-00000012/manifest.json"
 
-# Activation recomputation runs the same ops on the same values: the same bits.
+# Activation recomputation runs the same ops on the same values: the same bits, at every
+# level (bare --recompute is block; auto, with the host's memory, is one of them); the
+# level is no resume option, so a run resumes at another (same bits again).
 expect "train 12 steps with --recompute" 0 $T -o "$WORK/r" --steps 12 --save-every 4 --recompute
 same "--recompute: final shard byte-identical to the run that keeps activations" \
     "$WORK/r/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
+expect "train 8 steps with --recompute norms, stop" 75 $T -o "$WORK/rn" --steps 12 --save-every 4 \
+    --recompute norms --stop-after 8
+expect "resume with --recompute auto (a tiny model: none)" 0 $T -o "$WORK/rn" --steps 12 --save-every 4 \
+    --recompute auto --resume auto
+same "--recompute norms, then auto: final shard byte-identical to the run that keeps activations" \
+    "$WORK/rn/step-00000012/shard-00001-of-00001.h5" "$WORK/a/step-00000012/shard-00001-of-00001.h5"
+expect "--recompute bogus: exit 2" 2 $T -o "$WORK/rx" --steps 2 --recompute=bogus
+grep -q -- "--recompute bogus: need none, norms, block or auto" "$WORK/err" && ok "--recompute bogus: message" ||
+    notok "--recompute bogus: message"
+
+# A weights file damaged where the loader reads it (pread, not HDF5): a byte of a tensor
+# flipped fails its checksum; exit 2 naming the tensor, no run directory.
+cp "$WORK/init.h5" "$WORK/bad.h5"
+/usr/bin/python3 - "$WORK/bad.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    off = f["tensors/model.layers.0.mlp.down_proj.weight"].id.get_offset()
+with open(sys.argv[1], "r+b") as g:
+    g.seek(off + 10)
+    b = g.read(1)
+    g.seek(off + 10)
+    g.write(bytes([b[0] ^ 0x40]))
+PY
+expect "damaged weights file: exit 2" 2 $BIN/ftk-train -m "$WORK/bad.h5" -d "$WORK/demo.h5" -o "$WORK/bad" --steps 1 -q
+grep -q "model.layers.0.mlp.down_proj.weight: checksum mismatch" "$WORK/err" &&
+    ok "damaged weights file: the message names the tensor and the checksum" ||
+    { notok "damaged weights file: the message names the tensor and the checksum"; head -n 3 "$WORK/err"; }
+check "damaged weights file: no run directory" test ! -e "$WORK/bad"
 
 # A real SIGTERM at the end of a random step K (FTK_FAULT raises it there): the next step
 # finishes, a checkpoint is written at K + 1, exit 75; resuming ends exactly where the

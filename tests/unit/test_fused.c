@@ -169,7 +169,8 @@ static void adam(run_t *r, int step)
     }
 }
 
-/* 3 steps with FTK_FUSED=none and =all (and =all with recompute) from the same weights. */
+/* 3 steps with FTK_FUSED=none and =all (and =all with --recompute block, and norms) from the same
+ * weights. */
 static void test_mode(precision_t prec, double tol_loss, double tol_grad)
 {
     const char *pn = precision_name(prec);
@@ -217,18 +218,20 @@ static void test_mode(precision_t prec, double tol_loss, double tol_grad)
     model_free(mt);
     backend_free(tmp);
 
-    run_t R[3];
+    enum { NR = 4 };
+    run_t R[NR];
     const char *only = getenv("FTK_TEST_FUSED"); /* by hand: one op's share of the difference */
-    const char *sw[3] = {"none", only ? only : "all", only ? only : "all"};
+    const char *sw[NR] = {"none", only ? only : "all", only ? only : "all", only ? only : "all"};
+    const int rec[NR] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_BLOCK, MODEL_RECOMPUTE_NORMS};
     int ok = 1;
-    for (int k = 0; k < 3; k++)
-        ok &= run_new(&R[k], sw[k], prec, k == 2, n, (const float *const *)w) == 0;
+    for (int k = 0; k < NR; k++)
+        ok &= run_new(&R[k], sw[k], prec, rec[k], n, (const float *const *)w) == 0;
     CHECK(ok);
     double worst_l = 0, worst_g = 0;
     uint64_t hash = 0xcbf29ce484222325ull;
     for (int step = 1; ok && step <= 3; step++) {
-        double loss[3];
-        for (int k = 0; k < 3; k++) {
+        double loss[NR];
+        for (int k = 0; k < NR; k++) {
             model_zero_grad(R[k].m);
             loss[k] = model_step(R[k].m, &b, 1.0f / (float)b.n_tgt, NULL);
             CHECK(R[k].be->sync(R[k].be) == 0 && isfinite(loss[k]));
@@ -239,28 +242,29 @@ static void test_mode(precision_t prec, double tol_loss, double tol_grad)
             worst_l = e > worst_l ? e : worst_l;
         }
         for (int u = 0; u < nu; u++) {
-            float *g[3];
-            for (int k = 0; k < 3; k++)
+            float *g[NR];
+            for (int k = 0; k < NR; k++)
                 g[k] = get(R[k].be, model_unit_grad(R[k].m, u), len[u]);
             hash = fnv(hash, g[0], (size_t)len[u] * sizeof(float));
             for (int k = 1; k < 3; k++) {
                 double e = norm_rel(g[0], g[k], len[u]);
                 worst_g = e > worst_g ? e : worst_g;
             }
-            /* fused with and without recompute: the same ops on the same values */
+            /* fused with and without recompute (either level): the same ops on the same values */
             CHECK(!memcmp(g[1], g[2], (size_t)len[u] * sizeof(float)));
-            for (int k = 0; k < 3; k++)
+            CHECK(!memcmp(g[1], g[3], (size_t)len[u] * sizeof(float)));
+            for (int k = 0; k < NR; k++)
                 free(g[k]);
         }
-        CHECK(loss[1] == loss[2]);
-        for (int k = 0; k < 3; k++)
+        CHECK(loss[1] == loss[2] && loss[1] == loss[3]);
+        for (int k = 0; k < NR; k++)
             adam(&R[k], step);
     }
     printf("%-10s FTK_FUSED=all vs none, 3 steps: loss rel diff %.3e (bound %.0e), gradients ‖Δ‖/‖g‖ %.3e "
            "(bound %.0e); unfused hash %016llx\n",
            pn, worst_l, tol_loss, worst_g, tol_grad, (unsigned long long)hash);
     CHECK(worst_l <= tol_loss && worst_g <= tol_grad);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < NR; k++)
         run_free(&R[k]);
     for (int k = 0; k < nu; k++)
         free(w[k]);
