@@ -168,6 +168,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->vec = !(vv && !strcmp(vv, "0"));
 
     be->destroy = cu_destroy;
+    be->mem_avail = cu_mem_avail;
     be->mem_alloc = cu_mem_alloc;
     be->mem_free = cu_mem_free;
     be->host_alloc = cu_host_alloc;

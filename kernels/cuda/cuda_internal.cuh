@@ -386,6 +386,7 @@ template <typename F> static inline void on_vec(int vec, F &&f)
 /* ---- what each family defines ----------------------------------------------------------- */
 
 /* runtime.cu: backend.h's memory, copy, stream and event entry points, and convert. */
+int64_t cu_mem_avail(backend_t *be);
 void *cu_mem_alloc(backend_t *be, size_t bytes);
 void cu_mem_free(backend_t *be, void *p);
 void *cu_host_alloc(backend_t *be, size_t bytes);

@@ -51,6 +51,18 @@ void *scratch(cuda_t *c, void **p, size_t *cap, size_t bytes, const char *what)
 
 /* ---- memory, copies, streams, events ------------------------------------------------------ */
 
+/* The device's free memory now (what --recompute auto plans against), or -1. */
+int64_t cu_mem_avail(backend_t *be)
+{
+    enter(be);
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)f;
+}
+
 void *cu_mem_alloc(backend_t *be, size_t bytes)
 {
     enter(be);

@@ -197,6 +197,14 @@ static inline cudaError_t cudaFree(void *p)
     free(p);
     return emu::sticky(cudaSuccess);
 }
+/* the device's memory is the host's: what it has available */
+static inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), all = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    *free_bytes = pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+    *total = all > 0 && size > 0 ? (size_t)all * (size_t)size : 0;
+    return emu::sticky(cudaSuccess);
+}
 template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t bytes)
 {
     emu::stats_count(&emu::n_pinned_allocs);
