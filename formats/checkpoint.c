@@ -1,5 +1,8 @@
-/* checkpoint.c — the checkpoint directory (checkpoint.h). */
+/* checkpoint.c — the checkpoint directory (checkpoint.h): the shard map, names and hashes of
+ * the layout, and the run directory's policy (its lock, stale temporaries, steps, `latest`).
+ * Writing is in checkpoint_write.c, reading in checkpoint_read.c. */
 #include "checkpoint.h"
+#include "checkpoint_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -69,11 +72,7 @@ int ckpt_units(const model_config_t *c, int64_t shard_count, ckpt_unit_t **units
     return 0;
 }
 
-/* ---- writing ----------------------------------------------------------------------------- */
-
-static int check_meta(const ckpt_meta_t *m);
-
-static char *join(const char *a, const char *b)
+char *ckpt_join(const char *a, const char *b)
 {
     size_t l = strlen(a) + strlen(b) + 2;
     char *p = malloc(l);
@@ -86,7 +85,7 @@ static char *join(const char *a, const char *b)
 }
 
 
-static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
+int ckpt_units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
 {
     int rc = buf_printf(b, "[\n");
     for (int u = 0; u < n_units; u++) {
@@ -106,34 +105,6 @@ static int units_json(buf_t *b, const ckpt_unit_t *units, int n_units)
     }
     rc |= buf_printf(b, "  ]");
     return rc;
-}
-
-/* fclose() releases the stream even when it fails (a full disk shows up at the flush), so
- * it is called exactly once on every path. */
-static int write_text(const char *path, const buf_t *b)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        ftk_err_set("%s: %s", path, strerror(errno));
-        return -1;
-    }
-    int e = fwrite(b->data, 1, b->len, f) != b->len ? errno : 0;
-    if (fclose(f) != 0 && !e)
-        e = errno;
-    if (e) {
-        ftk_err_set("%s: %s", path, strerror(e));
-        return -1;
-    }
-    return 0;
-}
-
-typedef struct {
-    hid_t dst;
-} copy_tok_t;
-
-static int copy_tok(const char *name, const void *data, size_t len, void *ctx)
-{
-    return weights_put_file(((copy_tok_t *)ctx)->dst, name, data, len) < 0 ? -1 : 0;
 }
 
 void ckpt_shard_name(char out[32], int64_t index, int64_t count)
@@ -158,7 +129,7 @@ const char *ckpt_recipe(const ckpt_train_t *t) { return t->recipe[0] ? t->recipe
 int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17])
 {
     buf_t ub = {0};
-    if (units_json(&ub, units, n_units) < 0) {
+    if (ckpt_units_json(&ub, units, n_units) < 0) {
         buf_free(&ub);
         ftk_err_set("out of memory");
         return -1;
@@ -168,214 +139,42 @@ int ckpt_units_hash(const ckpt_unit_t *units, int n_units, char hex[17])
     return 0;
 }
 
-struct ckpt_shard_writer {
-    char *path;
-    hid_t f, g;
-    const ckpt_unit_t *units;
-    int n_units, kind, unit; /* the next array expected */
-    int64_t S;
-    dtype_t dt;
-    int failed;
-};
-
-ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
-                                       int n_units, int64_t index)
+int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17])
 {
-    char name[32], hex[17];
-    dtype_t dt = ckpt_state_dtype(meta->precision);
-    if (dt == DT_INVALID) {
-        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
-        return NULL;
-    }
-    ckpt_shard_writer_t *w = calloc(1, sizeof *w);
-    if (!w) {
+    size_t nt = weights_n_tensors(c);
+    uint64_t *sums = malloc((nt ? nt : 1) * sizeof *sums);
+    if (!sums) {
         ftk_err_set("out of memory");
-        return NULL;
-    }
-    ckpt_shard_name(name, index, meta->shard_count);
-    w->g = -1;
-    w->units = units;
-    w->n_units = n_units;
-    w->S = meta->shard_count;
-    w->dt = dt;
-    if (!(w->path = join(dir, name)) || ckpt_units_hash(units, n_units, hex) < 0) {
-        free(w->path);
-        free(w);
-        return NULL;
-    }
-    if ((w->f = h5_create(w->path, CKPT_SHARD_FORMAT, CKPT_VERSION)) < 0) {
-        free(w->path);
-        free(w);
-        return NULL;
-    }
-    if (h5_attr_set_i64(w->f, "shard_index", index + 1) | h5_attr_set_i64(w->f, "shard_count", meta->shard_count) |
-        h5_attr_set_i64(w->f, "step", meta->step) | h5_attr_set_str(w->f, "units_xxh3", hex) |
-        h5_attr_set_str(w->f, "ftk_version", FTK_VERSION)) {
-        ftk_err_prefix("%s: ", w->path);
-        w->failed = 1;
-    }
-    return w;
-}
-
-static int shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data);
-
-int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
-{
-    if (w->failed)
-        return -1;
-    int rc = shard_put(w, kind, unit, data);
-    if (rc == 0 && fault_point("ckpt.shard-put") < 0) {
-        w->failed = 1;
-        rc = -1;
-    }
-    if (rc < 0)
-        ftk_err_prefix("%s: ", w->path);
-    return rc;
-}
-
-static int shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
-{
-    if (kind != w->kind || unit != w->unit || kind >= CKPT_KINDS) {
-        ftk_err_set("internal: shard array %d/%d written out of order", kind, unit);
-        w->failed = 1;
         return -1;
     }
-    if (unit == 0 && (w->g = h5_group_create(w->f, ckpt_kind_names[kind])) < 0) {
-        w->failed = 1;
-        return -1;
+    for (size_t i = 0; i < nt; i++) {
+        weights_spec_t s;
+        weights_tensor_spec(c, i, &s);
+        char path[WEIGHTS_NAME_MAX + 16];
+        snprintf(path, sizeof path, "tensors/%s", s.name);
+        hid_t d = H5Dopen2(weights, path, H5P_DEFAULT);
+        int rc = d < 0 ? -1 : h5_attr_get_u64(d, "xxh3_64", &sums[i]);
+        if (d >= 0)
+            H5Dclose(d);
+        if (rc < 0) {
+            ftk_err_set("%s: no xxh3_64 checksum", path);
+            free(sums);
+            return -1;
+        }
     }
-    hsize_t dims[1] = {(hsize_t)(w->units[unit].padded / w->S)};
-    /* A stream rather than h5w_write_tensor() for the bf16 marker; for float32 the two
-     * make the same bytes. */
-    h5w_stream_t *s = h5w_open(w->g, w->units[unit].name, weights_h5type(w->dt), 1, dims, NULL);
-    if (!s || (w->dt == DT_BF16 && h5_attr_set_str(h5w_dataset(s), "dtype", "bfloat16") < 0))
-        w->failed = 1;
-    if (s) {
-        h5w_append(s, data, dims[0]);
-        if (h5w_close(s, NULL) < 0)
-            w->failed = 1;
-    }
-    if (++w->unit == w->n_units) {
-        H5Gclose(w->g);
-        w->g = -1;
-        w->unit = 0;
-        w->kind++;
-    }
-    return w->failed ? -1 : 0;
+    hash_hex(hash_bytes(sums, nt * sizeof *sums), out);
+    free(sums);
+    return 0;
 }
 
-int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum)
-{
-    int rc = w->failed ? -1 : 0;
-    if (rc == 0 && w->kind != CKPT_KINDS) {
-        ftk_err_set("internal: shard file closed before all of its arrays were written");
-        rc = -1;
-    }
-    if (w->g >= 0)
-        H5Gclose(w->g);
-    if (rc == 0 && tok_src >= 0) {
-        hid_t g = h5_group_create(w->f, "tokenizer");
-        if (g < 0)
-            rc = -1;
-        else
-            H5Gclose(g);
-        copy_tok_t c = {w->f};
-        if (rc == 0)
-            rc = weights_each_file(tok_src, copy_tok, &c);
-        if (rc < 0)
-            ftk_err_prefix("%s: ", w->path);
-    }
-    if (h5_close(w->f) < 0 && rc == 0) {
-        ftk_err_prefix("%s: ", w->path);
-        rc = -1;
-    }
-    struct stat sb;
-    if (rc == 0 && (fsync_path(w->path) < 0 || hash_file(w->path, &sum->xxh3) < 0))
-        rc = -1;
-    if (rc == 0 && stat(w->path, &sb) < 0) {
-        ftk_err_set("%s: %s", w->path, strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0)
-        sum->bytes = (uint64_t)sb.st_size;
-    if (rc == 0)
-        rc = fault_point("ckpt.shard-done");
-    free(w->path);
-    free(w);
-    return rc ? -1 : 0;
-}
+/* ---- the run directory: lock, stale temporaries, steps, latest ------------------------------- */
 
-/* The manifest's last member, on a line of its own: its value, 16 hex digits, follows. */
-#define SEAL_KEY "  \"manifest_xxh3\": \""
-
-static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,
-                          uint64_t config_sum, const ckpt_shard_sum_t *sums)
-{
-    const ckpt_train_t *t = &meta->train;
-    buf_t b = {0};
-    char h1[17];
-    hash_hex(config_sum, h1);
-    int rc = buf_printf(&b, "{\n  \"ftk_format\": \"%s\",\n  \"ftk_format_version\": %d,\n  \"ftk_version\": \"%s\",\n",
-                     CKPT_FORMAT, CKPT_VERSION, FTK_VERSION);
-    rc |= buf_printf(&b, "  \"step\": %lld,\n  \"tokens_seen\": %lld,\n", (long long)meta->step,
-                  (long long)meta->tokens_seen);
-    rc |= buf_printf(&b, "  \"data\": {\"file\": ");
-    rc |= json_write_string(&b, meta->data_file, strlen(meta->data_file));
-    rc |= buf_printf(&b, ", \"set_xxh3\": \"%s\", \"n_rows\": %lld, \"epoch\": %lld, \"rows_consumed\": %lld},\n",
-                  meta->data_set_xxh3, (long long)meta->data_rows, (long long)meta->epoch,
-                  (long long)meta->rows_consumed);
-    rc |= buf_printf(&b, "  \"init\": {\"file\": ");
-    rc |= json_write_string(&b, meta->init_file, strlen(meta->init_file));
-    rc |= buf_printf(&b, ", \"xxh3\": \"%s\"},\n", meta->init_xxh3);
-    rc |= buf_printf(&b, "  \"rng\": {\"seed\": %lld},\n", (long long)t->seed);
-    rc |= buf_printf(&b,
-                  "  \"train\": {\"lr\": %.17g, \"min_lr\": %.17g, \"warmup\": %lld, \"schedule\": \"%s\", "
-                  "\"total_steps\": %lld, \"global_batch\": %lld, \"micro_batch\": %lld,\n",
-                  t->lr, t->min_lr, (long long)t->warmup, t->schedule, (long long)t->total_steps,
-                  (long long)t->global_batch, (long long)t->micro_batch);
-    rc |= buf_printf(&b,
-                  "            \"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"weight_decay\": %.17g, "
-                  "\"decay_norms\": %s, \"clip\": %.17g, \"seed\": %lld, \"rounding\": \"%s\",\n",
-                  t->beta1, t->beta2, t->eps, t->weight_decay, t->decay_norms ? "true" : "false", t->clip,
-                  (long long)t->seed, t->rounding[0] ? t->rounding : "nearest");
-    rc |= buf_printf(&b, "            \"warmup_style\": \"%s\", \"loss_mean\": \"%s\", \"recipe\": \"%s\"},\n",
-                     ckpt_warmup_style(t), ckpt_loss_mean(t), ckpt_recipe(t));
-    rc |= buf_printf(&b, "  \"precision\": \"%s\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
-                  meta->precision, meta->strategy, (long long)meta->world_size);
-    rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
-    rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
-    rc |= units_json(&b, units, n_units);
-    rc |= buf_printf(&b, ",\n  \"shards\": [");
-    for (int64_t i = 0; i < meta->shard_count; i++) {
-        char name[32], h2[17];
-        ckpt_shard_name(name, i, meta->shard_count);
-        hash_hex(sums[i].xxh3, h2);
-        rc |= buf_printf(&b, "%s\n    {\"file\": \"%s\", \"bytes\": %llu, \"xxh3\": \"%s\"}", i ? "," : "", name,
-                         (unsigned long long)sums[i].bytes, h2);
-    }
-    rc |= buf_printf(&b, "\n  ],\n");
-    /* the seal: XXH3-64 of every byte before its own line (checkpoint.h) */
-    char seal[17];
-    if (rc == 0) {
-        hash_hex(hash_bytes(b.data, b.len), seal);
-        rc |= buf_printf(&b, "%s%s\"\n}\n", SEAL_KEY, seal);
-    }
-    if (rc == 0)
-        rc = write_text(path, &b);
-    else
-        ftk_err_set("out of memory");
-    buf_free(&b);
-    return rc ? -1 : 0;
-}
-
-static int step_dir_name(char *out, size_t n, int64_t step)
-{
-    return snprintf(out, n, "step-%08lld", (long long)step) >= (int)n ? -1 : 0;
-}
+/* Bound on the `latest` file a reader reads whole. */
+#define LATEST_MAX 4096
 
 static int is_file(const char *dir, const char *name)
 {
-    char *p = join(dir, name);
+    char *p = ckpt_join(dir, name);
     struct stat sb;
     int r = p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
     free(p);
@@ -385,7 +184,7 @@ static int is_file(const char *dir, const char *name)
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* step-* directories of run_dir, sorted (the 8-digit names sort by step). */
-static char **list_steps(const char *run_dir, size_t *n)
+char **ckpt_list_steps(const char *run_dir, size_t *n)
 {
     *n = 0;
     DIR *d = opendir(run_dir);
@@ -412,123 +211,6 @@ static char **list_steps(const char *run_dir, size_t *n)
     if (v)
         qsort(v, *n, sizeof *v, cmp_str);
     return v;
-}
-
-int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step)
-{
-    memset(w, 0, sizeof *w);
-    if (step_dir_name(w->name, sizeof w->name, step) < 0) {
-        ftk_err_set("internal: step %lld", (long long)step);
-        return -1;
-    }
-    char *final = join(run_dir, w->name);
-    if (!final || !(w->run_dir = strdup(run_dir))) {
-        free(final);
-        ftk_err_set("out of memory");
-        return -1;
-    }
-    int rc = atomic_dir_begin(&w->ad, final);
-    free(final);
-    if (rc < 0) {
-        free(w->run_dir);
-        w->run_dir = NULL;
-        return -1;
-    }
-    w->dir = w->ad.tmp_path;
-    if (fault_point("ckpt.begin") < 0) {
-        ckpt_abort(w);
-        return -1;
-    }
-    return 0;
-}
-
-void ckpt_abort(ckpt_writer_t *w)
-{
-    if (w->run_dir)
-        atomic_dir_abort(&w->ad);
-    free(w->run_dir);
-    memset(w, 0, sizeof *w);
-}
-
-int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
-                int n_units, const ckpt_shard_sum_t *sums, int keep)
-{
-    buf_t cj = {0};
-    char *cpath = atomic_dir_file(&w->ad, "config.json");
-    char *mpath = atomic_dir_file(&w->ad, "manifest.json");
-    int rc = cpath && mpath ? 0 : -1;
-    if (rc == 0 && ckpt_state_dtype(meta->precision) == DT_INVALID) { /* never a manifest readers refuse */
-        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
-        rc = -1;
-    }
-    if (rc == 0 && check_meta(meta) < 0) {
-        ftk_err_prefix("internal: a manifest readers would refuse: ");
-        rc = -1;
-    }
-    if (rc == 0)
-        rc = hfconfig_write(&cj, cfg, DT_F32);
-    if (rc == 0)
-        rc = write_text(cpath, &cj);
-    if (rc == 0)
-        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), sums);
-    buf_free(&cj);
-    if (rc == 0)
-        rc = fault_point("ckpt.before-rename");
-    if (rc == 0)
-        rc = atomic_dir_commit(&w->ad, 1);
-    char *run_dir = w->run_dir, name[32];
-    memcpy(name, w->name, sizeof name);
-    w->run_dir = NULL;
-    if (rc < 0) {
-        atomic_dir_abort(&w->ad);
-        free(run_dir);
-        return -1;
-    }
-
-    /* latest: replaced by rename, after the checkpoint it names is durable. */
-    char *latest = join(run_dir, "latest");
-    atomic_file_t af;
-    if (!latest || fault_point("ckpt.before-latest") < 0 || atomic_begin(&af, latest) < 0) {
-        free(latest);
-        free(run_dir);
-        return -1;
-    }
-    free(latest);
-    FILE *f = fopen(af.tmp_path, "w");
-    int e = !f ? errno : fprintf(f, "%s\n", name) < 0 ? errno : 0;
-    if (f && fclose(f) != 0 && !e)
-        e = errno;
-    if (e)
-        ftk_err_set("%s: %s", af.tmp_path, strerror(e));
-    if (e || atomic_commit(&af) < 0) {
-        if (e)
-            atomic_abort(&af);
-        /* The checkpoint itself is complete: readers that find `latest` older take the
-         * newest complete step directory (ckpt_find_latest), so this is not damage. */
-        ftk_err_prefix("%s is committed, but %s/latest could not be updated (ftk-train --resume auto finds the newest "
-                       "checkpoint without it): ",
-                       name, run_dir);
-        free(run_dir);
-        return -1;
-    }
-
-    if (keep > 0) {
-        size_t n;
-        char **v = list_steps(run_dir, &n);
-        for (size_t i = 0; i < n; i++) {
-            if (i + (size_t)keep < n && strcmp(v[i], name) < 0) {
-                char *p = join(run_dir, v[i]);
-                if (p)
-                    rm_tree(p);
-                free(p);
-            }
-            free(v[i]);
-        }
-        free(v);
-    }
-    free(run_dir);
-    (void)fault_point("ckpt.committed"); /* kills and signals only: it is committed */
-    return 0;
 }
 
 /* Whether process pid runs on this host (a zombie, killed but not yet reaped, does not). */
@@ -566,7 +248,7 @@ int ckpt_remove_stale(const char *run_dir)
         long pid = strtol(tmp + 5, &end, 10);
         if (*end == 0 && pid != (long)getpid() && pid_alive(pid))
             continue;
-        char *p = join(run_dir, e->d_name);
+        char *p = ckpt_join(run_dir, e->d_name);
         if (p && rm_tree(p) == 0)
             n++;
         free(p);
@@ -577,7 +259,7 @@ int ckpt_remove_stale(const char *run_dir)
 
 int ckpt_lock_run(const char *run_dir)
 {
-    char *p = join(run_dir, ".lock");
+    char *p = ckpt_join(run_dir, ".lock");
     if (!p) {
         ftk_err_set("out of memory");
         return -3;
@@ -671,11 +353,11 @@ again:
 char **ckpt_list(const char *run_dir, size_t *n)
 {
     size_t m;
-    char **v = list_steps(run_dir, &m);
+    char **v = ckpt_list_steps(run_dir, &m);
     char **out = calloc(m ? m : 1, sizeof *out);
     *n = 0;
     for (size_t i = m; i-- > 0;) { /* newest first, committed ones only (a manifest) */
-        char *p = out ? join(run_dir, v[i]) : NULL;
+        char *p = out ? ckpt_join(run_dir, v[i]) : NULL;
         if (p && is_file(p, "manifest.json"))
             out[(*n)++] = p;
         else
@@ -685,13 +367,6 @@ char **ckpt_list(const char *run_dir, size_t *n)
     free(v);
     return out;
 }
-
-/* ---- reading ------------------------------------------------------------------------------ */
-
-/* Bounds on what a reader reads whole. A manifest of 99999 shards is about 10 MB. */
-#define MANIFEST_MAX BUF_SMALL_MAX
-#define CONFIG_MAX ((size_t)1 << 20)
-#define LATEST_MAX 4096
 
 char *ckpt_resolve(const char *path)
 {
@@ -716,7 +391,7 @@ char *ckpt_resolve(const char *path)
         else
             run[base - path - 1 ? base - path - 1 : 1] = 0;
     }
-    char *lp = join(run, "latest");
+    char *lp = ckpt_join(run, "latest");
     buf_t b = {0};
     /* a control file ftk writes itself as a small regular file: never a link, FIFO or device */
     if (!lp || buf_read_small(&b, lp, LATEST_MAX, BUF_NOFOLLOW) < 0) {
@@ -744,883 +419,7 @@ char *ckpt_resolve(const char *path)
     memcpy(name, b.data, 13);
     name[13] = 0;
     buf_free(&b);
-    char *out = join(run, name);
+    char *out = ckpt_join(run, name);
     free(run);
     return out;
-}
-
-static int get_i64(const json_value_t *o, const char *key, int64_t *v)
-{
-    const json_value_t *x = json_get(o, key);
-    if (!x || json_get_i64(x, v) < 0) {
-        ftk_err_set("manifest.json: \"%s\" missing or not an integer", key);
-        return -1;
-    }
-    return 0;
-}
-
-static int get_f64(const json_value_t *o, const char *key, double *v)
-{
-    const json_value_t *x = json_get(o, key);
-    if (!x || x->type != JSON_NUMBER) {
-        ftk_err_set("manifest.json: \"%s\" missing or not a number", key);
-        return -1;
-    }
-    *v = x->u.num.v;
-    return 0;
-}
-
-static int get_str(const json_value_t *o, const char *key, char *out, size_t n)
-{
-    const json_value_t *x = json_get(o, key);
-    if (!x || x->type != JSON_STRING || x->u.str.len >= n || memchr(x->u.str.s, 0, x->u.str.len)) {
-        ftk_err_set("manifest.json: \"%s\" missing, not a string or too long", key);
-        return -1;
-    }
-    memcpy(out, x->u.str.s, x->u.str.len + 1);
-    return 0;
-}
-
-static int parse_hex(const char *s, uint64_t *v)
-{
-    if (strlen(s) != 16 || strspn(s, "0123456789abcdef") != 16)
-        return -1;
-    *v = strtoull(s, NULL, 16);
-    return 0;
-}
-
-static int one_of(const char *v, const char *const *names)
-{
-    for (; *names; names++)
-        if (!strcmp(v, *names))
-            return 1;
-    return 0;
-}
-
-/* The manifest's values against each other: the ranges ftk-train accepts for its options,
- * and the invariants of the data order (docs/design.md "Data order"): an epoch takes at
- * least one step, a step consumes at least one row and at most global_batch, so
- * step <= epoch * n_rows + rows_consumed <= step * global_batch. A reader uses no value
- * unchecked and ckpt_commit() writes none a reader refuses. The message names the field
- * as the manifest spells it. */
-static int check_meta(const ckpt_meta_t *m)
-{
-    static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
-    static const char *const strategies[] = {"full", "grad-op", "none", "hybrid", NULL};
-    const ckpt_train_t *t = &m->train;
-#define RANGE(ok, ...)                                                                                               \
-    do {                                                                                                             \
-        if (!(ok)) {                                                                                                 \
-            ftk_err_set(__VA_ARGS__);                                                                                \
-            return -1;                                                                                               \
-        }                                                                                                            \
-    } while (0)
-#define LL(x) ((long long)(x))
-    RANGE(t->total_steps >= 1, "\"train.total_steps\" is %lld (need >= 1)", LL(t->total_steps));
-    RANGE(m->step >= 0 && m->step <= t->total_steps, "\"step\" is %lld, outside [0, train.total_steps = %lld]",
-          LL(m->step), LL(t->total_steps));
-    RANGE(t->global_batch >= 1, "\"train.global_batch\" is %lld (need >= 1)", LL(t->global_batch));
-    RANGE(t->micro_batch >= 1, "\"train.micro_batch\" is %lld (need >= 1)", LL(t->micro_batch));
-    RANGE(t->warmup >= 0, "\"train.warmup\" is %lld (need >= 0)", LL(t->warmup));
-    RANGE(m->tokens_seen >= 0, "\"tokens_seen\" is %lld (need >= 0)", LL(m->tokens_seen));
-    RANGE(m->data_rows >= 1, "\"data.n_rows\" is %lld (need >= 1)", LL(m->data_rows));
-    RANGE(m->epoch >= 0 && m->epoch <= m->step, "\"data.epoch\" is %lld, outside [0, step = %lld]", LL(m->epoch),
-          LL(m->step));
-    RANGE(m->rows_consumed >= 0 && m->rows_consumed <= m->data_rows,
-          "\"data.rows_consumed\" is %lld, outside [0, data.n_rows = %lld]", LL(m->rows_consumed), LL(m->data_rows));
-    __int128 rows = (__int128)m->epoch * m->data_rows + m->rows_consumed;
-    RANGE(rows >= m->step && rows <= (__int128)m->step * t->global_batch,
-          "\"data.epoch\" %lld and \"data.rows_consumed\" %lld (of %lld rows an epoch) are not a position %lld steps "
-          "of train.global_batch = %lld rows can reach",
-          LL(m->epoch), LL(m->rows_consumed), LL(m->data_rows), LL(m->step), LL(t->global_batch));
-    RANGE(t->lr > 0 && isfinite(t->lr), "\"train.lr\" is %g (need > 0)", t->lr);
-    RANGE(t->min_lr >= 0 && isfinite(t->min_lr), "\"train.min_lr\" is %g (need >= 0)", t->min_lr);
-    RANGE(t->beta1 >= 0 && t->beta1 < 1, "\"train.beta1\" is %g (need [0, 1))", t->beta1);
-    RANGE(t->beta2 >= 0 && t->beta2 < 1, "\"train.beta2\" is %g (need [0, 1))", t->beta2);
-    RANGE(t->eps > 0 && isfinite(t->eps), "\"train.eps\" is %g (need > 0)", t->eps);
-    RANGE(t->weight_decay >= 0 && isfinite(t->weight_decay), "\"train.weight_decay\" is %g (need >= 0)",
-          t->weight_decay);
-    RANGE(t->clip >= 0 && isfinite(t->clip), "\"train.clip\" is %g (need >= 0)", t->clip);
-    RANGE(one_of(t->schedule, schedules), "\"train.schedule\" is \"%s\" (cosine, linear or constant)", t->schedule);
-    RANGE(one_of(m->strategy, strategies), "\"strategy\" is \"%s\" (full, grad-op, none or hybrid)", m->strategy);
-    RANGE(m->shard_count >= 1 && m->shard_count <= 99999, "\"shard_count\" is %lld, outside [1, 99999]",
-          LL(m->shard_count));
-    RANGE(m->world_size >= 1 && m->world_size <= INT32_MAX, "\"world_size\" is %lld (need >= 1)", LL(m->world_size));
-    if (!strcmp(m->strategy, "hybrid"))
-        RANGE(m->world_size % m->shard_count == 0,
-              "\"shard_count\" %lld does not divide \"world_size\" %lld (strategy hybrid: one shard group's ranks)",
-              LL(m->shard_count), LL(m->world_size));
-    else
-        RANGE(m->world_size == m->shard_count, "\"shard_count\" %lld is not \"world_size\" %lld (strategy %s)",
-              LL(m->shard_count), LL(m->world_size), m->strategy);
-#undef LL
-#undef RANGE
-    return 0;
-}
-
-static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_t **shards, uint64_t *config_sum)
-{
-    char fmt[32], hex[32];
-    int64_t ver;
-    if (!r || r->type != JSON_OBJECT || get_str(r, "ftk_format", fmt, sizeof fmt) < 0 || strcmp(fmt, CKPT_FORMAT)) {
-        ftk_err_set("manifest.json: not an ftk checkpoint manifest (ftk_format is not \"checkpoint\")");
-        return -1;
-    }
-    if (get_i64(r, "ftk_format_version", &ver) < 0)
-        return -1;
-    if (ver < 1 || ver > CKPT_VERSION) {
-        ftk_err_set("manifest.json: checkpoint format version %lld; this ftk reads version %d", (long long)ver,
-                    CKPT_VERSION);
-        return -1;
-    }
-    const json_value_t *d = json_get(r, "data"), *t = json_get(r, "train"), *c = json_get(r, "config"),
-                       *sh = json_get(r, "shards"), *in = json_get(r, "init");
-    if (!d || !t || !c || !sh || !in || d->type != JSON_OBJECT || t->type != JSON_OBJECT ||
-        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY) {
-        ftk_err_set("manifest.json: \"data\", \"init\", \"train\", \"config\" or \"shards\" missing or malformed");
-        return -1;
-    }
-    ckpt_train_t *tr = &m->train;
-    const json_value_t *dn = json_get(t, "decay_norms");
-    if (get_i64(r, "step", &m->step) < 0 || get_i64(r, "tokens_seen", &m->tokens_seen) < 0 ||
-        get_str(d, "file", m->data_file, sizeof m->data_file) < 0 ||
-        get_str(d, "set_xxh3", m->data_set_xxh3, sizeof m->data_set_xxh3) < 0 ||
-        get_i64(d, "n_rows", &m->data_rows) < 0 || get_i64(d, "epoch", &m->epoch) < 0 ||
-        get_i64(d, "rows_consumed", &m->rows_consumed) < 0 ||
-        get_str(in, "file", m->init_file, sizeof m->init_file) < 0 ||
-        get_str(in, "xxh3", m->init_xxh3, sizeof m->init_xxh3) < 0 || get_f64(t, "lr", &tr->lr) < 0 ||
-        get_f64(t, "min_lr", &tr->min_lr) < 0 || get_i64(t, "warmup", &tr->warmup) < 0 ||
-        get_str(t, "schedule", tr->schedule, sizeof tr->schedule) < 0 ||
-        get_i64(t, "total_steps", &tr->total_steps) < 0 || get_i64(t, "global_batch", &tr->global_batch) < 0 ||
-        get_i64(t, "micro_batch", &tr->micro_batch) < 0 || get_f64(t, "beta1", &tr->beta1) < 0 ||
-        get_f64(t, "beta2", &tr->beta2) < 0 || get_f64(t, "eps", &tr->eps) < 0 ||
-        get_f64(t, "weight_decay", &tr->weight_decay) < 0 || get_f64(t, "clip", &tr->clip) < 0 ||
-        get_i64(t, "seed", &tr->seed) < 0 || get_str(r, "strategy", m->strategy, sizeof m->strategy) < 0 ||
-        get_str(r, "precision", m->precision, sizeof m->precision) < 0 ||
-        get_i64(r, "world_size", &m->world_size) < 0 || get_i64(r, "shard_count", &m->shard_count) < 0 ||
-        get_str(c, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, config_sum) < 0)
-        return -1;
-    if (!dn || dn->type != JSON_BOOL) {
-        ftk_err_set("manifest.json: \"decay_norms\" missing or not true/false");
-        return -1;
-    }
-    tr->decay_norms = dn->u.boolean;
-    if (!json_get(t, "rounding"))
-        snprintf(tr->rounding, sizeof tr->rounding, "nearest");
-    else if (get_str(t, "rounding", tr->rounding, sizeof tr->rounding) < 0)
-        return -1;
-    if (strcmp(tr->rounding, "stochastic") && strcmp(tr->rounding, "nearest")) {
-        ftk_err_set("manifest.json: \"rounding\" is \"%s\" (need stochastic or nearest)", tr->rounding);
-        return -1;
-    }
-    /* Options added after version 1's first manifests: absent, they are what those runs did. */
-    static const struct {
-        const char *key, *dflt, *a, *b;
-        size_t off;
-    } opt_str[] = {
-        {"warmup_style", "ftk", "ftk", "litgpt", offsetof(ckpt_train_t, warmup_style)},
-        {"loss_mean", "global", "global", "micro", offsetof(ckpt_train_t, loss_mean)},
-        {"recipe", "ftk", "ftk", "litgpt", offsetof(ckpt_train_t, recipe)},
-    };
-    for (size_t i = 0; i < sizeof opt_str / sizeof *opt_str; i++) {
-        char *v = (char *)tr + opt_str[i].off;
-        if (!json_get(t, opt_str[i].key))
-            snprintf(v, sizeof tr->recipe, "%s", opt_str[i].dflt);
-        else if (get_str(t, opt_str[i].key, v, sizeof tr->recipe) < 0)
-            return -1;
-        if (strcmp(v, opt_str[i].a) && strcmp(v, opt_str[i].b)) {
-            ftk_err_set("manifest.json: \"%s\" is \"%s\" (need %s or %s)", opt_str[i].key, v, opt_str[i].a,
-                        opt_str[i].b);
-            return -1;
-        }
-    }
-    if (ckpt_state_dtype(m->precision) == DT_INVALID) {
-        ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
-                    m->precision);
-        return -1;
-    }
-    if (check_meta(m) < 0) {
-        ftk_err_prefix("manifest.json: ");
-        return -1;
-    }
-    if (m->shard_count < 1 || m->shard_count > 99999 || sh->u.arr.n != (size_t)m->shard_count) {
-        ftk_err_set("manifest.json: %zu entries in \"shards\" for a shard_count of %lld", sh->u.arr.n,
-                    (long long)m->shard_count);
-        return -1;
-    }
-    if (!(*shards = calloc((size_t)m->shard_count, sizeof **shards))) {
-        ftk_err_set("out of memory");
-        return -1;
-    }
-    for (int64_t i = 0; i < m->shard_count; i++) {
-        const json_value_t *x = &sh->u.arr.items[i];
-        char file[64], want[32];
-        int64_t bytes;
-        if (get_str(x, "file", file, sizeof file) < 0 || get_i64(x, "bytes", &bytes) < 0 ||
-            get_str(x, "xxh3", hex, sizeof hex) < 0 || parse_hex(hex, &(*shards)[i].xxh3) < 0)
-            return -1;
-        ckpt_shard_name(want, i, m->shard_count);
-        if (strcmp(file, want) || bytes < 0) {
-            ftk_err_set("manifest.json: shard %lld is \"%s\" (%lld bytes); expected \"%s\"", (long long)i + 1, file,
-                        (long long)bytes, want);
-            return -1;
-        }
-        (*shards)[i].bytes = (uint64_t)bytes;
-    }
-    return 0;
-}
-
-/* 1 when the manifest ends with its seal and the seal holds, 0 when it has none (written
- * before manifests were sealed), -1 (message set) when the seal is malformed or differs. */
-static int check_seal(const char *mpath, const buf_t *b)
-{
-    size_t kl = strlen(SEAL_KEY), tl = kl + 16 + 4; /* key, 16 hex digits, "\"\n}\n" */
-    const char *tail = b->len >= tl ? b->data + b->len - tl : NULL;
-    char hex[17];
-    uint64_t want;
-    if (tail && !memcmp(tail, SEAL_KEY, kl) && !memcmp(b->data + b->len - 4, "\"\n}\n", 4) && tail > b->data &&
-        tail[-1] == '\n') {
-        memcpy(hex, tail + kl, 16);
-        hex[16] = 0;
-        uint64_t got = hash_bytes(b->data, (size_t)(tail - b->data));
-        if (parse_hex(hex, &want) < 0) {
-            ftk_err_set("%s: \"manifest_xxh3\" is not 16 lowercase hex digits", mpath);
-            return -1;
-        }
-        if (got != want) {
-            ftk_err_set("%s: checksum %016llx differs from its manifest_xxh3 %016llx (the manifest was changed or "
-                        "damaged after it was written)",
-                        mpath, (unsigned long long)got, (unsigned long long)want);
-            return -1;
-        }
-        return 1;
-    }
-    if (memmem(b->data, b->len, "\"manifest_xxh3\"", 15)) {
-        ftk_err_set("%s: \"manifest_xxh3\" is not the last member on a line of its own (damaged?)", mpath);
-        return -1;
-    }
-    return 0;
-}
-
-/* A model whose shard map can be computed without overflow: at most 2^20 blocks and 2^40
- * elements a tensor (a 4 TB float32 matrix), so every unit's length and the total fit
- * int64. Bigger than anything trained; what is on disk bounds it further (ckpt_open). */
-static int check_model_size(const model_config_t *c)
-{
-    int64_t dims[] = {c->hidden_size, c->intermediate_size, c->vocab_size, c->num_attention_heads,
-                      c->num_key_value_heads};
-    int ok = c->num_hidden_layers >= 1 && c->num_hidden_layers <= (1 << 20);
-    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
-        ok = ok && dims[i] >= 1 && dims[i] <= (INT64_C(1) << 31);
-    ok = ok && c->hidden_size * c->intermediate_size <= (INT64_C(1) << 40) &&
-         c->hidden_size * c->vocab_size <= (INT64_C(1) << 40) && c->hidden_size * c->hidden_size <= (INT64_C(1) << 40);
-    if (!ok) {
-        ftk_err_set("a model too large for a checkpoint (%lld layers of hidden size %lld, intermediate size %lld, "
-                    "vocabulary %lld)",
-                    (long long)c->num_hidden_layers, (long long)c->hidden_size, (long long)c->intermediate_size,
-                    (long long)c->vocab_size);
-        return -1;
-    }
-    return 0;
-}
-
-int ckpt_open(const char *dir, ckpt_manifest_t *man)
-{
-    int rc = -1;
-    uint64_t config_sum = 0;
-    buf_t mb = {0}, cb = {0};
-    json_doc_t *doc = NULL;
-    json_value_t *root;
-    char *mpath = join(dir, "manifest.json"), *cpath = join(dir, "config.json");
-    memset(man, 0, sizeof *man);
-    if (!mpath || !cpath)
-        goto out;
-    if (buf_read_small(&mb, mpath, MANIFEST_MAX, 0) < 0)
-        goto out;
-    if ((man->sealed = check_seal(mpath, &mb)) < 0)
-        goto out;
-    if (!(doc = json_parse(mb.data, mb.len, NULL, &root))) {
-        ftk_err_prefix("%s: ", mpath);
-        goto out;
-    }
-    if (parse_manifest(root, &man->meta, &man->shards, &config_sum) < 0) {
-        ftk_err_prefix("%s: ", dir);
-        goto out;
-    }
-    if (buf_read_small(&cb, cpath, CONFIG_MAX, 0) < 0)
-        goto out;
-    if (hash_bytes(cb.data, cb.len) != config_sum) {
-        ftk_err_set("%s: checksum differs from the manifest's", cpath);
-        goto out;
-    }
-    if (hfconfig_parse(cb.data, cb.len, &man->cfg) < 0) {
-        ftk_err_prefix("%s: ", cpath);
-        goto out;
-    }
-    if (check_model_size(&man->cfg) < 0) {
-        ftk_err_prefix("%s: ", cpath);
-        goto out;
-    }
-    if (ckpt_units(&man->cfg, man->meta.shard_count, &man->units, &man->n_units) < 0)
-        goto out;
-    /* The shard map written must be the one this config gives. */
-    const json_value_t *ju = json_get(root, "units");
-    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)man->n_units) {
-        ftk_err_set("%s: \"units\" does not match config.json's model", mpath);
-        goto out;
-    }
-    for (int u = 0; u < man->n_units; u++) {
-        const json_value_t *x = &ju->u.arr.items[u];
-        const ckpt_unit_t *w = &man->units[u];
-        char nm[32];
-        int64_t len, pad;
-        if (get_str(x, "name", nm, sizeof nm) < 0 || get_i64(x, "length", &len) < 0 ||
-            get_i64(x, "padded", &pad) < 0) {
-            ftk_err_prefix("%s: ", dir);
-            goto out;
-        }
-        if (strcmp(nm, w->name) || len != w->length || pad != w->padded) {
-            ftk_err_set("%s: unit %d (%s, %lld elements) does not match config.json's model (%s, %lld)", mpath, u, nm,
-                        (long long)len, w->name, (long long)w->length);
-            goto out;
-        }
-        const json_value_t *jt = json_get(x, "tensors");
-        if (!jt || jt->type != JSON_ARRAY || jt->u.arr.n != (size_t)w->n_tensors) {
-            ftk_err_set("%s: unit %s: \"tensors\" missing or not the %d of config.json's model", mpath, w->name,
-                        w->n_tensors);
-            goto out;
-        }
-        for (int i = 0; i < w->n_tensors; i++) {
-            const json_value_t *y = &jt->u.arr.items[i], *js = json_get(y, "shape");
-            const ckpt_tensor_t *t = &w->t[i];
-            char tn[WEIGHTS_NAME_MAX];
-            int64_t off, d0 = -1, d1 = 1;
-            if (get_str(y, "name", tn, sizeof tn) < 0 || get_i64(y, "offset", &off) < 0 || !js ||
-                js->type != JSON_ARRAY || js->u.arr.n != (size_t)t->rank ||
-                json_get_i64(&js->u.arr.items[0], &d0) < 0 || (t->rank == 2 && json_get_i64(&js->u.arr.items[1], &d1) < 0) ||
-                strcmp(tn, t->name) || off != t->offset || d0 != t->shape[0] || d1 != t->shape[1]) {
-                ftk_err_set("%s: unit %s, tensor %d: name, shape or offset differs from config.json's model (%s %lldx%lld "
-                            "at %lld)",
-                            mpath, w->name, i, t->name, (long long)t->shape[0], (long long)t->shape[1],
-                            (long long)t->offset);
-                goto out;
-            }
-        }
-    }
-    /* Each shard holds its slice of every unit, three times, uncompressed: the shard map
-     * must fit in the bytes the manifest records (and the file has), which also bounds what
-     * a reader allocates by what is on disk. Counted at 2 bytes an element whatever the
-     * precision, so that a dataset of the wrong type is named as such when it is read. */
-    uint64_t slice_bytes = 0;
-    for (int u = 0; u < man->n_units; u++)
-        slice_bytes += (uint64_t)(man->units[u].padded / man->meta.shard_count);
-    slice_bytes *= CKPT_KINDS * 2;
-    for (int64_t i = 0; i < man->meta.shard_count; i++) {
-        char name[32];
-        ckpt_shard_name(name, i, man->meta.shard_count);
-        char *sp = join(dir, name);
-        struct stat sb;
-        if (!sp)
-            goto out;
-        int st = stat(sp, &sb);
-        if (st < 0)
-            ftk_err_set("%s: %s", sp, strerror(errno));
-        else if (!S_ISREG(sb.st_mode))
-            ftk_err_set("%s: not a regular file", sp);
-        else if ((uint64_t)sb.st_size != man->shards[i].bytes)
-            ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
-                        (unsigned long long)man->shards[i].bytes);
-        else if (man->shards[i].bytes < slice_bytes)
-            ftk_err_set("%s: %llu bytes, too few for the shard map's %llu bytes of arrays (config.json's model)", sp,
-                        (unsigned long long)man->shards[i].bytes, (unsigned long long)slice_bytes);
-        if (st < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != man->shards[i].bytes ||
-            man->shards[i].bytes < slice_bytes) {
-            free(sp);
-            goto out;
-        }
-        free(sp);
-    }
-    rc = 0;
-out:
-    if (rc < 0)
-        ckpt_manifest_free(man);
-    json_free(doc);
-    buf_free(&mb);
-    buf_free(&cb);
-    free(mpath);
-    free(cpath);
-    return rc;
-}
-
-char *ckpt_open_path(const char *path, ckpt_manifest_t *man)
-{
-    char *dir = ckpt_resolve(path);
-    if (dir && ckpt_open(dir, man) < 0) {
-        free(dir);
-        dir = NULL;
-    }
-    return dir;
-}
-
-void ckpt_manifest_free(ckpt_manifest_t *man)
-{
-    free(man->units);
-    free(man->shards);
-    memset(man, 0, sizeof *man);
-}
-
-typedef struct {
-    const ckpt_manifest_t *man;
-    int64_t index;
-} extra_t;
-
-/* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
- * verified, and nothing else (ftk-verify's rule). */
-static int check_extra(hid_t f, const char *path, void *p)
-{
-    const extra_t *c = p;
-    const char *rest = path[0] == '/' ? path + 1 : path;
-    for (int k = 0; k < CKPT_KINDS; k++) {
-        size_t l = strlen(ckpt_kind_names[k]);
-        if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
-            for (int u = 0; u < c->man->n_units; u++)
-                if (!strcmp(rest + l + 1, c->man->units[u].name))
-                    return 0; /* checked as it is read */
-    }
-    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
-        ftk_err_set("unexpected dataset %s (not in the shard map)", path);
-        return -1;
-    }
-    uint64_t stored, computed;
-    int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
-    if (r > 0)
-        ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
-                    (unsigned long long)stored, (unsigned long long)computed);
-    return r ? -1 : 0;
-}
-
-hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
-{
-    int64_t S = man->meta.shard_count;
-    char name[32], hex[17];
-    uint64_t sum;
-    if (index < 0 || index >= S) {
-        ftk_err_set("internal: shard %lld of %lld", (long long)index, (long long)S);
-        return -1;
-    }
-    ckpt_shard_name(name, index, S);
-    char *spath = join(dir, name);
-    if (!spath)
-        return -1;
-    if (verify && hash_file(spath, &sum) < 0) {
-        free(spath);
-        return -1;
-    }
-    if (verify && sum != man->shards[index].xxh3) {
-        ftk_err_set("%s: file checksum %016llx differs from the manifest's %016llx (the shard is damaged or not this "
-                    "checkpoint's)",
-                    spath, (unsigned long long)sum, (unsigned long long)man->shards[index].xxh3);
-        free(spath);
-        return -1;
-    }
-    hid_t f = h5_open(spath, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL);
-    if (f < 0) {
-        ftk_err_prefix("%s: ", spath);
-        free(spath);
-        return -1;
-    }
-    int64_t si = -1, sc = -1, step = -1;
-    char *uh = NULL;
-    int rc = h5_attr_get_i64(f, "shard_index", &si) | h5_attr_get_i64(f, "shard_count", &sc) |
-             h5_attr_get_i64(f, "step", &step) | h5_attr_get_str(f, "units_xxh3", &uh);
-    if (rc == 0 && ckpt_units_hash(man->units, man->n_units, hex) < 0)
-        rc = -1;
-    else if (rc)
-        ftk_err_set("%s: root attributes shard_index, shard_count, step or units_xxh3 missing", spath);
-    else if (si != index + 1 || sc != S)
-        ftk_err_set("%s: holds shard %lld of %lld, the manifest puts shard %lld of %lld here", spath, (long long)si,
-                    (long long)sc, (long long)index + 1, (long long)S);
-    else if (step != man->meta.step)
-        ftk_err_set("%s: written at step %lld, the manifest is of step %lld (a shard of another checkpoint)", spath,
-                    (long long)step, (long long)man->meta.step);
-    else if (strcmp(uh, hex))
-        ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
-    extra_t ex = {man, index};
-    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify &&
-        h5_each_dataset(f, check_extra, &ex) != 0) {
-        ftk_err_prefix("%s: ", spath);
-        rc = -1;
-    }
-    if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
-        h5_close(f);
-        f = -1;
-    }
-    free(uh);
-    free(spath);
-    return f;
-}
-
-/* The type a shard dataset is stored in: float32, or bfloat16 as weights.h stores it;
- * DT_INVALID for anything else (name: what the file says it is, for the message). */
-static dtype_t stored_dtype(hid_t d, char *name, size_t n)
-{
-    h5_type_name(d, name, n);
-    dtype_t dt = dtype_parse(name);
-    hid_t t = H5Dget_type(d);
-    H5T_class_t c = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
-    size_t size = t < 0 ? 0 : H5Tget_size(t);
-    if (t >= 0)
-        H5Tclose(t);
-    /* the dtype attribute alone does not make a dataset bfloat16: the bytes must be too */
-    if (!((dt == DT_F32 && c == H5T_FLOAT) || (dt == DT_BF16 && c == H5T_INTEGER)) || size != dtype_size(dt))
-        return DT_INVALID;
-    return dt;
-}
-
-/* Whether an element of type dt is zero (either sign; NaN is not). */
-static int is_zero(const unsigned char *p, dtype_t dt)
-{
-    if (dt == DT_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f == 0;
-    }
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return (h & 0x7fff) == 0;
-}
-
-static int shard_read_at(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n,
-                         int check, dtype_t dt, void *out, int64_t base);
-
-int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
-                    dtype_t dt, void *out)
-{
-    return shard_read_at(f, man, kind, unit, start, n, check, dt, out, -1);
-}
-
-/* ckpt_shard_read(), and with base >= 0 (the unit element where this shard's slice
- * starts) the elements read that lie in the unit's padding checked to be zero, as stored
- * (before a conversion could round a tiny value to zero): the rule ftk-verify applies, so
- * that a tool refuses what it refuses. */
-static int shard_read_at(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n,
-                         int check, dtype_t dt, void *out, int64_t base)
-{
-    char ds[64], tn[32];
-    const ckpt_unit_t *u = &man->units[unit];
-    int64_t part = u->padded / man->meta.shard_count;
-    dtype_t want = ckpt_state_dtype(man->meta.precision);
-    snprintf(ds, sizeof ds, "%s/%s", ckpt_kind_names[kind], u->name);
-    hsize_t dims[8];
-    if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != part) {
-        ftk_err_set("dataset /%s: missing or not %lld values", ds, (long long)part);
-        return -1;
-    }
-    if (start < 0 || n < 0 || start + n > part || (check && (start || n != part)) || dtype_size(dt) == 0) {
-        ftk_err_set("internal: elements %lld..%lld of /%s as %s", (long long)start, (long long)(start + n), ds,
-                    dtype_name(dt));
-        return -1;
-    }
-    uint64_t stored = 0;
-    hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
-    if (d < 0) {
-        ftk_err_set("dataset /%s: cannot open it", ds);
-        return -1;
-    }
-    dtype_t st = stored_dtype(d, tn, sizeof tn);
-    int has_sum = !check || h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
-    H5Dclose(d);
-    if (st != want) {
-        ftk_err_set("dataset /%s: stored as %s, but the manifest's precision %s stores %s", ds, tn,
-                    man->meta.precision, dtype_name(want));
-        return -1;
-    }
-    if (!has_sum) {
-        ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
-        return -1;
-    }
-    size_t bytes = (size_t)n * dtype_size(st);
-    void *raw = st == dt ? out : malloc(bytes ? bytes : 1);
-    if (!raw) {
-        ftk_err_set("out of memory");
-        return -1;
-    }
-    int rc = h5r_read_rows(f, ds, weights_h5type(st), (hsize_t)start, (hsize_t)n, raw);
-    /* The bytes read against the dataset's xxh3_64 (the stored little-endian layout is
-     * the memory layout here), so each byte is read once. */
-    uint64_t got = rc == 0 && check ? hash_bytes(raw, bytes) : stored;
-    if (got != stored) {
-        ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds,
-                    (unsigned long long)stored, (unsigned long long)got);
-        rc = -1;
-    }
-    if (rc == 0 && base >= 0) {
-        int64_t nz = 0, from = u->length - base > start ? u->length - base : start;
-        for (int64_t e = from; e < start + n; e++)
-            nz += !is_zero((const unsigned char *)raw + (size_t)(e - start) * dtype_size(st), st);
-        if (nz) {
-            ftk_err_set("dataset /%s: %lld padding elements are not zero", ds, (long long)nz);
-            rc = -1;
-        }
-    }
-    if (raw != out) {
-        if (rc == 0)
-            dtype_convert(out, dt, raw, st, (size_t)n);
-        free(raw);
-    }
-    return rc;
-}
-
-static char *shard_path(const char *dir, const ckpt_manifest_t *man, int64_t i)
-{
-    char name[32];
-    ckpt_shard_name(name, i, man->meta.shard_count);
-    return join(dir, name);
-}
-
-/* The first `kinds` arrays of st (param, m, v): per unit, a zeroed slice of
- * units[u].padded / S elements of dt. On failure the caller frees st (ckpt_state_free). */
-static int state_alloc(ckpt_state_t *st, const ckpt_unit_t *units, int n_units, int64_t S, int kinds, dtype_t dt)
-{
-    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
-    st->dt = dt;
-    for (int k = 0; k < kinds; k++) {
-        if (!(*arrays[k] = calloc((size_t)n_units, sizeof(void *))))
-            goto oom;
-        for (int u = 0; u < n_units; u++)
-            if (!((*arrays[k])[u] = calloc((size_t)(units[u].padded / S), dtype_size(dt))))
-                goto oom;
-    }
-    return 0;
-oom:
-    ftk_err_set("out of memory");
-    return -1;
-}
-
-int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, int params_only, ckpt_state_t *st)
-{
-    int rc = -1, n_units = man->n_units;
-    int64_t S = man->meta.shard_count;
-    memset(st, 0, sizeof *st);
-    hid_t f = ckpt_shard_open(dir, man, index, 1);
-    if (f < 0)
-        return -1;
-    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
-    int kinds = params_only ? 1 : CKPT_KINDS;
-    dtype_t dt = ckpt_state_dtype(man->meta.precision);
-    if (state_alloc(st, man->units, n_units, S, kinds, dt) < 0)
-        goto out;
-    for (int k = 0; k < kinds; k++)
-        for (int u = 0; u < n_units; u++)
-            if (shard_read_at(f, man, k, u, 0, man->units[u].padded / S, 1, dt, (*arrays[k])[u],
-                              index * (man->units[u].padded / S)) < 0)
-                goto out;
-    rc = 0;
-out:
-    if (rc < 0) {
-        char *p = shard_path(dir, man, index);
-        if (p && strncmp(ftk_err_msg(), p, strlen(p)))
-            ftk_err_prefix("%s: ", p);
-        free(p);
-        ckpt_state_free(st, n_units);
-    }
-    h5_close(f);
-    return rc;
-}
-
-int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out)
-{
-    int64_t S = man->meta.shard_count, part = man->units[unit].padded / S;
-    for (int64_t i = 0; i < S; i++)
-        if (shard_read_at(files[i], man, kind, unit, 0, part, 1, dt, (char *)out + (size_t)(i * part) * dtype_size(dt),
-                          i * part) < 0) {
-            char name[32];
-            ckpt_shard_name(name, i, S);
-            ftk_err_prefix("%s: ", name);
-            return -1;
-        }
-    return 0;
-}
-
-hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify)
-{
-    int64_t S = man->meta.shard_count;
-    hid_t *f = malloc((size_t)S * sizeof *f);
-    if (!f) {
-        ftk_err_set("out of memory");
-        return NULL;
-    }
-    for (int64_t i = 0; i < S; i++)
-        if ((f[i] = ckpt_shard_open(dir, man, i, verify)) < 0) {
-            while (i-- > 0)
-                h5_close(f[i]);
-            free(f);
-            return NULL;
-        }
-    return f;
-}
-
-/* The padding of the first `kinds` arrays of every unit, as stored, checked to be zero;
- * with dir, a shard not open yet (files[i] < 0) is opened there (attributes checked). */
-static int check_padding(hid_t *files, const char *dir, const ckpt_manifest_t *man, int kinds)
-{
-    int64_t S = man->meta.shard_count;
-    dtype_t dt = ckpt_state_dtype(man->meta.precision);
-    void *buf = malloc((size_t)S * 4); /* a unit's padding: fewer than S elements */
-    int rc = buf ? 0 : -1;
-    if (!buf)
-        ftk_err_set("out of memory");
-    for (int k = 0; k < kinds && rc == 0; k++)
-        for (int u = 0; u < man->n_units && rc == 0; u++) {
-            const ckpt_unit_t *x = &man->units[u];
-            int64_t part = x->padded / S;
-            for (int64_t i = x->length / part; i < S && rc == 0; i++) {
-                int64_t a = x->length > i * part ? x->length - i * part : 0, n = part - a;
-                if (n > S)
-                    n = S; /* unreachable for a shard map ckpt_open() accepted */
-                if (n <= 0)
-                    continue;
-                if (files[i] < 0 && dir && (files[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
-                    rc = -1;
-                else if (shard_read_at(files[i], man, k, u, a, n, 0, dt, buf, i * part) < 0) {
-                    char name[32];
-                    ckpt_shard_name(name, i, S);
-                    ftk_err_prefix("%s%s%s: ", dir ? dir : "", dir ? "/" : "", name);
-                    rc = -1;
-                }
-            }
-        }
-    free(buf);
-    return rc;
-}
-
-int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man)
-{
-    return check_padding((hid_t *)files, NULL, man, CKPT_KINDS);
-}
-
-void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man)
-{
-    for (int64_t i = 0; files && i < man->meta.shard_count; i++)
-        h5_close(files[i]);
-    free(files);
-}
-
-int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, dtype_t dt, void **units)
-{
-    hid_t *f = ckpt_open_shards(dir, man, 1);
-    int rc = f ? 0 : -1;
-    for (int u = 0; u < man->n_units && rc == 0; u++)
-        rc = ckpt_read_unit(f, man, 0, u, dt, units[u]);
-    ckpt_close_shards(f, man);
-    return rc;
-}
-
-int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,
-                       ckpt_state_t *st)
-{
-    int rc = -1, n_units = man->n_units;
-    int64_t S = man->meta.shard_count;
-    ckpt_unit_t *u2 = NULL;
-    int n2;
-    memset(st, 0, sizeof *st);
-    hid_t *f = calloc((size_t)S, sizeof *f);
-    if (!f || ckpt_units(&man->cfg, S2, &u2, &n2) < 0) {
-        free(f);
-        ftk_err_set("out of memory");
-        return -1;
-    }
-    for (int64_t i = 0; i < S; i++)
-        f[i] = -1;
-    void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
-    int kinds = params_only ? 1 : CKPT_KINDS;
-    dtype_t dt = ckpt_state_dtype(man->meta.precision);
-    size_t es = dtype_size(dt);
-    if (state_alloc(st, u2, n_units, S2, kinds, dt) < 0) /* zeros: past the old padding stays 0 */
-        goto out;
-    for (int k = 0; k < kinds; k++) {
-        for (int u = 0; u < n_units; u++) {
-            const ckpt_unit_t *x = &man->units[u];
-            int64_t part = x->padded / S, part2 = u2[u].padded / S2;
-            int64_t a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
-            char *dst = (*arrays[k])[u];
-            for (int64_t i = a / part; i < S && i * part < b; i++) {
-                int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
-                if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
-                    goto out;
-                if (shard_read_at(f[i], man, k, u, lo - i * part, hi - lo, 0, dt, dst + (size_t)(lo - a) * es,
-                                  i * part) < 0) {
-                    char *p = shard_path(dir, man, i);
-                    if (p)
-                        ftk_err_prefix("%s: ", p);
-                    free(p);
-                    goto out;
-                }
-            }
-        }
-    }
-    /* the old padding, which the new slices may not cover: zero, as ftk-verify requires */
-    if (check_padding(f, dir, man, kinds) < 0)
-        goto out;
-    rc = 0;
-out:
-    for (int64_t i = 0; i < S; i++)
-        if (f[i] >= 0)
-            h5_close(f[i]);
-    free(f);
-    free(u2);
-    if (rc < 0)
-        ckpt_state_free(st, n_units);
-    return rc;
-}
-
-void ckpt_state_free(ckpt_state_t *st, int n_units)
-{
-    void **a[3] = {st->param, st->m, st->v};
-    for (int k = 0; k < 3; k++) {
-        for (int u = 0; a[k] && u < n_units; u++)
-            free(a[k][u]);
-        free(a[k]);
-    }
-    memset(st, 0, sizeof *st);
-}
-
-int ckpt_init_hash(hid_t weights, const model_config_t *c, char out[17])
-{
-    size_t nt = weights_n_tensors(c);
-    uint64_t *sums = malloc((nt ? nt : 1) * sizeof *sums);
-    if (!sums) {
-        ftk_err_set("out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        weights_spec_t s;
-        weights_tensor_spec(c, i, &s);
-        char path[WEIGHTS_NAME_MAX + 16];
-        snprintf(path, sizeof path, "tensors/%s", s.name);
-        hid_t d = H5Dopen2(weights, path, H5P_DEFAULT);
-        int rc = d < 0 ? -1 : h5_attr_get_u64(d, "xxh3_64", &sums[i]);
-        if (d >= 0)
-            H5Dclose(d);
-        if (rc < 0) {
-            ftk_err_set("%s: no xxh3_64 checksum", path);
-            free(sums);
-            return -1;
-        }
-    }
-    hash_hex(hash_bytes(sums, nt * sizeof *sums), out);
-    free(sums);
-    return 0;
-}
-
-hid_t ckpt_open_tokenizer(const char *dir, const ckpt_manifest_t *man)
-{
-    char name[32];
-    ckpt_shard_name(name, 0, man->meta.shard_count);
-    char *p = join(dir, name);
-    if (!p)
-        return -1;
-    hid_t f = h5_open(p, CKPT_SHARD_FORMAT, CKPT_VERSION, NULL, NULL);
-    free(p);
-    return f;
 }
