@@ -2,9 +2,10 @@
  * that take --device, by opening the CUDA backend, libftk-cuda.so (kernels/cuda and
  * engine/comm_nccl.c, linked against libcudart and libcublasLt), at run time: the tools then
  * start, plan and train on the CPU where the CUDA libraries are not installed, and only
- * --device cuda says that they are missing (docs/gpu.md, "Without CUDA"). The library is
- * looked for beside the executable's folder ($ORIGIN/../lib: the build's lib/, a bundle's
- * lib/), then in the installation's FTK_LIBDIR (PREFIX/lib/ftk). The tools export their
+ * --device cuda says that they are missing (docs/gpu.md, "Without the CUDA libraries"). The
+ * library is looked for beside the executable's folder ($ORIGIN/../lib: the build's lib/, a
+ * bundle's lib/; $ORIGIN/../lib/ftk: an installation, wherever it was moved), then in the
+ * installation's FTK_LIBDIR (PREFIX/lib/ftk, as built). The tools export their
  * symbols (-rdynamic), so the library's calls into libftk (ftk_err_set, the instance's
  * helpers) reach the tool's own copies: one error slot, one log.
  *
@@ -28,7 +29,7 @@
 
 static int dl_tried;
 static void *dl_handle;
-static char dl_why[3 * PATH_MAX + 512];
+static char dl_why[4 * PATH_MAX + 512];
 
 /* 0 with dl_handle open, or -1 with dl_why saying what is missing (dlerror: a CUDA library
  * libftk-cuda.so needs, or where libftk-cuda.so itself was looked for). */
@@ -37,7 +38,7 @@ static int dl_load(void)
     if (dl_tried)
         return dl_handle ? 0 : -1;
     dl_tried = 1;
-    char exe[PATH_MAX], cand[2][PATH_MAX + 32];
+    char exe[PATH_MAX], cand[3][PATH_MAX + 32];
     int n_cand = 0;
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
@@ -46,6 +47,7 @@ static int dl_load(void)
         if (slash) {
             *slash = 0;
             snprintf(cand[n_cand++], sizeof cand[0], "%s/../lib/%s", exe, CUDA_DL_NAME);
+            snprintf(cand[n_cand++], sizeof cand[0], "%s/../lib/ftk/%s", exe, CUDA_DL_NAME);
         }
     }
     snprintf(cand[n_cand++], sizeof cand[0], "%s/%s", FTK_LIBDIR, CUDA_DL_NAME);
@@ -60,8 +62,11 @@ static int dl_load(void)
                  "or put their folder on LD_LIBRARY_PATH)", e ? e : cand[i]);
         return -1;
     }
-    snprintf(dl_why, sizeof dl_why, "the CUDA backend %s is not found (looked for %s%s%s); this build or installation "
-             "has no GPU path", CUDA_DL_NAME, cand[0], n_cand > 1 ? " and " : "", n_cand > 1 ? cand[1] : "");
+    int at = snprintf(dl_why, sizeof dl_why, "the CUDA backend %s is not found (looked for", CUDA_DL_NAME);
+    for (int i = 0; i < n_cand && at > 0 && (size_t)at < sizeof dl_why; i++)
+        at += snprintf(dl_why + at, sizeof dl_why - at, "%s %s", i ? "," : "", cand[i]);
+    if (at > 0 && (size_t)at < sizeof dl_why)
+        snprintf(dl_why + at, sizeof dl_why - at, "): this build or installation has no GPU path");
     return -1;
 }
 

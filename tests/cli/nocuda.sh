@@ -6,7 +6,9 @@
 #  - the CUDA backend's library (lib/libftk-cuda.so beside BIN) no longer resolves libcudart;
 #  - ftk-train --help, --plan --device cuda and a 2-step training without --device (the CPU:
 #    no GPU is seen) work, and so does ftk-generate;
-#  - --device cuda exits 2 naming the missing library, and writes no run directory.
+#  - --device cuda exits 2 naming the missing library, and writes no run directory;
+#  - ftk-generate copied away from lib/ works on the CPU, and --device cuda names where the
+#    library was looked for.
 # Exit 77 where this is not the CUDA build (no libftk-cuda.so beside BIN) or unshare is refused.
 # Usage: tests/cli/nocuda.sh BIN_DIR WORK_DIR
 set -u
@@ -65,4 +67,11 @@ check "... no run directory" test ! -e "$WORK/run-cuda"
 expect "ftk-generate --device cuda: exit 2" 2 "$BIN/ftk-generate" -m "$WORK/init.h5" -p Hello -n 4 --device cuda
 grep -q 'libcudart\|libcublas' "$WORK/err" && ok "... naming the missing library" ||
     { notok "... naming the missing library"; sed 's/^/     | /' "$WORK/err"; }
+# a tool apart from its lib/ (and, where none is installed, from any libftk-cuda.so): the
+# same answers, --device cuda naming where it looked (or, installed, the missing library)
+mkdir -p "$WORK/alone/bin" && cp "$BIN/ftk-generate" "$WORK/alone/bin/"
+expect "ftk-generate without its lib/: no --device (the CPU)" 0 "$WORK/alone/bin/ftk-generate" -m "$WORK/init.h5" -p Hello -n 4 --greedy
+expect "ftk-generate without its lib/: --device cuda, exit 2" 2 "$WORK/alone/bin/ftk-generate" -m "$WORK/init.h5" -p Hello -n 4 --device cuda
+grep -q "libftk-cuda.so is not found (looked for $WORK/alone/bin/../lib/libftk-cuda.so\|libcudart\|libcublas" "$WORK/err" &&
+    ok "... naming where it looked" || { notok "... naming where it looked"; sed 's/^/     | /' "$WORK/err"; }
 finish
