@@ -48,8 +48,9 @@ MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags 
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
 MPI_BINS   := $(BINDIR)/ftk-train
 
-# engine/comm_nccl.c needs NCCL and the CUDA runtime: built apart (NCCL_OBJ, below).
-LIB_SRC   := $(filter-out engine/comm_nccl.c,\
+# engine/comm_nccl.c needs NCCL and the CUDA runtime: built apart (NCCL_OBJ, below);
+# engine/cuda_dl.c, the tools' door to the CUDA backend's shared library, too (DEVICE_OBJ).
+LIB_SRC   := $(filter-out engine/comm_nccl.c engine/cuda_dl.c,\
              $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c))
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
@@ -87,7 +88,7 @@ ifneq ($(NVCC),)
 # warning, not an error: a spill costs speed, not correctness, and another ptxas may differ).
 NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 -Xptxas -warn-spills \
-             -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off
+             -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fPIC
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
@@ -95,21 +96,33 @@ CUDA_BINS := $(O)/tests/gpu_smoke $(O)/tests/gpu_ops $(O)/tests/gpu_opbench
 endif
 endif
 
-# The tools that take --device link the CUDA backend, or its stub where there is none.
-# Without CUDA the GPU op test is still compiled (not linked), so it keeps up with the headers.
+# The tools that take --device link engine/cuda_dl.c, which opens the CUDA backend at run
+# time: CUDA_SO, the backend and engine/comm_nccl.c linked against libcudart and libcublasLt,
+# in lib/ beside bin/ (the tools look in $ORIGIN/../lib, then in PREFIX/lib/ftk, where make
+# install puts it), so that they start where the CUDA libraries are not installed (docs/gpu.md,
+# "Without CUDA"). They export their symbols (-rdynamic): the library's calls into libftk
+# reach the tool's copies. Where there is no CUDA they link its stub (kernels/none). The GPU
+# tests and test_comm link the backend itself (BACKEND_OBJ). Without CUDA the GPU op test is
+# still compiled (not linked), so it keeps up with the headers.
 DEVICE_BINS := $(BINDIR)/ftk-train $(BINDIR)/ftk-generate
+CUDA_SO     :=
 ifneq ($(CUDA_BINS),)
-DEVICE_OBJ  := $(CUDA_OBJ)
-DEVICE_LIBS := $(CUDA_LIBS) -lstdc++
+CUDA_SO     := $(patsubst %bin,%lib,$(BINDIR))/libftk-cuda.so
+BACKEND_OBJ := $(CUDA_OBJ)
+BACKEND_LIBS := $(CUDA_LIBS) -lstdc++
+DEVICE_OBJ  := $(O)/engine/cuda_dl.o
+DEVICE_LIBS := -rdynamic -ldl
 GPU_CHECK   :=
 else
+BACKEND_OBJ := $(O)/kernels/none/cuda_none.o
+BACKEND_LIBS :=
 DEVICE_OBJ  := $(O)/kernels/none/cuda_none.o
 DEVICE_LIBS :=
 GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
 endif
 
-# NCCL (engine/comm_nccl.c) where the CUDA parts are built and nccl.h is found. The programs
-# that use comm.h link it ahead of libftk.a, whose engine/comm_nccl_none.c (the answer "no
+# NCCL (engine/comm_nccl.c) where the CUDA parts are built and nccl.h is found: in CUDA_SO,
+# and linked into test_comm ahead of libftk.a, whose engine/comm_nccl_none.c (the answer "no
 # NCCL") it then replaces; elsewhere that stub is what they get. libnccl.so.2 itself is
 # opened at run time (dlopen), so these programs also start where it is not installed.
 NCCL_OBJ  :=
@@ -120,11 +133,10 @@ NCCL_OBJ  := $(O)/engine/comm_nccl.o
 NCCL_LIBS := -ldl
 endif
 endif
-COMM_BINS := $(BINDIR)/ftk-train $(O)/tests/test_comm
 
 .SECONDARY:
 .PHONY: all deps deps-build test test-slow check demo bench gpu-check gpu-bundle asan fuzz install clean config
-all: config $(TOOL_BINS) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(TESTTOOL_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
+all: config $(TOOL_BINS) $(CUDA_SO) $(PLUGIN) $(LOCK_SHIM) $(H5_WAIT) $(TEST_BINS) $(TESTTOOL_BINS) $(CUDA_BINS) $(GPU_CHECK) $(EMU_BINS)
 
 config:
 	@echo "ftk: HDF5: $(if $(HDF5_LIBS),$(HDF5_LIBS),NOT FOUND (run scripts/install-deps.sh))"
@@ -163,13 +175,11 @@ $(O)/tests/test_trainer: LIBS += $(MPI_LIBS)
 $(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
 $(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
 $(DEVICE_BINS): $(DEVICE_OBJ)
-$(COMM_BINS): EXTRA_OBJ += $(NCCL_OBJ)
-$(COMM_BINS): LIBS += $(NCCL_LIBS)
-$(COMM_BINS): $(NCCL_OBJ)
+$(O)/engine/cuda_dl.o: CFLAGS += -DFTK_LIBDIR=\"$(PREFIX)/lib/ftk\"
 # The communication contract test (tests/unit/test_comm.c): MPI everywhere, NCCL on GPUs.
-$(O)/tests/test_comm: EXTRA_OBJ := $(DEVICE_OBJ) $(NCCL_OBJ)
-$(O)/tests/test_comm: LIBS += $(MPI_LIBS) $(DEVICE_LIBS)
-$(O)/tests/test_comm: $(DEVICE_OBJ)
+$(O)/tests/test_comm: EXTRA_OBJ := $(BACKEND_OBJ) $(NCCL_OBJ)
+$(O)/tests/test_comm: LIBS += $(MPI_LIBS) $(BACKEND_LIBS) $(NCCL_LIBS)
+$(O)/tests/test_comm: $(BACKEND_OBJ) $(NCCL_OBJ)
 $(O)/tests/unit/test_comm.o: CFLAGS += $(MPI_CFLAGS)
 $(O)/engine/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include -I$(dir $(NCCL_H))
 
@@ -230,6 +240,13 @@ $(O)/kernels/cuda/device.o: kernels/cuda/device.h
 $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@
+# CUDA_SO: what the backend needs of libftk.a is linked in; where the tool that opens it has
+# the same (exported) symbols, the tool's are the ones called. Its CUDA libraries are found as
+# the GPU tests find theirs (rpath), or on LD_LIBRARY_PATH.
+$(CUDA_SO): $(CUDA_OBJ) $(NCCL_OBJ) $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libftk-cuda.so -Wl,--no-undefined $(CUDA_OBJ) $(NCCL_OBJ) $(LIBFTK) \
+	    -Wl,--as-needed $(LIBS) $(CUDA_LIBS) -lstdc++ -ldl -o $@
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
@@ -284,8 +301,12 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/hdf5/plugin
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/hdf5/plugin
+ifneq ($(CUDA_SO),)
+	install -d $(DESTDIR)$(PREFIX)/lib/ftk
+	install -m 755 $(CUDA_SO) $(DESTDIR)$(PREFIX)/lib/ftk
+endif
 
 clean:
-	rm -rf build bin
+	rm -rf build bin lib
 
 -include $(shell find $(O) -name '*.d' 2>/dev/null)

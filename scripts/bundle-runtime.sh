@@ -1,8 +1,9 @@
 #!/bin/sh
 # bundle-runtime.sh OUT.tar.gz [BINARY...]: pack the shared libraries that ftk's binaries
-# (bin/*, build/tests/*, the HDF5 plugin) and Open MPI need, with Open MPI's plugins, help
-# files and launcher, as a tar of absolute paths. For a machine that has the CUDA driver and
-# toolkit but not the distribution's packages (a lent GPU node, a container image):
+# (bin/*, lib/libftk-cuda.so, build/tests/*, the HDF5 plugin) and Open MPI need, with Open
+# MPI's plugins, help files and launcher, as a tar of absolute paths. For a machine that has
+# the CUDA driver and toolkit but not the distribution's packages (a lent GPU node, a
+# container image):
 #   tar -C / --skip-old-files -xzf OUT.tar.gz && ldconfig
 # --skip-old-files keeps every library the target already has (its C library, libstdc++,
 # CUDA's), so only what is missing is added. The C library and CUDA are never packed: the
@@ -11,7 +12,7 @@ set -eu
 out=$1
 shift
 cd "$(dirname "$0")/.."
-[ $# -gt 0 ] || set -- bin/* build/tests/* build/plugin/*.so
+[ $# -gt 0 ] || set -- bin/* lib/*.so build/tests/* build/plugin/*.so
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT

@@ -5,11 +5,13 @@
 # (tests/gpu/bundle/run.sh; docs/gpu.md, "The GPU bundle"), and nothing that machine has.
 # OUT holds run.sh, BUILD_INFO and payload.tar.gz (gzip: OpenBLAS alone is 36 MB unpacked),
 # which run.sh unpacks outside the folder it was sent in; the payload holds:
-#   libexec/   the built programs, stripped (their CUDA code: sm_80, sm_90, compute_90 PTX)
+#   libexec/   the built programs, stripped
 #   bin/, build/tests/   a wrapper of each (the repository's layout, which the test scripts
 #              expect) that runs it with the bundle's libraries (LD_LIBRARY_PATH set for
 #              that program alone: python3 and PyTorch there keep their own)
-#   lib/       the shared libraries they need beyond the C library, libstdc++ and CUDA's:
+#   lib/       libftk-cuda.so, the CUDA backend ftk-train and ftk-generate open at run time
+#              ($ORIGIN/../lib; its CUDA code: sm_80, sm_90, compute_90 PTX), and
+#              the shared libraries they need beyond the C library, libstdc++ and CUDA's:
 #              HDF5, zstd, xxHash, OpenBLAS, libgfortran, libgomp, Open MPI and their own
 #   mpi/       Open MPI's launcher (mpirun), its plugins (not the network ones: one machine),
 #              PMIx's, their help texts; env.sh points Open MPI there (OPAL_PREFIX and kin)
@@ -36,6 +38,7 @@ die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
 TOOLS="ftk ftk-train ftk-pack ftk-init ftk-generate ftk-verify ftk-info"
 TESTS="gpu_smoke gpu_ops gpu_opbench test_comm"
 for t in $TOOLS; do [ -x "bin/$t" ] || die "bin/$t missing: run make first"; done
+[ -f lib/libftk-cuda.so ] || die "lib/libftk-cuda.so missing: the bundle needs the CUDA build (make, where nvcc is found)"
 for t in $TESTS; do
     [ -x "build/tests/$t" ] || die "build/tests/$t missing: the bundle needs the CUDA build (make, where nvcc is found)"
 done
@@ -81,6 +84,8 @@ mkdir -p "$stage/libexec" "$stage/bin" "$stage/build/tests" "$stage/lib" "$stage
 put() { cp "$1" "$stage/libexec/$2" && strip "$stage/libexec/$2"; }
 for t in $TOOLS; do put "bin/$t" "$t"; done
 for t in $TESTS; do put "build/tests/$t" "$t"; done
+# the CUDA backend of ftk-train and ftk-generate, found through $ORIGIN/../lib (engine/cuda_dl.c)
+cp lib/libftk-cuda.so "$stage/lib/" && strip --strip-debug "$stage/lib/libftk-cuda.so"
 [ -f build/plugin/libh5zstd.so ] && cp build/plugin/libh5zstd.so "$stage/plugin/"
 
 # The wrappers: tools in bin/, test programs in build/tests/ (where the scripts look).
@@ -131,7 +136,7 @@ fi
 # less the C library, libstdc++/libgcc_s (every machine that runs PyTorch has newer ones)
 # and CUDA's own (the GPU machine's must be used).
 is_elf() { [ "$(head -c 4 "$1" | tail -c 3)" = ELF ]; }
-objs=$(find "$stage/libexec" "$stage/mpi" "$stage/plugin" -type f \( -name '*.so*' -o -perm -u+x \) ! -name '*.txt')
+objs=$(find "$stage/libexec" "$stage/mpi" "$stage/plugin" "$stage/lib/libftk-cuda.so" -type f \( -name '*.so*' -o -perm -u+x \) ! -name '*.txt')
 for f in $objs; do
     is_elf "$f" || continue
     ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'

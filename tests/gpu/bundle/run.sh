@@ -247,7 +247,7 @@ else
 fi
 export FTK_BUNDLE_GPU
 # the libraries the bundle's programs need from CUDA (as ldd names them), NCCL, cuDNN
-need=$(for f in "$B"/libexec/*; do ldd "$f" 2>/dev/null | awk '{print $1}'; done | grep -E '^lib(cudart|cublasLt|cublas)\.so' |
+need=$(for f in "$B"/libexec/* "$B"/lib/libftk-cuda.so; do ldd "$f" 2>/dev/null | awk '{print $1}'; done | grep -E '^lib(cudart|cublasLt|cublas)\.so' |
     sort -u | tr '\n' ' ')
 [ "$EMU" = 1 ] || need="$need libnccl.so.2" # emulated: the bundle's own, lib/libnccl.so.2
 # wheel folders: site-packages/nvidia/*/lib (cu12 layout) and nvidia/cu13/lib (cu13)
