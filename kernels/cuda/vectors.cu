@@ -1,5 +1,5 @@
 /* vectors.cu — the CUDA backend's vector ops: add, scale, Σx² (sumsq), and the optimizer
- * (AdamW, one tensor a launch or every segment in one); add_parts, the in-order sum of
+ * (AdamW, one tensor a launch or every segment in one); add_parts, the fixed-tree sum of
  * partial sums that sumsq and xent share. */
 #include "cuda_internal.cuh"
 
@@ -16,8 +16,8 @@ template <int K, typename T> __device__ __forceinline__ void mul_at(T *y, float 
 }
 template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n, int vec) { ELEMENTWISE(n, vec, mul_at, y, a); }
 
-/* *acc += Σ v[0 … n), the sum taken in order from 0 and then added, as the CPU does (one
- * thread: the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+/* *acc += Σ v[0 … n) taken in order from 0, then added, as the CPU does (FTK_CUDA_VEC=0,
+ * for comparison: one thread walks every partial sum, a dependent add and load each). */
 __global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
 {
     double t = 0;
@@ -26,9 +26,29 @@ __global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
     *acc += t;
 }
 
+/* *acc += Σ v[0 … n) by a fixed tree: thread t of SUM_THREADS sums v[t], v[t + SUM_THREADS],
+ * … in order, then block_sum (a warp's butterfly, the warps in order) adds the threads'
+ * sums. The shape depends on n alone (the launch is always one block of SUM_THREADS), so
+ * every call gives the same bits; the loads are independent, where the in-order loop's
+ * are a chain (the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+enum { SUM_THREADS = 256 };
+__global__ void add_sum_tree_kernel(double *acc, const double *v, int64_t n)
+{
+    __shared__ double sh[32];
+    double t = 0;
+    for (int64_t i = threadIdx.x; i < n; i += SUM_THREADS)
+        t += v[i];
+    t = block_sum(t, sh);
+    if (threadIdx.x == 0)
+        *acc += t;
+}
+
 void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what)
 {
-    add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
+    if (c->vec)
+        add_sum_tree_kernel<<<1, SUM_THREADS, 0, c->cur>>>(acc, part, n);
+    else
+        add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
     launched(c, what);
 }
 
@@ -46,7 +66,7 @@ template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *
     ELEMENTWISE(n, vec, add_at, y, x);
 }
 
-/* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
+/* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then add_parts. */
 enum { SUMSQ_BLOCK = 65536 };
 template <int K, typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
 {
