@@ -71,6 +71,7 @@ static void cu_destroy(backend_t *be)
         cudaFreeHost(c->seg_host);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    free(c->am_layout);
     for (int i = 0; i < UP_SLOTS; i++) {
         if (c->up[i].p)
             cudaFreeHost(c->up[i].p);

@@ -117,6 +117,14 @@ typedef struct {
     void *am_host;
     size_t am_host_cap;
     cudaEvent_t am_ev;
+    /* adamw_multi's block map (thread block -> segment, one int32 a block), kept on the
+     * device (a bk_alloc'd buffer, am_map_cap bytes) for the layout it was made for: the
+     * kept segments' block counts, am_layout[0 … am_layout_n) (malloc'd). Rebuilt and
+     * uploaded only when the layout changes (an engine's never does). */
+    void *am_map;
+    size_t am_map_cap;
+    int64_t *am_layout;
+    int am_layout_n;
     up_slot_t up[UP_SLOTS]; /* cu_upload's staging, used in turn from up_next */
     int up_next;
 } cuda_t;
