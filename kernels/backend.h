@@ -307,7 +307,8 @@ struct backend {
 
     /* y += x; y *= a. Any dtypes. sumsq ADDS Σx² to *acc (one double in the backend's
      * memory, as xent: Σx² is summed in double in a fixed order — blocks of 65536
-     * elements, then the blocks' sums in order — and then added to *acc; no host wait). */
+     * elements, then the blocks' sums, in order on the CPU, by a tree whose shape depends
+     * on their count alone on CUDA — and then added to *acc; no host wait). */
     void (*add)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
     void (*scale)(backend_t *be, bk_buf_t y, float a, int64_t n);
     void (*sumsq)(backend_t *be, bk_buf_t x, int64_t n, double *acc);

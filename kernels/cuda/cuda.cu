@@ -13,8 +13,10 @@
  *    f32_to_bf16 (the hardware conversion makes a different NaN), so a bf16 result is
  *    the CPU's wherever the fp32 value is.
  *  - Determinism (backend.h): no atomics. Reductions over rows (RMSNorm's dw, the loss,
- *    Σx²) sum fixed partitions and then the partial sums in order; the embedding's
- *    backward gives each thread a column and walks the tokens in order, like the CPU.
+ *    Σx²) sum fixed partitions and then the partial sums in a fixed order (dw's in order;
+ *    the loss's and Σx²'s by a tree whose shape depends on their count alone, add_parts,
+ *    in order with FTK_CUDA_VEC=0); the embedding's backward gives each thread a column
+ *    and walks the tokens in order, like the CPU.
  *  - Attention, bf16 with a head dimension that is a multiple of 16 up to 128: on the
  *    tensor cores in 64 × 64 tiles (flash_attn.cuh's WMMA kernels; with FTK_CUDA_ATTN=mma
  *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
@@ -69,6 +71,7 @@ static void cu_destroy(backend_t *be)
         cudaFreeHost(c->seg_host);
     if (c->am_host)
         cudaFreeHost(c->am_host);
+    free(c->am_layout);
     for (int i = 0; i < UP_SLOTS; i++) {
         if (c->up[i].p)
             cudaFreeHost(c->up[i].p);

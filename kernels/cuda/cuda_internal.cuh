@@ -12,7 +12,7 @@
  *   swiglu.cu     SwiGLU and glu (SwiGLU on one [n, 2F] product)
  *   xent.cu       cross-entropy
  *   vectors.cu    add, scale, Σx², AdamW (one tensor, and many in one launch), and
- *                 add_parts (the in-order sum of partial sums that xent and sumsq share)
+ *                 add_parts (the fixed-tree sum of partial sums that xent and sumsq share)
  *   cuda.cu       the instance: creation, the op table, destruction
  * Each family is its own translation unit, built without relocatable device code (no
  * nvcc -rdc): everything defined here is inline, static inline or a template, so each unit
@@ -86,7 +86,8 @@ typedef struct {
     int device;
     cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
     int attn;                        /* FTK_CUDA_ATTN: ATTN_FLASH (default), ATTN_MMA, ATTN_SIMPLE */
-    int vec;                         /* elementwise kernels may take 8 elements a thread (FTK_CUDA_VEC) */
+    int vec;                         /* elementwise kernels may take 8 elements a thread, sums of partial
+                                      * sums by a tree, adamw_multi's block map (FTK_CUDA_VEC) */
     char err[512];                   /* first error, "" when none */
     cudaStream_t def;                /* the instance's default stream */
     cudaStream_t cur;                /* the current stream: def or one of streams */
@@ -116,6 +117,14 @@ typedef struct {
     void *am_host;
     size_t am_host_cap;
     cudaEvent_t am_ev;
+    /* adamw_multi's block map (thread block -> segment, one int32 a block), kept on the
+     * device (a bk_alloc'd buffer, am_map_cap bytes) for the layout it was made for: the
+     * kept segments' block counts, am_layout[0 … am_layout_n) (malloc'd). Rebuilt and
+     * uploaded only when the layout changes (an engine's never does). */
+    void *am_map;
+    size_t am_map_cap;
+    int64_t *am_layout;
+    int am_layout_n;
     up_slot_t up[UP_SLOTS]; /* cu_upload's staging, used in turn from up_next */
     int up_next;
 } cuda_t;
@@ -462,6 +471,7 @@ void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc);
 void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
                     const bk_adamw_t *h);
-/* Adds the in-order sum of part[0 … n) to *acc on the current stream: nothing is brought
- * back, so the host does not wait (backend.h). */
+/* Adds the sum of part[0 … n) to *acc on the current stream: nothing is brought back, so
+ * the host does not wait (backend.h). The sum is a fixed tree whose shape depends on n
+ * alone (vectors.cu), in order from 0 with FTK_CUDA_VEC=0: the same bits on every call. */
 void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what);

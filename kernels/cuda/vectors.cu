@@ -1,5 +1,5 @@
 /* vectors.cu — the CUDA backend's vector ops: add, scale, Σx² (sumsq), and the optimizer
- * (AdamW, one tensor a launch or every segment in one); add_parts, the in-order sum of
+ * (AdamW, one tensor a launch or every segment in one); add_parts, the fixed-tree sum of
  * partial sums that sumsq and xent share. */
 #include "cuda_internal.cuh"
 
@@ -16,8 +16,8 @@ template <int K, typename T> __device__ __forceinline__ void mul_at(T *y, float 
 }
 template <typename T> __global__ void mul_kernel(T *y, float a, int64_t n, int vec) { ELEMENTWISE(n, vec, mul_at, y, a); }
 
-/* *acc += Σ v[0 … n), the sum taken in order from 0 and then added, as the CPU does (one
- * thread: the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+/* *acc += Σ v[0 … n) taken in order from 0, then added, as the CPU does (FTK_CUDA_VEC=0,
+ * for comparison: one thread walks every partial sum, a dependent add and load each). */
 __global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
 {
     double t = 0;
@@ -26,9 +26,29 @@ __global__ void add_sum_in_order_kernel(double *acc, const double *v, int64_t n)
     *acc += t;
 }
 
+/* *acc += Σ v[0 … n) by a fixed tree: thread t of SUM_THREADS sums v[t], v[t + SUM_THREADS],
+ * … in order, then block_sum (a warp's butterfly, the warps in order) adds the threads'
+ * sums. The shape depends on n alone (the launch is always one block of SUM_THREADS), so
+ * every call gives the same bits; the loads are independent, where the in-order loop's
+ * are a chain (the loss of a chunk is a few thousand rows, a Σx² a few thousand blocks). */
+enum { SUM_THREADS = 256 };
+__global__ void add_sum_tree_kernel(double *acc, const double *v, int64_t n)
+{
+    __shared__ double sh[32];
+    double t = 0;
+    for (int64_t i = threadIdx.x; i < n; i += SUM_THREADS)
+        t += v[i];
+    t = block_sum(t, sh);
+    if (threadIdx.x == 0)
+        *acc += t;
+}
+
 void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what)
 {
-    add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
+    if (c->vec)
+        add_sum_tree_kernel<<<1, SUM_THREADS, 0, c->cur>>>(acc, part, n);
+    else
+        add_sum_in_order_kernel<<<1, 1, 0, c->cur>>>(acc, part, n);
     launched(c, what);
 }
 
@@ -46,7 +66,7 @@ template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *
     ELEMENTWISE(n, vec, add_at, y, x);
 }
 
-/* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then in order. */
+/* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then add_parts. */
 enum { SUMSQ_BLOCK = 65536 };
 template <int K, typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
 {
@@ -148,23 +168,33 @@ typedef struct {
     int64_t n, index0, block0;
     uint64_t key;
     float decay;
-    int vec; /* p, m, v, g 16-byte aligned: 8 elements a thread */
+    /* 0 … VEC − 1: p, m, v and g + head all 16-byte aligned, so the elements from head on
+     * go 8 a thread (16-byte accesses) and the head's one by one; −1: one by one (no such
+     * head, or FTK_CUDA_VEC=0) */
+    int head;
 } adamw_seg_dev_t;
 enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
 
-/* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of the segment whose block0 is the
+/* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of segment map[b] (the block map,
+ * made on the host once for the layout); without a map, of the segment whose block0 is the
  * largest not above b (a binary search of the table: block0 grows with the segment). */
 template <typename TP, typename TG>
-__global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, int n_segs, adamw_args_t a)
+__global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, const int32_t *map, int n_segs,
+                                   adamw_args_t a)
 {
     int64_t b = blockIdx.x;
-    int lo = 0, hi = n_segs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (segs[mid].block0 <= b)
-            lo = mid;
-        else
-            hi = mid - 1;
+    int lo = 0;
+    if (map) {
+        lo = map[b];
+    } else {
+        int hi = n_segs - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (segs[mid].block0 <= b)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
     }
     const adamw_seg_dev_t &s = segs[lo];
     a.decay = s.decay;
@@ -173,19 +203,20 @@ __global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs
     int64_t i0 = (b - s.block0) * ADAMW_MULTI_CHUNK, i1 = i0 + ADAMW_MULTI_CHUNK < s.n ? i0 + ADAMW_MULTI_CHUNK : s.n;
     TP *p = (TP *)s.p, *m = (TP *)s.m, *v = (TP *)s.v;
     const TG *g_ = (const TG *)s.g;
-    if (!s.vec) {
+    if (s.head < 0) {
         for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
             adamw_at<1>(p, g_, m, v, a, i);
         return;
     }
-    /* i0 is a multiple of CHUNK, so of VEC: whole groups from the aligned base, then the tail */
-    for (int64_t i = i0 + VEC * (int64_t)threadIdx.x; i < i1; i += VEC * (int64_t)blockDim.x) {
-        if (i + VEC <= i1)
-            adamw_at<VEC>(p, g_, m, v, a, i);
-        else
-            for (int64_t j = i; j < i1; j++)
-                adamw_at<1>(p, g_, m, v, a, j);
-    }
+    /* i0 is a multiple of CHUNK, so of VEC: the aligned groups start at i0 + head; the
+     * elements before them and after the last whole one go one by one */
+    int64_t v0 = i0 + s.head < i1 ? i0 + s.head : i1, ng = (i1 - v0) / VEC, v1 = v0 + ng * VEC;
+    for (int64_t i = i0 + threadIdx.x; i < v0; i += blockDim.x)
+        adamw_at<1>(p, g_, m, v, a, i);
+    for (int64_t j = threadIdx.x; j < ng; j += blockDim.x)
+        adamw_at<VEC>(p, g_, m, v, a, v0 + j * VEC);
+    for (int64_t i = v1 + threadIdx.x; i < i1; i += blockDim.x)
+        adamw_at<1>(p, g_, m, v, a, i);
 }
 
 void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
@@ -266,15 +297,50 @@ void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, in
     launched(c, "adamw");
 }
 
+/* The elements before p, m, v and g are all 16-byte aligned (0 … VEC − 1), or −1 when no
+ * such count exists or the 8-element path is off. */
+static int adamw_head(const cuda_t *c, const bk_adamw_seg_t *sg, size_t ssz, size_t gsz)
+{
+    if (!c->vec)
+        return -1;
+    for (int h = 0; h < VEC; h++)
+        if (((uintptr_t)sg->p + h * ssz) % 16 == 0 && ((uintptr_t)sg->m + h * ssz) % 16 == 0 &&
+            ((uintptr_t)sg->v + h * ssz) % 16 == 0 && ((uintptr_t)sg->g + h * gsz) % 16 == 0)
+            return h;
+    return -1;
+}
+
 /* One launch for every segment: the table goes up through pinned staging (upload_seg's
- * pattern: the host waits only for the previous table's copy) into tmp. */
+ * pattern: the host waits only for the previous table's copy) into tmp. The block map goes
+ * up the same way, into its own buffer, when the layout is not the last call's. */
 void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
-                           const bk_adamw_t *h)
+                    const bk_adamw_t *h)
 {
     cuda_t *c = enter(be);
     if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
         return;
-    size_t bytes = (size_t)n_segs * sizeof(adamw_seg_dev_t);
+    /* the layout: the kept segments (blocks > 0: block0 must grow strictly for the search)
+     * and their blocks, against the map's */
+    int k = 0, same = 1;
+    int64_t blocks = 0;
+    for (int s = 0; s < n_segs; s++) {
+        if (segs[s].n <= 0)
+            continue;
+        int64_t nb = (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
+        same = same && k < c->am_layout_n && c->am_layout[k] == nb;
+        blocks += nb;
+        k++;
+    }
+    same = same && k == c->am_layout_n;
+    if (k == 0)
+        return;
+    if (blocks > 0x7fffffff) {
+        note_err(c, "adamw_multi", "more than 2^31 - 1 thread blocks");
+        return;
+    }
+    int use_map = c->vec, new_map = use_map && !same;
+    size_t tbytes = ((size_t)k * sizeof(adamw_seg_dev_t) + 15) / 16 * 16;
+    size_t mbytes = (size_t)blocks * sizeof(int32_t), bytes = tbytes + (new_map ? mbytes : 0);
     if (ck(c, host_wait(c, NULL, c->am_ev), "adamw_multi table") < 0)
         return;
     if (bytes > c->am_host_cap) {
@@ -286,11 +352,14 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
         c->am_host_cap = bytes;
     }
     adamw_seg_dev_t *t = (adamw_seg_dev_t *)c->am_host;
-    int k = 0;
-    int64_t blocks = 0;
+    int32_t *map_host = (int32_t *)((char *)c->am_host + tbytes);
+    size_t ssz = dtype_size(sdt), gsz = dtype_size(gdt);
+    k = 0;
+    blocks = 0;
     for (int s = 0; s < n_segs; s++) {
         if (segs[s].n <= 0)
-            continue; /* no blocks: block0 must grow strictly for the search */
+            continue;
+        int64_t nb = (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
         t[k].p = segs[s].p;
         t[k].m = segs[s].m;
         t[k].v = segs[s].v;
@@ -300,17 +369,33 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
         t[k].block0 = blocks;
         t[k].key = segs[s].key;
         t[k].decay = 1.0f - h->lr * segs[s].wd; /* as adamw_args_of */
-        t[k].vec = vec_ok(c, {segs[s].p, segs[s].m, segs[s].v, segs[s].g});
-        blocks += (segs[s].n + ADAMW_MULTI_CHUNK - 1) / ADAMW_MULTI_CHUNK;
+        t[k].head = adamw_head(c, &segs[s], ssz, gsz);
+        if (new_map)
+            for (int64_t j = 0; j < nb; j++)
+                map_host[blocks + j] = k;
+        blocks += nb;
         k++;
     }
-    if (k == 0)
-        return;
-    if (blocks > 0x7fffffff) {
-        note_err(c, "adamw_multi", "more than 2^31 - 1 thread blocks");
-        return;
-    }
     scratch_claim(c);
+    if (new_map) {
+        /* the layout is forgotten until the new map is up: a failure leaves none valid */
+        c->am_layout_n = 0;
+        int64_t *l = (int64_t *)realloc(c->am_layout, (size_t)k * sizeof *l);
+        if (!l) {
+            note_err(c, "adamw_multi", "out of memory (block map layout)");
+            return;
+        }
+        c->am_layout = l;
+        /* scratch_claim ordered this stream after every earlier adamw_multi (each used tmp),
+         * so no launch still reads the old map when the copy overwrites it */
+        if (!scratch(c, &c->am_map, &c->am_map_cap, mbytes, "adamw_multi block map") ||
+            ck(c, cudaMemcpyAsync(c->am_map, map_host, mbytes, cudaMemcpyHostToDevice, c->cur),
+               "adamw_multi block map") < 0)
+            return;
+        for (int j = 0; j < k; j++)
+            l[j] = (j + 1 < k ? t[j + 1].block0 : blocks) - t[j].block0;
+        c->am_layout_n = k;
+    }
     adamw_seg_dev_t *dt = (adamw_seg_dev_t *)tmp_for(c, (size_t)k * sizeof *t);
     if (!dt)
         return;
@@ -319,9 +404,10 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
         ck(c, cudaEventRecord(c->am_ev, c->cur), "adamw_multi table") < 0)
         return;
     adamw_args_t a = adamw_args_of(h);
+    const int32_t *map = use_map ? (const int32_t *)c->am_map : NULL;
     on_dt(sdt, [&](auto tp) {
         on_dt(gdt, [&](auto tg) {
-            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, k, a);
+            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, map, k, a);
         });
     });
     launched(c, "adamw_multi");

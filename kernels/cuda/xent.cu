@@ -1,5 +1,5 @@
 /* xent.cu — the CUDA backend's cross-entropy: the loss of each row and its gradient in
- * place of the logits, the rows' losses summed in order on the device (add_parts). */
+ * place of the logits, the rows' losses summed on the device (add_parts). */
 #include "cuda_internal.cuh"
 
 /* A block per row, the CPU's arithmetic: max in float, Σexp in double. */

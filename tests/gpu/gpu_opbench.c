@@ -203,6 +203,23 @@ static void op_adamw_multi(void *c)
     set_t *s = c;
     s->be->adamw_multi(s->be, am_segs[s == &S[1]], AM_SEGS, s->dt, s->dt, &s->h);
 }
+/* the bf16 segments on any instance (the FTK_CUDA_VEC=0 one below) */
+static void op_adamw_multi_bf16(void *c)
+{
+    set_t *s = c;
+    s->be->adamw_multi(s->be, am_segs[1], AM_SEGS, DT_BF16, DT_BF16, &s->h);
+}
+/* Σg² as a step takes it: a sumsq per unit into one double (SQ_UNITS units over the nf
+ * elements of a, ragged), each unit's partial sums summed on the device (add_parts) */
+enum { SQ_UNITS = 34 };
+static void op_sumsq_units(void *c)
+{
+    set_t *s = c;
+    for (int u = 0; u < SQ_UNITS; u++) {
+        int64_t a = nf * u / SQ_UNITS, b = nf * (u + 1) / SQ_UNITS;
+        s->be->sumsq(s->be, bk_at(s->a, a), b - a, acc);
+    }
+}
 static void op_xent(void *c)
 {
     set_t *s = c;
@@ -411,6 +428,7 @@ int main(void)
         rows_bw("add_rmsnorm_fwd (fused)", op_add_rms, 4.0 * nd);
     if (G->adamw_multi)
         rows_bw("adamw_multi (9 tensors, nearest)", op_adamw_multi, 7.0 * nf);
+    rows_bw("sumsq of 34 units", op_sumsq_units, 1.0 * nf); /* a step's Σg² */
     const ops_perf_t *adamw = &OPS_DESC(OP_ADAMW)->perf[0];
     S[1].h.stochastic = 1;
     row_bw("adamw (stochastic) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));
@@ -446,6 +464,11 @@ int main(void)
             if (p->vec0)
                 row_bw(p->vec0, time_perf(p, &one), perf_bytes(p, &one));
         }
+    /* and the paths issue 33 replaced: adamw_multi's binary search per block (no block map,
+     * one element a thread) and the partial sums added in order by one thread */
+    if (one.be->adamw_multi)
+        row_bw("adamw_multi bf16, one a thread, search", time_op(one.be, op_adamw_multi_bf16, &one), 14.0 * nf);
+    row_bw("sumsq of 34 units bf16, in-order sums", time_op(one.be, op_sumsq_units, &one), 2.0 * nf);
     backend_free(one.be);
     char mm_label[64];
     snprintf(mm_label, sizeof mm_label, "matmul x·Wᵀ [%dx%dx%d] bf16", N, F, D);
