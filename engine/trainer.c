@@ -68,6 +68,7 @@ struct trainer {
     ckpt_meta_t meta;
     int64_t R, per_epoch;
     shard_t *sh;
+    optim_t *opt;
     model_t *m;
     int64_t *perm, *rows;
     batch_t b;
@@ -422,15 +423,23 @@ int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
 }
 
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, model_t **m)
+                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
 {
     *m = NULL;
-    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision, o->stochastic)))
+    *opt = NULL;
+    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
+    if (!(*opt = optim_new(be, *sh, o->stochastic))) {
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_USAGE;
+    }
     int n_units;
     const ckpt_unit_t *units = shard_units(*sh, &n_units);
     if (shard_reserve(*sh) < 0 ||
         !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh)))) {
+        optim_free(*opt);
+        *opt = NULL;
         shard_free(*sh);
         *sh = NULL;
         return FTK_EXIT_FAIL;
@@ -513,7 +522,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     meta->world_size = t->nranks;
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
-    c = trainer_build(be, world, &t->cfg, o, pass_tokens, &t->sh, &t->m);
+    c = trainer_build(be, world, &t->cfg, o, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     if (o->async_save) {
@@ -572,6 +581,7 @@ void trainer_free(trainer_t *t)
     free(t->micro_n);
     free(t->micro_w);
     model_free(t->m);
+    optim_free(t->opt);
     shard_free(t->sh);
     tokens_split_free(&t->data.step);
     tokens_split_free(&t->data.eval);
@@ -1163,7 +1173,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     int64_t step = meta->step + 1;
     double lr = train_lr(tc, step);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
-    double gnorm = shard_step(t->sh, tc, step, lr);
+    double gnorm = optim_step(t->opt, tc, step, lr);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
     int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
