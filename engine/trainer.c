@@ -23,7 +23,8 @@
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 #include "bgsave.h"
-#include "train.h"
+#include "loader.h"
+#include "schedule.h"
 
 /* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
  * memory bound); step and eval hold this rank's rows of the current step or pass. */
@@ -72,7 +73,7 @@ struct trainer {
     model_t *m;
     int64_t *perm, *rows;
     batch_t b;
-    /* loss_mean "micro" (train.h): per micro-batch of the global batch, the counts summed
+    /* loss_mean "micro" (loader.h): per micro-batch of the global batch, the counts summed
      * over the ranks (3 + its targets each, as trainer_step's counts) and the weights */
     double *micro_n;
     float *micro_w;
@@ -236,7 +237,7 @@ static int make_batch(batch_t *b, const tokens_split_t *s, const int64_t *rows, 
 
 /* loss_mean "micro": make_batch's batch of the split's rows r0 .. r0 + k - 1, which are
  * rows g0 .. g0 + k - 1 of the global batch, each row's targets weighted by its
- * micro-batch's w[g / mb] (train.h). */
+ * micro-batch's w[g / mb] (loader.h). */
 static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int64_t k, int64_t g0, int64_t mb,
                             const float *w)
 {
@@ -982,7 +983,7 @@ int trainer_resume(trainer_t *t)
         if (t->rank == 0)
             ftk_info("%s: weights loaded in %.1f s", t->o.model_path, time_now() - t0);
     }
-    train_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
+    loader_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
     return 0;
 }
 
@@ -1040,7 +1041,7 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
                 cnt[0] = 1;
             }
             for (int64_t i = 0; !cnt[0] && i < val->n_rows; i++)
-                cnt[1 + (r0 + i) / mb] += (double)train_row_targets(val, i);
+                cnt[1 + (r0 + i) / mb] += (double)loader_row_targets(val, i);
         }
         comm_allreduce_f64(t->world, cnt, (int)(J + 1), COMM_SUM);
         if (cnt[0]) {
@@ -1048,7 +1049,7 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
             free(w);
             return agree(t, fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank"));
         }
-        train_micro_weights(cnt + 1, J, w);
+        loader_micro_weights(cnt + 1, J, w);
     }
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
@@ -1098,7 +1099,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if (meta->rows_consumed >= t->R) {
         meta->epoch++;
         meta->rows_consumed = 0;
-        train_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
+        loader_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
     }
     int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
     memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
@@ -1119,7 +1120,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         c[2] = 1;
     }
     for (int64_t i = 0; i < tr->n_rows; i++) {
-        int64_t n = train_row_targets(tr, i);
+        int64_t n = loader_row_targets(tr, i);
         c[0] += (double)n;
         if (micro)
             c[3 + (lo + i) / mb] += (double)n;
@@ -1132,7 +1133,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
     float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
     if (micro) {
-        train_micro_weights(c + 3, J, t->micro_w);
+        loader_micro_weights(c + 3, J, t->micro_w);
         scale = 1.0f; /* the targets' weights hold the normalisation */
     }
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
@@ -1171,7 +1172,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
                              err[0] ? err : "a batch could not be built on another rank"));
     double loss = micro ? v[0] : v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
     int64_t step = meta->step + 1;
-    double lr = train_lr(tc, step);
+    double lr = schedule_lr(tc, step);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     double gnorm = optim_step(t->opt, tc, step, lr);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could

@@ -147,7 +147,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
 
 /* Validation loss over the first eval_rows rows of the val split, spread over the ranks:
  * their token mean, or under loss_mean "micro" the mean of the token means of micro-batches
- * of micro_batch rows in the split's order (train.h). *loss is NaN when the split is empty. */
+ * of micro_batch rows in the split's order (loader.h). *loss is NaN when the split is empty. */
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_targets);
 
 /* Writes and commits the checkpoint of the current step (after the one in flight). */
