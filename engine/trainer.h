@@ -121,10 +121,10 @@ void trainer_discard_new_run(trainer_t *t);
 
 /* The allocations of a training job on be, in the order the trainer makes them: the
  * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool
- * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan runs this on the planning backend. Returns 0, or
- * FTK_EXIT_USAGE (the shard layout does not fit the ranks) or FTK_EXIT_FAIL (out of
- * memory) with ftk_err_msg() set and the objects made so far freed. Not agreed: every
- * rank learns its own outcome. */
+ * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan
+ * runs this on the planning backend. Returns 0, or FTK_EXIT_USAGE (the shard layout does
+ * not fit the ranks) or FTK_EXIT_FAIL (out of memory) with ftk_err_msg() set and the
+ * objects made so far freed. Not agreed: every rank learns its own outcome. */
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m);
 
