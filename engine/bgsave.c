@@ -1,4 +1,4 @@
-/* bgsave.c — the background shard writer (bgsave.h). */
+/* bgsave.c — the background shard writer and the shard-file write both saves make (bgsave.h). */
 #include "bgsave.h"
 
 #include <errno.h>
@@ -105,6 +105,32 @@ int bgsave_snapshot(bgsave_t *b, shard_t *sh)
     return b->be->sync(b->be);
 }
 
+int bgsave_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
+                       hid_t tok_src, bgsave_array_fn array, void *ctx, ckpt_shard_sum_t *sum)
+{
+    ckpt_shard_writer_t *w = ckpt_shard_create(dir, meta, units, n_units, index);
+    int bad = !w;
+    for (int k = 0; k < CKPT_KINDS && !bad; k++)
+        for (int u = 0; u < n_units && !bad; u++) {
+            const void *a = array(ctx, k, u);
+            bad = !a || ckpt_shard_put(w, k, u, a) < 0;
+        }
+    if (w && ckpt_shard_finish(w, tok_src, sum) < 0)
+        bad = 1;
+    return bad ? -1 : 0;
+}
+
+/* The writer thread's arrays: the snapshot's. */
+static const void *snapshot_array(void *ctx, int kind, int unit)
+{
+    bgsave_t *b = ctx;
+    /* tests/fault/async_kill.sh aims here (FTK_FAULT=bgsave.write:…): a kill, a failure, or
+     * a write stretched to overlap the steps that follow */
+    if (fault_point("bgsave.write") < 0)
+        return NULL;
+    return (char *)b->snap + b->offs[kind * b->n_units + unit];
+}
+
 static void *writer(void *arg)
 {
     bgsave_t *b = arg;
@@ -119,17 +145,8 @@ static void *writer(void *arg)
     int prio = getpriority(PRIO_PROCESS, (id_t)tid);
     if (errno == 0)
         setpriority(PRIO_PROCESS, (id_t)tid, prio + 10 > 19 ? 19 : prio + 10);
-    ckpt_shard_writer_t *w = ckpt_shard_create(b->dir, &b->meta, b->units, b->n_units, b->index);
-    int bad = !w;
-    for (int k = 0; k < CKPT_KINDS && !bad; k++)
-        for (int u = 0; u < b->n_units && !bad; u++) {
-            /* tests/fault/async_kill.sh aims here (FTK_FAULT=bgsave.write:…): a kill, a
-             * failure, or a write stretched to overlap the steps that follow */
-            bad = fault_point("bgsave.write") < 0 ||
-                  ckpt_shard_put(w, k, u, (char *)b->snap + b->offs[k * b->n_units + u]) < 0;
-        }
-    if (w && ckpt_shard_finish(w, b->tok_src, &b->sum) < 0)
-        bad = 1;
+    int bad = bgsave_write_shard(b->dir, &b->meta, b->units, b->n_units, b->index, b->tok_src, snapshot_array, b,
+                                 &b->sum) < 0;
     b->rc = bad ? -1 : 0;
     if (bad) /* ftk_err_msg() is this thread's */
         snprintf(b->err, sizeof b->err, "%s", ftk_err_msg());

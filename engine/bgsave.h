@@ -10,11 +10,12 @@
  * step, data position, RNG seed and schedule state are in the ckpt_meta_t given to
  * bgsave_start(), copied there.
  *
- * bgsave_start() starts a thread that writes the shard file from the snapshot with the
- * calls a synchronous save makes (ckpt_shard_create/put/finish: every array checksummed,
- * the file fsynced, then hashed whole), so both write the same bytes. The thread runs
- * 10 nice levels below the process (Linux: per thread), so that on the CPU backend it
- * takes the cycles training leaves rather than a share of every step.
+ * bgsave_start() starts a thread that writes the shard file from the snapshot through
+ * bgsave_write_shard(), the write the synchronous save (trainer_save) makes too
+ * (ckpt_shard_create/put/finish: every array checksummed, the file fsynced, then hashed
+ * whole), so both write the same bytes. The thread runs 10 nice levels below the process
+ * (Linux: per thread), so that on the CPU backend it takes the cycles training leaves
+ * rather than a share of every step.
  *
  * Threads: the writer thread makes HDF5 and file-system calls only — no MPI (MPI is
  * initialised FUNNELED) and no backend call. HDF5 must then be the thread-safe build
@@ -62,5 +63,15 @@ int bgsave_done(const bgsave_t *b);
 /* Joins the thread: 0 with the shard file's size and checksum in *sum and the thread's
  * seconds in *write_s, or -1 with the write's failure in ftk_err_msg(). */
 int bgsave_wait(bgsave_t *b, ckpt_shard_sum_t *sum, double *write_s);
+
+/* The one write of a shard file, both saves': shard `index` of meta's checkpoint into dir,
+ * every array in file order (kind, then unit) as array(ctx, kind, unit) gives it (NULL:
+ * the array could not be had, ftk_err_msg() set; the write stops there), then finished
+ * with tok_src's tokenizer files (or -1). Returns 0 with the file's size and checksum in
+ * *sum, or -1. Makes no MPI or backend call of its own: the background writer's thread
+ * runs it. */
+typedef const void *(*bgsave_array_fn)(void *ctx, int kind, int unit);
+int bgsave_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units, int64_t index,
+                       hid_t tok_src, bgsave_array_fn array, void *ctx, ckpt_shard_sum_t *sum);
 
 #endif

@@ -14,10 +14,11 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     backend_t *be = backend_plan_new(p->device);
     comm_t *world = be ? comm_plan(p->ranks, rank) : NULL;
     shard_t *sh = NULL;
+    optim_t *opt = NULL;
     model_t *m = NULL;
     int64_t tokens;
     int rc = trainer_pass_tokens(o.train.micro_batch, p->max_len, &tokens) < 0 ? -1
-             : world ? trainer_build(be, world, &p->cfg, &o, tokens, &sh, &m)
+             : world ? trainer_build(be, world, &p->cfg, &o, tokens, &sh, &opt, &m)
                      : -1;
     rc = rc ? -1 : 0;
     if (rc == 0) {
@@ -28,6 +29,7 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
         *snap = shard_writes(sh) ? bgsave_bytes(units, n_units, *S, precision_dtypes(o.precision).state) : 0;
     }
     model_free(m);
+    optim_free(opt);
     shard_free(sh);
     comm_finalize(world);
     backend_free(be);

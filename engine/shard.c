@@ -26,7 +26,6 @@ struct shard {
     backend_t *be;
     strategy_t strat;
     precision_dtypes_t dt;
-    int stochastic;
     comm_t *world, *group, *cross; /* group == world except for hybrid; cross: hybrid only */
     int S, r, replica;
     ckpt_unit_t *units;
@@ -46,9 +45,6 @@ struct shard {
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
     model_io_t io;
     comm_stats_t stats;
-    double *d_sq;           /* Σg² of the owned gradients, accumulated on the device */
-    bk_adamw_seg_t *segs;   /* adamw_multi's table: every owned tensor slice */
-    int n_segs;
 };
 
 static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
@@ -102,7 +98,7 @@ static int sharded(const shard_t *s) { return s->strat != STRAT_NONE; }
  * one shard (a shard group of one rank, whose slice is the whole unit), where a gather
  * would only copy the unit and a reduce-scatter its gradient (at 7B on one GPU: 27 GB of
  * copies per micro-batch and 4.4 GB of buffers). hybrid's cross-group all-reduce still
- * runs in shard_step. */
+ * runs in shard_grads_complete. */
 static int direct(const shard_t *s) { return !sharded(s) || s->S == 1; }
 
 /* The owned slice the model's dtype reads: the working copy, or the weights themselves. */
@@ -336,7 +332,7 @@ static int set_groups(shard_t *s, int group_size)
 }
 
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
-                   precision_t prec, int stochastic)
+                   precision_t prec)
 {
     shard_t *s = calloc(1, sizeof *s);
     if (!s) {
@@ -347,7 +343,6 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->strat = strat;
     s->world = world;
     s->dt = precision_dtypes(prec);
-    s->stochastic = stochastic;
     if (set_groups(s, group_size) < 0 || ckpt_units(cfg, s->S, &s->units, &s->n_units) < 0)
         goto fail;
     comm_t *comms[3] = {s->world, s->group, s->cross};
@@ -386,13 +381,6 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
             (s->w && !(s->w[u] = bk_alloc(be, cbytes(s, s->len[u]), BK_MEM_WEIGHTS, "the bf16 working copy"))))
             goto fail;
     }
-    if (!(s->d_sq = bk_alloc(be, sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulator")))
-        goto fail;
-    int n_tensors = 0;
-    for (int u = 0; u < n; u++)
-        n_tensors += s->units[u].n_tensors;
-    if (!(s->segs = calloc((size_t)n_tensors, sizeof *s->segs)))
-        goto oom;
     s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done};
     return s;
 oom:
@@ -423,8 +411,6 @@ void shard_free(shard_t *s)
     for (int i = 0; i < s->n_pool; i++)
         bk_free(s->be, s->pool[i].p);
     free(s->pool);
-    bk_free(s->be, s->d_sq);
-    free(s->segs);
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]);
     free(s->lo);
@@ -453,6 +439,12 @@ comm_t *shard_group(shard_t *s) { return s->group; }
 comm_t *shard_cross(shard_t *s) { return s->cross; }
 const model_io_t *shard_io(shard_t *s) { return &s->io; }
 comm_stats_t *shard_stats(shard_t *s) { return &s->stats; }
+precision_dtypes_t shard_dtypes(const shard_t *s) { return s->dt; }
+
+shard_slice_t shard_owned(const shard_t *s, int u)
+{
+    return (shard_slice_t){s->p[u], s->m[u], s->v[u], s->g[u], s->lo[u], s->len[u]};
+}
 
 /* ---- state -------------------------------------------------------------------------------- */
 
@@ -752,79 +744,29 @@ int shard_set_state(shard_t *s, const ckpt_state_t *st)
     return rc;
 }
 
-/* ---- the optimizer step -------------------------------------------------------------------- */
+/* ---- around the optimizer step ------------------------------------------------------------ */
 
-double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr)
+void shard_grads_complete(shard_t *s)
 {
-    backend_t *be = s->be;
     int n = s->n_units;
-    dtype_t gdt = s->dt.grad, sdt = s->dt.state;
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
         for (int u = 0; u < n; u++)
-            comm_allreduce(s->cross, s->g[u], s->len[u], gdt, &s->ar[u]);
+            comm_allreduce(s->cross, s->g[u], s->len[u], s->dt.grad, &s->ar[u]);
     for (int u = 0; u < n; u++)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
-    /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
-     * The units' Σg² add into one double on the device, in unit order, and come back in
-     * one download. The association is unchanged: ((0 + Σ_0) + Σ_1) + …, each Σ_u summed
-     * by sumsq in its fixed order, as the host summed the values sumsq returned. */
-    be->zero(be, s->d_sq, sizeof(double));
-    for (int u = 0; u < n; u++)
-        be->sumsq(be, bk_buf(s->g[u], gdt), s->len[u], s->d_sq);
-    double sq = NAN; /* stays NaN when a failed backend skips the download */
-    be->download(be, &sq, s->d_sq, sizeof sq);
+}
+
+void shard_sum_owned(shard_t *s, double *v)
+{
     if (sharded(s))
-        comm_allreduce_f64(s->group, &sq, 1, COMM_SUM);
-    double norm = sqrt(sq);
-    float gscale = 1.0f;
-    if (t->clip > 0) {
-        double coef = t->clip / (norm + 1e-6);
-        if (coef < 1.0)
-            gscale = (float)coef;
-    }
-    shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
-    bk_adamw_t h = {.lr = (float)lr, .b1 = (float)t->beta1, .b2 = (float)t->beta2, .eps = (float)t->eps,
-                    .gscale = gscale, .bc1 = 1.0 - pow(t->beta1, (double)step),
-                    .bc2 = 1.0 - pow(t->beta2, (double)step), .stochastic = s->stochastic};
-    /* Every owned tensor slice: one adamw_multi call when the backend has it, else an adamw
-     * call each (the same bits, backend.h). */
-    s->n_segs = 0;
-    for (int u = 0; u < n; u++) {
-        int64_t lo = s->lo[u], hi = lo + s->len[u];
-        for (int k = 0; k < s->units[u].n_tensors; k++) {
-            const ckpt_tensor_t *x = &s->units[u].t[k];
-            int64_t a, b;
-            if (!overlap(x, lo, hi, &a, &b))
-                continue;
-            int64_t o = a - lo;
-            bk_adamw_seg_t *sg = &s->segs[s->n_segs++];
-            sg->p = bk_at(bk_buf(s->p[u], sdt), o).p;
-            sg->m = bk_at(bk_buf(s->m[u], sdt), o).p;
-            sg->v = bk_at(bk_buf(s->v[u], sdt), o).p;
-            sg->g = bk_at(bk_buf(s->g[u], gdt), o).p;
-            sg->n = b - a;
-            sg->wd = x->is_norm && !t->decay_norms ? 0.0f : (float)t->weight_decay;
-            /* the rounding bits of an element depend on its tensor and index, not the slicing */
-            sg->key = bk_sround_key((uint64_t)t->seed, step, (int64_t)u * 16 + k);
-            sg->index0 = a - x->offset;
-        }
-    }
-    if (be->adamw_multi) {
-        be->adamw_multi(be, s->segs, s->n_segs, sdt, gdt, &h);
-    } else {
-        for (int i = 0; i < s->n_segs; i++) {
-            const bk_adamw_seg_t *sg = &s->segs[i];
-            h.wd = sg->wd;
-            h.key = sg->key;
-            h.index0 = sg->index0;
-            be->adamw(be, bk_buf(sg->p, sdt), bk_buf((void *)sg->g, gdt), bk_buf(sg->m, sdt), bk_buf(sg->v, sdt),
-                      sg->n, &h);
-        }
-    }
-    for (int u = 0; u < n; u++)
-        be->zero(be, s->g[u], gbytes(s, s->len[u]));
+        comm_allreduce_f64(s->group, v, 1, COMM_SUM);
+}
+
+void shard_step_done(shard_t *s)
+{
+    for (int u = 0; u < s->n_units; u++)
+        s->be->zero(s->be, s->g[u], gbytes(s, s->len[u]));
     refresh_working_copy(s);
-    return norm;
 }

@@ -1,7 +1,8 @@
 /* shard.h — sharded data parallelism: where each unit's parameters, gradients and AdamW
  * moments live on each rank, and the collectives that move them (docs/design.md
  * "Sharding strategies"). The model asks for units through model_io_t (model.h); this
- * module answers. The optimizer step (AdamW on each rank's slices) lives here too.
+ * module answers. The optimizer step (clipping, AdamW) runs over the owned slices this module
+ * exposes (optim.h).
  *
  * Shard groups. S ranks form a shard group; a unit's flat vector (padded to a multiple of
  * S) is cut into S contiguous slices and group rank r owns slice r: [r·P/S, (r+1)·P/S)
@@ -38,7 +39,7 @@
  * compute dtype. bf16-mixed keeps a bf16 working copy of each owned slice beside the fp32
  * master, refreshed (rounded to nearest even) after every step, and gathers that: half the
  * bytes. bf16-true stores p, m, v and g in bf16, and AdamW rounds its results
- * stochastically (bk_adamw_t) unless rounding to nearest was asked for.
+ * stochastically (bk_adamw_t, optim.h) unless rounding to nearest was asked for.
  *
  * Memory: whole-unit buffers (gathered units, gradients in flight) come from a pool that
  * shard_reserve() fills before training by replaying a training pass's requests in the
@@ -63,10 +64,9 @@
 typedef struct shard shard_t;
 
 /* world: every rank; group_size: ranks per shard group for hybrid (0: the ranks of a
- * node); ignored otherwise. Allocates this rank's owned state (zero) on be. stochastic:
- * bf16 stores of AdamW round stochastically (bf16-true; else to nearest even). */
+ * node); ignored otherwise. Allocates this rank's owned state (zero) on be. */
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
-                   precision_t prec, int stochastic);
+                   precision_t prec);
 void shard_free(shard_t *s);
 /* Fills the pool with every whole-unit buffer a training pass and an evaluation pass
  * take (call after shard_new, before the first pass; no communication). */
@@ -81,6 +81,17 @@ comm_t *shard_group(shard_t *s);           /* the shard group (S ranks) */
 comm_t *shard_cross(shard_t *s);           /* hybrid: the replicas of this slice; else NULL */
 const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
 comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
+precision_dtypes_t shard_dtypes(const shard_t *s);
+
+/* This rank's owned state of one unit: elements [lo, lo + len) of its flat vector (the whole
+ * padded unit under none); p, m, v in the state dtype, g in the gradient dtype, on the
+ * backend. The optimizer updates them in place (optim.h); the pointers stay valid until
+ * shard_free. */
+typedef struct {
+    void *p, *m, *v, *g;
+    int64_t lo, len;
+} shard_slice_t;
+shard_slice_t shard_owned(const shard_t *s, int unit);
 
 /* Initial parameters from a weights file: each rank reads only its slices (whole units
  * for none), rounded to the state dtype; each tensor read whole is checked against its
@@ -101,11 +112,15 @@ int shard_set_state(shard_t *s, const ckpt_state_t *st);
 void shard_pass_begin(shard_t *s, int backward, int last);
 void shard_pass_end(shard_t *s);
 
-/* After the step's last pass: completes the gradient all-reduces, clips to the global
- * norm (torch's clip_grad_norm_; the coefficient is applied inside AdamW) and runs AdamW
- * on the owned state, refreshes bf16-mixed's working copy, then clears the gradients and
- * drops gathered parameters. Returns the norm before clipping. */
-double shard_step(shard_t *s, const ckpt_train_t *t, int64_t step, double lr);
+/* The optimizer step's sharding side (optim_step calls them in this order, around
+ * shard_drop). After the step's last pass: completes the gradient all-reduces (hybrid's
+ * across replicas, none's across every rank), so that the owned gradients are the step's. */
+void shard_grads_complete(shard_t *s);
+/* *v (this rank's share of a sum over the owned slices) summed over the shard group, so
+ * that every rank holds the sum over whole units; under none nothing to do. Collective. */
+void shard_sum_owned(shard_t *s, double *v);
+/* After the update: clears the owned gradients and refreshes bf16-mixed's working copy. */
+void shard_step_done(shard_t *s);
 
 /* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */
 void shard_drop(shard_t *s);

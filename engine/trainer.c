@@ -1,5 +1,6 @@
-/* trainer.c — the training job (trainer.h). */
-#include "trainer.h"
+/* trainer.c — the training job (trainer.h): inputs, building, the step, evaluation; its
+ * checkpoints (save, asynchronous save, resume) are trainer_ckpt.c. */
+#include "trainer_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,99 +25,9 @@
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 #include "bgsave.h"
+#include "loader.h"
 #include "plan.h"
-#include "train.h"
-
-/* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
- * memory bound); step and eval hold this rank's rows of the current step or pass. */
-typedef struct {
-    tokens_set_t *set;
-    tokens_split_t step, eval;
-    int64_t max_len, vocab, rows[2], mask_prompt, packed;
-    char set_xxh3[32];
-} data_t;
-
-/* What each writing rank tells rank 0 about its shard file. */
-typedef struct {
-    uint64_t bytes, xxh3;
-    int64_t code;
-    double write_s;
-} shard_report_t;
-
-/* The asynchronous checkpoint in flight (every rank agrees on active). */
-typedef struct {
-    int active;
-    ckpt_writer_t w;     /* rank 0: its hidden directory */
-    ckpt_meta_t meta;    /* the snapshot's step, data position, options */
-    double stall_s;      /* seconds the loop was blocked for it so far */
-    int joined;          /* this rank's write is joined: its report is in me */
-    shard_report_t me;
-    int commit_code;     /* rank 0: a commit at a step boundary failed (reported at the next) */
-    char commit_why[2048];
-} pending_t;
-
-struct trainer {
-    comm_t *world;
-    int rank, nranks;
-    backend_t *be;
-    trainer_opts_t o;
-    char why[2048]; /* this rank's failure, then the job's (agree) */
-    hid_t wf;
-    int lock_fd; /* the run directory's lock (rank 0), -1 when none */
-    int made_dir;  /* rank 0 created the run directory (a failure before any checkpoint removes it) */
-    int committed; /* a checkpoint of this process is in it under its final name */
-    data_t data;
-    model_config_t cfg;
-    ckpt_meta_t meta;
-    int64_t R, per_epoch;
-    shard_t *sh;
-    model_t *m;
-    int64_t *perm, *rows;
-    batch_t b;
-    /* loss_mean "micro" (train.h): per micro-batch of the global batch, the counts summed
-     * over the ranks (3 + its targets each, as trainer_step's counts) and the weights */
-    double *micro_n;
-    float *micro_w;
-    /* --async-save (bgsave.h): every rank's mode (the HDF5 library allows it); the writing
-     * ranks' snapshot; the checkpoint in flight; the commits not yet reported */
-    int async;
-    bgsave_t *bg;
-    pending_t pend;
-    trainer_ckpt_t reports[8];
-    int n_reports;
-    char extended[512]; /* what an --extend resume changed (trainer_extended) */
-};
-
-/* ---- every rank agrees ------------------------------------------------------------------- */
-
-/* Records this rank's failure for agree(); returns code. */
-static int fail(trainer_t *t, int code, const char *fmt, ...) FTK_PRINTF(3, 4);
-static int fail(trainer_t *t, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->why, sizeof t->why, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-/* Every rank calls it with its status; returns the highest code of all ranks, with the
- * lowest failing rank's message in ftk_err_msg() everywhere. after_peer: this rank's failure
- * may only follow another rank's (comm_status -2), whose message is then preferred. */
-static int agree_first(trainer_t *t, int code, int after_peer)
-{
-    int who;
-    if (!(code = comm_agree_first(t->world, code, after_peer, t->why, sizeof t->why, &who)))
-        return 0;
-    char pre[32];
-    snprintf(pre, sizeof pre, "rank %d: ", who);
-    if (t->nranks > 1 && who != 0 && !strstr(t->why, pre)) /* NCCL's messages name their rank */
-        ftk_err_set("%s%s", pre, t->why);
-    else
-        ftk_err_set("%s", t->why);
-    return code;
-}
-static int agree(trainer_t *t, int code) { return agree_first(t, code, 0); }
+#include "schedule.h"
 
 /* ---- inputs ------------------------------------------------------------------------------- */
 
@@ -237,7 +148,7 @@ static int make_batch(batch_t *b, const tokens_split_t *s, const int64_t *rows, 
 
 /* loss_mean "micro": make_batch's batch of the split's rows r0 .. r0 + k - 1, which are
  * rows g0 .. g0 + k - 1 of the global batch, each row's targets weighted by its
- * micro-batch's w[g / mb] (train.h). */
+ * micro-batch's w[g / mb] (loader.h). */
 static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int64_t k, int64_t g0, int64_t mb,
                             const float *w)
 {
@@ -251,92 +162,6 @@ static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int
         for (int64_t j = n0; j < b->n_tgt; j++)
             b->tgt_w[j] = w[(g0 + i) / mb];
     }
-    return 0;
-}
-
-static int same_config(const model_config_t *a, const model_config_t *b)
-{
-    return a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
-           a->num_hidden_layers == b->num_hidden_layers && a->num_attention_heads == b->num_attention_heads &&
-           a->num_key_value_heads == b->num_key_value_heads && a->vocab_size == b->vocab_size &&
-           a->tie_word_embeddings == b->tie_word_embeddings && a->rms_norm_eps == b->rms_norm_eps &&
-           a->rope_theta == b->rope_theta;
-}
-
-/* The options that define the run must be the checkpoint's; with extend, those of the
- * schedule (the steps, the learning rates, the warmup, the decay) may change, each change
- * written into changed (a resumed run is then no longer bit-exact with an uninterrupted
- * one, so the tool says it). */
-static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta, int extend, char *changed,
-                                size_t n_changed)
-{
-    const ckpt_train_t *c = &cm->train, *t = &meta->train;
-    changed[0] = 0;
-#define MAY(field, opt)                                                                                              \
-    if (extend && c->field != t->field) {                                                                            \
-        size_t used = strlen(changed);                                                                               \
-        snprintf(changed + used, n_changed - used, "%s--%s %g -> %g", used ? ", " : "", opt, (double)c->field,       \
-                 (double)t->field);                                                                                  \
-    }
-    MAY(lr, "lr")
-    MAY(min_lr, "min-lr")
-    MAY(warmup, "warmup")
-    MAY(total_steps, "steps")
-#undef MAY
-    if (extend && strcmp(c->schedule, t->schedule)) {
-        size_t used = strlen(changed);
-        snprintf(changed + used, n_changed - used, "%s--schedule %s -> %s", used ? ", " : "", c->schedule,
-                 t->schedule);
-    }
-    if (extend && t->total_steps < cm->step) {
-        ftk_err_set("--extend: --steps %lld is before the checkpoint's step %lld", (long long)t->total_steps,
-                    (long long)cm->step);
-        return -1;
-    }
-#define SAME(field, opt)                                                                                             \
-    if (c->field != t->field) {                                                                                      \
-        ftk_err_set("--%s differs from the checkpoint's (%g there, %g here); resume with the same options", opt,     \
-                    (double)c->field, (double)t->field);                                                             \
-        return -1;                                                                                                   \
-    }
-    if (!extend) {
-        SAME(lr, "lr")
-        SAME(min_lr, "min-lr")
-        SAME(warmup, "warmup")
-        SAME(total_steps, "steps/--epochs (total steps)")
-    }
-    SAME(global_batch, "global-batch")
-    SAME(micro_batch, "micro-batch")
-    SAME(beta1, "beta1")
-    SAME(beta2, "beta2")
-    SAME(eps, "eps")
-    SAME(weight_decay, "weight-decay")
-    SAME(decay_norms, "decay-norms")
-    SAME(clip, "clip")
-    SAME(seed, "seed")
-#undef SAME
-    if (!extend && strcmp(c->schedule, t->schedule)) {
-        ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here)", c->schedule, t->schedule);
-        return -1;
-    }
-    /* the recipe first: a change of it explains the pieces' */
-    const char *(*const get[3])(const ckpt_train_t *) = {ckpt_recipe, ckpt_warmup_style, ckpt_loss_mean};
-    static const char *const opt[3] = {"recipe", "warmup-style", "loss-mean"};
-    for (int i = 0; i < 3; i++)
-        if (strcmp(get[i](c), get[i](t))) {
-            ftk_err_set("--%s differs from the checkpoint's (%s there, %s here); resume with the same options", opt[i],
-                        get[i](c), get[i](t));
-            return -1;
-        }
-    if (strcmp(cm->precision, meta->precision)) {
-        ftk_err_set("--precision differs from the checkpoint's (%s there, %s here); resume with the same "
-                    "--precision, or convert the checkpoint first (ftk-reshard --precision %s)",
-                    cm->precision, meta->precision, meta->precision);
-        return -1;
-    }
-    /* The state is valid for either rounding: a change is allowed (not bit for bit), and said. */
-    if (strcmp(meta->precision, "bf16-true") == 0 && strcmp(c->rounding, t->rounding))
-        ftk_warn("the checkpoint's steps rounded to %s, this run rounds %s (--rounding)", c->rounding, t->rounding);
     return 0;
 }
 
@@ -424,15 +249,23 @@ int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
 }
 
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, model_t **m)
+                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
 {
     *m = NULL;
-    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision, o->stochastic)))
+    *opt = NULL;
+    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
+    if (!(*opt = optim_new(be, *sh, o->stochastic))) {
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_USAGE;
+    }
     int n_units;
     const ckpt_unit_t *units = shard_units(*sh, &n_units);
     if (shard_reserve(*sh) < 0 ||
         !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh)))) {
+        optim_free(*opt);
+        *opt = NULL;
         shard_free(*sh);
         *sh = NULL;
         return FTK_EXIT_FAIL;
@@ -536,7 +369,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);
-    c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->m);
+    c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
     if (o->async_save) {
@@ -595,6 +428,7 @@ void trainer_free(trainer_t *t)
     free(t->micro_n);
     free(t->micro_w);
     model_free(t->m);
+    optim_free(t->opt);
     shard_free(t->sh);
     tokens_split_free(&t->data.step);
     tokens_split_free(&t->data.eval);
@@ -613,395 +447,6 @@ int64_t trainer_val_rows(const trainer_t *t) { return t->data.rows[TOKENS_VAL]; 
 int64_t trainer_n_params(const trainer_t *t) { return model_n_params(&t->cfg); }
 const bk_mem_t *trainer_memory(const trainer_t *t) { return bk_mem(t->be); }
 shard_t *trainer_shard(trainer_t *t) { return t->sh; }
-
-/* ---- checkpoints ----------------------------------------------------------------------------- */
-
-static void push_report(trainer_t *t, int64_t step, int async, double stall_s, double write_s, int64_t bytes)
-{
-    if (t->n_reports < (int)(sizeof t->reports / sizeof *t->reports))
-        t->reports[t->n_reports++] = (trainer_ckpt_t){step, async, stall_s, write_s, bytes};
-}
-
-int trainer_ckpt_reports(trainer_t *t, trainer_ckpt_t *out, int max)
-{
-    int n = t->n_reports < max ? t->n_reports : max;
-    memcpy(out, t->reports, (size_t)n * sizeof *out);
-    memmove(t->reports, t->reports + n, (size_t)(t->n_reports - n) * sizeof *out);
-    t->n_reports -= n;
-    return n;
-}
-
-/* Rank 0 makes the hidden directory of the checkpoint of `step`; every rank learns its
- * name (agreed). */
-static int save_settle(trainer_t *t);
-
-/* Every rank: settles the checkpoint in flight (steps stay in order; its wait is its own
- * stall), then rank 0 makes the hidden directory of this step's checkpoint, whose path
- * every rank gets in dir. *t0: when this checkpoint's own time began. Agreed. */
-static int save_begin(trainer_t *t, ckpt_writer_t *w, char dir[4096], double *t0)
-{
-    int code = save_settle(t);
-    if (code)
-        return code;
-    *t0 = time_now();
-    int64_t step = t->meta.step;
-    dir[0] = 0;
-    memset(w, 0, sizeof *w);
-    if (t->rank == 0) {
-        if (ckpt_begin(w, t->o.out_dir, step) < 0)
-            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)step, ftk_err_msg());
-        else
-            snprintf(dir, 4096, "%s", w->dir);
-    }
-    if ((code = agree(t, code)))
-        return code;
-    comm_bcast(t->world, dir, 4096, 0);
-    return 0;
-}
-
-/* Every rank with its shard's report (a failed one has why set): rank 0 collects them
- * (the writers are ranks 0 … S−1, replica 0) and commits — manifest, rename, latest,
- * --keep — or removes the directory if any rank failed. deferred (the background path,
- * every report known to be good): nothing more is waited for; a failed commit is kept
- * on rank 0 and reported at the next step (pend.commit_code). Else agreed. rep gets the
- * write time (the slowest writer's) and the bytes of every shard. */
-static int save_commit(trainer_t *t, ckpt_writer_t *w, const ckpt_meta_t *meta, shard_report_t me, int deferred,
-                       trainer_ckpt_t *rep)
-{
-    int n_units;
-    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
-    shard_report_t *all = t->rank == 0 ? calloc((size_t)t->nranks, sizeof *all) : NULL;
-    if (t->rank == 0 && !all)
-        abort(); /* a few bytes per rank */
-    comm_gather(t->world, &me, all, sizeof me, 0);
-    int code = (int)me.code;
-    memset(rep, 0, sizeof *rep);
-    if (t->rank == 0) {
-        ckpt_shard_sum_t *sums = calloc((size_t)meta->shard_count, sizeof *sums);
-        for (int64_t i = 0; i < meta->shard_count && sums; i++) {
-            sums[i].bytes = all[i].bytes;
-            sums[i].xxh3 = all[i].xxh3;
-            code = all[i].code > code ? (int)all[i].code : code;
-            rep->bytes += (int64_t)all[i].bytes;
-            rep->write_s = all[i].write_s > rep->write_s ? all[i].write_s : rep->write_s;
-        }
-        if (!sums)
-            code = fail(t, FTK_EXIT_FAIL, "out of memory");
-        char step_dir[4200];
-        snprintf(step_dir, sizeof step_dir, "%.*s/%s", path_dir_len(t->o.out_dir), t->o.out_dir, w->name);
-        struct stat sb;
-        if (code)
-            ckpt_abort(w);
-        else if (ckpt_commit(w, meta, &t->cfg, units, n_units, sums, (int)t->o.keep) < 0)
-            code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
-        /* committed, even when `latest` could not follow: the run is resumable from it */
-        if (stat(step_dir, &sb) == 0)
-            t->committed = 1;
-        free(sums);
-        free(all);
-    }
-    if (!deferred)
-        return agree(t, code);
-    if (code) {
-        t->pend.commit_code = code;
-        snprintf(t->pend.commit_why, sizeof t->pend.commit_why, "%s", t->why);
-    }
-    return 0;
-}
-
-/* The background write in flight, joined on this rank: its report. */
-static shard_report_t join_write(trainer_t *t)
-{
-    shard_report_t me = {0, 0, 0, 0};
-    if (bgsave_running(t->bg)) {
-        ckpt_shard_sum_t sum = {0, 0};
-        if (bgsave_wait(t->bg, &sum, &me.write_s) < 0)
-            me.code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld (background write): %s",
-                           (long long)t->pend.meta.step, ftk_err_msg());
-        me.bytes = sum.bytes;
-        me.xxh3 = sum.xxh3;
-        t->pend.me = me;
-        t->pend.joined = 1;
-    }
-    return t->pend.joined ? t->pend.me : me;
-}
-
-/* Settles the asynchronous checkpoint (every rank calls it): waits for the write in
- * flight on every rank and commits it, or removes it if a write failed; reports a commit
- * that failed at a step boundary. The wait counts as that checkpoint's stall. Agreed. */
-static int save_settle(trainer_t *t)
-{
-    pending_t *p = &t->pend;
-    int code = 0;
-    if (p->active) {
-        double t0 = time_now();
-        shard_report_t me = join_write(t);
-        trainer_ckpt_t rep;
-        code = save_commit(t, &p->w, &p->meta, me, 0, &rep);
-        p->stall_s += time_now() - t0;
-        if (!code)
-            push_report(t, p->meta.step, 1, p->stall_s, rep.write_s, rep.bytes);
-        p->active = 0;
-        p->joined = 0;
-        if (code)
-            return code;
-    }
-    if (p->commit_code)
-        code = fail(t, p->commit_code, "%s", p->commit_why);
-    p->commit_code = 0;
-    return agree(t, code);
-}
-
-/* At a step boundary, after the step's all-reduce: running is the number of ranks whose
- * write is still under way, failed whether one failed (or a commit did). Every rank sees
- * the same two numbers, so every rank takes the same branch: nothing, the commit of a
- * checkpoint every rank has written (rank 0 commits; nobody waits for it), or — rare —
- * the agreed failure. */
-static int save_poll(trainer_t *t, int running, int failed)
-{
-    pending_t *p = &t->pend;
-    if (failed)
-        return save_settle(t); /* fails, with the lowest failing rank's message */
-    if (!p->active || running)
-        return 0;
-    double t0 = time_now();
-    shard_report_t me = join_write(t); /* done: does not block */
-    trainer_ckpt_t rep;
-    save_commit(t, &p->w, &p->meta, me, 1, &rep);
-    p->stall_s += time_now() - t0;
-    if (!p->commit_code)
-        push_report(t, p->meta.step, 1, p->stall_s, rep.write_s, rep.bytes);
-    p->active = 0;
-    p->joined = 0;
-    return 0;
-}
-
-int trainer_save(trainer_t *t)
-{
-    const ckpt_meta_t *meta = &t->meta;
-    ckpt_writer_t w;
-    char dir[4096];
-    double t0;
-    int code = save_begin(t, &w, dir, &t0);
-    if (code)
-        return code;
-
-    int n_units;
-    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
-    shard_report_t me = {0, 0, 0, 0};
-    if (shard_writes(t->sh)) {
-        /* One array at a time through one unit-sized buffer: saving never doubles the
-         * memory of the state. */
-        double tw = time_now();
-        ckpt_shard_sum_t sum = {0, 0};
-        int64_t idx = shard_index(t->sh), S = meta->shard_count, most = 0;
-        for (int u = 0; u < n_units; u++)
-            most = units[u].padded / S > most ? units[u].padded / S : most;
-        void *buf = malloc((size_t)most * dtype_size(ckpt_state_dtype(meta->precision)));
-        ckpt_shard_writer_t *sw = buf ? ckpt_shard_create(dir, meta, units, n_units, idx) : NULL;
-        int bad = !sw;
-        if (!buf)
-            ftk_err_set("out of memory");
-        for (int k = 0; k < CKPT_KINDS && !bad; k++)
-            for (int u = 0; u < n_units && !bad; u++)
-                bad = shard_get_slice(t->sh, k, u, buf) < 0 || ckpt_shard_put(sw, k, u, buf) < 0;
-        if (sw && ckpt_shard_finish(sw, idx == 0 ? t->wf : -1, &sum) < 0)
-            bad = 1;
-        if (bad)
-            me.code = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
-        free(buf);
-        me.bytes = sum.bytes;
-        me.xxh3 = sum.xxh3;
-        me.write_s = time_now() - tw;
-    }
-    trainer_ckpt_t rep;
-    if (!(code = save_commit(t, &w, meta, me, 0, &rep)))
-        push_report(t, meta->step, 0, time_now() - t0, rep.write_s, rep.bytes);
-    return code;
-}
-
-int trainer_save_async(trainer_t *t)
-{
-    if (!t->async)
-        return trainer_save(t);
-    /* At most one checkpoint in flight: the previous one's write is waited for in
-     * save_begin (its stall) and committed before this one starts. */
-    const ckpt_meta_t *meta = &t->meta;
-    ckpt_writer_t w;
-    char dir[4096];
-    double t0;
-    int code = save_begin(t, &w, dir, &t0);
-    if (code)
-        return code;
-    int rc = 0;
-    int64_t idx = shard_index(t->sh);
-    if (t->bg && (bgsave_snapshot(t->bg, t->sh) < 0 || bgsave_start(t->bg, dir, meta, idx, idx == 0 ? t->wf : -1) < 0))
-        rc = fail(t, FTK_EXIT_FAIL, "checkpoint at step %lld: %s", (long long)meta->step, ftk_err_msg());
-    if ((code = agree(t, rc))) {
-        shard_report_t me = join_write(t); /* a write another rank could not start */
-        (void)me;
-        t->pend.joined = 0;
-        if (t->rank == 0)
-            ckpt_abort(&w);
-        return code;
-    }
-    t->pend = (pending_t){.active = 1, .w = w, .meta = *meta, .stall_s = time_now() - t0};
-    return 0;
-}
-
-/* This rank's part of a checkpoint (every rank calls it): the manifest checked against
- * this run, then its shard read and verified into *st — or, when the checkpoint has
- * another shard count, its new slices read from the old shards. Returns 0 (agreed),
- * FTK_EXIT_VERIFY (damaged: another checkpoint may do) or FTK_EXIT_USAGE (not this
- * run's), with why set (not agreed). */
-static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_state_t *st)
-{
-    const ckpt_meta_t *meta = &t->meta;
-    ckpt_manifest_t man;
-    int code = 0;
-    memset(st, 0, sizeof *st);
-    memset(cm, 0, sizeof *cm);
-    if (ckpt_open(ck, &man) < 0)
-        code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
-    else
-        *cm = man.meta;
-    if (!code && !man.sealed && t->rank == 0)
-        ftk_warn("%s/manifest.json has no manifest_xxh3 (written by an older ftk): its values are range-checked, "
-                 "not checksummed",
-                 ck);
-    if ((code = agree(t, code))) {
-        ckpt_manifest_free(&man); /* opened here if another rank failed (ckpt_open clears it on failure) */
-        return code;
-    }
-    if (!same_config(&man.cfg, &t->cfg) || strcmp(cm->init_xxh3, meta->init_xxh3))
-        code = fail(t, FTK_EXIT_USAGE, "%s is a checkpoint of a run started from other weights (%s) than %s", ck,
-                    cm->init_file, t->o.model_path);
-    else if (strcmp(cm->data_set_xxh3, meta->data_set_xxh3) || cm->data_rows != meta->data_rows)
-        code = fail(t, FTK_EXIT_USAGE, "%s was trained on other data (set %s, %lld rows) than %s (set %s, %lld rows)",
-                    ck, cm->data_set_xxh3, (long long)cm->data_rows, t->o.data_path, meta->data_set_xxh3,
-                    (long long)meta->data_rows);
-    else if (check_resume_options(cm, meta, t->o.extend, t->extended, sizeof t->extended) < 0)
-        code = fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
-    else if (cm->shard_count == meta->shard_count) {
-        if (ckpt_read_shard(ck, &man, shard_index(t->sh), 0, st) < 0)
-            code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
-    } else {
-        /* Reshard on load: every old shard file is checksummed by one rank (round robin),
-         * then each rank reads only the element ranges overlapping its new slices. */
-        for (int64_t i = t->rank; i < cm->shard_count && !code; i += t->nranks) {
-            hid_t f = ckpt_shard_open(ck, &man, i, 1);
-            if (f < 0)
-                code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
-            else
-                h5_close(f);
-        }
-        code = agree(t, code);
-        if (!code && ckpt_read_resliced(ck, &man, meta->shard_count, shard_index(t->sh), 0, st) < 0)
-            code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
-        if (!code)
-            ftk_info("%s: %lld shard%s (%lld rank%s, strategy %s) resliced on load into %lld (%d rank%s, strategy %s)",
-                     ck, (long long)cm->shard_count, plural_s(cm->shard_count), (long long)cm->world_size,
-                     plural_s(cm->world_size), cm->strategy, (long long)meta->shard_count, t->nranks,
-                     plural_s(t->nranks), meta->strategy);
-    }
-    ckpt_manifest_free(&man);
-    return code;
-}
-
-/* Settles on one checkpoint for every rank and loads it; *found = 0 when there is none. */
-static int resume_from(trainer_t *t, int *found)
-{
-    ckpt_meta_t *meta = &t->meta;
-    char **cand = NULL;
-    size_t n_cand = 0;
-    int code = 0, damaged = 0, is_auto = !strcmp(t->o.resume, "auto");
-    int n_units = t->cfg.num_hidden_layers + 2;
-    *found = 0;
-    if (t->rank == 0) {
-        if (is_auto) {
-            cand = ckpt_list(t->o.out_dir, &n_cand);
-        } else {
-            char *c = ckpt_resolve(t->o.resume);
-            if (!c)
-                code = fail(t, FTK_EXIT_USAGE, "--resume: %s", ftk_err_msg());
-            else if (!(cand = malloc(sizeof *cand))) {
-                free(c);
-                code = fail(t, FTK_EXIT_FAIL, "out of memory");
-            } else
-                cand[n_cand++] = c;
-        }
-    }
-    if ((code = agree(t, code)))
-        return code;
-    int64_t n = (int64_t)n_cand;
-    comm_allreduce_i64(t->world, &n, 1, COMM_MAX);
-    for (int64_t i = 0; i < n; i++) {
-        char ck[4096] = "";
-        if (t->rank == 0)
-            snprintf(ck, sizeof ck, "%s", cand[i]);
-        comm_bcast(t->world, ck, sizeof ck, 0);
-        ckpt_meta_t cm;
-        ckpt_state_t st;
-        code = agree(t, read_checkpoint(t, ck, &cm, &st));
-        if (code == FTK_EXIT_VERIFY && is_auto) {
-            ftk_warn("%s is damaged (%s)%s", ck, t->why, i + 1 < n ? "; trying the one before" : "");
-            ckpt_state_free(&st, n_units);
-            code = 0;
-            damaged++;
-            continue;
-        }
-        if (code) {
-            char m[sizeof t->why];
-            snprintf(m, sizeof m, "%s", ftk_err_msg());
-            ftk_err_set("cannot resume: %s", m);
-            code = FTK_EXIT_USAGE;
-            ckpt_state_free(&st, n_units);
-            break;
-        }
-        int rc = shard_set_state(t->sh, &st) < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0;
-        ckpt_state_free(&st, n_units);
-        if ((code = agree(t, rc)))
-            break;
-        meta->step = cm.step;
-        meta->tokens_seen = cm.tokens_seen;
-        meta->epoch = cm.epoch;
-        meta->rows_consumed = cm.rows_consumed;
-        *found = 1;
-        ftk_info("resuming from %s (step %lld of %lld)", ck, (long long)cm.step, (long long)meta->train.total_steps);
-        break;
-    }
-    if (!code && !*found && damaged) {
-        ftk_err_set("cannot resume: no checkpoint in %s verifies (every one is damaged; see above)", t->o.out_dir);
-        code = FTK_EXIT_USAGE;
-    }
-    for (size_t i = 0; i < n_cand; i++)
-        free(cand[i]);
-    free(cand);
-    return code;
-}
-
-int trainer_resume(trainer_t *t)
-{
-    int found = 0, code;
-    if (strcmp(t->o.resume, "none") && (code = resume_from(t, &found)))
-        return code;
-    if (!found) {
-        double t0 = time_now();
-        int64_t bytes = 0;
-        int rc = shard_load_weights(t->sh, t->wf, &bytes) < 0 ? -1 : t->be->sync(t->be);
-        double dt = time_now() - t0;
-        if ((code = agree(t, rc < 0 ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg()) : 0)))
-            return code;
-        /* a 7B file is 13.5 GB: say how long it took (rank 0's part, before the ranks agreed) */
-        if (t->rank == 0)
-            ftk_info("%s: weights loaded in %.2f s: %.2f GB read, %.2f GB/s", t->o.model_path, dt,
-                     (double)bytes / 1e9, (double)bytes / 1e9 / (dt > 0 ? dt : 1e-9));
-        if ((code = agree(t, fault_point("train.weights-loaded") < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)))
-            return code;
-    }
-    train_order((uint64_t)t->meta.train.seed, t->meta.epoch, t->R, t->perm);
-    return 0;
-}
 
 /* ---- training ------------------------------------------------------------------------------- */
 
@@ -1057,7 +502,7 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
                 cnt[0] = 1;
             }
             for (int64_t i = 0; !cnt[0] && i < val->n_rows; i++)
-                cnt[1 + (r0 + i) / mb] += (double)train_row_targets(val, i);
+                cnt[1 + (r0 + i) / mb] += (double)loader_row_targets(val, i);
         }
         comm_allreduce_f64(t->world, cnt, (int)(J + 1), COMM_SUM);
         if (cnt[0]) {
@@ -1065,7 +510,7 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
             free(w);
             return agree(t, fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank"));
         }
-        train_micro_weights(cnt + 1, J, w);
+        loader_micro_weights(cnt + 1, J, w);
     }
     for (int64_t p = 0; p < passes; p++) {
         int64_t r0 = lo + p * mb, k = hi - r0 < mb ? hi - r0 : mb;
@@ -1115,7 +560,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if (meta->rows_consumed >= t->R) {
         meta->epoch++;
         meta->rows_consumed = 0;
-        train_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
+        loader_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
     }
     int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
     memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
@@ -1136,7 +581,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         c[2] = 1;
     }
     for (int64_t i = 0; i < tr->n_rows; i++) {
-        int64_t n = train_row_targets(tr, i);
+        int64_t n = loader_row_targets(tr, i);
         c[0] += (double)n;
         if (micro)
             c[3 + (lo + i) / mb] += (double)n;
@@ -1149,7 +594,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
     float scale = 1.0f / (float)(n_tgt > 0 ? n_tgt : 1);
     if (micro) {
-        train_micro_weights(c + 3, J, t->micro_w);
+        loader_micro_weights(c + 3, J, t->micro_w);
         scale = 1.0f; /* the targets' weights hold the normalisation */
     }
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
@@ -1179,7 +624,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     /* The background write, learned at no cost: this all-reduce happens every step. */
     if (t->pend.active && !bgsave_done(t->bg))
         v[4] = 1;
-    else if (t->pend.active && join_write(t).code)
+    else if (t->pend.active && trainer_join_write(t).code)
         v[5] = 1;
     v[5] = v[5] || (t->rank == 0 && t->pend.commit_code);
     comm_allreduce_f64(t->world, v, 6, COMM_SUM);
@@ -1188,9 +633,9 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
                              err[0] ? err : "a batch could not be built on another rank"));
     double loss = micro ? v[0] : v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
     int64_t step = meta->step + 1;
-    double lr = train_lr(tc, step);
+    double lr = schedule_lr(tc, step);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
-    double gnorm = shard_step(t->sh, tc, step, lr);
+    double gnorm = optim_step(t->opt, tc, step, lr);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
     int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
@@ -1200,7 +645,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if (code)
         return code;
     /* At the step boundary: commit the background checkpoint every rank has written. */
-    if ((code = save_poll(t, v[4] > 0, v[5] > 0)))
+    if ((code = trainer_save_poll(t, v[4] > 0, v[5] > 0)))
         return code;
     meta->step = step;
     meta->rows_consumed += k;

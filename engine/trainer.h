@@ -48,6 +48,7 @@
 #include "../formats/checkpoint.h"
 #include "comm.h"
 #include "model.h"
+#include "optim.h"
 #include "precision.h"
 #include "shard.h"
 #include "strategy.h"
@@ -121,13 +122,13 @@ void trainer_free(trainer_t *t);
 void trainer_discard_new_run(trainer_t *t);
 
 /* The allocations of a training job on be, in the order the trainer makes them: the
- * shards (this rank's state), their pool (shard_reserve) and the model's activations for
- * max_tokens tokens. The memory plan runs this on the planning backend. Returns 0, or
- * FTK_EXIT_USAGE (the shard layout does not fit the ranks) or FTK_EXIT_FAIL (out of
- * memory) with ftk_err_msg() set and the objects made so far freed. Not agreed: every
- * rank learns its own outcome. */
+ * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool
+ * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan
+ * runs this on the planning backend. Returns 0, or FTK_EXIT_USAGE (the shard layout does
+ * not fit the ranks) or FTK_EXIT_FAIL (out of memory) with ftk_err_msg() set and the
+ * objects made so far freed. Not agreed: every rank learns its own outcome. */
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, model_t **m);
+                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m);
 
 /* The tokens of one forward/backward pass, micro_batch rows of max_len: 0, or -1 with
  * ftk_err_msg() naming --micro-batch when the product passes TRAINER_MAX_PASS_TOKENS (the
@@ -148,7 +149,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
 
 /* Validation loss over the first eval_rows rows of the val split, spread over the ranks:
  * their token mean, or under loss_mean "micro" the mean of the token means of micro-batches
- * of micro_batch rows in the split's order (train.h). *loss is NaN when the split is empty. */
+ * of micro_batch rows in the split's order (loader.h). *loss is NaN when the split is empty. */
 int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_targets);
 
 /* Writes and commits the checkpoint of the current step (after the one in flight). */

@@ -65,7 +65,7 @@ def relerr(a, b):
 
 
 def train_order(seed, epoch, n):
-    """engine/train.c's train_order, written again: the rows of an epoch in ftk-train's order
+    """engine/loader.c's loader_order, written again: the rows of an epoch in ftk-train's order
     (xoshiro256** seeded through splitmix64, Fisher-Yates from the end, libcommon/rng.h)."""
     M = (1 << 64) - 1
     x = (seed ^ ((0xA0761D6478BD642F * (epoch + 1)) & M)) & M

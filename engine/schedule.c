@@ -1,29 +1,10 @@
-/* train.c — data order and schedule (train.h). */
-#include "train.h"
+/* schedule.c — the learning-rate schedule (schedule.h). */
+#include "schedule.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "../libcommon/rng.h"
-
-void train_order(uint64_t seed, int64_t epoch, int64_t n, int64_t *perm)
-{
-    rng_t r;
-    rng_seed(&r, seed ^ (0xA0761D6478BD642Full * (uint64_t)(epoch + 1)));
-    for (int64_t i = 0; i < n; i++)
-        perm[i] = i;
-    rng_shuffle_i64(&r, perm, (size_t)n);
-}
-
-int64_t train_row_targets(const tokens_split_t *s, int64_t r)
-{
-    int64_t c = 0;
-    for (int64_t t = s->row_offsets[r]; t < s->row_offsets[r + 1]; t++)
-        c += s->loss_mask[t];
-    return c;
-}
-
-double train_lr(const ckpt_train_t *t, int64_t step)
+double schedule_lr(const ckpt_train_t *t, int64_t step)
 {
     /* LitGPT steps its LambdaLR/CosineAnnealingLR after each optimizer step: step k runs at
      * the rate the schedule gives k - 1 (0 for the first step when there is a warmup). */
@@ -39,10 +20,4 @@ double train_lr(const ckpt_train_t *t, int64_t step)
     if (!strcmp(t->schedule, "linear"))
         return t->lr + (t->min_lr - t->lr) * p;
     return t->min_lr + 0.5 * (1.0 + cos(M_PI * p)) * (t->lr - t->min_lr);
-}
-
-void train_micro_weights(const double *n, int64_t J, float *w)
-{
-    for (int64_t j = 0; j < J; j++)
-        w[j] = n[j] > 0 ? (float)(1.0 / ((double)J * n[j])) : 0.0f;
 }

@@ -1,9 +1,8 @@
-/* train.h — what ftk-train's loop is made of besides the model and the sharding engine
- * (shard.h, which runs AdamW on each rank's slices): the data order and the learning-rate
- * schedule.
+/* loader.h — the data order of ftk-train's loop: which rows a step visits and how its
+ * targets are weighed (batch building is model.h's batch_*, row reads formats/tokens_set.h).
  *
  * Data order (docs/design.md "Data order"): the rows of an epoch are visited in the permutation
- * train_order(seed, epoch); a global batch is the next global_batch rows of it (the last
+ * loader_order(seed, epoch); a global batch is the next global_batch rows of it (the last
  * batch of an epoch may be shorter), whatever the number of processes. The data state
  * is therefore (epoch, rows consumed) and nothing else.
  *
@@ -15,33 +14,23 @@
  * token mean, where micro-batch j is rows [j·micro_batch, (j+1)·micro_batch) of the global
  * batch in the data order — not a rank's pass — so the loss depends on the micro-batch
  * size but not on the number of ranks: every target of micro-batch j weighs
- * 1/(J·targets of j) (train_micro_weights), whichever rank holds its row.
+ * 1/(J·targets of j) (loader_micro_weights), whichever rank holds its row.
  */
-#ifndef FTK_TRAIN_H
-#define FTK_TRAIN_H
+#ifndef FTK_LOADER_H
+#define FTK_LOADER_H
 #include <stdint.h>
 
-#include "../formats/checkpoint.h"
 #include "../formats/tokens.h"
-#include "model.h"
 
 /* perm[0..n) = the order of rows 0..n-1 in epoch `epoch`. */
-void train_order(uint64_t seed, int64_t epoch, int64_t n, int64_t *perm);
+void loader_order(uint64_t seed, int64_t epoch, int64_t n, int64_t *perm);
 
 /* Loss targets in row r (= Σ loss_mask over its tokens: a sample's first token is never
  * a target and padding never is). */
-int64_t train_row_targets(const tokens_split_t *s, int64_t r);
-
-/* Learning rate of step `step` (1-based): linear warmup from lr/warmup to lr over
- * `warmup` steps, then schedule "cosine" or "linear" from lr down to min_lr at
- * total_steps, or "constant". With warmup_style "litgpt" step k takes that of step k-1
- * (step 0: 0 when warmup > 0, else lr), which is what LitGPT's finetune computes: its
- * LambdaLR(step / warmup) then CosineAnnealingLR(T_max = total - warmup), stepped after
- * each optimizer step (docs/litgpt.md). */
-double train_lr(const ckpt_train_t *t, int64_t step);
+int64_t loader_row_targets(const tokens_split_t *s, int64_t r);
 
 /* loss_mean "micro": the weight of each target of micro-batch j, w[j] = 1/(J·n[j]) for the
  * J micro-batches with n[j] targets each (0 where n[j] is 0: no target to weigh). */
-void train_micro_weights(const double *n, int64_t J, float *w);
+void loader_micro_weights(const double *n, int64_t J, float *w);
 
 #endif
