@@ -1,5 +1,6 @@
-/* loader.h — the data order of ftk-train's loop: which rows a step visits and how its
- * targets are weighed (batch building is model.h's batch_*, row reads formats/tokens_set.h).
+/* loader.h — the data order of ftk-train's loop: which rows a step visits, how its
+ * targets are weighed, and the micro-batches built from the rows read (batch_*; the row
+ * reads themselves are formats/tokens_set.h's).
  *
  * Data order (docs/design.md "Data order"): the rows of an epoch are visited in the permutation
  * loader_order(seed, epoch); a global batch is the next global_batch rows of it (the last
@@ -32,5 +33,30 @@ int64_t loader_row_targets(const tokens_split_t *s, int64_t r);
 /* loss_mean "micro": the weight of each target of micro-batch j, w[j] = 1/(J·n[j]) for the
  * J micro-batches with n[j] targets each (0 where n[j] is 0: no target to weigh). */
 void loader_micro_weights(const double *n, int64_t J, float *w);
+
+/* A micro-batch: rows of a token file laid end to end (host arrays). */
+typedef struct {
+    int64_t n;       /* tokens */
+    int32_t *ids;    /* [n] */
+    int32_t *pos;    /* [n] position inside the token's segment */
+    int64_t n_seg;
+    int64_t *seg;    /* [n_seg + 1] segment starts (backend.h) */
+    int64_t n_tgt;   /* positions that have a target */
+    int32_t *tgt_at; /* [n_tgt] those positions */
+    int32_t *tgt;    /* [n_tgt] the token to predict there */
+    float *tgt_w;    /* [n_tgt] its weight (the loss mask: 1) */
+    int64_t cap, cap_seg;
+} batch_t;
+
+/* Appends rows[0..n_rows) of split s to b (which starts zeroed; batch_clear() empties it):
+ * each sample is a segment with positions from 0; a packed row's padding is one more
+ * segment without targets. Position i predicts token i+1 of the same sample when that
+ * token's loss_mask is 1. */
+int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t n_rows);
+/* Appends one token (id 0) without a target: the pass of a rank that has no rows left in
+ * a global batch still takes part in the collectives and adds exactly zero gradient. */
+int batch_add_idle(batch_t *b);
+void batch_clear(batch_t *b);
+void batch_free(batch_t *b);
 
 #endif

@@ -31,32 +31,8 @@
 #include "../formats/checkpoint.h"
 #include "../formats/tokens.h"
 #include "../kernels/backend.h"
+#include "loader.h"
 #include "precision.h"
-
-/* A micro-batch: rows of a token file laid end to end (host arrays). */
-typedef struct {
-    int64_t n;       /* tokens */
-    int32_t *ids;    /* [n] */
-    int32_t *pos;    /* [n] position inside the token's segment */
-    int64_t n_seg;
-    int64_t *seg;    /* [n_seg + 1] segment starts (backend.h) */
-    int64_t n_tgt;   /* positions that have a target */
-    int32_t *tgt_at; /* [n_tgt] those positions */
-    int32_t *tgt;    /* [n_tgt] the token to predict there */
-    float *tgt_w;    /* [n_tgt] its weight (the loss mask: 1) */
-    int64_t cap, cap_seg;
-} batch_t;
-
-/* Appends rows[0..n_rows) of split s to b (which starts zeroed; batch_clear() empties it):
- * each sample is a segment with positions from 0; a packed row's padding is one more
- * segment without targets. Position i predicts token i+1 of the same sample when that
- * token's loss_mask is 1. */
-int batch_add_rows(batch_t *b, const tokens_split_t *s, const int64_t *rows, int64_t n_rows);
-/* Appends one token (id 0) without a target: the pass of a rank that has no rows left in
- * a global batch still takes part in the collectives and adds exactly zero gradient. */
-int batch_add_idle(batch_t *b);
-void batch_clear(batch_t *b);
-void batch_free(batch_t *b);
 
 typedef struct model model_t;
 
