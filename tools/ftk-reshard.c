@@ -124,12 +124,17 @@ static char *run_dir_of(const char *out, int64_t step)
 /* The run's history goes with its checkpoint into a new run directory: metrics.jsonl's
  * records up to the checkpoint's step (so elapsed_s and the curves continue there) and the
  * kept options (options.yaml: `ftk-train -o NEW --resume auto` needs nothing else). Only
- * where the new run has none of its own; best effort: a failure is a warning. */
-static void carry_history(const char *ckpt_dir, const char *run, int64_t step)
+ * where the new run has none of its own. Written before the checkpoint is committed: a
+ * failure (a full disk) fails the reshard, and carried[] (paths, malloc'd; NULL where
+ * nothing was written) says what to remove then. Returns 0 or -1 with ftk_err_msg() set. */
+static char *carried[2];
+static int carry_history(const char *ckpt_dir, const char *run, int64_t step)
 {
     char *c = strdup(ckpt_dir);
-    if (!c)
-        return;
+    if (!c) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
     char src_run[4096], src[4200], dst[4200];
     snprintf(src_run, sizeof src_run, "%s", dirname(c));
     free(c);
@@ -138,7 +143,7 @@ static void carry_history(const char *ckpt_dir, const char *run, int64_t step)
     free(a);
     free(b);
     if (same)
-        return;
+        return 0;
     static const char *const names[] = {"metrics.jsonl", "options.yaml"};
     for (int i = 0; i < 2; i++) {
         snprintf(src, sizeof src, "%s/%s", src_run, names[i]);
@@ -163,13 +168,27 @@ static void carry_history(const char *ckpt_dir, const char *run, int64_t step)
                 ftk_err_set("%s: %s", dst, strerror(errno));
                 atomic_abort(&af);
                 rc = -1;
-            } else
-                rc = atomic_commit(&af);
+            } else if ((rc = atomic_commit(&af)) == 0)
+                carried[i] = strdup(dst);
         }
-        if (rc < 0)
-            ftk_warn("the run's history (%s) not carried: %s", names[i], ftk_err_msg());
         buf_free(&in);
         buf_free(&out);
+        if (rc < 0) {
+            ftk_err_prefix("the run's history (%s): ", names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A failed reshard leaves none of the history it carried (remove); else it is kept. */
+static void carried_done(int remove)
+{
+    for (int i = 0; i < 2; i++) {
+        if (carried[i] && remove)
+            unlink(carried[i]);
+        free(carried[i]);
+        carried[i] = NULL;
     }
 }
 
@@ -355,13 +374,23 @@ int main(int argc, char **argv)
         }
         out_bytes += sums[j].bytes;
     }
+    if (carry_history(dir, run, meta.step) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        carried_done(1);
+        goto abort;
+    }
     char *final_name = strdup(w.name);
     if (ckpt_commit(&w, &meta, &man.cfg, units2, n2, sums, 0) < 0) {
         ftk_error("%s", ftk_err_msg());
+        /* committed all the same when only `latest` failed: the history stays with it */
+        char committed[8192];
+        struct stat csb;
+        snprintf(committed, sizeof committed, "%s/%s", run, final_name ? final_name : "");
+        carried_done(!final_name || stat(committed, &csb) != 0);
         free(final_name);
         goto done;
     }
-    carry_history(dir, run, meta.step);
+    carried_done(0);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     int64_t big = 0;

@@ -47,11 +47,20 @@ def small_weights(work, name="small"):
     if os.path.exists(wpath):
         os.remove(wpath)
     run("ftk-init", "--config", cpath, "--seed", "3", "-o", wpath)
+    import ctypes, ctypes.util
+    lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     with h5py.File(wpath, "r+") as f:
         rng = np.random.default_rng(0)
         for k in f["tensors"]:
             if "norm" in k:
-                f["tensors"][k][...] = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype(np.float32)
+                a = (1 + 0.1 * rng.standard_normal(f["tensors"][k].shape)).astype("<f4")
+                f["tensors"][k][...] = a
+                # the file stays a whole one: its checksum (formats/h5.h: XXH3-64 of the
+                # little-endian bytes) follows the new values, which ftk-train checks at load
+                b = a.tobytes()
+                f["tensors"][k].attrs.modify("xxh3_64", np.uint64(lib.XXH3_64bits(b, len(b))))
     return wpath
 
 
