@@ -295,7 +295,7 @@ static int check_table(const opt_spec_t *spec)
 
 static void list_options(const opt_spec_t *spec)
 {
-    static const char *const kinds[] = {"end", "flag", "flag", "int", "i64", "double", "str"};
+    static const char *const kinds[] = {"end", "flag", "flag", "int", "i64", "double", "str", "str"};
     for (const opt_t *o = spec->opts; o->kind != OPT_END; o++) {
         char sn[2] = {o->short_name, 0};
         printf("%s\t%s\t%s\t%s\n", o->name, o->short_name ? sn : "-", kinds[o->kind],
