@@ -123,3 +123,25 @@ void metrics_free(metrics_t *m)
     free(m->evals);
     memset(m, 0, sizeof *m);
 }
+
+int metrics_trim(buf_t *out, const buf_t *in, int64_t step, double *elapsed0)
+{
+    if (elapsed0)
+        *elapsed0 = 0;
+    for (size_t i = 0; i < in->len;) {
+        const char *line = in->data + i;
+        const char *nl = memchr(line, '\n', in->len - i);
+        size_t e = nl ? (size_t)(nl - in->data) + 1 : in->len;
+        const char *s = strstr(line, "\"step\": ");
+        long long st = s && s < in->data + e ? atoll(s + 8) : 0;
+        if (nl && st <= step) {
+            if (buf_append(out, line, e - i) < 0)
+                return -1;
+            const char *el = strstr(line, "\"elapsed_s\": ");
+            if (elapsed0 && el && el < in->data + e)
+                *elapsed0 = atof(el + 13);
+        }
+        i = e;
+    }
+    return 0;
+}

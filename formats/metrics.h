@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../libcommon/buf.h"
+
 typedef struct {
     int64_t step;
     double loss, lr, grad_norm, tokens_per_s, elapsed_s;
@@ -38,6 +40,13 @@ typedef struct {
     metrics_eval_t *evals;
     size_t n_evals;
 } metrics_t;
+
+/* The lines of a metrics file `in` (in.len bytes, NUL-terminated as buf.h's are) that a
+ * history up to `step` keeps, appended to *out: complete lines whose "step" is <= step
+ * (a line without one is kept; a last line without its newline, a torn write, is not).
+ * *elapsed0 (may be NULL): the last kept line's elapsed_s (0 without one), where a resumed
+ * run's clock continues. Returns 0, or -1 out of memory. */
+int metrics_trim(buf_t *out, const buf_t *in, int64_t step, double *elapsed0);
 
 /* path: a run directory (its metrics.jsonl) or a metrics file. */
 int metrics_read(const char *path, metrics_t *m);

@@ -257,6 +257,23 @@ void atomic_abort(atomic_file_t *a)
     atomic_free(a);
 }
 
+int atomic_write_file(const char *final_path, const void *data, size_t len)
+{
+    atomic_file_t a;
+    if (atomic_begin(&a, final_path) < 0)
+        return -1;
+    FILE *f = fopen(a.tmp_path, "wb");
+    int e = !f ? errno : len && fwrite(data, 1, len, f) != len ? errno : 0;
+    if (f && fclose(f) != 0 && !e)
+        e = errno;
+    if (e) {
+        ftk_err_set("%s: %s", final_path, strerror(e));
+        atomic_abort(&a);
+        return -1;
+    }
+    return atomic_commit(&a);
+}
+
 /* ---------------------------------------------------------------- directories */
 
 #include <ftw.h>

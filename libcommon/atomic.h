@@ -28,6 +28,8 @@ int atomic_begin(atomic_file_t *a, const char *final_path);
 int atomic_commit(atomic_file_t *a);
 void atomic_abort(atomic_file_t *a);
 void atomic_install_signal_cleanup(void);
+/* The whole file from memory, through the steps above (len 0: an empty file). */
+int atomic_write_file(const char *final_path, const void *data, size_t len);
 
 /* The same for a directory of files (an HF model folder): atomic_dir_begin() makes the
  * hidden directory ".NAME.tmp.PID" beside the final one; atomic_dir_file() names a file

@@ -144,21 +144,7 @@ static int write_out(const buf_t *b)
         }
         return 0;
     }
-    atomic_file_t af;
-    if (atomic_begin(&af, out_path) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_FAIL;
-    }
-    FILE *f = fopen(af.tmp_path, "w");
-    int e = !f ? errno : fwrite(b->data, 1, b->len, f) != b->len ? errno : 0;
-    if (f && fclose(f) != 0 && !e)
-        e = errno;
-    if (e) {
-        ftk_error("%s: %s", out_path, strerror(e));
-        atomic_abort(&af);
-        return FTK_EXIT_FAIL;
-    }
-    if (atomic_commit(&af) < 0) {
+    if (atomic_write_file(out_path, b->data, b->len) < 0) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
     }

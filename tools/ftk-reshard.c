@@ -13,6 +13,7 @@
 #include "../engine/precision.h"
 #include "../engine/strategy.h"
 #include "../formats/checkpoint.h"
+#include "../formats/metrics.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
@@ -153,24 +154,10 @@ static int carry_history(const char *ckpt_dir, const char *run, int64_t step)
             continue;
         buf_t in = {0}, out = {0};
         int rc = buf_read_small(&in, src, (size_t)1 << 30, BUF_NOFOLLOW);
-        for (size_t k = 0; rc == 0 && k < in.len;) {
-            char *nl = memchr(in.data + k, '\n', in.len - k);
-            size_t e = nl ? (size_t)(nl - in.data) + 1 : in.len;
-            const char *st = i == 0 ? strstr(in.data + k, "\"step\": ") : NULL;
-            if (nl && (!st || st > in.data + e || atoll(st + 8) <= step))
-                rc = buf_append(&out, in.data + k, e - k);
-            k = e;
-        }
-        atomic_file_t af;
-        if (rc == 0 && (rc = atomic_begin(&af, dst)) == 0) {
-            FILE *f = fopen(af.tmp_path, "wb");
-            if (!f || fwrite(out.data ? out.data : "", 1, out.len, f) != out.len || fclose(f) != 0) {
-                ftk_err_set("%s: %s", dst, strerror(errno));
-                atomic_abort(&af);
-                rc = -1;
-            } else if ((rc = atomic_commit(&af)) == 0)
-                carried[i] = strdup(dst);
-        }
+        if (rc == 0)
+            rc = i == 0 ? metrics_trim(&out, &in, step, NULL) : buf_append(&out, in.data, in.len);
+        if (rc == 0 && (rc = atomic_write_file(dst, out.data, out.len)) == 0)
+            carried[i] = strdup(dst);
         buf_free(&in);
         buf_free(&out);
         if (rc < 0) {

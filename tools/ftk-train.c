@@ -23,6 +23,7 @@
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
 #include "../formats/json.h"
+#include "../formats/metrics.h"
 #include "../formats/tfevents.h"
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
@@ -292,32 +293,9 @@ static int trim_metrics(const char *path, int64_t step, double *elapsed0)
         errno = e;
         return e == ENOENT ? 0 : -1; /* ENOENT: none yet */
     }
-    size_t i = 0;
-    while (i < in.len) {
-        char *nl = memchr(in.data + i, '\n', in.len - i);
-        size_t e = nl ? (size_t)(nl - in.data) + 1 : in.len;
-        const char *s = strstr(in.data + i, "\"step\": ");
-        long long st = s && s < in.data + e ? atoll(s + 8) : 0;
-        if (nl && st <= step) {
-            buf_append(&out, in.data + i, e - i);
-            const char *el = strstr(in.data + i, "\"elapsed_s\": ");
-            if (el && el < in.data + e)
-                *elapsed0 = atof(el + 13);
-        }
-        i = e;
-    }
-    atomic_file_t a;
-    int rc = atomic_begin(&a, path);
-    if (rc == 0) {
-        FILE *f = fopen(a.tmp_path, "wb");
-        if (!f || fwrite(out.data ? out.data : "", 1, out.len, f) != out.len || fclose(f) != 0) {
-            ftk_err_set("%s: %s", a.tmp_path, strerror(errno));
-            atomic_abort(&a);
-            rc = -1;
-        } else {
-            rc = atomic_commit(&a);
-        }
-    }
+    int rc = metrics_trim(&out, &in, step, elapsed0);
+    if (rc == 0)
+        rc = atomic_write_file(path, out.data, out.len);
     buf_free(&in);
     buf_free(&out);
     return rc;
@@ -962,16 +940,8 @@ static int keep_options(void)
                           "# line overrides them). Written at each start.\n");
     model_path = m0;
     data_path = d0;
-    atomic_file_t a;
-    if (rc == 0 && (rc = atomic_begin(&a, path)) == 0) {
-        FILE *f = fopen(a.tmp_path, "wb");
-        if (!f || fwrite(b.data, 1, b.len, f) != b.len || fclose(f) != 0) {
-            ftk_err_set("%s: %s", path, strerror(errno));
-            atomic_abort(&a);
-            rc = -1;
-        } else
-            rc = atomic_commit(&a);
-    }
+    if (rc == 0)
+        rc = atomic_write_file(path, b.data, b.len);
     buf_free(&b);
     return rc;
 }

@@ -17,13 +17,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 if [ "${3:-}" != --inside ]; then
     SO=$BIN/../lib/libftk-cuda.so
     [ -f "$SO" ] || { echo "skipped (no $SO: not the CUDA build)"; exit 77; }
-    command -v unshare >/dev/null || { echo "skipped (unshare not found: util-linux)"; exit 77; }
-    NS="unshare -m"
-    [ "$(id -u)" = 0 ] || NS="unshare -rm"
-    if ! err=$($NS true 2>&1); then
-        echo "skipped ($NS refused here: $err)"
-        exit 77
-    fi
+    . "$ROOT/tests/cli/ns.sh"
+    need_unshare
     rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
     BIN=$(cd "$BIN" && pwd)
     WORK=$(cd "$WORK" && pwd)
@@ -33,16 +28,13 @@ fi
 # --- inside the namespace
 . "$ROOT/tests/cli/lib.sh"
 SO=$BIN/../lib/libftk-cuda.so
-mkdir -p "$WORK/empty.d" && : >"$WORK/empty.f"
+. "$ROOT/tests/cli/ns.sh"
 hidden=0
-for f in $(ldconfig -p 2>/dev/null | awk '$1 ~ /^lib(cudart|cublas)/ {print $NF}') \
+# the files first: a folder mounted over hides what is in it from the file loop
+hide_paths "$WORK/empty.d" $(ldconfig -p 2>/dev/null | awk '$1 ~ /^lib(cudart|cublas)/ {print $NF}') \
     /usr/local/cuda*/lib64/libcudart* /usr/local/cuda*/lib64/libcublas* \
-    /usr/local/cuda*/targets/*/lib/libcudart* /usr/local/cuda*/targets/*/lib/libcublas*; do
-    [ -e "$f" ] && [ -s "$f" ] && mount --bind "$WORK/empty.f" "$f" 2>/dev/null && hidden=$((hidden + 1))
-done
-for d in /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets/*/lib; do
-    [ -d "$d" ] && mount --bind "$WORK/empty.d" "$d" 2>/dev/null && hidden=$((hidden + 1))
-done
+    /usr/local/cuda*/targets/*/lib/libcudart* /usr/local/cuda*/targets/*/lib/libcublas*
+hide_paths "$WORK/empty.d" /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets/*/lib
 echo "hidden: $hidden files and folders"
 check "libftk-cuda.so no longer finds libcudart" sh -c "ldd '$SO' 2>&1 | grep -q 'libcudart.*not found\|libcudart.*too short' ||
     ! ldd '$SO' >/dev/null 2>&1"

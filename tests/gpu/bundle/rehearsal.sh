@@ -36,13 +36,8 @@ if [ -z "${INSIDE:-}" ]; then
     for f in build/tests/gpu_smoke build/tests/emu/bin/ftk-train build/tests/emu/lib/libnccl.so.2; do
         [ -e "$f" ] || { echo "skipped (no $f: the bundle needs the CUDA build and its emulation, with nccl.h)"; exit 77; }
     done
-    command -v unshare >/dev/null || { echo "skipped (unshare not found: util-linux)"; exit 77; }
-    NS="unshare -m"
-    [ "$(id -u)" = 0 ] || NS="unshare -rm"
-    if ! err=$($NS true 2>&1); then
-        echo "skipped ($NS refused here: $err)"
-        exit 77
-    fi
+    . "$ROOT/tests/cli/ns.sh"
+    need_unshare
     rm -rf "$WORK" && mkdir -p "$WORK/scratch" || exit 1
     WORK=$(cd "$WORK" && pwd)
     sh scripts/gpu-bundle.sh "$WORK/gpu" || { echo "FAIL: gpu-bundle.sh"; exit 1; }
@@ -60,18 +55,13 @@ fi
 # --- inside the namespace
 fails=${2:-0}
 L=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-mkdir -p "$WORK/empty.d" && : >"$WORK/empty.f"
+. "$ROOT/tests/cli/ns.sh"
 hidden=0
-for p in $L/libhdf5* $L/libmpi* $L/libopen-rte* $L/libopen-pal* $L/liboshmem* $L/libpmix* $L/libhwloc* \
-    $L/libevent* $L/libzstd* $L/libxxhash* $L/libopenblas* $L/libblas* $L/liblapack* $L/libgfortran* $L/libsz* \
-    $L/libaec* /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info; do
-    [ -e "$p" ] || continue
-    [ -f "$p" ] && mount --bind "$WORK/empty.f" "$p" 2>/dev/null && hidden=$((hidden + 1))
-done
-for d in $L/hdf5 $L/openmpi $L/pmix2 $L/openblas-openmp $L/openblas-pthread $L/blas $L/lapack /etc/openmpi \
-    /usr/share/openmpi; do
-    [ -d "$d" ] && mount --bind "$WORK/empty.d" "$d" 2>/dev/null && hidden=$((hidden + 1))
-done
+hide_paths "$WORK/empty.d" $L/libhdf5* $L/libmpi* $L/libopen-rte* $L/libopen-pal* $L/liboshmem* $L/libpmix* \
+    $L/libhwloc* $L/libevent* $L/libzstd* $L/libxxhash* $L/libopenblas* $L/libblas* $L/liblapack* $L/libgfortran* \
+    $L/libsz* $L/libaec* /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info
+hide_paths "$WORK/empty.d" $L/hdf5 $L/openmpi $L/pmix2 $L/openblas-openmp $L/openblas-pthread $L/blas $L/lapack \
+    /etc/openmpi /usr/share/openmpi
 echo "hidden: $hidden files and folders"
 check "the system's zstd is hidden" [ ! -s $L/libzstd.so.1 ]
 check "this checkout's own ftk-pack no longer starts" sh -c "! '$ROOT/bin/ftk-pack' --help >/dev/null 2>&1"
