@@ -21,6 +21,8 @@
  *    tensor cores in 64 × 64 tiles (flash_attn.cuh's WMMA kernels; with FTK_CUDA_ATTN=mma
  *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
  *    probabilities and dS to bf16 before their products, as FlashAttention does).
+ *    With FTK_CUDA_ATTN=cudnn, bf16 attention goes to cuDNN's fused attention where cuDNN
+ *    loads (attention_cudnn.cu; the flash kernels, with one line saying why, where not).
  *    Otherwise, and with FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk

@@ -120,7 +120,7 @@ sys.exit(0 if ok else 1)
 EOF
 check "OUTDIR: at most 8 plain files of at most 16 MiB" out_ok "$WORK/out1"
 check "logs.tar.gz: the log of each step that ran" sh -c "tar -tzf '$WORK/out1/logs.tar.gz' | grep -c '^logs/.*\.log$' | grep -qx 14"
-check "report.md ends with the goals table, the epoch's figures in it" sh -c "tail -n 10 '$WORK/out1/report.md' | \
+check "report.md ends with the goals table, the epoch's figures in it" sh -c "tail -n 11 '$WORK/out1/report.md' | \
     grep -q '^## Goals' && tail -n 1 '$WORK/out1/report.md' | grep -q '^| peak GPU memory | ' && \
     { [ $NODATA = 1 ] || grep -q '^| Alpaca1024 epoch: wall .*start-up .*weights load .*steps .*end' '$WORK/out1/report.md'; }"
 check "no work file in OUTDIR, the bundle unpacked outside it" [ -f "$WORK/w1/bundle/env.sh" ]

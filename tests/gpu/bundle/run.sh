@@ -222,7 +222,7 @@ export FTK_DEVICE=cpu # a run that does not say --device cuda stays on the CPU
 STEP_TABLE='libs a 60 100 every program and library resolves (ldd); CUDA, NCCL, cuDNN located
 smoke a 60 200 the device answers (gpu_smoke)
 ops a 150 400 gpu_ops: every op against the CPU, bf16 products, fused ops, adamw_multi, both tensor-core attentions, staged uploads
-ops-cudnn a 90 400 gpu_ops with FTK_CUDA_ATTN=cudnn (cuDNN's fused attention, no fallback) against the CPU; cudnn_graphs
+ops-cudnn a 120 400 gpu_ops with FTK_CUDA_ATTN=cudnn (the fused attention of cuDNN, no fallback) against the CPU; cudnn_graphs
 train a 120 400 ftk-train --device cuda against the CPU; a GPU checkpoint resumed on the CPU
 nccl a 100 400 NCCL: test_comm --nccl on 1 rank; a 1-rank NCCL world against a process alone
 bench-7b b 240 400 Llama-2-7B 8x512: ftk (flash, mma; FTK_PROFILE) against PyTorch eager + transformers
@@ -299,7 +299,7 @@ if d=$(find_lib libcudnn.so.9 no-torch); then
     cudnn="libcudnn.so.9: $d" FTK_CUDNN_LIB=$d/libcudnn.so.9
     for l in libnvrtc.so.13 libnvrtc.so.12; do
         if n=$(find_lib "$l" no-torch); then
-            cudnn="$cudnn; $l: $n"
+            cudnn="$cudnn;$l: $n"
             case ":$FTK_BUNDLE_CUDA_PATH:" in *":$n:"*) ;; *) FTK_BUNDLE_CUDA_PATH=${FTK_BUNDLE_CUDA_PATH:+$FTK_BUNDLE_CUDA_PATH:}$n ;; esac
         fi
     done
