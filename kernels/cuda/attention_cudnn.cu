@@ -77,10 +77,24 @@ static struct {
 } dnn_lib;
 
 /* Opens path (a file, or a name for the loader); for a file, its folder's sub-libraries
- * first, so that libcudnn.so.9 finds them there whatever the loader's path. */
+ * first, so that libcudnn.so.9 finds them there whatever the loader's path, and in a wheel
+ * (.../nvidia/cudnn/lib/) the NVRTC of the wheels beside it (.../nvidia/<x>/lib/): the
+ * fused-attention engines compile their kernels at run time with it, and open it by name. */
 static void *dnn_dlopen(const char *path)
 {
-    const char *slash = strrchr(path, '/');
+    const char *slash = strrchr(path, '/'), *wheel = strstr(path, "/nvidia/cudnn/lib/");
+    if (wheel) {
+        char pat[600];
+        snprintf(pat, sizeof pat, "%.*s/nvidia/*/lib/libnvrtc.so.[0-9]*", (int)(wheel - path), path);
+        glob_t g;
+        if (glob(pat, 0, NULL, &g) == 0) {
+            for (size_t j = 0; j < g.gl_pathc; j++)
+                if (!strstr(g.gl_pathv[j], "builtins")) /* one NVRTC is enough */
+                    if (dlopen(g.gl_pathv[j], RTLD_NOW | RTLD_GLOBAL))
+                        break;
+            globfree(&g);
+        }
+    }
     if (slash) {
         static const char *const subs[] = {"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9",
                                            "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9"};
@@ -164,7 +178,14 @@ struct dnn_plan {
     uint64_t used;
 };
 
-enum { DNN_PLANS = 32 };
+enum { DNN_PLANS = 32, IDX_ALIGN = 64 };
+
+/* Where each array of the sequence table starts (int32 elements), for a graph batch of B. */
+static inline int64_t idx_pad(int64_t n) { return (n + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN; }
+static inline int64_t idx_start(int64_t B) { return idx_pad(B); }
+static inline int64_t idx_oq(int64_t B) { return idx_start(B) + idx_pad(B + 1); }
+static inline int64_t idx_okv(int64_t B) { return idx_oq(B) + idx_pad(B + 1); }
+static inline int64_t idx_count(int64_t B) { return idx_okv(B) + idx_pad(B + 1); }
 
 /* The tensors' unique ids in the graphs and variant packs; virtual tensors take U_VIRT on. */
 enum {
@@ -178,8 +199,9 @@ struct dnn_t {
     int n_plans;
     uint64_t tick;
     /* the sequences on the device, int32: len[B] | start[B + 1] | off_q[B + 1] | off_kv[B + 1],
-     * uploaded from pinned idx_host (idx_ev: after that copy) for the segments of the last
-     * call (last_seg, with the graph's B and the heads' widths it was made for) */
+     * each at a multiple of IDX_ALIGN elements (the tensors say 16-byte aligned), uploaded
+     * from pinned idx_host (idx_ev: after that copy) for the segments of the last call
+     * (last_seg, with the graph's B and the heads' widths it was made for) */
     int32_t *idx;
     size_t idx_cap;
     int32_t *idx_host;
@@ -663,7 +685,7 @@ static const int32_t *upload_idx(cuda_t *c, const int64_t *seg, int64_t n_seg, i
         !memcmp(d->last_seg.data(), seg, (size_t)(n_seg + 1) * sizeof *seg))
         return d->idx;
     d->last_B = -1;
-    size_t count = (size_t)(B + 3 * (B + 1)), bytes = count * sizeof(int32_t);
+    size_t bytes = (size_t)idx_count(B) * sizeof(int32_t);
     /* idx_host is the source of the last upload, which may not have run yet */
     if (ck(c, host_wait(c, NULL, d->idx_ev), "cuDNN attention: sequences") < 0)
         return NULL;
@@ -677,7 +699,7 @@ static const int32_t *upload_idx(cuda_t *c, const int64_t *seg, int64_t n_seg, i
     }
     if (!scratch(c, (void **)&d->idx, &d->idx_cap, bytes, "cuDNN attention: sequences"))
         return NULL;
-    int32_t *len = d->idx_host, *start = len + B, *oq = start + B + 1, *okv = oq + B + 1;
+    int32_t *len = d->idx_host, *start = len + idx_start(B), *oq = len + idx_oq(B), *okv = len + idx_okv(B);
     int64_t n = seg[n_seg];
     for (int64_t b = 0; b <= B; b++) {
         int64_t s0 = b < n_seg ? seg[b] : n;
@@ -756,7 +778,7 @@ static int dnn_run(cuda_t *c, int bwd, const int64_t *seg, int64_t n_seg, int n_
     const int32_t *idx = upload_idx(c, seg, n_seg, z.B, (int64_t)n_head * hd, (int64_t)n_kv * hd);
     if (!idx)
         return -1;
-    const int32_t *len = idx, *start = idx + z.B, *oq = start + z.B + 1, *okv = oq + z.B + 1;
+    const int32_t *len = idx, *start = idx + idx_start(z.B), *oq = idx + idx_oq(z.B), *okv = idx + idx_okv(z.B);
     size_t ws = ((size_t)p->ws + 255) & ~(size_t)255, rows = (size_t)(z.B * z.H * z.S) * sizeof(float);
     rows = (rows + 255) & ~(size_t)255;
     char *w = (char *)scratch(c, &d->ws, &d->ws_cap, ws + 2 * rows, "cuDNN attention: workspace");
