@@ -231,7 +231,7 @@ sanitizer d 200 400 compute-sanitizer memcheck over gpu_ops (quick)
 opbench d 90 400 gpu_opbench: memory-bound ops against the device copy, attention (flash, mma, cudnn), products
 ops-fp32 d 120 400 gpu_ops with exact fp32 products, simple attention, unfused, one element a thread
 bench-1b d 200 400 llama-1b: ftk against PyTorch eager and torch.compile
-attn-e2e d 90 400 a small Llama trained with each attention: the same losses
+attn-e2e d 120 400 a small Llama trained with each attention (flash, mma, cudnn against simple): the same losses
 demo d 120 400 the demo on the GPU against the CPU, fp32 and bf16-true, checkpoints both ways'
 STEPS=$(echo "$STEP_TABLE" | awk '{print $1}')
 field() { echo "$STEP_TABLE" | awk -v n="$1" -v k="$2" '$1 == n { if (k == "what") { $1 = $2 = $3 = $4 = ""; sub(/^ +/, ""); print } else print $k }'; }
