@@ -91,8 +91,8 @@ NVCCFLAGS := -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=co
              -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fPIC
 CUDA_SRC  := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ  := $(patsubst %.cu,$(O)/%.o,$(CUDA_SRC))
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
-CUDA_BINS := $(O)/tests/gpu_smoke $(O)/tests/gpu_ops $(O)/tests/gpu_opbench
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart -ldl -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_BINS := $(O)/tests/gpu_smoke $(O)/tests/gpu_ops $(O)/tests/gpu_opbench $(O)/tests/cudnn_graphs
 endif
 endif
 
@@ -237,6 +237,14 @@ $(patsubst %.cu,$(O)/%.o,$(CUDA_BACKEND_SRC)): kernels/cuda/cuda_internal.cuh ke
         kernels/backend.h libcommon/dtype.h kernels/sround.h libcommon/log.h
 $(O)/kernels/cuda/attention.o: kernels/cuda/flash_attn.cuh kernels/cuda/mma_sync.cuh kernels/cuda/flash_mma.cuh
 $(O)/kernels/cuda/device.o: kernels/cuda/device.h
+# FTK_CUDA_ATTN=cudnn's graphs checked by cuDNN without a GPU: the test includes the source
+$(O)/tests/gpu/cudnn_graphs.o: tests/gpu/cudnn_graphs.cu kernels/cuda/attention_cudnn.cu kernels/cuda/cuda_internal.cuh \
+        kernels/cuda/common.cuh kernels/backend.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(O)/tests/cudnn_graphs: $(O)/tests/gpu/cudnn_graphs.o $(LIBFTK)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(CUDA_LIBS) -lstdc++ -o $@

@@ -36,7 +36,7 @@ MAX_MIB=${GPU_BUNDLE_MAX_MIB:-48}
 die() { echo "gpu-bundle: error: $*" >&2; exit 1; }
 
 TOOLS="ftk ftk-train ftk-pack ftk-init ftk-generate ftk-verify ftk-info"
-TESTS="gpu_smoke gpu_ops gpu_opbench test_comm"
+TESTS="gpu_smoke gpu_ops gpu_opbench cudnn_graphs test_comm"
 for t in $TOOLS; do [ -x "bin/$t" ] || die "bin/$t missing: run make first"; done
 [ -f lib/libftk-cuda.so ] || die "lib/libftk-cuda.so missing: the bundle needs the CUDA build (make, where nvcc is found)"
 for t in $TESTS; do

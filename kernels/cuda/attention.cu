@@ -1,7 +1,8 @@
 /* attention.cu — the CUDA backend's causal attention inside packed segments: the
  * warp-per-row kernels (FTK_CUDA_ATTN=simple, and what the tensor-core kernels do not take),
- * the dispatch to flash_attn.cuh's WMMA kernels and flash_mma.cuh's, and the segment list's
- * upload. */
+ * the dispatch to cuDNN (FTK_CUDA_ATTN=cudnn: attention_cudnn.cu, which hands back what it
+ * does not take), to flash_attn.cuh's WMMA kernels and flash_mma.cuh's, and the segment
+ * list's upload. */
 #include "cuda_internal.cuh"
 
 /* A warp holds a row of hd ≤ 32·ATT_PER_LANE values, lane l owning l, l+32, … */
@@ -259,6 +260,8 @@ void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k
         !same_dt(c, "attn_fwd", v.dt, q.dt))
         return;
     scratch_claim(c);
+    if (c->attn == ATTN_CUDNN && dnn_attn_fwd(c, out, lse, q, k, v, seg, n_seg, n_head, n_kv, hd) <= 0)
+        return;
     const int64_t *ds = upload_seg(c, seg, n_seg);
     if (!ds)
         return;
@@ -303,6 +306,9 @@ void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t 
         !same_dt(c, op, k.dt, q.dt) || !same_dt(c, op, v.dt, q.dt) || !same_dt(c, op, out.dt, q.dt))
         return;
     scratch_claim(c);
+    if (c->attn == ATTN_CUDNN &&
+        dnn_attn_bwd(c, dq, dk, dv, dout, q, k, v, out, lse, seg, n_seg, n_head, n_kv, hd) <= 0)
+        return;
     const int64_t *ds = upload_seg(c, seg, n_seg);
     float *dsum = (float *)tmp_for(c, (size_t)n * n_head * sizeof(float));
     if (!ds || !dsum)

@@ -21,6 +21,8 @@
  *    tensor cores in 64 × 64 tiles (flash_attn.cuh's WMMA kernels; with FTK_CUDA_ATTN=mma
  *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
  *    probabilities and dS to bf16 before their products, as FlashAttention does).
+ *    With FTK_CUDA_ATTN=cudnn, bf16 attention goes to cuDNN's fused attention where cuDNN
+ *    loads (attention_cudnn.cu; the flash kernels, with one line saying why, where not).
  *    Otherwise, and with FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
@@ -67,6 +69,7 @@ static void cu_destroy(backend_t *be)
         cudaStreamSynchronize(s->s);
     for (int i = 0; i < c->n_plans; i++)
         plan_release(&c->plans[i]);
+    dnn_close(c);
     if (c->seg_host)
         cudaFreeHost(c->seg_host);
     if (c->am_host)
@@ -128,8 +131,8 @@ extern "C" backend_t *backend_cuda_new(int device)
         return NULL;
     }
     const char *at = getenv("FTK_CUDA_ATTN");
-    if (at && *at && strcmp(at, "flash") && strcmp(at, "mma") && strcmp(at, "simple")) {
-        ftk_err_set("FTK_CUDA_ATTN=%s: expected flash, mma or simple", at);
+    if (at && *at && strcmp(at, "flash") && strcmp(at, "mma") && strcmp(at, "simple") && strcmp(at, "cudnn")) {
+        ftk_err_set("FTK_CUDA_ATTN=%s: expected flash, mma, simple or cudnn", at);
         return NULL;
     }
     const char *vv = getenv("FTK_CUDA_VEC");
@@ -167,7 +170,10 @@ extern "C" backend_t *backend_cuda_new(int device)
     c->device = device;
     c->seg_n = -1;
     c->f32_compute = f32_compute;
-    c->attn = at && !strcmp(at, "simple") ? ATTN_SIMPLE : at && !strcmp(at, "mma") ? ATTN_MMA : ATTN_FLASH;
+    c->attn = at && !strcmp(at, "simple") ? ATTN_SIMPLE
+              : at && !strcmp(at, "mma")  ? ATTN_MMA
+              : at && !strcmp(at, "cudnn") ? ATTN_CUDNN
+                                           : ATTN_FLASH;
     c->vec = !(vv && !strcmp(vv, "0"));
 
     be->destroy = cu_destroy;
@@ -236,6 +242,11 @@ extern "C" backend_t *backend_cuda_new(int device)
         return fail_new(be, ftk_err_msg());
     if (cu_sync(be) < 0) /* the workspace's zeroing, or anything else that failed */
         return fail_new(be, ftk_err_msg());
+    if (c->attn == ATTN_CUDNN) {
+        dnn_open(c); /* or one line, and the flash kernels */
+        if (failed(c))
+            return fail_new(be, c->err);
+    }
     if (bk_fused_select(be, 1) < 0) /* every fused op unless FTK_FUSED says otherwise */
         return fail_new(be, ftk_err_msg());
     return be;

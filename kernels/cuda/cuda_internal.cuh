@@ -9,6 +9,7 @@
  *   rope.cu       rotary embedding, alone and fused with q/k (and the qkv product)
  *   attention.cu  the warp-per-row kernels, the tensor-core dispatch (flash_attn.cuh,
  *                 flash_mma.cuh) and the segment list
+ *   attention_cudnn.cu  FTK_CUDA_ATTN=cudnn: cuDNN's fused attention, opened at run time
  *   swiglu.cu     SwiGLU and glu (SwiGLU on one [n, 2F] product)
  *   xent.cu       cross-entropy
  *   vectors.cu    add, scale, Σx², AdamW (one tensor, and many in one launch), and
@@ -66,7 +67,8 @@ typedef struct {
 } plan_t;
 
 enum { MAX_PLANS = 256 };
-enum { ATTN_FLASH, ATTN_MMA, ATTN_SIMPLE }; /* cuda_t.attn */
+enum { ATTN_FLASH, ATTN_MMA, ATTN_SIMPLE, ATTN_CUDNN }; /* cuda_t.attn */
+struct dnn_t; /* attention_cudnn.cu's state: cuDNN's handle, plans, sequence tables */
 
 /* A pinned staging slot of cu_upload: its copy to the device is queued on the stream, and
  * ev, recorded after it, says when the slot may be written again. Both are made at the
@@ -85,7 +87,9 @@ typedef struct {
     backend_t *be;
     int device;
     cublasComputeType_t f32_compute; /* for fp32 operands (FTK_CUDA_MATMUL) */
-    int attn;                        /* FTK_CUDA_ATTN: ATTN_FLASH (default), ATTN_MMA, ATTN_SIMPLE */
+    int attn;                        /* FTK_CUDA_ATTN: ATTN_FLASH (default), ATTN_MMA, ATTN_SIMPLE,
+                                      * ATTN_CUDNN (ATTN_FLASH once cuDNN is given up) */
+    dnn_t *dnn;                      /* with ATTN_CUDNN: cuDNN opened for this instance */
     int vec;                         /* elementwise kernels may take 8 elements a thread, sums of partial
                                       * sums by a tree, adamw_multi's block map (FTK_CUDA_VEC) */
     char err[512];                   /* first error, "" when none */
@@ -453,6 +457,18 @@ void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t 
                  int hd);
 void cu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
                     int n_head, int n_kv, int hd);
+
+/* attention_cudnn.cu. dnn_open: at creation with ATTN_CUDNN, opens cuDNN, or says in one
+ * line why not and sets ATTN_FLASH; dnn_close: at destruction. The ops: 0 when queued on
+ * cuDNN, 1 when not taken (no cuDNN, not bf16, a view off 16 bytes, a graph cuDNN refuses:
+ * then ATTN_FLASH and one line) and the caller's kernels run it, -1 after an error kept in c.
+ * After scratch_claim. */
+void dnn_open(cuda_t *c);
+void dnn_close(cuda_t *c);
+int dnn_attn_fwd(cuda_t *c, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg,
+                 int64_t n_seg, int n_head, int n_kv, int hd);
+int dnn_attn_bwd(cuda_t *c, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k, bk_buf_t v,
+                 bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd);
 
 /* swiglu.cu */
 void cu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g_, bk_buf_t u, int64_t n);

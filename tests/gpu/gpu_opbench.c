@@ -282,12 +282,19 @@ static void fill(set_t *s, backend_t *be, dtype_t dt)
 }
 
 /* An instance whose fp32 products use FTK_CUDA_MATMUL=mode. */
-/* A second CUDA instance made with var=val (the backend reads its switches at creation). */
-static backend_t *instance_with(const char *var, const char *val)
+/* A second CUDA instance made with var=val (the backend reads its switches at creation),
+ * or NULL with ftk_err_msg() saying why. */
+static backend_t *instance_with_or_null(const char *var, const char *val)
 {
     setenv(var, val, 1);
     backend_t *be = backend_cuda_new(0);
     unsetenv(var);
+    return be;
+}
+
+static backend_t *instance_with(const char *var, const char *val)
+{
+    backend_t *be = instance_with_or_null(var, val);
     if (!be)
         fail();
     return be;
@@ -437,15 +444,23 @@ int main(void)
     row_bw(xent_label, time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);
     /* causal pairs: ROWS rows of LEN: ROWS·LEN·(LEN + 1)/2 per head */
     double pairs = (double)ROWS * LEN * (LEN + 1) / 2 * H, mm = 2.0 * N * F * D;
-    /* bf16 attention on the tensor cores (the default WMMA kernels, and flash_mma.cuh's
-     * with FTK_CUDA_ATTN=mma) and with the simple kernels, which fp32 always takes; the
-     * other instances use the first one's buffers (one device) */
-    set_t simple = S[1], mma = S[1];
+    /* bf16 attention on the tensor cores (the default WMMA kernels, flash_mma.cuh's with
+     * FTK_CUDA_ATTN=mma, cuDNN's fused attention with FTK_CUDA_ATTN=cudnn where it loads)
+     * and with the simple kernels, which fp32 always takes; the other instances use the
+     * first one's buffers (one device) */
+    set_t simple = S[1], mma = S[1], dnn = S[1];
     simple.be = instance_with("FTK_CUDA_ATTN", "simple");
     mma.be = instance_with("FTK_CUDA_ATTN", "mma");
-    const set_t *att[4] = {&S[1], &mma, &simple, &S[0]};
-    const char *att_label[4] = {"bf16 flash (default)", "bf16 mma", "bf16 simple", "fp32 simple"};
-    for (int k = 0; k < 4; k++) {
+    setenv("FTK_CUDNN_STRICT", "1", 1); /* no row under its name for the flash kernels it would fall back to */
+    dnn.be = instance_with_or_null("FTK_CUDA_ATTN", "cudnn");
+    unsetenv("FTK_CUDNN_STRICT");
+    if (!dnn.be)
+        printf("attn bf16 cudnn: not measured (%s)\n", ftk_err_msg());
+    const set_t *att[5] = {&S[1], &mma, &dnn, &simple, &S[0]};
+    const char *att_label[5] = {"bf16 flash (default)", "bf16 mma", "bf16 cudnn", "bf16 simple", "fp32 simple"};
+    for (int k = 0; k < 5; k++) {
+        if (!att[k]->be)
+            continue;
         char label[64];
         snprintf(label, sizeof label, "attn_fwd %s", att_label[k]);
         row_flops(label, time_op(att[k]->be, op_attn_fwd, (void *)att[k]), 4 * pairs * HD);
@@ -454,6 +469,7 @@ int main(void)
     }
     backend_free(simple.be);
     backend_free(mma.be);
+    backend_free(dnn.be);
     /* the one-element kernels (FTK_CUDA_VEC=0), bf16, beside the 8-element rows above */
     set_t one = S[1];
     one.be = instance_with("FTK_CUDA_VEC", "0");

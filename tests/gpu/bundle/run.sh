@@ -8,7 +8,8 @@
 # budget)" and the later steps that fit still run. The steps, most valuable first:
 #   a. what never ran on a GPU: libs (every program resolves: ldd, with CUDA's libraries,
 #      NCCL and cuDNN located), smoke, ops (gpu_ops: bf16 products, the fused ops,
-#      adamw_multi, both tensor-core attentions, the staged uploads), train (a short
+#      adamw_multi, both tensor-core attentions, the staged uploads), ops-cudnn (gpu_ops
+#      with FTK_CUDA_ATTN=cudnn: cuDNN's fused attention against the CPU), train (a short
 #      ftk-train --device cuda against the CPU, a GPU checkpoint resumed on the CPU), nccl
 #      (a 1-rank NCCL world against a process alone; 2 ranks where there are 2 GPUs)
 #   b. bench-7b: Llama-2-7B at 8 x 512 against PyTorch eager + transformers, FTK_PROFILE's table
@@ -114,6 +115,19 @@ if [ "${1:-}" = --step ]; then
         emu_skip "make test runs gpu_ops_emu, minutes here"
         exec "$B/build/tests/gpu_ops"
         ;;
+    ops-cudnn)
+        # cuDNN's fused attention (FTK_CUDA_ATTN=cudnn), strict: a cuDNN that does not load or
+        # a graph it refuses fails the step instead of falling back to the flash kernels.
+        # First the graphs against cuDNN's heuristics (no GPU needed), then gpu_ops's table
+        # (every attention case against the CPU, the backward's bits twice) and a bf16 step.
+        emu_skip "the host emulation has no cuDNN (make test checks its fallback)"
+        [ -n "${FTK_CUDNN_LIB:-}" ] || echo "cuDNN: not found by run.sh; the loader's own search follows"
+        "$B/build/tests/cudnn_graphs"
+        rc=$?
+        [ $rc -eq 0 ] || [ $rc -eq 77 ] || exit 1
+        exec env FTK_CUDA_ATTN=cudnn FTK_CUDNN_STRICT=1 FTK_GPU_OPS_QUICK=1 FTK_GPU_OPS_STEPS=bf16-true \
+            "$B/build/tests/gpu_ops"
+        ;;
     train)
         exec sh "$B/tests/gpu/train_vs_cpu.sh" "$BIN" "$W" $([ "$EMU" = 1 ] && echo emulated)
         ;;
@@ -208,15 +222,16 @@ export FTK_DEVICE=cpu # a run that does not say --device cuda stays on the CPU
 STEP_TABLE='libs a 60 100 every program and library resolves (ldd); CUDA, NCCL, cuDNN located
 smoke a 60 200 the device answers (gpu_smoke)
 ops a 150 400 gpu_ops: every op against the CPU, bf16 products, fused ops, adamw_multi, both tensor-core attentions, staged uploads
+ops-cudnn a 120 400 gpu_ops with FTK_CUDA_ATTN=cudnn (the fused attention of cuDNN, no fallback) against the CPU; cudnn_graphs
 train a 120 400 ftk-train --device cuda against the CPU; a GPU checkpoint resumed on the CPU
 nccl a 100 400 NCCL: test_comm --nccl on 1 rank; a 1-rank NCCL world against a process alone
 bench-7b b 240 400 Llama-2-7B 8x512: ftk (flash, mma; FTK_PROFILE) against PyTorch eager + transformers
 epoch c 150 400 the Alpaca1024 epoch (7B, bf16-true): steps and wall time split
 sanitizer d 200 400 compute-sanitizer memcheck over gpu_ops (quick)
-opbench d 90 400 gpu_opbench: memory-bound ops against the device copy, attention, products
+opbench d 90 400 gpu_opbench: memory-bound ops against the device copy, attention (flash, mma, cudnn), products
 ops-fp32 d 120 400 gpu_ops with exact fp32 products, simple attention, unfused, one element a thread
 bench-1b d 200 400 llama-1b: ftk against PyTorch eager and torch.compile
-attn-e2e d 90 400 a small Llama trained with each attention: the same losses
+attn-e2e d 120 400 a small Llama trained with each attention (flash, mma, cudnn against simple): the same losses
 demo d 120 400 the demo on the GPU against the CPU, fp32 and bf16-true, checkpoints both ways'
 STEPS=$(echo "$STEP_TABLE" | awk '{print $1}')
 field() { echo "$STEP_TABLE" | awk -v n="$1" -v k="$2" '$1 == n { if (k == "what") { $1 = $2 = $3 = $4 = ""; sub(/^ +/, ""); print } else print $k }'; }
@@ -277,9 +292,21 @@ for l in $need; do
     fi
 done
 [ "$EMU" = 1 ] && FTK_BUNDLE_FOUND="${FTK_BUNDLE_FOUND}libnccl.so.2: $B/lib (emulated);"
-cudnn=$(for v in 9 8; do d=$(find_lib "libcudnn.so.$v" no-torch) && { echo "libcudnn.so.$v: $d"; break; }; done)
-FTK_BUNDLE_FOUND="$FTK_BUNDLE_FOUND${cudnn:-cuDNN: not found (only PyTorch uses it; ftk does not)};"
-export FTK_BUNDLE_CUDA_PATH FTK_BUNDLE_FOUND FTK_BUNDLE_NOT_FOUND
+# cuDNN 9 for FTK_CUDA_ATTN=cudnn (opened at run time: FTK_CUDNN_LIB names it), and NVRTC,
+# which its runtime-compiled engines open; their folders go on the programs' library path
+cudnn="" FTK_CUDNN_LIB=""
+if d=$(find_lib libcudnn.so.9 no-torch); then
+    cudnn="libcudnn.so.9: $d" FTK_CUDNN_LIB=$d/libcudnn.so.9
+    for l in libnvrtc.so.13 libnvrtc.so.12; do
+        if n=$(find_lib "$l" no-torch); then
+            cudnn="$cudnn;$l: $n"
+            case ":$FTK_BUNDLE_CUDA_PATH:" in *":$n:"*) ;; *) FTK_BUNDLE_CUDA_PATH=${FTK_BUNDLE_CUDA_PATH:+$FTK_BUNDLE_CUDA_PATH:}$n ;; esac
+        fi
+    done
+    case ":$FTK_BUNDLE_CUDA_PATH:" in *":$d:"*) ;; *) FTK_BUNDLE_CUDA_PATH=${FTK_BUNDLE_CUDA_PATH:+$FTK_BUNDLE_CUDA_PATH:}$d ;; esac
+fi
+FTK_BUNDLE_FOUND="$FTK_BUNDLE_FOUND${cudnn:-cuDNN: not found (FTK_CUDA_ATTN=cudnn falls back to the flash kernels)};"
+export FTK_BUNDLE_CUDA_PATH FTK_BUNDLE_FOUND FTK_BUNDLE_NOT_FOUND FTK_CUDNN_LIB
 . "$B/env.sh"
 
 # --- The report, rewritten after every step
@@ -298,6 +325,18 @@ fractions() {
             if (!(fam in seen)) { seen[fam] = 1; order[++n] = fam } }
          END { for (i = 1; i <= n; i++) { x = order[i]
                  printf "%s%s %s%%", (i > 1 ? ", " : ""), x, (lo[x] == hi[x] ? lo[x] : lo[x] "–" hi[x]) }
+               print "" }' "$f"
+}
+# attention at the 7B shape, from gpu_opbench's rows ("attn_fwd bf16 flash (default)  ms
+# TFLOP/s"): forward/backward TFLOP/s for each bf16 kernel family measured
+attn_tflops() {
+    f=$LOGS/opbench.log
+    [ -s "$f" ] && grep -q '^attn_fwd bf16' "$f" || { echo "not measured"; return; }
+    awk '/^attn_(fwd|bwd) bf16 / && /TFLOP\/s$/ { k = $3; t = $(NF - 1)
+            if ($1 == "attn_fwd") fw[k] = t; else bw[k] = t
+            if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
+         END { for (i = 1; i <= n; i++) { x = order[i]
+                 printf "%s%s %s/%s", (i > 1 ? ", " : ""), x, (x in fw ? fw[x] : "-"), (x in bw ? bw[x] : "-") }
                print "" }' "$f"
 }
 peaks() { # the benchmark's and the epoch's
@@ -357,6 +396,7 @@ write_outputs() {
         echo "| Alpaca1024 epoch: steps | $(goal epoch_steps) |"
         echo "| Alpaca1024 epoch: wall (start-up, weights load, steps, end) | $(goal epoch_wall) |"
         echo "| memory-bound kernel families, fraction of the device copy (goal 85%) | $(fractions) |"
+        echo "| attention at the 7B shape, TFLOP/s forward/backward (bf16; gpu_opbench) | $(attn_tflops) |"
         echo "| peak GPU memory | $(peaks) |"
     } >"$R.tmp" && mv "$R.tmp" "$R"
     {
@@ -372,9 +412,10 @@ write_outputs() {
                 "$(json_str "$(status_of "$ws")")" "$(cat "$ST/$ws.secs" 2>/dev/null || echo null)" \
                 "$(cat "$ST/$ws.limit" 2>/dev/null || echo null)" "$([ $i -lt "$n_steps" ] && echo ,)"
         done
-        printf ' ],\n "goals": {"7b_mfu": "%s", "7b_ratio": "%s", "epoch_steps": "%s", "epoch_wall": "%s", "copy_fractions": "%s", "peak": "%s"}}\n' \
+        printf ' ],\n "goals": {"7b_mfu": "%s", "7b_ratio": "%s", "epoch_steps": "%s", "epoch_wall": "%s", "copy_fractions": "%s", "attn_tflops": "%s", "peak": "%s"}}\n' \
             "$(json_str "$(goal 7b_mfu)")" "$(json_str "$(goal 7b_ratio)")" "$(json_str "$(goal epoch_steps)")" \
-            "$(json_str "$(goal epoch_wall)")" "$(json_str "$(fractions)")" "$(json_str "$(peaks)")"
+            "$(json_str "$(goal epoch_wall)")" "$(json_str "$(fractions)")" "$(json_str "$(attn_tflops)")" \
+            "$(json_str "$(peaks)")"
     } >"$OUTDIR/summary.json.tmp" && mv "$OUTDIR/summary.json.tmp" "$OUTDIR/summary.json"
     # the logs, each cut to 4 MiB (its first and last 2 MiB), FTK_PROFILE's tables, the goals
     P=$FTK_BUNDLE_WORK/pack
