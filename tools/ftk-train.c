@@ -87,7 +87,7 @@ static const opt_t options[] = {
     {"seed", 0, OPT_I64, &seed, "S", "seed of the data order", ".."},
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid|hpz", "how ranks share the model (FSDP names; hpz: ZeRO++'s)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
-    {"node-size", 0, OPT_INT, &node_size, "N", "hpz: ranks per node group, which holds the secondary copy (0: the ranks of a node)", "0.."},
+    {"node-size", 0, OPT_INT, &node_size, "N", "hpz: ranks per node group, which holds the secondary copy (0: a node's ranks)", "0.."},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "

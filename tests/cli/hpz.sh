@@ -1,7 +1,7 @@
 #!/bin/sh
 # CLI tests of the hierarchical strategy, --strategy hpz (engine/hpz.h, docs/communication.md
 # "hpz"), on real MPI ranks with nodes simulated on this machine (FTK_SIM_NODE_RANKS):
-#  - against full with the same options, on 2 ranks (one node) and 4 ranks in nodes of 2
+#  - against full with the same options, on 1 process, 2 ranks (one node) and 4 ranks in nodes of 2
 #    (the slow set: 8 in nodes of 4; stories260K's tied shape in the bf16 modes; validation
 #    passes): the losses (and validation losses) identical at every step and the last
 #    checkpoint's shard files byte-identical to full's (hpz gathers the very bytes full
@@ -129,6 +129,12 @@ if [ "$ONLY" = slow ]; then
 fi
 
 # --- the same losses and weights as full; bytes per level; the report ---------------------
+for s in full hpz; do # one process: hpz is full (one shard, nothing to gather)
+    expect "1 process, tiny: $s" 0 $TO $T -m "$WORK/tiny.h5" --steps 2 --eval-every 0 -o "$WORK/one-$s" --strategy $s
+done
+losses "$WORK/one-full" >"$WORK/l.full"
+losses "$WORK/one-hpz" >"$WORK/l.hpz"
+same "1 process: losses identical to full's" "$WORK/l.hpz" "$WORK/l.full"
 versus_full "2 ranks, one node, tiny" 2 "" tiny fp32 0
 check_volumes "2 ranks, one node of 2, M = 4" "$RUN_HPZ" 2 fp32
 versus_full "4 ranks, nodes of 2, tiny" 4 2 tiny fp32 0
