@@ -15,6 +15,7 @@ struct hpz {
     void **copy;          /* the secondary copy: slice j of every unit */
     unsigned char *fresh; /* copy[u] holds the current weights */
     unsigned char *world; /* a world gather of u is in flight: its completion fills copy[u] */
+    int training;         /* the current pass trains (hpz_pass) */
 };
 
 int hpz_node_size(comm_t *world, int node_size, int *n)
@@ -106,6 +107,8 @@ comm_t *hpz_node(hpz_t *h) { return h->node; }
 
 int hpz_gather(hpz_t *h, int u, void *full, comm_req_t *req)
 {
+    if (!h->training)
+        return 0;
     if (!h->fresh[u]) {
         h->world[u] = 1;
         return 0;
@@ -123,6 +126,8 @@ void hpz_gathered(hpz_t *h, int u, const void *full)
     h->world[u] = 0;
     h->fresh[u] = 1;
 }
+
+void hpz_pass(hpz_t *h, int training) { h->training = training; }
 
 void hpz_stale(hpz_t *h)
 {

@@ -8,9 +8,11 @@
  * keeps slice j of n of every unit, [j·P/n, (j+1)·P/n) of its padded flat vector (P is a
  * multiple of the world size, so of n). The first gather of a unit after the weights change
  * goes over the world, as full's does, and each rank keeps its node slice of what arrived;
- * every later gather of the unit, until the weights change again (the step's backward, the
- * later micro-batches' forwards, an evaluation after the step), is an all-gather of the
- * secondary copy over the node group: intra-node links only. What it gathers are the bytes
+ * every later gather of the unit in training passes, until the weights change again (the
+ * step's backward, the later micro-batches' forwards), is an all-gather of the secondary copy
+ * over the node group: intra-node links only. Evaluation passes (forward only) gather over
+ * the world as full's do and leave the copy alone, so that a training step's bytes per
+ * level are the formula's (shard.h) whatever the evaluation schedule. What it gathers are the bytes
  * the world gather delivered, so the model reads the same weights as under full, bit for bit.
  *
  * The decision (world or node) is taken when a gather is issued and the copy is taken when
@@ -57,5 +59,7 @@ int hpz_gather(hpz_t *h, int u, void *full, comm_req_t *req);
 void hpz_gathered(hpz_t *h, int u, const void *full);
 /* The weights have changed (a step, a load, a resume): every unit's copy is stale. */
 void hpz_stale(hpz_t *h);
+/* The next pass trains (1) or evaluates (0: the copy is neither read nor filled). */
+void hpz_pass(hpz_t *h, int training);
 
 #endif

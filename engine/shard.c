@@ -245,6 +245,8 @@ void shard_pass_begin(shard_t *s, int backward, int last)
     s->n_sched = k;
     s->pos = -1;
     s->last_pass = last;
+    if (s->hpz)
+        hpz_pass(s->hpz, backward);
 }
 
 void shard_pass_end(shard_t *s)

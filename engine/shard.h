@@ -24,8 +24,9 @@
  *   hpz      full (S = world: the same state, shard files and checkpoints), plus a
  *            secondary copy of the weights sharded within each node group of n ranks
  *            (--node-size, or the ranks of a node; engine/hpz.h): a unit's first gather
- *            after the weights change goes over the world, every later one (the backward's,
- *            the later micro-batches') over the node group from the copy. Same weights as
+ *            after the weights change goes over the world, every later one in training
+ *            (the backward's, the later micro-batches') over the node group from the copy;
+ *            evaluation passes gather over the world. Same weights as
  *            full, bit for bit; gradients reduce-scattered over the world as in full.
  * Collectives per micro-batch in full/hybrid: every block unit gathered twice (forward,
  * backward); the embedding once (its backward reads no parameters; a tied embedding is

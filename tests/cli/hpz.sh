@@ -7,6 +7,8 @@
 #    checkpoint's shard files byte-identical to full's (hpz gathers the very bytes full
 #    does, and its state is full's: S = world);
 #  - each level's bytes and calls per step (metrics.jsonl) equal the formula recomputed here
+#    (also with validation passes between the steps: they gather over the world and leave
+#    the secondary copy alone)
 #    from the manifest's padded unit lengths (M micro-batches, W ranks, n per node group):
 #    world all-gather (1 − 1/W)·b·ΣP, once per unit; node all-gather
 #    (1 − 1/n)·b·((2M − 1)·ΣP_blocks + (M − 1)·(P_embedding + P_head)); world reduce-scatter
@@ -118,9 +120,9 @@ if [ "$ONLY" = slow ]; then
     check_volumes "8 ranks, nodes of 4, M = 2" "$RUN_HPZ" 4 fp32
     grep -qF '| node | 4 | intra-node | all-gather |' "$RUN_HPZ.md" && ok "... the report's node level: 4 ranks" ||
         notok "... the report's node level: 4 ranks"
-    versus_full "4 ranks, nodes of 2, tiny, fp32, validation" 4 2 tiny fp32 2
     for prec in bf16-mixed bf16-true; do
         versus_full "4 ranks, nodes of 2, stories260K (tied), $prec, validation" 4 2 s260 $prec 2
+        check_volumes "4 ranks, nodes of 2, stories260K, $prec, M = 2, validation" "$RUN_HPZ" 2 $prec
         versus_full "4 ranks, nodes of 2, stories260K (tied), $prec" 4 2 s260 $prec 0 --micro-batch 1
         check_volumes "4 ranks, nodes of 2, stories260K, $prec, M = 4" "$RUN_HPZ" 2 $prec
     done
@@ -137,8 +139,8 @@ losses "$WORK/one-hpz" >"$WORK/l.hpz"
 same "1 process: losses identical to full's" "$WORK/l.hpz" "$WORK/l.full"
 versus_full "2 ranks, one node, tiny" 2 "" tiny fp32 0
 check_volumes "2 ranks, one node of 2, M = 4" "$RUN_HPZ" 2 fp32
-versus_full "4 ranks, nodes of 2, tiny" 4 2 tiny fp32 0
-check_volumes "4 ranks, nodes of 2, M = 2" "$RUN_HPZ" 2 fp32
+versus_full "4 ranks, nodes of 2, tiny, validation every 2 steps" 4 2 tiny fp32 2
+check_volumes "4 ranks, nodes of 2, M = 2, validation passes between steps" "$RUN_HPZ" 2 fp32
 F4=$RUN_FULL Z4=$RUN_HPZ
 f="$Z4.md"
 miss=""
@@ -158,7 +160,7 @@ grep -qF "| node | 2 | intra-node | all-gather |" "$WORK/ns2.md" && ok "... node
     notok "... node groups of 2 in the report"
 
 # --- resume across strategies, ftk-reshard ----------------------------------------------------
-R="$TO env FTK_SIM_NODE_RANKS=2 $MPI -np 4 $T -m $WORK/tiny.h5 --steps 4 --save-every 2 --eval-every 0"
+R="$TO env FTK_SIM_NODE_RANKS=2 $MPI -np 4 $T -m $WORK/tiny.h5 --steps 4 --save-every 2 --eval-every 2"
 losses "$F4" >"$WORK/l.ref"
 for pair in "full hpz" "hpz full"; do
     set -- $pair
