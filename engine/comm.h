@@ -67,7 +67,9 @@ typedef struct comm comm_t;
 
 /* The kinds of tensor collective and the levels they are accounted on (coll[level][kind]). */
 enum { COMM_KIND_AG, COMM_KIND_RS, COMM_KIND_AR, COMM_N_KINDS };
-enum { COMM_LEVEL_GROUP, COMM_LEVEL_CROSS, COMM_N_LEVELS }; /* the shard group; across groups */
+/* Levels: the shard group (the world but under hybrid); across groups (hybrid's replicas);
+ * within a node group (hpz's gathers from its secondary copy, engine/hpz.h). */
+enum { COMM_LEVEL_GROUP, COMM_LEVEL_CROSS, COMM_LEVEL_NODE, COMM_N_LEVELS };
 
 /* One kind of collective on one level (see above). */
 typedef struct {

@@ -20,6 +20,8 @@ typedef struct {
 struct report {
     strategy_t strat;
     int world, S, n_levels, nodes, sim;
+    int lv[COMM_N_LEVELS]; /* the strategy's levels (COMM_LEVEL_*), n_levels of them */
+    int node_size;         /* hpz: ranks per node group */
     int level_ranks[COMM_N_LEVELS];
     char locality[COMM_N_LEVELS][32];
     size_t b[COMM_N_KINDS]; /* bytes per element moved by each kind */
@@ -40,6 +42,8 @@ const char *report_level_name(const report_t *r, int level)
 {
     if (r->n_levels == 1)
         return "world";
+    if (r->strat == STRAT_HPZ)
+        return level == COMM_LEVEL_NODE ? "node" : "world";
     return level == COMM_LEVEL_GROUP ? "shard_group" : "replicas";
 }
 
@@ -96,16 +100,25 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
     }
     for (int i = 0; i < r->n_units; i++)
         r->length[i] = u[i].length;
-    comm_t *cross = shard_cross(sh);
-    r->n_levels = strat == STRAT_HYBRID && cross ? 2 : 1;
-    comm_t *levels[COMM_N_LEVELS] = {r->n_levels == 2 ? shard_group(sh) : world, cross};
+    comm_t *cross = shard_cross(sh), *node_group = shard_node(sh);
+    comm_t *levels[COMM_N_LEVELS] = {world, cross, node_group};
+    r->n_levels = 1;
+    r->lv[0] = COMM_LEVEL_GROUP;
+    if (strat == STRAT_HYBRID && cross) {
+        levels[COMM_LEVEL_GROUP] = shard_group(sh);
+        r->lv[r->n_levels++] = COMM_LEVEL_CROSS;
+    } else if (node_group) {
+        r->node_size = comm_size(node_group);
+        r->lv[r->n_levels++] = COMM_LEVEL_NODE;
+    }
     int node, spans;
     if (comm_sim_node_ranks(&r->sim) < 0 || comm_node_id(world, &node) < 0 ||
         locality(world, node, r->locality[0], sizeof r->locality[0], &r->nodes) < 0) {
         report_free(r);
         return NULL;
     }
-    for (int l = 0; l < r->n_levels; l++) {
+    for (int i = 0; i < r->n_levels; i++) {
+        int l = r->lv[i];
         r->level_ranks[l] = comm_size(levels[l]);
         if (locality(levels[l], node, r->locality[l], sizeof r->locality[l], &spans) < 0) {
             report_free(r);
@@ -150,6 +163,17 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
         v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * sum;
         v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
         break;
+    case STRAT_HPZ: {
+        /* each unit's first gather of the step over the world, the others over the node group */
+        int n = r->node_size > 0 ? r->node_size : 1;
+        if (M > 0) {
+            v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * sum;
+            v[COMM_LEVEL_NODE][COMM_KIND_AG] =
+                (double)(n - 1) / n * (double)b[COMM_KIND_AG] * ((2 * M - 1) * blocks + (M - 1) * ends);
+        }
+        v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
+        break;
+    }
     case STRAT_FULL:
     case STRAT_HYBRID:
         v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * M * (2 * blocks + ends);
@@ -202,13 +226,13 @@ int report_step(report_t *r, const trainer_step_t *st, double loop_s, buf_t *out
                         "\"overlapped_comm_s\": %.6f, \"host_s\": %.6f, \"comm_inflight_s\": %.6f}, \"collectives\": [",
                         loop_s, st->compute_s, st->comm.wait_s, st->comm.overlap_s,
                         loop_s - st->compute_s - st->comm.wait_s, st->comm.inflight_s);
-    for (int l = 0; l < r->n_levels; l++)
-        for (int k = 0; k < COMM_N_KINDS; k++) {
+    for (int i = 0; i < r->n_levels; i++)
+        for (int k = 0, l = r->lv[i]; k < COMM_N_KINDS; k++) {
             const comm_coll_t *x = &st->comm.coll[l][k];
             rc |= buf_printf(out,
                              "%s{\"level\": \"%s\", \"kind\": \"%s\", \"calls\": %lld, \"bytes\": %.17g, "
                              "\"formula_bytes\": %.17g, \"seconds\": %.6f, \"wait_s\": %.6f}",
-                             l + k ? ", " : "", report_level_name(r, l), kind_names[k], (long long)x->calls, x->bytes,
+                             i + k ? ", " : "", report_level_name(r, l), kind_names[k], (long long)x->calls, x->bytes,
                              v[l][k], x->busy_s, x->wait_s);
         }
     rc |= buf_printf(out, "]");
@@ -304,7 +328,7 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
         fprintf(f, "- Nodes are simulated: groups of %d consecutive ranks count as nodes (FTK_SIM_NODE_RANKS); "
                    "every \"node\" shares this machine's memory, so inter-node figures are shared-memory ones.\n",
                 r->sim);
-    for (int l = 0; l < L; l++)
+    for (int i = 0, l; i < L && (l = r->lv[i], 1); i++)
         fprintf(f, "- Level `%s`: %d rank%s, %s\n", report_level_name(r, l), r->level_ranks[l],
                 r->level_ranks[l] == 1 ? "" : "s", r->locality[l]);
     if (r->first.steps > 0 && r->all.steps > r->first.steps)
@@ -348,8 +372,8 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
                "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     double coll_wait = 0;
     int rows = 0;
-    for (int l = 0; l < L; l++)
-        for (int k = 0; k < COMM_N_KINDS; k++) {
+    for (int i = 0; i < L; i++)
+        for (int k = 0, l = r->lv[i]; k < COMM_N_KINDS; k++) {
             const double *x = coll_fig(mean, l, k);
             coll_wait += x[3];
             if (x[0] == 0 && x[1] == 0 && x[4] == 0) /* a kind this level does not use */
@@ -385,7 +409,9 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             "with M = %.2f micro-batch passes per rank and the units padded to the shard count: full/hybrid "
             "gather each block twice and the embedding and head once per pass, grad-op each unit once per step; "
             "every strategy but none reduce-scatters each unit once per pass; none all-reduces each unit once; "
-            "hybrid all-reduces each rank's slices across the replicas. b: %zu bytes for the gathers, %zu for "
+            "hybrid all-reduces each rank's slices across the replicas; hpz gathers each unit once per step over "
+            "the world and its other gathers (each block 2M − 1 times, the embedding and head M − 1 times) over the "
+            "node group. b: %zu bytes for the gathers, %zu for "
             "the reductions (the precision mode's). Bus bandwidth: measured bytes / seconds in flight (the ring "
             "algorithm's per-rank bytes, as nccl-tests' busbw counts them; a lower bound where spans are upper "
             "bounds).\n",
@@ -402,11 +428,14 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             r->world, (long long)r->global_batch, (long long)r->global_batch, r->world, r->world);
     if (r->strat == STRAT_HYBRID)
         fprintf(f, "hybrid keeps its shard groups of %d ranks: n/%d replicas.\n\n", r->S, r->S);
+    if (r->strat == STRAT_HPZ && r->node_size)
+        fprintf(f, "hpz keeps its node groups of %d ranks: n/%d nodes.\n\n", r->node_size, r->node_size);
     fprintf(f, "| ranks | micro-batches per rank | compute (s) | communication, exposed (s) | host (s) | step (s) | "
                "speedup | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     /* the rank counts: the strategy's unit (hybrid: a shard group) times powers of two, up
      * to the global batch's rows, and the measured count where it falls among them */
-    int unit = r->strat == STRAT_HYBRID ? r->S : 1, counts[40], n_counts = 0;
+    int unit = r->strat == STRAT_HYBRID ? r->S : r->strat == STRAT_HPZ && r->node_size ? r->node_size : 1;
+    int counts[40], n_counts = 0;
     int64_t top = r->global_batch > r->world ? r->global_batch : r->world;
     for (int64_t g = 1; g * unit <= top && n_counts < 38; g *= 2) {
         int n = (int)(g * unit);

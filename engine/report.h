@@ -10,7 +10,8 @@
  * reported beside them: it is hidden under compute, not added to the step.
  *
  * Per collective kind and level (comm.h "Accounting"; the levels are the strategy's: one
- * level, "world", for full, grad-op and none; "shard_group" and "replicas" for hybrid):
+ * level, "world", for full, grad-op and none; "shard_group" and "replicas" for hybrid;
+ * "world" and "node" for hpz):
  * calls, the bytes this rank moved, the analytical bytes (docs/design.md "Volumes"),
  * seconds in flight, seconds blocked, and the achieved bus bandwidth (bytes / seconds in
  * flight: the ring algorithm's per-rank bytes, as nccl-tests' busbw counts them). Each
@@ -43,14 +44,15 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
                      const char *header);
 void report_free(report_t *r);
 
-/* Levels of the strategy (1 or 2) and their names. */
+/* Levels of the strategy (1 or 2) and their names (level: COMM_LEVEL_*). */
 int report_levels(const report_t *r);
 const char *report_level_name(const report_t *r, int level);
 const char *report_kind_name(int kind); /* "all_gather", "reduce_scatter", "all_reduce" */
 
 /* The analytical bytes per rank of one step on `ranks` ranks with `micro` micro-batch
  * passes per rank (docs/design.md "Volumes", the units padded to the shard count those
- * ranks would have). hybrid keeps its shard group size: ranks is a multiple of it. */
+ * ranks would have). hybrid keeps its shard group size, hpz its node group size: ranks is
+ * a multiple of it. */
 void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N_LEVELS][COMM_N_KINDS]);
 
 /* Counts a step: st from trainer_step, loop_s the loop's wall time for it (>= st->step_s:

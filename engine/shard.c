@@ -12,6 +12,7 @@
 #include "../kernels/sround.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "hpz.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
 #define RS_IN_FLIGHT 2 /* reduce-scatters in flight at most (shard.h "Overlap") */
@@ -28,6 +29,7 @@ struct shard {
     precision_dtypes_t dt;
     comm_t *world, *group, *cross; /* group == world except for hybrid; cross: hybrid only */
     int S, r, replica;
+    int node_size; /* hpz: ranks per node group */
     ckpt_unit_t *units;
     int n_units, tied;
     int64_t *lo, *len; /* owned range of each unit */
@@ -45,6 +47,7 @@ struct shard {
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
     model_io_t io;
     comm_stats_t stats;
+    hpz_t *hpz; /* hpz: the node groups' secondary copy (hpz.h); else NULL */
 };
 
 static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
@@ -113,14 +116,23 @@ static void gather_start(shard_t *s, int u)
         s->ag_state[u] = RESIDENT;
         return;
     }
-    comm_allgather(s->group, readable(s, u), s->full[u], s->len[u], s->dt.compute, &s->ag[u]);
+    if (!s->hpz || !hpz_gather(s->hpz, u, s->full[u], &s->ag[u]))
+        comm_allgather(s->group, readable(s, u), s->full[u], s->len[u], s->dt.compute, &s->ag[u]);
     s->ag_state[u] = IN_FLIGHT;
+}
+
+/* Completes unit u's gather in flight (hpz keeps its node slice of a world gather). */
+static void gather_wait(shard_t *s, int u)
+{
+    comm_wait(s->group, &s->ag[u]);
+    if (s->hpz)
+        hpz_gathered(s->hpz, u, s->full[u]);
 }
 
 static void drop_unit(shard_t *s, int u)
 {
     if (s->ag_state[u] == IN_FLIGHT)
-        comm_wait(s->group, &s->ag[u]);
+        gather_wait(s, u);
     if (s->ag_state[u] != ABSENT)
         pool_put(s, s->full[u], cbytes(s, s->units[u].padded), BK_MEM_GATHER);
     s->full[u] = NULL;
@@ -166,7 +178,7 @@ static void *io_params(void *ctx, int u)
     progress(s);
     gather_start(s, u);
     if (s->ag_state[u] == IN_FLIGHT) {
-        comm_wait(s->group, &s->ag[u]);
+        gather_wait(s, u);
         s->ag_state[u] = RESIDENT;
     }
     for (int i = s->pos + 1; i < s->n_sched; i++)
@@ -182,7 +194,7 @@ static void *io_params(void *ctx, int u)
 static void io_release(void *ctx, int u)
 {
     shard_t *s = ctx;
-    if (!direct(s) && (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID))
+    if (!direct(s) && (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID || s->strat == STRAT_HPZ))
         drop_unit(s, u);
 }
 
@@ -233,6 +245,8 @@ void shard_pass_begin(shard_t *s, int backward, int last)
     s->n_sched = k;
     s->pos = -1;
     s->last_pass = last;
+    if (s->hpz)
+        hpz_pass(s->hpz, backward);
 }
 
 void shard_pass_end(shard_t *s)
@@ -240,7 +254,7 @@ void shard_pass_end(shard_t *s)
     while (s->rs_n)
         rs_finish_oldest(s);
     for (int u = 0; u < s->n_units; u++)
-        if (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID)
+        if (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID || s->strat == STRAT_HPZ)
             drop_unit(s, u);
 }
 
@@ -301,6 +315,8 @@ static int set_groups(shard_t *s, int group_size)
     s->S = W;
     s->r = rank;
     s->replica = 0;
+    if (s->strat == STRAT_HPZ) /* S = world; the node groups (hpz.h) */
+        return hpz_node_size(s->world, group_size, &s->node_size);
     if (s->strat != STRAT_HYBRID)
         return 0;
     if (group_size <= 0) {
@@ -381,6 +397,9 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
             (s->w && !(s->w[u] = bk_alloc(be, cbytes(s, s->len[u]), BK_MEM_WEIGHTS, "the bf16 working copy"))))
             goto fail;
     }
+    if (strat == STRAT_HPZ && !direct(s) &&
+        !(s->hpz = hpz_new(be, world, s->node_size, &s->stats, s->units, n, s->dt.compute)))
+        goto fail;
     s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done};
     return s;
 oom:
@@ -421,6 +440,7 @@ void shard_free(shard_t *s)
     free(s->ar);
     free(s->sched);
     free(s->units);
+    hpz_free(s->hpz);
     if (s->group != s->world)
         comm_free(s->group);
     comm_free(s->cross);
@@ -437,6 +457,7 @@ int64_t shard_index(const shard_t *s) { return s->r; }
 int shard_writes(const shard_t *s) { return s->replica == 0; }
 comm_t *shard_group(shard_t *s) { return s->group; }
 comm_t *shard_cross(shard_t *s) { return s->cross; }
+comm_t *shard_node(shard_t *s) { return s->hpz ? hpz_node(s->hpz) : NULL; }
 const model_io_t *shard_io(shard_t *s) { return &s->io; }
 comm_stats_t *shard_stats(shard_t *s) { return &s->stats; }
 precision_dtypes_t shard_dtypes(const shard_t *s) { return s->dt; }
@@ -451,6 +472,8 @@ shard_slice_t shard_owned(const shard_t *s, int u)
 /* bf16-mixed: the working copy of every owned slice, rounded from the master. */
 static void refresh_working_copy(shard_t *s)
 {
+    if (s->hpz) /* every caller has changed the weights */
+        hpz_stale(s->hpz);
     for (int u = 0; s->w && u < s->n_units; u++)
         s->be->convert(s->be, bk_buf(s->w[u], s->dt.compute), bk_buf(s->p[u], s->dt.state), s->len[u]);
 }

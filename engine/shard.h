@@ -21,11 +21,25 @@
  *   hybrid   full inside groups of S ranks (--shard-group-size, or the ranks of a node);
  *            the groups are replicas: after the step's last micro-batch each gradient
  *            slice is all-reduced across groups. Replica 0 writes the checkpoint.
+ *   hpz      full (S = world: the same state, shard files and checkpoints), plus a
+ *            secondary copy of the weights sharded within each node group of n ranks
+ *            (--node-size, or the ranks of a node; engine/hpz.h): a unit's first gather
+ *            after the weights change goes over the world, every later one in training
+ *            (the backward's, the later micro-batches') over the node group from the copy;
+ *            evaluation passes gather over the world. Same weights as
+ *            full, bit for bit; gradients reduce-scattered over the world as in full.
  * Collectives per micro-batch in full/hybrid: every block unit gathered twice (forward,
  * backward); the embedding once (its backward reads no parameters; a tied embedding is
  * held from the first block to the head, which reads it again); the head unit once (its
  * forward and backward run back to back); one reduce-scatter per unit. grad-op: one
- * gather per unit per step. The trainer reports what moved (comm.h accounting);
+ * gather per unit per step. hpz, over a step of M micro-batches: each unit gathered once
+ * over the world (level world), then each block 2M − 1 times and the embedding and head
+ * M − 1 times over the node group (level node); reduce-scatters as full's. Per rank, with
+ * P_b, P_e the padded lengths of the blocks and of the two end units, b the bytes of an
+ * element and W, n the world and node sizes (docs/communication.md "hpz"):
+ *   world all-gather      (1 − 1/W)·b·(P_b + P_e)
+ *   node all-gather       (1 − 1/n)·b·((2M − 1)·P_b + (M − 1)·P_e)
+ *   world reduce-scatter  (1 − 1/W)·b_grad·M·(P_b + P_e) The trainer reports what moved (comm.h accounting);
  * tests/ref/dist_equivalence.py checks it against these counts.
  *
  * Overlap: when the model asks for a unit, the all-gather of the next unit in the pass's
@@ -63,8 +77,8 @@
 
 typedef struct shard shard_t;
 
-/* world: every rank; group_size: ranks per shard group for hybrid (0: the ranks of a
- * node); ignored otherwise. Allocates this rank's owned state (zero) on be. */
+/* world: every rank; group_size: ranks per shard group for hybrid, per node group for hpz
+ * (0: the ranks of a node); ignored otherwise. Allocates this rank's owned state (zero) on be. */
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
                    precision_t prec);
 void shard_free(shard_t *s);
@@ -79,6 +93,7 @@ int64_t shard_index(const shard_t *s);     /* this rank's slice, 0-based */
 int shard_writes(const shard_t *s);        /* this rank writes its shard file */
 comm_t *shard_group(shard_t *s);           /* the shard group (S ranks) */
 comm_t *shard_cross(shard_t *s);           /* hybrid: the replicas of this slice; else NULL */
+comm_t *shard_node(shard_t *s);            /* hpz: this rank's node group; else NULL */
 const model_io_t *shard_io(shard_t *s);    /* for model_new_io() */
 comm_stats_t *shard_stats(shard_t *s);     /* accumulated over the run */
 precision_dtypes_t shard_dtypes(const shard_t *s);

@@ -3,11 +3,11 @@
 
 #include <string.h>
 
-static const char *const names[] = {"full", "grad-op", "none", "hybrid"};
+static const char *const names[] = {"full", "grad-op", "none", "hybrid", "hpz"};
 
 int strategy_parse(const char *name, strategy_t *s)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (!strcmp(name, names[i])) {
             *s = (strategy_t)i;
             return 0;

@@ -61,7 +61,7 @@ typedef struct {
     ckpt_train_t train;     /* total_steps 0: `epochs` passes over the training rows */
     int64_t epochs;
     strategy_t strategy;
-    int group_size;         /* hybrid: ranks per shard group (0: the node's) */
+    int group_size;         /* hybrid: ranks per shard group; hpz: per node group (0: the node's) */
     precision_t precision;
     int stochastic;         /* bf16-true: AdamW rounds stochastically (else to nearest even) */
     int recompute;          /* model_recompute_t, or PLAN_RECOMPUTE_AUTO (-1): the least recompute whose

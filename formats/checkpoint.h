@@ -57,7 +57,7 @@
  *                   "litgpt": the defaults the run started from, docs/litgpt.md); a
  *                   manifest without the last three is read as "ftk", "global", "ftk"
  *   precision       "fp32", "bf16-mixed" or "bf16-true" (Precision, above)
- *   strategy        "full", "grad-op", "none" or "hybrid" (engine/shard.h)
+ *   strategy        "full", "grad-op", "none", "hybrid" or "hpz" (engine/shard.h)
  *   world_size      ranks of the run that wrote it
  *   shard_count     S: slices per unit, one shard file each (the world size, or the
  *                   shard group's size under hybrid, where one replica group writes)

@@ -88,7 +88,7 @@ static int one_of(const char *v, const char *const *names)
 int ckpt_check_meta(const ckpt_meta_t *m)
 {
     static const char *const schedules[] = {"cosine", "linear", "constant", NULL};
-    static const char *const strategies[] = {"full", "grad-op", "none", "hybrid", NULL};
+    static const char *const strategies[] = {"full", "grad-op", "none", "hybrid", "hpz", NULL};
     const ckpt_train_t *t = &m->train;
 #define RANGE(ok, ...)                                                                                               \
     do {                                                                                                             \
@@ -124,7 +124,7 @@ int ckpt_check_meta(const ckpt_meta_t *m)
           t->weight_decay);
     RANGE(t->clip >= 0 && isfinite(t->clip), "\"train.clip\" is %g (need >= 0)", t->clip);
     RANGE(one_of(t->schedule, schedules), "\"train.schedule\" is \"%s\" (cosine, linear or constant)", t->schedule);
-    RANGE(one_of(m->strategy, strategies), "\"strategy\" is \"%s\" (full, grad-op, none or hybrid)", m->strategy);
+    RANGE(one_of(m->strategy, strategies), "\"strategy\" is \"%s\" (full, grad-op, none, hybrid or hpz)", m->strategy);
     RANGE(m->shard_count >= 1 && m->shard_count <= 99999, "\"shard_count\" is %lld, outside [1, 99999]",
           LL(m->shard_count));
     RANGE(m->world_size >= 1 && m->world_size <= INT32_MAX, "\"world_size\" is %lld (need >= 1)", LL(m->world_size));

@@ -30,7 +30,7 @@ static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "DIR",
      "the new checkpoint: RUN/step-NNNNNNNN, or a run directory RUN (the step is the input's)"},
     {"ranks", 'n', OPT_I64, &ranks, "N", "ranks the checkpoint is for (required)", "1..99999"},
-    {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid (default: the input's)"},
+    {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid | hpz (default: the input's)"},
     {"shard-group-size", 0, OPT_I64, &group_size, "G",
      "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)", "0..99999"},
     {"precision", 0, OPT_STR, &precision_opt, "P",
@@ -202,7 +202,7 @@ int main(int argc, char **argv)
     ckpt_meta_t meta = man.meta;
     strategy_t strat;
     if (strategy_parse(strategy_opt ? strategy_opt : man.meta.strategy, &strat) < 0) {
-        ftk_error("--strategy %s: expected full, grad-op, none or hybrid", strategy_opt ? strategy_opt : man.meta.strategy);
+        ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : man.meta.strategy);
         goto usage;
     }
     int64_t S2 = ranks;

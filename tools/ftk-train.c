@@ -50,6 +50,7 @@ static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, w
 static double save_minutes = 30;
 static const char *recompute_arg, *device_memory_arg; /* recompute_arg "": bare --recompute (block) */
 static int recompute; /* model_recompute_t, or PLAN_RECOMPUTE_AUTO */
+static int node_size;
 static int decay_norms, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
 static int64_t plan_max_len;
 static const char *tensorboard_dir, *config_path;
@@ -85,8 +86,9 @@ static const opt_t options[] = {
     {"decay-norms", 0, OPT_FLAG, &decay_norms, NULL, "also decay the RMSNorm gains (not by default)"},
     {"clip", 0, OPT_DOUBLE, &clip, "NORM", "clip gradients to this global L2 norm (0: off)", "0.."},
     {"seed", 0, OPT_I64, &seed, "S", "seed of the data order", ".."},
-    {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid", "how ranks share the model (FSDP names)"},
+    {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid|hpz", "how ranks share the model (FSDP names; hpz: ZeRO++'s)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
+    {"node-size", 0, OPT_INT, &node_size, "N", "hpz: ranks per node group, which holds the secondary copy (0: a node's ranks)", "0.."},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
@@ -155,7 +157,9 @@ static const opt_spec_t spec = {
     .epilog =
         "Strategies (engine/shard.h): full = ZeRO-3 (parameters, gradients and AdamW state sharded; units\n"
         "gathered when used), grad-op = ZeRO-2 (parameters gathered once per step), none = DDP (replicated,\n"
-        "gradients all-reduced), hybrid = full inside shard groups, replicated across them. Started without\n"
+        "gradients all-reduced), hybrid = full inside shard groups, replicated across them, hpz = full plus\n"
+        "a secondary copy of the weights sharded within each node (--node-size), so that a step's later\n"
+        "gathers stay inside the node (ZeRO++'s hpZ; docs/communication.md). Started without\n"
         "mpirun or srun, ftk-train is a world of one.\n"
         "Outputs in RUN/: step-NNNNNNNN/ checkpoints (formats/checkpoint.h; one shard file per rank),\n"
         "`latest`, and metrics.jsonl: one JSON object per step {step, loss, lr, grad_norm, tokens,\n"
@@ -201,7 +205,7 @@ static const opt_spec_t spec = {
         "FTK_NCCL_INIT_TIMEOUT=S (default 300): how long GPU ranks wait for every rank of a group to join\n"
         "its NCCL communicator; a rank whose join fails tells the others at once (docs/design.md).\n"
         "FTK_SIM_NODE_RANKS=N: blocks of N consecutive ranks count as nodes (hybrid's default shard group,\n"
-        "the report's levels): the hierarchical strategies tested on one machine.\n"
+        "hpz's node group, the report's levels): the hierarchical strategies tested on one machine.\n"
         "FTK_STEP_TIMEOUT=S (default 0: off): a rank exits 1 when nothing (a step, an evaluation, a\n"
         "checkpoint) has finished for S seconds: a stopped or stuck rank, or a collective that never\n"
         "completes, then ends the job instead of holding it; start it again with --resume auto. Give S\n"
@@ -510,7 +514,7 @@ static int check_values(trainer_opts_t *o)
     if (steps < 0 || epochs < 1 || global_batch < 1 || micro_batch < 1 || warmup < 0 || !(lr > 0) ||
         !(min_lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0) ||
         !(weight_decay >= 0) || !(clip >= 0) || save_every < 0 || keep < 0 || eval_every < 0 || eval_rows < 0 ||
-        stop_after < 0 || threads < 0 || group_size < 0 || !(save_minutes >= 0) || plan_ranks < 1 ||
+        stop_after < 0 || threads < 0 || group_size < 0 || node_size < 0 || !(save_minutes >= 0) || plan_ranks < 1 ||
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
@@ -548,9 +552,11 @@ static int check_values(trainer_opts_t *o)
     if (strcmp(loss_mean, "global") && strcmp(loss_mean, "micro"))
         return bad("--loss-mean %s: need global or micro", loss_mean);
     if (strategy_parse(strategy_arg, &o->strategy) < 0)
-        return bad("--strategy %s: need full, grad-op, none or hybrid", strategy_arg);
+        return bad("--strategy %s: need full, grad-op, none, hybrid or hpz", strategy_arg);
     if (group_size && o->strategy != STRAT_HYBRID)
         return bad("--shard-group-size is for --strategy hybrid");
+    if (node_size && o->strategy != STRAT_HPZ)
+        return bad("--node-size is for --strategy hpz");
     if (precision_parse(precision_arg, &o->precision) < 0)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
@@ -574,7 +580,7 @@ static int check_values(trainer_opts_t *o)
     snprintf(o->train.loss_mean, sizeof o->train.loss_mean, "%s", loss_mean);
     snprintf(o->train.recipe, sizeof o->train.recipe, "%s", recipe);
     o->epochs = epochs;
-    o->group_size = group_size;
+    o->group_size = o->strategy == STRAT_HPZ ? node_size : group_size;
     o->stochastic = !strcmp(rounding_arg, "stochastic");
     const char *rl = recompute_arg ? (*recompute_arg ? recompute_arg : "block") : "none";
     recompute = !strcmp(rl, "none")    ? MODEL_RECOMPUTE_NONE

@@ -1,7 +1,8 @@
 #!/bin/sh
 # CLI tests of the memory plan, ftk-train --plan (engine/plan.h):
 #  - the plan is what a run measures: for every precision mode x strategy (full, grad-op,
-#    none, hybrid with --shard-group-size 2) on 2 ranks, full on 1 rank, grad-op on 3, and
+#    none, hybrid with --shard-group-size 2, hpz with its node of 2 and with --node-size 1)
+#    on 2 ranks, full on 1 rank, grad-op on 3, and
 #    full --recompute (block) and --recompute norms on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
 #    2-step run with the same options, exactly (stories260K's shape; tiny's untied one on 2
 #    ranks, full);
@@ -44,7 +45,7 @@ peak() { sed -n 's/.*"mem_peak_bytes": \([0-9]*\)}$/\1/p' "$1/metrics.jsonl" | t
 # --- the plan equals the run's high-water mark ------------------------------------------------
 for prec in fp32 bf16-mixed bf16-true; do
     for cfg in "s260 2 full" "s260 2 grad-op" "s260 2 none" "s260 2 hybrid --shard-group-size 2" "s260 1 full" \
-        "s260 3 grad-op" "s260 2 full --recompute" "s260 2 full --recompute norms" "tiny 2 full"; do
+        "s260 2 hpz" "s260 2 hpz --node-size 1" "s260 3 grad-op" "s260 2 full --recompute" "s260 2 full --recompute norms" "tiny 2 full"; do
         set -- $cfg
         model=$1 np=$2
         shift 2
@@ -65,6 +66,14 @@ for prec in fp32 bf16-mixed bf16-true; do
         check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
             test -n "$want" -a "$want" = "$got"
     done
+done
+
+# hpz's secondary copy: 1/n of every unit in the compute dtype, the only difference from full
+for prec in fp32 bf16-mixed bf16-true; do
+    tf=$(total "$WORK/$prec-s260-2-full.plan") t2=$(total "$WORK/$prec-s260-2-hpz.plan")
+    t1=$(total "$WORK/$prec-s260-2-hpz--node-size1.plan")
+    check "$prec: hpz adds its secondary copy to full's plan: nodes of 1 ($t1 bytes) twice what nodes of 2 add ($t2)" \
+        test -n "$tf" -a -n "$t1" -a -n "$t2" -a $((t2 - tf)) -gt 0 -a $((t1 - tf)) = $((2 * (t2 - tf)))
 done
 
 # --- FTK_FUSED=all (the CPU's default is none): the fused paths allocate other activations

@@ -20,7 +20,8 @@
 # duplicate-GPU refusal, every rank exits 1 and nothing is written), a rank that fails before
 # it joins (rank 0, left waiting in its join, gives it up at once), and a collective that
 # fails on rank 1 (FTK_EMU_NCCL_FAIL): every rank exits 1 with rank 1's message, not that of
-# rank 0, which only saw its peer go; last, hybrid on 4 ranks (2 shard groups of 2). quick
+# rank 0, which only saw its peer go; last, hybrid on 4 ranks (2 shard groups of 2) and hpz on
+# 4 ranks in 2 simulated nodes of 2 (against MPI, and bit for bit against full). quick
 # (make test): the checks before the 1-rank ones, and grad-op bf16-mixed alone.
 set -u
 BIN=$1 WORK=$2 EMU=${3:-} QUICK=${4:-}
@@ -117,5 +118,17 @@ if [ "$EMU" = emulated ] && [ "$QUICK" != quick ]; then
     expect "cpu, 4 MPI ranks: $H" 0 $TO $MPI -np 4 $T $H -o "$WORK/cpu-h4"
     expect "cuda, 4 NCCL ranks: $H" 0 env FTK_EMU_GPUS=4 $TO $MPI -np 4 $T $H -o "$WORK/cu-h4" --device cuda
     close_losses "hybrid 2x2: the NCCL run follows the MPI run" "$WORK/cu-h4" "$WORK/cpu-h4" 3e-2 $STEPS
+    # hpz with its two NCCL communicators at work: the world (first gathers, reduce-scatters)
+    # and 2 node groups of 2 (FTK_SIM_NODE_RANKS=2: the gathers from the secondary copy); the
+    # same bits as full over NCCL
+    Z="--precision bf16-mixed --global-batch 8"
+    expect "cpu, 4 MPI ranks: hpz, nodes of 2, $Z" 0 env FTK_SIM_NODE_RANKS=2 $TO $MPI -np 4 $T --strategy hpz $Z \
+        -o "$WORK/cpu-z4"
+    for s in hpz full; do
+        expect "cuda, 4 NCCL ranks: $s, nodes of 2, $Z" 0 env FTK_EMU_GPUS=4 FTK_SIM_NODE_RANKS=2 $TO $MPI -np 4 $T \
+            --strategy $s $Z -o "$WORK/cu-$s-4" --device cuda
+    done
+    close_losses "hpz 2x2: the NCCL run follows the MPI run" "$WORK/cu-hpz-4" "$WORK/cpu-z4" 3e-2 $STEPS
+    close_losses "hpz 2x2 over NCCL: the losses of full over NCCL" "$WORK/cu-hpz-4" "$WORK/cu-full-4" 0 $STEPS
 fi
 finish
