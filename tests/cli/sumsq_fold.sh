@@ -10,8 +10,8 @@
 #
 # sumsq_fold.sh BIN WORK emulated: BIN is build/tests/emu/bin (the CUDA backend and NCCL
 # on the host, two emulated GPUs): grad-op bf16-mixed and full bf16-true with --device
-# cuda, every fused op (the CUDA default) against every one but add_sumsq. Slow (~1.5 min
-# a run on 2 cores): the slow set.
+# cuda, every fused op (the CUDA default) against every one but add_sumsq. Slow (about
+# 30 s of CPU a run, 4 runs): the slow set.
 set -u
 BIN=$1 WORK=$2 EMU=${3:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
