@@ -31,8 +31,9 @@ else
 fi
 demo_pack "$WORK/demo.h5" 128 >/dev/null 2>&1 || { notok "ftk-pack"; finish; exit 1; }
 demo_init "$WORK/init.h5" tiny 1 || { notok "ftk-init"; finish; exit 1; }
+# --clip 0.5, below the norms (~1): the clipping factor, and so every weight, depends on the norm's bits
 T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 4 --micro-batch 1 --lr 2e-3 --warmup 2
-   --eval-every 0 --steps 4 $DEV"
+   --eval-every 0 --steps 4 --clip 0.5 $DEV"
 
 steps() { grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, "grad_norm": [^,]*' "$1/metrics.jsonl"; }
 # calls OP PROFILE: the calls of OP in the profile's table by op (0 when absent)
