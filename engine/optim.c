@@ -13,7 +13,6 @@ struct optim {
     int stochastic;
     double *d_sq;         /* Σg² of each unit's owned gradient, a slot each, on the device */
     double *h_sq;         /* the slots downloaded */
-    int n_units;
     bk_adamw_seg_t *segs; /* adamw_multi's table: every owned tensor slice */
     int n_segs;
 };
@@ -30,7 +29,6 @@ optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
     o->stochastic = stochastic;
     int n_units, n_tensors = 0;
     const ckpt_unit_t *units = shard_units(sh, &n_units);
-    o->n_units = n_units;
     if (!(o->d_sq = bk_alloc(be, (size_t)n_units * sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulators"))) {
         optim_free(o);
         return NULL;

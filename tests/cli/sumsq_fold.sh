@@ -9,9 +9,9 @@
 # all-reduce writes the gradient after the add).
 #
 # sumsq_fold.sh BIN WORK emulated: BIN is build/tests/emu/bin (the CUDA backend and NCCL
-# on the host, two emulated GPUs): grad-op bf16-mixed and full bf16-true with --device
-# cuda, every fused op (the CUDA default) against every one but add_sumsq. Slow (about
-# 30 s of CPU a run, 4 runs): the slow set.
+# on the host, two emulated GPUs): grad-op bf16-mixed, and full bf16-true on stories260K's
+# shape (tied embeddings), with --device cuda, every fused op (the CUDA default) against
+# every one but add_sumsq. Slow (30 s to minutes of CPU a run, 4 runs): the slow set.
 set -u
 BIN=$1 WORK=$2 EMU=${3:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,8 +31,11 @@ else
 fi
 demo_pack "$WORK/demo.h5" 128 >/dev/null 2>&1 || { notok "ftk-pack"; finish; exit 1; }
 demo_init "$WORK/init.h5" tiny 1 || { notok "ftk-init"; finish; exit 1; }
+if [ "$EMU" = emulated ]; then # tied embeddings (unit 0's gradient from the head and the embedding)
+    demo_init "$WORK/tied.h5" stories260k 1 || { notok "ftk-init"; finish; exit 1; }
+fi
 # --clip 0.5, below the norms (~1): the clipping factor, and so every weight, depends on the norm's bits
-T="$BIN/ftk-train -q -m $WORK/init.h5 -d $WORK/demo.h5 --global-batch 4 --micro-batch 1 --lr 2e-3 --warmup 2
+T="$BIN/ftk-train -q -d $WORK/demo.h5 --global-batch 4 --micro-batch 1 --lr 2e-3 --warmup 2
    --eval-every 0 --steps 4 --clip 0.5 $DEV"
 
 steps() { grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, "grad_norm": [^,]*' "$1/metrics.jsonl"; }
@@ -40,12 +43,14 @@ steps() { grep -o '"step": [0-9]*, "loss": [^,]*, "lr": [^,]*, "grad_norm": [^,]
 calls() { awk -F' *[|] *' -v op="$1" '$2 == op && !n { n = $3 } END { print n + 0 }' "$2"; }
 
 # pair RUN FOLDED NP ARGS...: the run without and with the fold; FOLDED 1 where the fold runs
+# (the model: $M; the tiny preset unless set to the tied one)
+M=$WORK/init.h5
 pair() {
     run=$1 folded=$2 np=$3
     shift 3
     a=$WORK/$run.off b=$WORK/$run.on
-    expect "$run: FTK_FUSED=$OFF" 0 env FTK_FUSED=$OFF FTK_PROFILE="$a.md" $TO $MPI -np "$np" $T "$@" -o "$a"
-    expect "$run: FTK_FUSED=${ON:-(all)}" 0 env FTK_FUSED=$ON FTK_PROFILE="$b.md" $TO $MPI -np "$np" $T "$@" -o "$b"
+    expect "$run: FTK_FUSED=$OFF" 0 env FTK_FUSED=$OFF FTK_PROFILE="$a.md" $TO $MPI -np "$np" $T -m "$M" "$@" -o "$a"
+    expect "$run: FTK_FUSED=${ON:-(all)}" 0 env FTK_FUSED=$ON FTK_PROFILE="$b.md" $TO $MPI -np "$np" $T -m "$M" "$@" -o "$b"
     steps "$a" >"$a.steps"
     steps "$b" >"$b.steps"
     if [ "$(wc -l <"$a.steps")" -eq 4 ] && cmp -s "$a.steps" "$b.steps"; then
@@ -68,7 +73,8 @@ pair() {
 
 if [ "$EMU" = emulated ]; then
     pair grad-op-bf16-mixed 1 2 --strategy grad-op --precision bf16-mixed
-    pair full-bf16-true 1 2 --strategy full --precision bf16-true
+    M=$WORK/tied.h5
+    pair full-bf16-true-tied 1 2 --strategy full --precision bf16-true
 else
     pair full-fp32 1 2 --strategy full --precision fp32
     pair grad-op-bf16-true 1 2 --strategy grad-op --precision bf16-true
