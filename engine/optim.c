@@ -11,7 +11,8 @@ struct optim {
     backend_t *be;
     shard_t *sh;
     int stochastic;
-    double *d_sq;         /* Σg² of the owned gradients, accumulated on the device */
+    double *d_sq;         /* Σg² of each unit's owned gradient, a slot each, on the device */
+    double *h_sq;         /* the slots downloaded */
     bk_adamw_seg_t *segs; /* adamw_multi's table: every owned tensor slice */
     int n_segs;
 };
@@ -26,19 +27,21 @@ optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
     o->be = be;
     o->sh = sh;
     o->stochastic = stochastic;
-    if (!(o->d_sq = bk_alloc(be, sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulator"))) {
+    int n_units, n_tensors = 0;
+    const ckpt_unit_t *units = shard_units(sh, &n_units);
+    if (!(o->d_sq = bk_alloc(be, (size_t)n_units * sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulators"))) {
         optim_free(o);
         return NULL;
     }
-    int n_units, n_tensors = 0;
-    const ckpt_unit_t *units = shard_units(sh, &n_units);
     for (int u = 0; u < n_units; u++)
         n_tensors += units[u].n_tensors;
-    if (!(o->segs = calloc((size_t)n_tensors, sizeof *o->segs))) {
+    if (!(o->segs = calloc((size_t)n_tensors, sizeof *o->segs)) ||
+        !(o->h_sq = calloc((size_t)n_units, sizeof *o->h_sq))) {
         ftk_err_set("out of memory");
         optim_free(o);
         return NULL;
     }
+    shard_set_sumsq(sh, o->d_sq); /* zero now (bk_alloc), and after each step's download */
     return o;
 }
 
@@ -47,6 +50,7 @@ void optim_free(optim_t *o)
     if (!o)
         return;
     bk_free(o->be, o->d_sq);
+    free(o->h_sq);
     free(o->segs);
     free(o);
 }
@@ -61,16 +65,24 @@ double optim_step(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
     dtype_t gdt = dt.grad, sdt = dt.state;
     shard_grads_complete(s);
     /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
-     * The units' Σg² add into one double on the device, in unit order, and come back in
-     * one download. The association is unchanged: ((0 + Σ_0) + Σ_1) + …, each Σ_u summed
-     * by sumsq in its fixed order, as the host summed the values sumsq returned. */
-    be->zero(be, o->d_sq, sizeof(double));
+     * Each unit's Σg² goes to a slot of its own, from the reduce-scatter's last add where
+     * the shard folded it there (units complete in the backward's order), else from sumsq
+     * here; the slots come back in one download and are added in unit order on the host.
+     * The association is that of one running sum: ((0 + Σ_0) + Σ_1) + …, each Σ_u summed
+     * in sumsq's fixed order (add_sumsq's too), so the norm's bits do not depend on where
+     * Σ_u was taken. */
     for (int u = 0; u < n; u++) {
         shard_slice_t sl = shard_owned(s, u);
-        be->sumsq(be, bk_buf(sl.g, gdt), sl.len, o->d_sq);
+        if (!shard_sumsq_folded(s, u))
+            be->sumsq(be, bk_buf(sl.g, gdt), sl.len, &o->d_sq[u]);
     }
-    double sq = NAN; /* stays NaN when a failed backend skips the download */
-    be->download(be, &sq, o->d_sq, sizeof sq);
+    for (int u = 0; u < n; u++)
+        o->h_sq[u] = NAN; /* stays NaN when a failed backend skips the download */
+    be->download(be, o->h_sq, o->d_sq, (size_t)n * sizeof(double));
+    be->zero(be, o->d_sq, (size_t)n * sizeof(double)); /* the next step's slots start at zero */
+    double sq = 0;
+    for (int u = 0; u < n; u++)
+        sq += o->h_sq[u];
     shard_sum_owned(s, &sq);
     double norm = sqrt(sq);
     float gscale = 1.0f;

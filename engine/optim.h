@@ -3,9 +3,10 @@
  * through the backend's adamw_multi or adamw, and the segment table that cuts the owned
  * slices into tensor slices (docs/design.md "The optimizer step").
  *
- * An optim_t holds the step's device accumulator (counted by the backend) and the table;
- * it uses the shard_t, not owns it. Functions return a pointer, or NULL with ftk_err_msg()
- * set.
+ * An optim_t holds the step's device accumulators of Σg², one per unit (counted by the
+ * backend; lent to the shard, which folds Σg² into its last reduce-scatter adds where it
+ * can: shard_set_sumsq), and the table; it uses the shard_t, not owns it. Functions return
+ * a pointer, or NULL with ftk_err_msg() set.
  */
 #ifndef FTK_OPTIM_H
 #define FTK_OPTIM_H

@@ -45,6 +45,8 @@ struct shard {
     pooled_t *pool;
     int n_pool, cap_pool;
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
+    double *sq;            /* shard_set_sumsq: a Σg² slot per unit (backend memory), or NULL */
+    int *folded;           /* sq[u] holds Σg[u]² of the gradient as it is (shard_sumsq_folded) */
     model_io_t io;
     comm_stats_t stats;
     hpz_t *hpz; /* hpz: the node groups' secondary copy (hpz.h); else NULL */
@@ -139,7 +141,15 @@ static void drop_unit(shard_t *s, int u)
     s->ag_state[u] = ABSENT;
 }
 
-/* Completes the oldest reduce-scatter in flight: its slice is added to the owned gradient. */
+/* Whether the add of the step's last reduce-scatter leaves the owned gradient final: not
+ * where hybrid's replicas all-reduce it afterwards (shard_grads_complete). */
+static int fold_ok(const shard_t *s)
+{
+    return s->sq && s->be->add_sumsq && !direct(s) && !(s->strat == STRAT_HYBRID && comm_size(s->cross) > 1);
+}
+
+/* Completes the oldest reduce-scatter in flight: its slice is added to the owned gradient
+ * (on the step's last pass, with Σg² of the sum where it can be folded). */
 static void rs_finish_oldest(shard_t *s)
 {
     int u = s->rs_fifo[0];
@@ -148,7 +158,13 @@ static void rs_finish_oldest(shard_t *s)
     s->rs_n--;
     if (!s->reserving) {
         comm_wait(s->group, &s->rs[u]);
-        s->be->add(s->be, bk_buf(s->g[u], s->dt.grad), bk_buf(s->rsbuf[u], s->dt.grad), s->len[u]);
+        bk_buf_t g = bk_buf(s->g[u], s->dt.grad), part = bk_buf(s->rsbuf[u], s->dt.grad);
+        if (s->last_pass && fold_ok(s)) {
+            s->be->add_sumsq(s->be, g, part, s->len[u], &s->sq[u]);
+            s->folded[u] = 1;
+        } else {
+            s->be->add(s->be, g, part, s->len[u]);
+        }
     }
     pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
     pool_put(s, s->rsbuf[u], gbytes(s, s->len[u]), BK_MEM_GRADS);
@@ -247,6 +263,8 @@ void shard_pass_begin(shard_t *s, int backward, int last)
     s->last_pass = last;
     if (s->hpz)
         hpz_pass(s->hpz, backward);
+    if (backward) /* the gradients change: what was folded no longer holds */
+        memset(s->folded, 0, (size_t)s->n_units * sizeof *s->folded);
 }
 
 void shard_pass_end(shard_t *s)
@@ -384,7 +402,8 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->rs = calloc((size_t)n, sizeof *s->rs);
     s->ar = calloc((size_t)n, sizeof *s->ar);
     s->sched = calloc((size_t)(2 * n + 2), sizeof *s->sched);
-    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched)
+    s->folded = calloc((size_t)n, sizeof *s->folded);
+    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched || !s->folded)
         goto oom;
     for (int u = 0; u < n; u++) {
         int64_t part = s->units[u].padded / s->S;
@@ -439,6 +458,7 @@ void shard_free(shard_t *s)
     free(s->rs);
     free(s->ar);
     free(s->sched);
+    free(s->folded);
     free(s->units);
     hpz_free(s->hpz);
     if (s->group != s->world)
@@ -781,6 +801,9 @@ void shard_grads_complete(shard_t *s)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
 }
 
+void shard_set_sumsq(shard_t *s, double *sq) { s->sq = sq; }
+int shard_sumsq_folded(const shard_t *s, int u) { return s->folded[u]; }
+
 void shard_sum_owned(shard_t *s, double *v)
 {
     if (sharded(s))
@@ -789,7 +812,9 @@ void shard_sum_owned(shard_t *s, double *v)
 
 void shard_step_done(shard_t *s)
 {
-    for (int u = 0; u < s->n_units; u++)
+    for (int u = 0; u < s->n_units; u++) {
         s->be->zero(s->be, s->g[u], gbytes(s, s->len[u]));
+        s->folded[u] = 0;
+    }
     refresh_working_copy(s);
 }

@@ -131,6 +131,17 @@ void shard_pass_end(shard_t *s);
  * shard_drop). After the step's last pass: completes the gradient all-reduces (hybrid's
  * across replicas, none's across every rank), so that the owned gradients are the step's. */
 void shard_grads_complete(shard_t *s);
+/* Σg² of each owned gradient taken by the pass that completes it, instead of a pass of its
+ * own (docs/gpu.md "Σg² folded into the reduce-scatter's add"). sq: n_units doubles in
+ * the backend's memory, zero at each step's start (the caller keeps it so; shard_set_sumsq
+ * keeps the pointer, not ownership). Where the backend has add_sumsq and the step's last
+ * pass ends with the add of a reduce-scatter's slice into the owned gradient — full,
+ * grad-op and hybrid of one replica with two or more ranks a group — that add also adds
+ * Σg[u]² into sq[u], and shard_sumsq_folded(s, u) is 1 until the next training pass or
+ * shard_step_done. Elsewhere (none, one shard, hybrid's cross-group all-reduce, which
+ * writes g after that add) it is 0 and the caller takes Σg² itself. NULL: never folded. */
+void shard_set_sumsq(shard_t *s, double *sq);
+int shard_sumsq_folded(const shard_t *s, int u);
 /* *v (this rank's share of a sum over the owned slices) summed over the shard group, so
  * that every rank holds the sum over whole units; under none nothing to do. Collective. */
 void shard_sum_owned(shard_t *s, double *v);

@@ -270,9 +270,12 @@ static void fused_clear(backend_t *be, int k)
     case 4:
         be->adamw_multi = NULL;
         break;
+    case 5:
+        be->add_sumsq = NULL;
+        break;
     }
 }
-static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm", "adamw_multi"};
+static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm", "adamw_multi", "add_sumsq"};
 enum { N_FUSED = sizeof fused_names / sizeof *fused_names };
 
 int bk_fused_select(backend_t *be, int default_all)

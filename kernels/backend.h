@@ -78,7 +78,7 @@
  * FTK_FUSED, read when an instance is made (bk_fused_select), picks which of them an
  * instance offers, so each fused kernel stays switchable against the simple ops it
  * replaces: "all", "none", or a comma list of rope_qk, qkv_rope, glu (glu_fwd and
- * glu_bwd), add_rmsnorm, adamw_multi (the names of the ops below); unset or empty: the
+ * glu_bwd), add_rmsnorm, adamw_multi, add_sumsq (the names of the ops below); unset or empty: the
  * backend's default, every fused op on CUDA and none on the CPU (the reference runs the sequence, so its numbers stay those of the
  * plain ops; the CPU implements every fused op all the same, so FTK_FUSED=all runs the
  * model's fused path there). An unknown name fails the creation. The planning backend
@@ -368,6 +368,13 @@ struct backend {
      * "adamw_multi"; NULL: the optimizer calls adamw per tensor slice. */
     void (*adamw_multi)(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt,
                         const bk_adamw_t *h);
+
+    /* y += x, then Σy² of the sums as stored added to *acc, in one pass (FTK_FUSED name
+     * "add_sumsq"): = add(be, y, x, n); sumsq(be, y, n, acc), with the same bits in y and
+     * in *acc (sumsq's fixed order: the sum of y is that of sumsq on the result). y and x
+     * of the dtypes sumsq and add take. The sharding engine takes Σg² here from the add
+     * that completes an owned gradient (engine/shard.c) instead of a pass of its own. */
+    void (*add_sumsq)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc);
 };
 
 /* ---- every backend (kernels/backend.c) ---- */

@@ -378,13 +378,21 @@ static void pf_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs
     pf_end(be, t);
 }
 
+static void pf_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
+{
+    pf_tok_t t = pf_begin(be, 0, (double)n * (2 * sz(y) + sz(x)), "add_sumsq %s += %s", dn(y.dt), dn(x.dt));
+    CALL(add_sumsq, y, x, n, acc);
+    pf_end(be, t);
+}
+
 /* ---- attach, reset, write, free --------------------------------------------------------- */
 
 /* The entries bk_prof_attach wraps and bk_prof_free gives back. */
 #define PF_ENTRIES(X)                                                                                                \
     X(sync) X(upload) X(download) X(zero) X(copy) X(convert) X(matmul) X(embed_fwd) X(embed_bwd) X(rows_scatter)     \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope) X(attn_fwd) X(attn_bwd) X(attn_cached) X(swiglu_fwd) X(swiglu_bwd) X(xent) \
-    X(add) X(scale) X(sumsq) X(adamw) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope) X(add_rmsnorm_fwd) X(adamw_multi)
+    X(add) X(scale) X(sumsq) X(adamw) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope) X(add_rmsnorm_fwd) X(adamw_multi) \
+    X(add_sumsq)
 
 int bk_prof_attach(backend_t *be)
 {

@@ -783,6 +783,45 @@ static void cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     *acc += total;
 }
 
+/* add then sumsq on the sums as stored, block by block while each block is in the cache:
+ * each element's sum is add's, and the blocks and their sums are sumsq's, so the bits are
+ * those of the sequence (off by default like every fused op on the CPU). */
+static void cpu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
+{
+    bk_buf_t b[2] = {y, x};
+    if (check_dt(be, "add_sumsq", 2, b) < 0)
+        return;
+    int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
+    if (!part)
+        abort();
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < nb; k++) {
+        int64_t e = (k + 1) * SUMSQ_BLOCK < n ? (k + 1) * SUMSQ_BLOCK : n;
+        double s = 0;
+        if (y.dt == DT_F32 && x.dt == DT_F32) {
+            float *yp = y.p;
+            const float *xp = x.p;
+            for (int64_t i = k * SUMSQ_BLOCK; i < e; i++) {
+                yp[i] += xp[i];
+                s += (double)yp[i] * yp[i];
+            }
+        } else {
+            for (int64_t i = k * SUMSQ_BLOCK; i < e; i++) {
+                st(y, i, ld(y, i) + ld(x, i));
+                double v = ld(y, i);
+                s += v * v;
+            }
+        }
+        part[k] = s;
+    }
+    double total = 0;
+    for (int64_t k = 0; k < nb; k++)
+        total += part[k];
+    free(part);
+    *acc += total;
+}
+
 /* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call. */
 static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h, int w)
 {
@@ -1010,6 +1049,7 @@ backend_t *backend_cpu_new(void)
     be->qkv_rope = cpu_qkv_rope;
     be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
     be->adamw_multi = cpu_adamw_multi;
+    be->add_sumsq = cpu_add_sumsq;
     if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
         backend_free(be);
         return NULL;

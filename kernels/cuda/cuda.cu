@@ -222,6 +222,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->qkv_rope = cu_qkv_rope;
     be->add_rmsnorm_fwd = cu_add_rmsnorm_fwd;
     be->adamw_multi = cu_adamw_multi;
+    be->add_sumsq = cu_add_sumsq;
 
     char m[256];
     if ((e = cudaStreamCreateWithFlags(&c->def, cudaStreamNonBlocking)) != cudaSuccess ||

@@ -1,6 +1,6 @@
-/* vectors.cu — the CUDA backend's vector ops: add, scale, Σx² (sumsq), and the optimizer
- * (AdamW, one tensor a launch or every segment in one); add_parts, the fixed-tree sum of
- * partial sums that sumsq and xent share. */
+/* vectors.cu — the CUDA backend's vector ops: add, scale, Σx² (sumsq), the add that also
+ * takes Σy² (add_sumsq), and the optimizer (AdamW, one tensor a launch or every segment in
+ * one); add_parts, the fixed-tree sum of partial sums that sumsq, add_sumsq and xent share. */
 #include "cuda_internal.cuh"
 
 /* ---- sums, add, scale ------------------------------------------------------------------ */
@@ -85,6 +85,42 @@ template <int K, typename T> __global__ void sumsq_part_kernel(double *part, con
                 v[k] = ld(x, i + k);
         for (int k = 0; k < k1; k++)
             s += (double)v[k] * (double)v[k];
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = s;
+}
+
+/* y += x, and Σy² of the sums as stored, in sumsq_part_kernel's blocks and order: thread t
+ * of a block takes the same elements in the same order as there, so with the K that sumsq
+ * would take on y (vec_ok of y) the partial sums are sumsq's bit for bit; each sum is
+ * add_at's (one fp32 add, rounded once as stored). A square of a widened float is exact in
+ * double, so a contracted multiply-add gives the bits of a multiply then an add. */
+template <int K, typename TY, typename TX>
+__global__ void add_sumsq_part_kernel(double *part, TY *y, const TX *x, int64_t n)
+{
+    __shared__ double sh[32];
+    int64_t a = (int64_t)blockIdx.x * SUMSQ_BLOCK, b = a + SUMSQ_BLOCK < n ? a + SUMSQ_BLOCK : n;
+    double s = 0;
+    for (int64_t i = a + K * threadIdx.x; i < b; i += K * blockDim.x) {
+        float v[K], w[K];
+        int k1 = i + K <= b ? K : (int)(b - i);
+        if (k1 == K) {
+            ldk<K>(y, i, v);
+            ldk<K>(x, i, w);
+            for (int k = 0; k < K; k++)
+                v[k] = v[k] + w[k];
+            stk<K>(y, i, v);
+        } else {
+            for (int k = 0; k < k1; k++) {
+                v[k] = ld(y, i + k) + ld(x, i + k);
+                st(y, i + k, v[k]);
+            }
+        }
+        for (int k = 0; k < k1; k++) {
+            double q = as_stored(y, v[k]);
+            s += q * q;
+        }
     }
     s = block_sum(s, sh);
     if (threadIdx.x == 0)
@@ -260,6 +296,36 @@ void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     });
     launched(c, "sumsq");
     add_parts(c, acc, part, nb, "sumsq sum");
+}
+
+void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
+{
+    cuda_t *c = enter(be);
+    if (n == 0 || failed(c) || !dt_ok(c, "add_sumsq", y.dt) || !dt_ok(c, "add_sumsq", x.dt))
+        return;
+    /* sumsq's bits follow y's alignment alone; an x that cannot take y's 16-byte path (a
+     * view at an odd offset) runs the two ops */
+    int vy = vec_ok(c, {y.p});
+    if (vy && !vec_ok(c, {x.p})) {
+        cu_add(be, y, x, n);
+        cu_sumsq(be, y, n, acc);
+        return;
+    }
+    int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    scratch_claim(c);
+    double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    if (!part)
+        return;
+    on_dt(y.dt, [&](auto ty) {
+        on_dt(x.dt, [&](auto tx) {
+            on_vec(vy, [&](auto K) {
+                add_sumsq_part_kernel<decltype(K)::value>
+                    <<<(unsigned)nb, 256, 0, c->cur>>>(part, AS(ty, y), AS(tx, x), n);
+            });
+        });
+    });
+    launched(c, "add_sumsq");
+    add_parts(c, acc, part, nb, "add_sumsq sum");
 }
 
 static adamw_args_t adamw_args_of(const bk_adamw_t *h)

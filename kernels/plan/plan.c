@@ -142,6 +142,11 @@ static void plan_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_se
     (void)be, (void)segs, (void)n_segs, (void)sdt, (void)gdt, (void)h;
 }
 
+static void plan_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
+{
+    (void)be, (void)y, (void)x, (void)n, (void)acc;
+}
+
 static void plan_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_plan_new(const char *device)
@@ -191,6 +196,7 @@ backend_t *backend_plan_new(const char *device)
     be->qkv_rope = plan_qkv_rope;
     be->add_rmsnorm_fwd = plan_add_rmsnorm_fwd;
     be->adamw_multi = plan_adamw_multi;
+    be->add_sumsq = plan_add_sumsq;
     /* What the planned device's backend allocates when it starts, and the fused ops it
      * offers. */
     if (!bk_alloc(be, cuda ? BK_CUDA_WORKSPACE_BYTES : BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE,

@@ -220,6 +220,18 @@ static void op_sumsq_units(void *c)
         s->be->sumsq(s->be, bk_at(s->a, a), b - a, acc);
     }
 }
+/* The owned gradient's last add with its Σg² (add_sumsq), and the two passes it replaces */
+static void op_add_sumsq(void *c)
+{
+    set_t *s = c;
+    s->be->add_sumsq(s->be, s->b, s->a, nf, acc);
+}
+static void op_add_then_sumsq(void *c)
+{
+    set_t *s = c;
+    s->be->add(s->be, s->b, s->a, nf);
+    s->be->sumsq(s->be, s->b, nf, acc);
+}
 static void op_xent(void *c)
 {
     set_t *s = c;
@@ -436,6 +448,11 @@ int main(void)
     if (G->adamw_multi)
         rows_bw("adamw_multi (9 tensors, nearest)", op_adamw_multi, 7.0 * nf);
     rows_bw("sumsq of 34 units", op_sumsq_units, 1.0 * nf); /* a step's Σg² */
+    /* Σg² folded into the reduce-scatter's add (FTK_FUSED add_sumsq), and the add and the
+     * sumsq pass it replaces: both rows count the 3 elements the add must move */
+    if (G->add_sumsq)
+        rows_bw("add_sumsq (fused)", op_add_sumsq, 3.0 * nf);
+    rows_bw("add, then sumsq of the sum", op_add_then_sumsq, 3.0 * nf);
     const ops_perf_t *adamw = &OPS_DESC(OP_ADAMW)->perf[0];
     S[1].h.stochastic = 1;
     row_bw("adamw (stochastic) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));

@@ -332,15 +332,17 @@ static void test_rope_qk(void)
 /* ---- the other fused ops ---------------------------------------------------------------- */
 
 /* Every case of ops_fused_table (tests/ops) in f32 and bf16: the CUDA fused op against the
- * CPU's sequence of plain ops, with the bounds of the ops it fuses (copies and the residual
- * add exact: 0; glu: swiglu's 1e-6; rope and RMSNorm 1e-5 (rstd exactly as rmsnorm_fwd's
- * 1e-5); plus a bf16 ulp, 2u, for a bf16 output), and against the sequence on the GPU
- * itself, which runs the same arithmetic (the same expressions, rope's table and sincospi,
- * RMSNorm's reduction order): the same bits. */
+ * CPU's sequence of plain ops, with the bounds of the ops it fuses (copies and the adds
+ * exact: 0, add_sumsq's sum sumsq's 1e-12; glu: swiglu's 1e-6; rope and RMSNorm 1e-5
+ * (rstd exactly as rmsnorm_fwd's 1e-5); plus a bf16 ulp, 2u, for a bf16 output), and
+ * against the sequence on the GPU itself, which runs the same arithmetic (the same
+ * expressions, rope's table and sincospi, RMSNorm's and Σx²'s reduction order): the same
+ * bits. */
 static double fused_bound(const ops_fcase_t *c, const ops_out_t *o)
 {
     double b;
-    if (!strcmp(o->name, "xsum") || !strcmp(o->name, "dqkv[v]") || !strcmp(o->name, "v"))
+    if (!strcmp(o->name, "xsum") || !strcmp(o->name, "dqkv[v]") || !strcmp(o->name, "v") ||
+        c->op == FU_ADD_SUMSQ)
         return 0;
     b = c->op == FU_GLU_FWD || c->op == FU_GLU_BWD ? 1e-6 : 1e-5;
     return b + (o->dt == DT_BF16 ? 2 * U_BF16 : 0);
@@ -383,6 +385,20 @@ static void test_fused(void)
                     notbits++;
                     printf("FAIL %s %s: %s: %lld elements differ from the GPU's own sequence\n", name, dtype_name(dt),
                            rc.out[o].name, (long long)s2.differ);
+                }
+            }
+            if (rc.has_scalar) { /* add_sumsq's Σy²: sumsq's bound against the CPU, its bits on the GPU */
+                double e = fabs(rg.scalar - rc.scalar) / fabs(rc.scalar);
+                worst = e > worst ? e : worst;
+                if (!(e <= 1e-12)) {
+                    bad++;
+                    printf("FAIL %s %s: the sum %.17g, the CPU's sequence %.17g\n", name, dtype_name(dt), rg.scalar,
+                           rc.scalar);
+                }
+                if (memcmp(&rg.scalar, &rgs.scalar, sizeof rg.scalar)) {
+                    notbits++;
+                    printf("FAIL %s %s: the sum %.17g, the GPU's own sequence %.17g\n", name, dtype_name(dt),
+                           rg.scalar, rgs.scalar);
                 }
             }
             ops_result_free(&rc), ops_result_free(&rg), ops_result_free(&rgs);

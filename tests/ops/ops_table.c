@@ -249,7 +249,8 @@ void ops_result_free(ops_result_t *r)
 
 /* ---- fused ops against their sequences ---------------------------------------------------- */
 
-const char *const ops_fop_names[FU_COUNT] = {"rope_qk", "qkv_rope", "glu_fwd", "glu_bwd", "add_rmsnorm_fwd"};
+const char *const ops_fop_names[FU_COUNT] = {"rope_qk", "qkv_rope", "glu_fwd", "glu_bwd", "add_rmsnorm_fwd",
+                                               "add_sumsq"};
 
 #define FQK(o, n_, h, kv, d_, th, inv, ps) \
     {.op = o, .n = n_, .n_head = h, .n_kv = kv, .hd = d_, .theta = th, .inverse = inv, .pos_step = ps}
@@ -292,6 +293,14 @@ const ops_fcase_t ops_fused_table[] = {
     {.op = FU_ADD_RMSNORM, .n = 7, .d = 1000, .alias = 2},
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 1000, .offset = 1, .alias = 2},
     {.op = FU_ADD_RMSNORM, .n = 5, .d = 4096, .offset = 4, .alias = 1},
+    /* add_sumsq: sumsq's blocks of 65536 and a ragged end; x misaligned against y (CUDA:
+     * the sequence where y could take 16-byte accesses and x not), and both */
+    {.op = FU_ADD_SUMSQ, .n = 1000},
+    {.op = FU_ADD_SUMSQ, .n = 1},
+    {.op = FU_ADD_SUMSQ, .n = 2 * 65536 + 17},
+    {.op = FU_ADD_SUMSQ, .n = 4097, .offset = 1},
+    {.op = FU_ADD_SUMSQ, .n = 4097, .offset = 4},
+    {.op = FU_ADD_SUMSQ, .n = 70001, .offset = 3, .alias = 1},
 };
 const int ops_fused_len = (int)(sizeof ops_fused_table / sizeof *ops_fused_table);
 
@@ -301,6 +310,9 @@ void ops_fcase_name(const ops_fcase_t *c, char *out, size_t size)
     if (c->op == FU_ROPE_QK || c->op == FU_QKV_ROPE)
         snprintf(out, size, "%s n=%lld H=%d KV=%d hd=%d theta=%g pos*%d%s", op, (long long)c->n, c->n_head, c->n_kv,
                  c->hd, c->theta, c->pos_step ? c->pos_step : 1, c->inverse ? " inverse" : "");
+    else if (c->op == FU_ADD_SUMSQ)
+        snprintf(out, size, "%s n=%lld%s%.0lld", op, (long long)c->n,
+                 !c->offset ? "" : c->alias ? " y,x at +" : " x at +", (long long)c->offset);
     else
         snprintf(out, size, "%s n=%lld %s=%lld%s%.0lld%s", op, (long long)c->n, c->op == FU_ADD_RMSNORM ? "d" : "F",
                  (long long)c->d, c->offset ? " x,r at +" : "", (long long)c->offset,
@@ -319,6 +331,8 @@ int ops_fused_has(const backend_t *be, const ops_fcase_t *c)
         return be->glu_fwd != NULL && be->glu_bwd != NULL;
     case FU_ADD_RMSNORM:
         return be->add_rmsnorm_fwd != NULL;
+    case FU_ADD_SUMSQ:
+        return be->add_sumsq != NULL;
     default:
         return 0;
     }
@@ -531,6 +545,24 @@ int ops_fused_run(backend_t *be, const ops_fcase_t *c, dtype_t dt, int fused, ui
         add_out(r, "xsum", be, xs, nd2);
         add_out(r, "out", be, out, nd2);
         add_out(r, "rstd", be, bk_buf(rstd, DT_F32), n);
+        break;
+    }
+    case FU_ADD_SUMSQ: {
+        int64_t o = c->offset, oy = c->alias ? o : 0;
+        float *hy = host[nh++] = ops_rand(&rng, n + oy, 2, 0), *hx = host[nh++] = ops_rand(&rng, n + o, 2, 0);
+        bk_buf_t y = ops_put(be, dt, hy, n + oy), x = ops_put(be, dt, hx, n + o);
+        double *acc = ops_put_raw(be, &(double){0.5}, sizeof(double)); /* it adds */
+        dev[nd++] = y.p, dev[nd++] = x.p, dev[nd++] = acc;
+        y = bk_at(y, oy), x = bk_at(x, o);
+        if (fused) {
+            be->add_sumsq(be, y, x, n, acc);
+        } else {
+            be->add(be, y, x, n);
+            be->sumsq(be, y, n, acc);
+        }
+        add_out(r, "y", be, y, n);
+        be->download(be, &r->scalar, acc, sizeof(double));
+        r->has_scalar = 1;
         break;
     }
     default:

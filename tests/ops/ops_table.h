@@ -137,8 +137,9 @@ void ops_result_free(ops_result_t *r);
  * CPU's sequence and with its own device's (tests/gpu/gpu_ops.c). Shapes as above: token
  * counts not a multiple of 4 and one-token batches, head dims 64/80/96/128 with grouped
  * queries, ragged widths (F = 1000, 250, 1; d = 1000, 100), Llama's (F = 11008; d = 4096,
- * 5120), inputs misaligned against the outputs. */
-typedef enum { FU_ROPE_QK, FU_QKV_ROPE, FU_GLU_FWD, FU_GLU_BWD, FU_ADD_RMSNORM, FU_COUNT } ops_fop_t;
+ * 5120), inputs misaligned against the outputs. add_sumsq's result has its scalar (the
+ * accumulator, from a non-zero start) beside y. */
+typedef enum { FU_ROPE_QK, FU_QKV_ROPE, FU_GLU_FWD, FU_GLU_BWD, FU_ADD_RMSNORM, FU_ADD_SUMSQ, FU_COUNT } ops_fop_t;
 extern const char *const ops_fop_names[FU_COUNT];
 typedef struct {
     ops_fop_t op;
@@ -147,8 +148,10 @@ typedef struct {
     float theta;
     int inverse;
     int32_t pos_step;     /* pos[i] = (i * pos_step) % 4096 (0: i) */
-    int64_t offset;       /* add_rmsnorm: x and r views this many elements into their allocations */
-    int alias;            /* add_rmsnorm: xsum is 1 x, 2 r (fused and sequence alike) */
+    int64_t offset;       /* add_rmsnorm: x and r views this many elements into their allocations;
+                           * add_sumsq: x's (and y's where alias) */
+    int alias;            /* add_rmsnorm: xsum is 1 x, 2 r (fused and sequence alike); add_sumsq: 1 y
+                           * at offset too */
 } ops_fcase_t;
 extern const ops_fcase_t ops_fused_table[];
 extern const int ops_fused_len;

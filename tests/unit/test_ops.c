@@ -760,7 +760,7 @@ static void test_plan(void)
  * fused op): the same bits, every output written. */
 static void test_fused_ops(backend_t *be)
 {
-    CHECK(!be->rope_qk && !be->qkv_rope && !be->glu_fwd && !be->glu_bwd && !be->add_rmsnorm_fwd);
+    CHECK(!be->rope_qk && !be->qkv_rope && !be->glu_fwd && !be->glu_bwd && !be->add_rmsnorm_fwd && !be->add_sumsq);
     setenv("FTK_FUSED", "all", 1);
     backend_t *fb = backend_cpu_new();
     unsetenv("FTK_FUSED");
@@ -794,6 +794,11 @@ static void test_fused_ops(backend_t *be)
                             dtype_name(dt), rs.out[o].name, (long long)e.differ, (long long)e.nan);
                 }
             }
+            if (rs.has_scalar != rf.has_scalar || memcmp(&rs.scalar, &rf.scalar, sizeof rs.scalar)) {
+                differ++;
+                fprintf(stderr, "%s %s: the sum %.17g, the sequence's %.17g\n", name, dtype_name(dt), rf.scalar,
+                        rs.scalar);
+            }
             ops_result_free(&rs);
             ops_result_free(&rf);
         }
@@ -801,7 +806,8 @@ static void test_fused_ops(backend_t *be)
     CHECK(differ == 0 && missing == 0);
     CHECK(bk_mem(fb)->allocs == 1);
     backend_free(fb);
-    printf("fused ops (rope_qk, qkv_rope, glu_fwd/bwd, add_rmsnorm_fwd): %d runs (f32, bf16) against their sequences: "
+    printf("fused ops (rope_qk, qkv_rope, glu_fwd/bwd, add_rmsnorm_fwd, add_sumsq): %d runs (f32, bf16) against their "
+           "sequences: "
            "%d with outputs whose bits differ\n",
            runs, differ);
 }
