@@ -21,11 +21,12 @@
  *   hybrid   full inside groups of S ranks (--shard-group-size, or the ranks of a node);
  *            the groups are replicas: after the step's last micro-batch each gradient
  *            slice is all-reduced across groups. Replica 0 writes the checkpoint.
- * Collectives per micro-batch in full/hybrid: every block unit gathered twice (forward,
- * backward); the embedding once (its backward reads no parameters; a tied embedding is
- * held from the first block to the head, which reads it again); the head unit once (its
- * forward and backward run back to back); one reduce-scatter per unit. grad-op: one
- * gather per unit per step. The trainer reports what moved (comm.h accounting);
+ * Collectives per micro-batch in full/hybrid, counted in communication units (units.h:
+ * a block, or a group of consecutive blocks under --units group:M or size:BYTES): every
+ * block's unit gathered twice (forward, backward); the embedding once (its backward reads
+ * no parameters; a tied embedding is held from the first block to the head, which reads it
+ * again); the head unit once (its forward and backward run back to back); one
+ * reduce-scatter per unit. grad-op: one gather per unit per step. The trainer reports what moved (comm.h accounting);
  * tests/ref/dist_equivalence.py checks it against these counts.
  *
  * Overlap: when the model asks for a unit, the all-gather of the next unit in the pass's
@@ -59,6 +60,7 @@
 #include "model.h"
 #include "precision.h"
 #include "strategy.h"
+#include "units.h"
 
 
 typedef struct shard shard_t;
@@ -68,6 +70,14 @@ typedef struct shard shard_t;
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
                    precision_t prec);
 void shard_free(shard_t *s);
+/* The unit of communication (units.h; block until called): call after shard_new, before
+ * shard_reserve. It changes which collectives move the owned slices, never the slices, the
+ * shard map or any arithmetic. -1 when the policy does not fit the model (group:M with M
+ * above its blocks). Under none and with one shard nothing is communicated per unit and
+ * the policy changes nothing; hybrid's all-reduce across replicas stays per block. */
+int shard_set_units(shard_t *s, const units_policy_t *p);
+/* Communication units of a pass (units_map_t.n; the storage units where none is moved). */
+int shard_units_count(const shard_t *s);
 /* Fills the pool with every whole-unit buffer a training pass and an evaluation pass
  * take (call after shard_new, before the first pass; no communication). */
 int shard_reserve(shard_t *s);

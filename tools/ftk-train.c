@@ -57,6 +57,7 @@ static int allow_other_tokenizer;
 /* --recipe and its pieces (docs/litgpt.md) */
 static const char *recipe = "ftk", *warmup_style = "ftk", *loss_mean = "global";
 static const char *report_path;
+static const char *units_arg = "block";
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
@@ -86,6 +87,10 @@ static const opt_t options[] = {
     {"seed", 0, OPT_I64, &seed, "S", "seed of the data order", ".."},
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid", "how ranks share the model (FSDP names)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
+    {"units", 0, OPT_STR, &units_arg, "block|group:M|size:BYTES",
+     "the unit of communication: one block, M consecutive blocks, or consecutive blocks up to BYTES of "
+     "parameters (e.g. size:512MiB); larger units: fewer, larger collectives, more memory; same bits "
+     "(docs/communication.md)"},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
@@ -573,6 +578,8 @@ static int check_values(trainer_opts_t *o)
         return bad("--strategy %s: need full, grad-op, none or hybrid", strategy_arg);
     if (group_size && o->strategy != STRAT_HYBRID)
         return bad("--shard-group-size is for --strategy hybrid");
+    if (units_parse(units_arg, &o->units) < 0)
+        return bad("--units %s: %s", units_arg, ftk_err_msg());
     if (precision_parse(precision_arg, &o->precision) < 0)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
