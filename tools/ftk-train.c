@@ -699,6 +699,11 @@ static int run_plan(const trainer_opts_t *o)
                  (double)budget / 1e9);
     else if (pl.recompute != MODEL_RECOMPUTE_NONE)
         snprintf(rec, sizeof rec, ", --recompute %s", levels[pl.recompute]);
+    if (o->units.kind != CKPT_UNITS_BLOCK) { /* block: the header as before policies */
+        char un[32];
+        units_name(&o->units, un);
+        snprintf(rec + strlen(rec), sizeof rec - strlen(rec), ", --units %s", un);
+    }
     printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shard%s), precision %s, micro-batch %lld "
            "x %lld tokens%s, device %s\n",
            what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
