@@ -294,9 +294,13 @@ static void *io_grads(void *ctx, int u)
 static void io_grads_done(void *ctx, int u)
 {
     shard_t *s = ctx;
-    if (!sharded(s)) {
+    if (!sharded(s)) { /* a group's whole units lie side by side: one all-reduce when all are done */
+        int f = cu_first(s, u), n = cu_count(s, u);
+        if (n > 1 && ++s->gdone[f] < n)
+            return;
+        s->gdone[f] = 0;
         if (s->last_pass && !s->reserving)
-            comm_allreduce(s->world, s->g[u], s->units[u].padded, s->dt.grad, &s->ar[u]);
+            comm_allreduce(s->world, s->g[f], n * s->units[f].padded, s->dt.grad, &s->ar[f]);
         return;
     }
     if (direct(s)) /* one shard: the gradient is already in the owned slice */
@@ -513,8 +517,8 @@ void shard_free(shard_t *s)
         return;
     void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->stage, s->rsstage};
     for (int u = 0; s->cu.of && u < s->n_units; u++) /* a group's blocks point into its first's buffer */
-        if (u != cu_first(s, u) && s->full && s->gbuf)
-            s->full[u] = s->gbuf[u] = NULL;
+        if (u != cu_first(s, u) && s->full && s->gbuf && s->g)
+            s->full[u] = s->gbuf[u] = s->g[u] = NULL;
     for (int u = 0; u < s->n_units; u++) {
         if (s->ag && s->ag_state) {
             if (s->ag[u].active)
@@ -556,6 +560,23 @@ int shard_set_units(shard_t *s, const units_policy_t *p)
         return -1;
     units_map_free(&s->cu);
     s->cu = m;
+    /* A group's owned gradients side by side, so that an all-reduce (hybrid's across
+     * replicas, none's) moves the group in one collective. Freed before allocated: the
+     * peak does not move, and nothing is in them yet. */
+    for (int c = 0; c < m.n; c++) {
+        int f = m.first[c], n = m.count[c];
+        if (n == 1)
+            continue;
+        for (int k = 0; k < n; k++) {
+            bk_free(s->be, s->g[f + k]);
+            s->g[f + k] = NULL;
+        }
+        char *whole = bk_alloc(s->be, gbytes(s, n * s->len[f]), BK_MEM_GRADS, "gradients");
+        if (!whole)
+            return -1;
+        for (int k = 0; k < n; k++)
+            s->g[f + k] = whole + gbytes(s, k * s->len[f]);
+    }
     return 0;
 }
 
@@ -886,8 +907,9 @@ void shard_grads_complete(shard_t *s)
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
-        for (int u = 0; u < n; u++)
-            comm_allreduce(s->cross, s->g[u], s->len[u], s->dt.grad, &s->ar[u]);
+        for (int c = 0; c < s->cu.n; c++) /* per communication unit: a group's slices lie side by side */
+            comm_allreduce(s->cross, s->g[s->cu.first[c]], s->cu.count[c] * s->len[s->cu.first[c]], s->dt.grad,
+                           &s->ar[s->cu.first[c]]);
     for (int u = 0; u < n; u++)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
 }

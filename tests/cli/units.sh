@@ -2,12 +2,13 @@
 # ftk-train --units (engine/units.h): the unit of communication, on 2 MPI ranks with the demo's
 # shape (stories260K: 5 blocks, tied embedding), 3 steps of one micro-batch per rank:
 #  - block, group:2 and size:600KB (3 blocks of 181,760 bytes: 545,280 <= 600,000) under full,
-#    and block and group:2 under grad-op: every step's loss the same bits, and the same shard
-#    files (xxh3 in the manifests); with slow, 4 ranks in simulated nodes of 2 under hybrid,
+#    group:2 under grad-op (full's bits), block and group:2 under none: every step's loss the
+#    same bits, and the same shard files (xxh3 in the manifests); with slow, 4 ranks in simulated nodes of 2 under hybrid,
 #    block against group:2, the same;
 #  - the collectives per step are the policy's (metrics.jsonl "calls"): with U communication
 #    units of blocks, full gathers M·(2U + 2) times and reduce-scatters M·(U + 2) times a step
-#    (M micro-batches; shard.h "Collectives"), grad-op gathers U + 2 times;
+#    (M micro-batches; shard.h "Collectives"), grad-op gathers U + 2 times; none all-reduces
+#    U + 2 times (a group's gradients are one buffer), as hybrid does across its replicas;
 #  - the manifest records the policy ("units_policy", canonical: size in bytes);
 #  - a run stopped under group:2 (exit 75) resumes under block: the remaining losses and the
 #    last shards are the uninterrupted run's bits; a manifest without "units_policy" reads as
@@ -43,27 +44,32 @@ for l in open(f"{run}/metrics.jsonl"):
         continue
     M = s["micro_batches"]
     c = {x["kind"]: x["calls"] for x in s["collectives"] if x["level"] in ("world", "shard_group")}
-    ag = M * (2 * units + 2) if strategy != "grad-op" else units + 2
-    rs = M * (units + 2)
-    if (c["all_gather"], c["reduce_scatter"]) != (ag, rs):
-        bad.append(f"step {s['step']}: {c['all_gather']} all-gathers, {c['reduce_scatter']} reduce-scatters; want {ag}, {rs}")
-print("\n".join(bad) or f"     {M} micro-batches: {ag} all-gathers, {rs} reduce-scatters a step")
+    ar = sum(x["calls"] for x in s["collectives"] if x["kind"] == "all_reduce")
+    ag = M * (2 * units + 2) if strategy in ("full", "hybrid") else units + 2 if strategy == "grad-op" else 0
+    rs = M * (units + 2) if strategy != "none" else 0
+    ar_want = units + 2 if strategy in ("none", "hybrid") else 0
+    if (c["all_gather"], c["reduce_scatter"], ar) != (ag, rs, ar_want):
+        bad.append(f"step {s['step']}: {c['all_gather']} all-gathers, {c['reduce_scatter']} reduce-scatters, "
+                   f"{ar} all-reduces; want {ag}, {rs}, {ar_want}")
+print("\n".join(bad) or f"     {M} micro-batch(es): {ag} all-gathers, {rs} reduce-scatters, {ar_want} all-reduces a step")
 sys.exit(1 if bad else 0)
 EOF
 }
 policy() { sed -n 's/^  "units_policy": "\(.*\)",$/\1/p' "$1/manifest.json"; }
 
 # --- the same bits under every policy, the collectives the policy says ----------------------
-for c in "full block 5" "full group:2 3" "full size:600KB 2" "grad-op block 5" "grad-op group:2 3"; do
+# grad-op computes full's bits: its runs are compared with full's block
+for c in "full block 5 full" "full group:2 3 full" "full size:600KB 2 full" "grad-op group:2 3 full" \
+    "none block 5 none" "none group:2 3 none"; do
     set -- $c
     id=$1-$(echo "$2" | tr : -)
-    expect "$1 --units $2: 4 steps on 2 ranks" 0 $TO $MPI -np 2 $T --strategy "$1" --units "$2" -o "$WORK/$id"
+    expect "$1 --units $2: 3 steps on 2 ranks" 0 $TO $MPI -np 2 $T --strategy "$1" --units "$2" -o "$WORK/$id"
     check "$1 --units $2: $3 communication units of blocks a pass" calls "$WORK/$id" "$1" "$3"
     if [ "$2" != block ]; then
-        check "$1 --units $2: every loss the same bits as block" test -n "$(losses "$WORK/$id")" -a \
-            "$(losses "$WORK/$id")" = "$(losses "$WORK/$1-block")"
-        check "$1 --units $2: the same shard files as block" \
-            test "$(shards "$WORK/$id/step-00000003")" = "$(shards "$WORK/$1-block/step-00000003")"
+        check "$1 --units $2: every loss the same bits as $4 block" test -n "$(losses "$WORK/$id")" -a \
+            "$(losses "$WORK/$id")" = "$(losses "$WORK/$4-block")"
+        check "$1 --units $2: the same shard files as $4 block" \
+            test "$(shards "$WORK/$id/step-00000003")" = "$(shards "$WORK/$4-block/step-00000003")"
     fi
 done
 check "the manifest records the policy (block, group:2, size:600000)" test \
