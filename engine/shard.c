@@ -550,6 +550,8 @@ void shard_free(shard_t *s)
     if (s->group != s->world)
         comm_free(s->group);
     comm_free(s->cross);
+    if (s->world) /* the world outlives the shards (a failed build agrees over it): not into freed stats */
+        comm_set_stats(s->world, NULL);
     free(s);
 }
 
