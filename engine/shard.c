@@ -582,8 +582,6 @@ int shard_set_units(shard_t *s, const units_policy_t *p)
     return 0;
 }
 
-int shard_units_count(const shard_t *s) { return direct(s) ? s->n_units : s->cu.n; }
-
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)
 {
     *n_units = s->n_units;

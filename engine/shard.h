@@ -70,15 +70,13 @@ typedef struct shard shard_t;
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
                    precision_t prec);
 void shard_free(shard_t *s);
-/* The unit of communication (units.h; block until called): call after shard_new, before
+/* The unit of communication (units.h; block until called): call once, after shard_new, before
  * shard_reserve. It changes which collectives move the owned slices, never the slices, the
  * shard map or any arithmetic. -1 when the policy does not fit the model (group:M with M
  * above its blocks). A group's owned gradients are one allocation (its blocks' slices side
  * by side), so that the all-reduces — hybrid's across replicas, none's over whole units
  * (DDP's buckets) — also move a group in one collective. */
 int shard_set_units(shard_t *s, const units_policy_t *p);
-/* Communication units of a pass (units_map_t.n; the storage units where none is moved). */
-int shard_units_count(const shard_t *s);
 /* Fills the pool with every whole-unit buffer a training pass and an evaluation pass
  * take (call after shard_new, before the first pass; no communication). */
 int shard_reserve(shard_t *s);
