@@ -13,6 +13,7 @@
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "hpz.h"
+#include "units.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
 #define RS_IN_FLIGHT 2 /* reduce-scatters in flight at most (shard.h "Overlap") */
@@ -42,6 +43,12 @@ struct shard {
     int rs_fifo[RS_IN_FLIGHT], rs_n; /* units whose reduce-scatter is in flight, oldest first */
     /* the order in which the pass asks for parameters (prefetch) */
     int *sched, n_sched, pos, last_pass;
+    /* communication units (units.h): a group's gather and reduce-scatter live at its first
+     * storage unit's index (ag_state, ag, rs, rs_fifo); full and gbuf of its blocks point
+     * into one buffer of the group, held at the first's index */
+    units_map_t cu;
+    void **stage, **rsstage; /* a group's [rank][block][slice] buffers, in flight */
+    int *gdone;              /* a group's blocks whose gradient is done in this pass */
     pooled_t *pool;
     int n_pool, cap_pool;
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
@@ -109,10 +116,61 @@ static int direct(const shard_t *s) { return !sharded(s) || s->S == 1; }
 /* The owned slice the model's dtype reads: the working copy, or the weights themselves. */
 static void *readable(const shard_t *s, int u) { return s->w ? s->w[u] : s->p[u]; }
 
+static int cu_first(const shard_t *s, int u) { return s->cu.first[s->cu.of[u]]; }
+static int cu_count(const shard_t *s, int u) { return s->cu.count[s->cu.of[u]]; }
+
+/* Completes unit u's gather in flight (hpz keeps its node slice of a world gather). */
+static void gather_wait(shard_t *s, int u)
+{
+    comm_wait(s->group, &s->ag[u]);
+    if (s->hpz)
+        hpz_gathered(s->hpz, u, s->full[u]);
+}
+
+/* A group's gather: its blocks' owned slices side by side at this rank's place in the
+ * staging buffer, gathered in place; gather_finish() lays the blocks out. */
+static void group_gather_start(shard_t *s, int f, int n)
+{
+    int64_t part = s->len[f];
+    s->stage[f] = pool_get(s, cbytes(s, n * s->units[f].padded), BK_MEM_GATHER, "a gathered unit group (staging)");
+    if (!s->reserving && s->stage[f]) {
+        char *mine = (char *)s->stage[f] + cbytes(s, n * part * s->r);
+        for (int k = 0; k < n; k++)
+            s->be->copy(s->be, mine + cbytes(s, k * part), readable(s, f + k), cbytes(s, part));
+        comm_allgather(s->group, mine, s->stage[f], n * part, s->dt.compute, &s->ag[f]);
+    }
+    s->ag_state[f] = IN_FLIGHT;
+}
+
+static void gather_finish(shard_t *s, int u)
+{
+    int f = cu_first(s, u), n = cu_count(s, u);
+    if (n == 1)
+        gather_wait(s, f);
+    else if (!s->reserving)
+        comm_wait(s->group, &s->ag[f]);
+    if (n > 1) {
+        size_t bytes = cbytes(s, n * s->units[f].padded);
+        char *whole = pool_get(s, bytes, BK_MEM_GATHER, "a gathered unit group");
+        if (!s->reserving)
+            units_interleave(s->be, whole, s->stage[f], n, s->S, cbytes(s, s->len[f]), 1);
+        pool_put(s, s->stage[f], bytes, BK_MEM_GATHER);
+        s->stage[f] = NULL;
+        for (int k = 0; k < n; k++)
+            s->full[f + k] = whole ? whole + cbytes(s, k * s->units[f].padded) : NULL;
+    }
+    s->ag_state[f] = RESIDENT;
+}
+
 static void gather_start(shard_t *s, int u)
 {
-    if (s->ag_state[u] != ABSENT)
+    int f = cu_first(s, u), n = cu_count(s, u);
+    if (s->ag_state[f] != ABSENT)
         return;
+    if (n > 1) {
+        group_gather_start(s, f, n);
+        return;
+    }
     s->full[u] = pool_get(s, cbytes(s, s->units[u].padded), BK_MEM_GATHER, "a gathered unit");
     if (s->reserving) {
         s->ag_state[u] = RESIDENT;
@@ -123,16 +181,24 @@ static void gather_start(shard_t *s, int u)
     s->ag_state[u] = IN_FLIGHT;
 }
 
-/* Completes unit u's gather in flight (hpz keeps its node slice of a world gather). */
-static void gather_wait(shard_t *s, int u)
-{
-    comm_wait(s->group, &s->ag[u]);
-    if (s->hpz)
-        hpz_gathered(s->hpz, u, s->full[u]);
-}
-
 static void drop_unit(shard_t *s, int u)
 {
+    int f = cu_first(s, u), n = cu_count(s, u);
+    u = f;
+    if (n > 1) {
+        size_t bytes = cbytes(s, n * s->units[f].padded);
+        if (s->ag_state[f] == IN_FLIGHT) {
+            if (!s->reserving)
+                comm_wait(s->group, &s->ag[f]);
+            pool_put(s, s->stage[f], bytes, BK_MEM_GATHER);
+            s->stage[f] = NULL;
+        } else if (s->ag_state[f] == RESIDENT)
+            pool_put(s, s->full[f], bytes, BK_MEM_GATHER);
+        for (int k = 0; k < n; k++)
+            s->full[f + k] = NULL;
+        s->ag_state[f] = ABSENT;
+        return;
+    }
     if (s->ag_state[u] == IN_FLIGHT)
         gather_wait(s, u);
     if (s->ag_state[u] != ABSENT)
@@ -156,6 +222,26 @@ static void rs_finish_oldest(shard_t *s)
     for (int i = 1; i < s->rs_n; i++)
         s->rs_fifo[i - 1] = s->rs_fifo[i];
     s->rs_n--;
+    int n = cu_count(s, u);
+    if (n > 1) {
+        if (!s->reserving) {
+            comm_wait(s->group, &s->rs[u]);
+            for (int k = 0; k < n; k++) {
+                bk_buf_t g = bk_buf(s->g[u + k], s->dt.grad),
+                         part = bk_buf((char *)s->rsbuf[u] + gbytes(s, k * s->len[u]), s->dt.grad);
+                if (s->last_pass && fold_ok(s)) {
+                    s->be->add_sumsq(s->be, g, part, s->len[u], &s->sq[u + k]);
+                    s->folded[u + k] = 1;
+                } else {
+                    s->be->add(s->be, g, part, s->len[u]);
+                }
+            }
+        }
+        pool_put(s, s->rsstage[u], gbytes(s, n * s->units[u].padded), BK_MEM_GRADS);
+        pool_put(s, s->rsbuf[u], gbytes(s, n * s->len[u]), BK_MEM_GRADS);
+        s->rsstage[u] = s->rsbuf[u] = NULL;
+        return;
+    }
     if (!s->reserving) {
         comm_wait(s->group, &s->rs[u]);
         bk_buf_t g = bk_buf(s->g[u], s->dt.grad), part = bk_buf(s->rsbuf[u], s->dt.grad);
@@ -193,15 +279,17 @@ static void *io_params(void *ctx, int u)
         return readable(s, u);
     progress(s);
     gather_start(s, u);
-    if (s->ag_state[u] == IN_FLIGHT) {
-        gather_wait(s, u);
-        s->ag_state[u] = RESIDENT;
-    }
+    if (s->ag_state[cu_first(s, u)] == IN_FLIGHT)
+        gather_finish(s, u);
     for (int i = s->pos + 1; i < s->n_sched; i++)
         if (s->sched[i] == u) {
             s->pos = i;
-            if (i + 1 < s->n_sched)
-                gather_start(s, s->sched[i + 1]);
+            /* the next communication unit the pass asks for */
+            int j = i + 1;
+            while (j < s->n_sched && s->cu.of[s->sched[j]] == s->cu.of[u])
+                j++;
+            if (j < s->n_sched)
+                gather_start(s, s->sched[j]);
             break;
         }
     return s->full[u];
@@ -210,6 +298,9 @@ static void *io_params(void *ctx, int u)
 static void io_release(void *ctx, int u)
 {
     shard_t *s = ctx;
+    /* a group stays while the pass's next request is one of its blocks */
+    if (cu_count(s, u) > 1 && s->pos + 1 < s->n_sched && s->cu.of[s->sched[s->pos + 1]] == s->cu.of[u])
+        return;
     if (!direct(s) && (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID || s->strat == STRAT_HPZ))
         drop_unit(s, u);
 }
@@ -219,6 +310,15 @@ static void *io_grads(void *ctx, int u)
     shard_t *s = ctx;
     if (direct(s))
         return s->g[u];
+    int f = cu_first(s, u), n = cu_count(s, u);
+    if (n > 1 && !s->gbuf[u]) {
+        size_t bytes = gbytes(s, n * s->units[f].padded);
+        char *whole = pool_get(s, bytes, BK_MEM_GRADS, "a unit group's gradient");
+        if (!s->reserving && whole)
+            s->be->zero(s->be, whole, bytes);
+        for (int k = 0; k < n; k++)
+            s->gbuf[f + k] = whole ? whole + gbytes(s, k * s->units[f].padded) : NULL;
+    }
     if (!s->gbuf[u]) {
         size_t bytes = gbytes(s, s->units[u].padded);
         s->gbuf[u] = pool_get(s, bytes, BK_MEM_GRADS, "a unit's gradient");
@@ -231,13 +331,40 @@ static void *io_grads(void *ctx, int u)
 static void io_grads_done(void *ctx, int u)
 {
     shard_t *s = ctx;
-    if (!sharded(s)) {
+    if (!sharded(s)) { /* a group's whole units lie side by side: one all-reduce when all are done */
+        int f = cu_first(s, u), n = cu_count(s, u);
+        if (n > 1 && ++s->gdone[f] < n)
+            return;
+        s->gdone[f] = 0;
         if (s->last_pass && !s->reserving)
-            comm_allreduce(s->world, s->g[u], s->units[u].padded, s->dt.grad, &s->ar[u]);
+            comm_allreduce(s->world, s->g[f], n * s->units[f].padded, s->dt.grad, &s->ar[f]);
         return;
     }
     if (direct(s)) /* one shard: the gradient is already in the owned slice */
         return;
+    int f = cu_first(s, u), n = cu_count(s, u);
+    if (n > 1) {
+        if (++s->gdone[f] < n) {
+            progress(s);
+            return;
+        }
+        s->gdone[f] = 0;
+        if (s->rs_n == RS_IN_FLIGHT)
+            rs_finish_oldest(s);
+        size_t bytes = gbytes(s, n * s->units[f].padded);
+        s->rsstage[f] = pool_get(s, bytes, BK_MEM_GRADS, "a unit group's gradient (staging)");
+        if (!s->reserving)
+            units_interleave(s->be, s->rsstage[f], s->gbuf[f], n, s->S, gbytes(s, s->len[f]), 0);
+        pool_put(s, s->gbuf[f], bytes, BK_MEM_GRADS);
+        for (int k = 0; k < n; k++)
+            s->gbuf[f + k] = NULL;
+        s->rsbuf[f] = pool_get(s, gbytes(s, n * s->len[f]), BK_MEM_GRADS, "a unit group's gradient slices");
+        if (!s->reserving)
+            comm_reduce_scatter(s->group, s->rsstage[f], s->rsbuf[f], n * s->len[f], s->dt.grad, &s->rs[f]);
+        s->rs_fifo[s->rs_n++] = f;
+        progress(s);
+        return;
+    }
     if (s->rs_n == RS_IN_FLIGHT)
         rs_finish_oldest(s);
     s->rsbuf[u] = pool_get(s, gbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
@@ -391,7 +518,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
     s->len = calloc((size_t)n, sizeof *s->len);
-    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf};
+    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->stage, &s->rsstage};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
         if (!(*arrays[i] = calloc((size_t)n, sizeof(void *))))
             goto oom;
@@ -403,8 +530,11 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->ar = calloc((size_t)n, sizeof *s->ar);
     s->sched = calloc((size_t)(2 * n + 2), sizeof *s->sched);
     s->folded = calloc((size_t)n, sizeof *s->folded);
-    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched || !s->folded)
+    s->gdone = calloc((size_t)n, sizeof *s->gdone);
+    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched || !s->folded || !s->gdone)
         goto oom;
+    if (units_map(&(units_policy_t){CKPT_UNITS_BLOCK, 1}, s->units, n, dtype_size(s->dt.compute), s->S, &s->cu) < 0)
+        goto fail;
     for (int u = 0; u < n; u++) {
         int64_t part = s->units[u].padded / s->S;
         s->lo[u] = sharded(s) ? s->r * part : 0;
@@ -432,7 +562,10 @@ void shard_free(shard_t *s)
 {
     if (!s)
         return;
-    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf};
+    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->stage, s->rsstage};
+    for (int u = 0; s->cu.of && u < s->n_units; u++) /* a group's blocks point into its first's buffer */
+        if (u != cu_first(s, u) && s->full && s->gbuf && s->g)
+            s->full[u] = s->gbuf[u] = s->g[u] = NULL;
     for (int u = 0; u < s->n_units; u++) {
         if (s->ag && s->ag_state) {
             if (s->ag[u].active)
@@ -459,12 +592,43 @@ void shard_free(shard_t *s)
     free(s->ar);
     free(s->sched);
     free(s->folded);
+    free(s->gdone);
+    units_map_free(&s->cu);
     free(s->units);
     hpz_free(s->hpz);
     if (s->group != s->world)
         comm_free(s->group);
     comm_free(s->cross);
+    if (s->world) /* the world outlives the shards (a failed build agrees over it): not into freed stats */
+        comm_set_stats(s->world, NULL);
     free(s);
+}
+
+int shard_set_units(shard_t *s, const units_policy_t *p)
+{
+    units_map_t m;
+    if (units_map(p, s->units, s->n_units, dtype_size(s->dt.compute), s->S, &m) < 0)
+        return -1;
+    units_map_free(&s->cu);
+    s->cu = m;
+    /* A group's owned gradients side by side, so that an all-reduce (hybrid's across
+     * replicas, none's) moves the group in one collective. Freed before allocated: the
+     * peak does not move, and nothing is in them yet. */
+    for (int c = 0; c < m.n; c++) {
+        int f = m.first[c], n = m.count[c];
+        if (n == 1)
+            continue;
+        for (int k = 0; k < n; k++) {
+            bk_free(s->be, s->g[f + k]);
+            s->g[f + k] = NULL;
+        }
+        char *whole = bk_alloc(s->be, gbytes(s, n * s->len[f]), BK_MEM_GRADS, "gradients");
+        if (!whole)
+            return -1;
+        for (int k = 0; k < n; k++)
+            s->g[f + k] = whole + gbytes(s, k * s->len[f]);
+    }
+    return 0;
 }
 
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)
@@ -795,8 +959,9 @@ void shard_grads_complete(shard_t *s)
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
-        for (int u = 0; u < n; u++)
-            comm_allreduce(s->cross, s->g[u], s->len[u], s->dt.grad, &s->ar[u]);
+        for (int c = 0; c < s->cu.n; c++) /* per communication unit: a group's slices lie side by side */
+            comm_allreduce(s->cross, s->g[s->cu.first[c]], s->cu.count[c] * s->len[s->cu.first[c]], s->dt.grad,
+                           &s->ar[s->cu.first[c]]);
     for (int u = 0; u < n; u++)
         comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
 }

@@ -28,18 +28,21 @@
  *            (the backward's, the later micro-batches') over the node group from the copy;
  *            evaluation passes gather over the world. Same weights as
  *            full, bit for bit; gradients reduce-scattered over the world as in full.
- * Collectives per micro-batch in full/hybrid: every block unit gathered twice (forward,
- * backward); the embedding once (its backward reads no parameters; a tied embedding is
- * held from the first block to the head, which reads it again); the head unit once (its
- * forward and backward run back to back); one reduce-scatter per unit. grad-op: one
- * gather per unit per step. hpz, over a step of M micro-batches: each unit gathered once
- * over the world (level world), then each block 2M − 1 times and the embedding and head
- * M − 1 times over the node group (level node); reduce-scatters as full's. Per rank, with
- * P_b, P_e the padded lengths of the blocks and of the two end units, b the bytes of an
- * element and W, n the world and node sizes (docs/communication.md "hpz"):
+ * Collectives per micro-batch in full/hybrid, counted in communication units (units.h:
+ * a block, or a group of consecutive blocks under --units group:M or size:BYTES): every
+ * block's unit gathered twice (forward, backward); the embedding once (its backward reads
+ * no parameters; a tied embedding is held from the first block to the head, which reads it
+ * again); the head unit once (its forward and backward run back to back); one
+ * reduce-scatter per unit. grad-op: one gather per unit per step. hpz (--units block
+ * only), over a step of M micro-batches: each unit gathered once over the world (level
+ * world), then each block 2M − 1 times and the embedding and head M − 1 times over the
+ * node group (level node); reduce-scatters as full's. Per rank, with P_b, P_e the padded
+ * lengths of the blocks and of the two end units, b the bytes of an element and W, n the
+ * world and node sizes (docs/communication.md "hpz"):
  *   world all-gather      (1 − 1/W)·b·(P_b + P_e)
  *   node all-gather       (1 − 1/n)·b·((2M − 1)·P_b + (M − 1)·P_e)
- *   world reduce-scatter  (1 − 1/W)·b_grad·M·(P_b + P_e) The trainer reports what moved (comm.h accounting);
+ *   world reduce-scatter  (1 − 1/W)·b_grad·M·(P_b + P_e)
+ * The trainer reports what moved (comm.h accounting);
  * tests/ref/dist_equivalence.py checks it against these counts.
  *
  * Overlap: when the model asks for a unit, the all-gather of the next unit in the pass's
@@ -73,6 +76,7 @@
 #include "model.h"
 #include "precision.h"
 #include "strategy.h"
+#include "units.h"
 
 
 typedef struct shard shard_t;
@@ -82,6 +86,13 @@ typedef struct shard shard_t;
 shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_size, const model_config_t *cfg,
                    precision_t prec);
 void shard_free(shard_t *s);
+/* The unit of communication (units.h; block until called): call once, after shard_new, before
+ * shard_reserve. It changes which collectives move the owned slices, never the slices, the
+ * shard map or any arithmetic. -1 when the policy does not fit the model (group:M with M
+ * above its blocks). A group's owned gradients are one allocation (its blocks' slices side
+ * by side), so that the all-reduces — hybrid's across replicas, none's over whole units
+ * (DDP's buckets) — also move a group in one collective. */
+int shard_set_units(shard_t *s, const units_policy_t *p);
 /* Fills the pool with every whole-unit buffer a training pass and an evaluation pass
  * take (call after shard_new, before the first pass; no communication). */
 int shard_reserve(shard_t *s);

@@ -255,6 +255,11 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     *opt = NULL;
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
+    if (shard_set_units(*sh, &o->units) < 0) {
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_USAGE;
+    }
     if (!(*opt = optim_new(be, *sh, o->stochastic))) {
         shard_free(*sh);
         *sh = NULL;
@@ -364,6 +369,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     snprintf(meta->init_file, sizeof meta->init_file, "%s", o->model_path);
     snprintf(meta->strategy, sizeof meta->strategy, "%s", strategy_name(o->strategy));
     snprintf(meta->precision, sizeof meta->precision, "%s", precision_name(o->precision));
+    units_name(&o->units, meta->units_policy);
     meta->data_rows = t->R;
     meta->world_size = t->nranks;
 

@@ -399,6 +399,8 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
                      plural_s(cm->world_size), cm->strategy, (long long)meta->shard_count, t->nranks,
                      plural_s(t->nranks), meta->strategy);
     }
+    if (!code && t->rank == 0 && strcmp(cm->units_policy, meta->units_policy)) /* same arrays: nothing to convert */
+        ftk_info("%s: written under --units %s, resumed under --units %s", ck, cm->units_policy, meta->units_policy);
     ckpt_manifest_free(&man);
     return code;
 }

@@ -23,6 +23,7 @@
 #include "../libcommon/fault.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "../libcommon/opts.h"
 #include "../libcommon/path.h"
 #include "../libcommon/version.h"
 #include "h5.h"
@@ -120,6 +121,53 @@ dtype_t ckpt_state_dtype(const char *precision)
     if (!strcmp(precision, "fp32") || !strcmp(precision, "bf16-mixed"))
         return DT_F32;
     return !strcmp(precision, "bf16-true") ? DT_BF16 : DT_INVALID;
+}
+
+int ckpt_units_policy_parse(const char *text, int *kind, int64_t *arg)
+{
+    const char *need = "need block, group:M (M in 1..1048576) or size:BYTES (e.g. size:512MiB)";
+    char *end;
+    if (!*text || !strcmp(text, "block")) {
+        *kind = CKPT_UNITS_BLOCK;
+        *arg = 1;
+        return 0;
+    }
+    if (!strncmp(text, "group:", 6)) {
+        const char *d = text + 6;
+        errno = 0;
+        long long m = *d >= '0' && *d <= '9' ? strtoll(d, &end, 10) : 0;
+        if (errno || *d < '0' || *d > '9' || *end || m < 1 || m > (1 << 20)) {
+            ftk_err_set("%s", need);
+            return -1;
+        }
+        *kind = CKPT_UNITS_GROUP;
+        *arg = m;
+        return 0;
+    }
+    uint64_t b = 0;
+    const char *d = text + 5;
+    errno = 0;
+    if (!strncmp(text, "size:", 5) && *d >= '0' && *d <= '9' && strspn(d, "0123456789") == strlen(d))
+        b = strtoull(d, &end, 10); /* exact: a manifest's digits read back as written */
+    else if (!strncmp(text, "size:", 5) && *d >= '0' && *d <= '9' && opts_parse_size(d, &b) < 0)
+        b = 0;
+    if (!errno && b >= 1 && b <= ((uint64_t)1 << 62)) {
+        *kind = CKPT_UNITS_SIZE;
+        *arg = (int64_t)b;
+        return 0;
+    }
+    ftk_err_set("%s", need);
+    return -1;
+}
+
+void ckpt_units_policy_name(int kind, int64_t arg, char out[32])
+{
+    if (kind == CKPT_UNITS_GROUP)
+        snprintf(out, 32, "group:%lld", (long long)arg);
+    else if (kind == CKPT_UNITS_SIZE)
+        snprintf(out, 32, "size:%lld", (long long)arg);
+    else
+        snprintf(out, 32, "block");
 }
 
 const char *ckpt_warmup_style(const ckpt_train_t *t) { return t->warmup_style[0] ? t->warmup_style : "ftk"; }

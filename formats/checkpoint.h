@@ -61,6 +61,12 @@
  *   world_size      ranks of the run that wrote it
  *   shard_count     S: slices per unit, one shard file each (the world size, or the
  *                   shard group's size under hybrid, where one replica group writes)
+ *   units_policy    the communication unit of the run that wrote it (engine/units.h):
+ *                   "block", "group:M" (M in [1, 2^20]) or "size:BYTES" (BYTES in
+ *                   [1, 2^62], digits only). It changes what a collective moves, never the
+ *                   shard map: a checkpoint of any policy holds the same arrays, and resumes
+ *                   under any other. A manifest without it is read as "block" (what runs
+ *                   did before the policies came); version 1 kept.
  *   config          {"file": "config.json", "xxh3"}
  *   units           [{"name", "length", "padded", "tensors": [{"name", "shape", "offset"}]}]
  *   shards          [{"file", "bytes", "xxh3"}] × S, in shard order: each shard file's
@@ -155,7 +161,17 @@ typedef struct {
     char strategy[16];
     int64_t world_size, shard_count;
     char precision[16]; /* "fp32" | "bf16-mixed" | "bf16-true" */
+    char units_policy[32]; /* "block" | "group:M" | "size:BYTES"; "" reads and writes as "block" */
 } ckpt_meta_t;
+
+/* A units policy's text (ckpt_meta_t.units_policy, ftk-train --units): "block" (*kind 0,
+ * *arg 1), "group:M" (*kind 1, *arg M in [1, 2^20]) or "size:BYTES" (*kind 2, *arg in
+ * [1, 2^62]; BYTES as opts_parse_size() reads it, e.g. 512MiB). 0, or -1 with a message
+ * that says what is allowed (the caller names the option or key). */
+enum { CKPT_UNITS_BLOCK, CKPT_UNITS_GROUP, CKPT_UNITS_SIZE };
+int ckpt_units_policy_parse(const char *text, int *kind, int64_t *arg);
+/* The policy's canonical text ("" → "block"; sizes in bytes, digits only) into out. */
+void ckpt_units_policy_name(int kind, int64_t arg, char out[32]);
 
 /* The type a checkpoint of this precision stores its arrays in: DT_F32 for "fp32" and
  * "bf16-mixed", DT_BF16 for "bf16-true", DT_INVALID for anything else (also the check

@@ -135,6 +135,10 @@ int ckpt_check_meta(const ckpt_meta_t *m)
     else
         RANGE(m->world_size == m->shard_count, "\"shard_count\" %lld is not \"world_size\" %lld (strategy %s)",
               LL(m->shard_count), LL(m->world_size), m->strategy);
+    int upk;
+    int64_t upa;
+    RANGE(ckpt_units_policy_parse(m->units_policy, &upk, &upa) == 0, "\"units_policy\" is \"%s\" (block, group:M "
+          "or size:BYTES)", m->units_policy);
 #undef LL
 #undef RANGE
     return 0;
@@ -216,6 +220,10 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
             return -1;
         }
     }
+    if (!json_get(r, "units_policy"))
+        snprintf(m->units_policy, sizeof m->units_policy, "block");
+    else if (get_str(r, "units_policy", m->units_policy, sizeof m->units_policy) < 0)
+        return -1;
     if (ckpt_state_dtype(m->precision) == DT_INVALID) {
         ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
                     m->precision);

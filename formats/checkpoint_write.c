@@ -227,6 +227,7 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
     rc |= buf_printf(&b, "  \"precision\": \"%s\",\n  \"strategy\": \"%s\",\n  \"world_size\": %lld,\n",
                   meta->precision, meta->strategy, (long long)meta->world_size);
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
+    rc |= buf_printf(&b, "  \"units_policy\": \"%s\",\n", meta->units_policy[0] ? meta->units_policy : "block");
     rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
     rc |= ckpt_units_json(&b, units, n_units);
     rc |= buf_printf(&b, ",\n  \"shards\": [");

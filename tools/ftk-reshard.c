@@ -21,7 +21,7 @@
 #include "../libcommon/progress.h"
 #include "../libcommon/timer.h"
 
-static const char *output, *strategy_opt, *precision_opt;
+static const char *output, *strategy_opt, *precision_opt, *units_opt;
 static int64_t ranks, group_size;
 static int force;
 
@@ -35,6 +35,9 @@ static const opt_t options[] = {
      "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)", "0..99999"},
     {"precision", 0, OPT_STR, &precision_opt, "P",
      "fp32 | bf16-mixed | bf16-true: convert the checkpoint to this precision mode (default: the input's)"},
+    {"units", 0, OPT_STR, &units_opt, "U",
+     "block | group:M | size:BYTES: the unit of communication recorded for the resumed run (default: the "
+     "input's; ftk-train --units overrides it; the arrays are the same under every policy)"},
     {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing checkpoint at the output"},
     {0},
 };
@@ -229,6 +232,19 @@ int main(int argc, char **argv)
     }
     if (precision_opt)
         snprintf(meta.precision, sizeof meta.precision, "%s", precision_name(prec));
+    if (units_opt) {
+        int uk;
+        int64_t ua;
+        if (ckpt_units_policy_parse(units_opt, &uk, &ua) < 0) {
+            ftk_error("--units %s: %s", units_opt, ftk_err_msg());
+            goto usage;
+        }
+        if (uk == CKPT_UNITS_GROUP && ua > man.n_units - 2) {
+            ftk_error("--units %s: the model has %d block%s", units_opt, man.n_units - 2, man.n_units == 3 ? "" : "s");
+            goto usage;
+        }
+        ckpt_units_policy_name(uk, ua, meta.units_policy);
+    }
     /* Each unit is read as the output's type: ckpt_read_unit converts (exactly when widening). */
     dtype_t dt2 = ckpt_state_dtype(meta.precision);
     size_t es = dtype_size(dt2);

@@ -59,6 +59,7 @@ static int allow_other_tokenizer;
 /* --recipe and its pieces (docs/litgpt.md) */
 static const char *recipe = "ftk", *warmup_style = "ftk", *loss_mean = "global";
 static const char *report_path;
+static const char *units_arg = "block";
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
@@ -89,6 +90,10 @@ static const opt_t options[] = {
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid|hpz", "how ranks share the model (FSDP names; hpz: ZeRO++'s)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
     {"node-size", 0, OPT_INT, &node_size, "N", "hpz: ranks per node group, which holds the secondary copy (0: a node's ranks)", "0.."},
+    {"units", 0, OPT_STR, &units_arg, "block|group:M|size:BYTES",
+     "the unit of communication: one block, M consecutive blocks, or consecutive blocks up to BYTES of "
+     "parameters (e.g. size:512MiB); larger units: fewer, larger collectives, more memory; same bits "
+     "(docs/communication.md)"},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
@@ -557,6 +562,10 @@ static int check_values(trainer_opts_t *o)
         return bad("--shard-group-size is for --strategy hybrid");
     if (node_size && o->strategy != STRAT_HPZ)
         return bad("--node-size is for --strategy hpz");
+    if (units_parse(units_arg, &o->units) < 0)
+        return bad("--units %s: %s", units_arg, ftk_err_msg());
+    if (o->strategy == STRAT_HPZ && o->units.kind != CKPT_UNITS_BLOCK)
+        return bad("--units %s: --strategy hpz takes --units block only", units_arg);
     if (precision_parse(precision_arg, &o->precision) < 0)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
@@ -676,6 +685,11 @@ static int run_plan(const trainer_opts_t *o)
                  (double)budget / 1e9);
     else if (pl.recompute != MODEL_RECOMPUTE_NONE)
         snprintf(rec, sizeof rec, ", --recompute %s", levels[pl.recompute]);
+    if (o->units.kind != CKPT_UNITS_BLOCK) { /* block: the header as before policies */
+        char un[32];
+        units_name(&o->units, un);
+        snprintf(rec + strlen(rec), sizeof rec - strlen(rec), ", --units %s", un);
+    }
     printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shard%s), precision %s, micro-batch %lld "
            "x %lld tokens%s, device %s\n",
            what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,

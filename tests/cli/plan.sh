@@ -6,6 +6,8 @@
 #    full --recompute (block) and --recompute norms on 2, the plan's total bytes equal rank 0's mem_peak_bytes of a
 #    2-step run with the same options, exactly (stories260K's shape; tiny's untied one on 2
 #    ranks, full);
+#  - --units group:2 (full, fp32), size:600KB (full, bf16-mixed) and group:3 (grad-op,
+#    bf16-true) on 2 ranks: the plan equals the run, and group:2 plans more gathered bytes;
 #  - with FTK_FUSED=all (the CPU runs the model's fused paths) the plan still equals the run;
 #  - the activations row gives every --recompute level's figure, the level's own first,
 #    none > norms > block; the levels change only the activations row and the total;
@@ -75,6 +77,24 @@ for prec in fp32 bf16-mixed bf16-true; do
     check "$prec: hpz adds its secondary copy to full's plan: nodes of 1 ($t1 bytes) twice what nodes of 2 add ($t2)" \
         test -n "$tf" -a -n "$t1" -a -n "$t2" -a $((t2 - tf)) -gt 0 -a $((t1 - tf)) = $((2 * (t2 - tf)))
 done
+# --- --units (engine/units.h): a larger unit gathers more at once; the plan counts it exactly -----
+for cfg in "fp32 full group:2" "bf16-mixed full size:600KB" "bf16-true grad-op group:3"; do
+    set -- $cfg
+    tag="$1, s260, 2 ranks, $2 --units $3"
+    id=units-$1-$2-$(echo "$3" | tr : -)
+    expect "$tag: --plan" 0 $P --ranks 2 --precision "$1" --strategy "$2" --units "$3"
+    cp "$WORK/out" "$WORK/$id.plan"
+    want=$(total "$WORK/$id.plan")
+    expect "$tag: 2 steps" 0 $TO $MPI -np 2 $T -m "$WORK/s260.h5" -o "$WORK/$id" --precision "$1" --strategy "$2" \
+        --units "$3"
+    got=$(peak "$WORK/$id")
+    check "$tag: planned total $want bytes == measured mem_peak_bytes ${got:-(none)}" \
+        test -n "$want" -a "$want" = "$got"
+done
+g1=$(row "$WORK/fp32-s260-2-full.plan" 'gathered units')
+g2=$(row "$WORK/units-fp32-full-group-2.plan" 'gathered units')
+check "full --units group:2 gathers more at once ($g2) than block ($g1)" awk "BEGIN { exit !(${g2% *} > ${g1% *}) }"
+check "the plan's header names --units group:2" grep -q -- ", --units group:2," "$WORK/units-fp32-full-group-2.plan"
 
 # --- FTK_FUSED=all (the CPU's default is none): the fused paths allocate other activations
 # (one [n, 2F] gate/up buffer, the q/k/v product's scratch); the plan follows the switch

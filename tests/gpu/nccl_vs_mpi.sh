@@ -101,6 +101,17 @@ for cfg in $CFGS; do
     close_losses "$cfg: the NCCL run follows the MPI run" "$WORK/cu$i" "$WORK/cpu$i" 3e-2 $STEPS
 done
 IFS=$OIFS
+# --units group:2 (engine/units.h): a group's slices in one NCCL collective, laid out by the
+# backend's copies; the same bits as the run of block units above (the first configuration;
+# not in quick: an emulated run takes ~20 s)
+if [ "$QUICK" != quick ]; then
+    cfg=${CFGS%%|*}
+    expect "cuda, 2 NCCL ranks: --strategy $cfg --units group:2" 0 $TO $MPI -np 2 $T --strategy $cfg --units group:2 \
+        -o "$WORK/cu-units" --device cuda
+    loss_steps "$WORK/cu-units" >"$WORK/units.got"
+    loss_steps "$WORK/cu1" >"$WORK/units.want"
+    check "... every loss the bits of block units" sh -c "[ -s '$WORK/units.got' ] && cmp -s '$WORK/units.got' '$WORK/units.want'"
+fi
 if [ "$QUICK" != quick ]; then
     expect "cuda, 2 NCCL ranks, full: stop after $STOP" 75 $TO $MPI -np 2 $T --strategy full -o "$WORK/x" \
         --stop-after $STOP --device cuda
