@@ -11,7 +11,7 @@
  *                 flash_mma.cuh) and the segment list
  *   swiglu.cu     SwiGLU and glu (SwiGLU on one [n, 2F] product)
  *   xent.cu       cross-entropy
- *   vectors.cu    add, scale, Σx², AdamW (one tensor, and many in one launch), and
+ *   vectors.cu    add, scale, Σx², int8 codes in blocks, AdamW (one tensor, and many in one launch), and
  *                 add_parts (the fixed-tree sum of partial sums that xent and sumsq share)
  *   cuda.cu       the instance: creation, the op table, destruction
  * Each family is its own translation unit, built without relocatable device code (no
@@ -468,6 +468,8 @@ void cu_xent(backend_t *be, float *logits, const int32_t *targets, const float *
 void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
 void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n);
 void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc);
+void cu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
+void cu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block);
 void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
                     const bk_adamw_t *h);
