@@ -9,6 +9,7 @@
 
 #include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
+#include "compress.h"
 
 /* Sums over steps of this rank's figures. */
 typedef struct {
@@ -20,6 +21,7 @@ typedef struct {
 struct report {
     strategy_t strat;
     int world, S, n_levels, nodes, sim;
+    int cw; /* the weights are gathered compressed (compress.h) */
     int level_ranks[COMM_N_LEVELS];
     char locality[COMM_N_LEVELS][32];
     size_t b[COMM_N_KINDS]; /* bytes per element moved by each kind */
@@ -82,6 +84,7 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
     r->strat = strat;
     r->world = comm_size(world);
     r->S = (int)shard_count(sh);
+    r->cw = shard_compress(sh);
     r->global_batch = train->global_batch;
     r->micro_batch = train->micro_batch;
     r->first_step = -1;
@@ -132,13 +135,20 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
         return;
     /* the units padded to S shards, as ckpt_units pads them */
     double sum = 0, blocks = 0, ends = 0;
+    double g_sum = 0, g_blocks = 0, g_ends = 0; /* the bytes a gather of each moves in all (compress.h) */
     for (int u = 0; u < r->n_units; u++) {
-        double p = (double)((r->length[u] + S - 1) / S * S);
+        int64_t pu = (r->length[u] + S - 1) / S * S;
+        double p = (double)pu, g = r->cw ? (double)S * (double)compress_part_bytes(pu / S)
+                                         : p * (double)r->b[COMM_KIND_AG];
         sum += p;
-        if (u == 0 || u == r->n_units - 1)
+        g_sum += g;
+        if (u == 0 || u == r->n_units - 1) {
             ends += p;
-        else
+            g_ends += g;
+        } else {
             blocks += p;
+            g_blocks += g;
+        }
     }
     double f = (double)(S - 1) / S, M = (double)micro;
     const size_t *b = r->b;
@@ -147,12 +157,12 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
         v[0][COMM_KIND_AR] = 2 * f * (double)b[COMM_KIND_AR] * sum;
         break;
     case STRAT_GRAD_OP:
-        v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * sum;
+        v[0][COMM_KIND_AG] = f * g_sum;
         v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
         break;
     case STRAT_FULL:
     case STRAT_HYBRID:
-        v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * M * (2 * blocks + ends);
+        v[0][COMM_KIND_AG] = f * M * (2 * g_blocks + g_ends);
         v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
         if (r->strat == STRAT_HYBRID)
             v[1][COMM_KIND_AR] = 2 * (double)(G - 1) / G * (double)b[COMM_KIND_AR] * sum / S;

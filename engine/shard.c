@@ -12,6 +12,7 @@
 #include "../kernels/sround.h"
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
+#include "compress.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
 #define RS_IN_FLIGHT 2 /* reduce-scatters in flight at most (shard.h "Overlap") */
@@ -35,6 +36,8 @@ struct shard {
     void **w;                /* bf16-mixed: the working copy of p in the compute dtype */
     /* whole-unit buffers of the current pass */
     void **full, **gbuf, **rsbuf;
+    int cw;    /* --compress-weights (compress.h) */
+    void **pk; /* a compressed gather's packed parts, held from its issue to its completion */
     int *ag_state;
     comm_req_t *ag, *rs, *ar;
     int rs_fifo[RS_IN_FLIGHT], rs_n; /* units whose reduce-scatter is in flight, oldest first */
@@ -109,6 +112,17 @@ static void gather_start(shard_t *s, int u)
     if (s->ag_state[u] != ABSENT)
         return;
     s->full[u] = pool_get(s, cbytes(s, s->units[u].padded), BK_MEM_GATHER, "a gathered unit");
+    if (s->cw) {
+        size_t pb = (size_t)compress_part_bytes(s->len[u]);
+        s->pk[u] = pool_get(s, pb * (size_t)s->S, BK_MEM_GATHER, "a compressed gathered unit");
+        s->ag_state[u] = IN_FLIGHT;
+        if (s->reserving)
+            return;
+        char *mine = (char *)s->pk[u] + pb * (size_t)s->r;
+        compress_pack(s->be, mine, bk_buf(readable(s, u), s->dt.compute), s->len[u]);
+        comm_allgather_bytes(s->group, mine, s->pk[u], (int64_t)pb, &s->ag[u]);
+        return;
+    }
     if (s->reserving) {
         s->ag_state[u] = RESIDENT;
         return;
@@ -117,10 +131,23 @@ static void gather_start(shard_t *s, int u)
     s->ag_state[u] = IN_FLIGHT;
 }
 
+/* Completes unit u's gather; a compressed one is unpacked into the unit. */
+static void gather_wait(shard_t *s, int u)
+{
+    comm_wait(s->group, &s->ag[u]);
+    if (s->pk[u]) {
+        if (!s->reserving)
+            compress_unpack(s->be, bk_buf(s->full[u], s->dt.compute), s->pk[u], s->len[u], s->S);
+        pool_put(s, s->pk[u], (size_t)compress_part_bytes(s->len[u]) * (size_t)s->S, BK_MEM_GATHER);
+        s->pk[u] = NULL;
+    }
+    s->ag_state[u] = RESIDENT;
+}
+
 static void drop_unit(shard_t *s, int u)
 {
     if (s->ag_state[u] == IN_FLIGHT)
-        comm_wait(s->group, &s->ag[u]);
+        gather_wait(s, u);
     if (s->ag_state[u] != ABSENT)
         pool_put(s, s->full[u], cbytes(s, s->units[u].padded), BK_MEM_GATHER);
     s->full[u] = NULL;
@@ -165,10 +192,8 @@ static void *io_params(void *ctx, int u)
         return readable(s, u);
     progress(s);
     gather_start(s, u);
-    if (s->ag_state[u] == IN_FLIGHT) {
-        comm_wait(s->group, &s->ag[u]);
-        s->ag_state[u] = RESIDENT;
-    }
+    if (s->ag_state[u] == IN_FLIGHT)
+        gather_wait(s, u);
     for (int i = s->pos + 1; i < s->n_sched; i++)
         if (s->sched[i] == u) {
             s->pos = i;
@@ -357,7 +382,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
     s->len = calloc((size_t)n, sizeof *s->len);
-    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf};
+    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->pk};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
         if (!(*arrays[i] = calloc((size_t)n, sizeof(void *))))
             goto oom;
@@ -394,7 +419,7 @@ void shard_free(shard_t *s)
 {
     if (!s)
         return;
-    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf};
+    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->pk};
     for (int u = 0; u < s->n_units; u++) {
         if (s->ag && s->ag_state) {
             if (s->ag[u].active)
@@ -426,6 +451,9 @@ void shard_free(shard_t *s)
     comm_free(s->cross);
     free(s);
 }
+
+void shard_set_compress(shard_t *s, int weights) { s->cw = sharded(s) && !direct(s) ? weights : 0; }
+int shard_compress(const shard_t *s) { return s->cw; }
 
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)
 {

@@ -72,6 +72,12 @@ void shard_free(shard_t *s);
  * take (call after shard_new, before the first pass; no communication). */
 int shard_reserve(shard_t *s);
 
+/* --compress-weights (compress.h: COMPRESS_OFF, COMPRESS_INT8): how the strategies that
+ * gather send the weights. Call before shard_reserve(); nothing to do where nothing is
+ * gathered (none, one shard). */
+void shard_set_compress(shard_t *s, int weights);
+int shard_compress(const shard_t *s); /* the weights' compression in effect (0: none) */
+
 /* Layout facts. */
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);
 int64_t shard_count(const shard_t *s);     /* S: slices per unit */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../engine/comm.h"
+#include "../engine/compress.h"
 #include "../engine/plan.h"
 #include "../engine/report.h"
 #include "../engine/trainer.h"
@@ -43,6 +44,7 @@
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
 static int device_from_env;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
+static const char *compress_weights_arg = "off";
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
@@ -86,6 +88,9 @@ static const opt_t options[] = {
     {"seed", 0, OPT_I64, &seed, "S", "seed of the data order", ".."},
     {"strategy", 0, OPT_STR, &strategy_arg, "full|grad-op|none|hybrid", "how ranks share the model (FSDP names)"},
     {"shard-group-size", 0, OPT_INT, &group_size, "N", "hybrid: ranks per shard group (0: the ranks of a node)", "0.."},
+    {"compress-weights", 0, OPT_STR, &compress_weights_arg, "off|int8",
+     "gather the weights as int8 codes with a scale per 256 (full, grad-op, hybrid): about a quarter of fp32's "
+     "bytes, half of bf16's; for slow links between nodes (docs/communication.md)"},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
@@ -573,6 +578,8 @@ static int check_values(trainer_opts_t *o)
         return bad("--strategy %s: need full, grad-op, none or hybrid", strategy_arg);
     if (group_size && o->strategy != STRAT_HYBRID)
         return bad("--shard-group-size is for --strategy hybrid");
+    if (compress_parse_weights(compress_weights_arg, &o->compress_weights) < 0)
+        return bad("%s", ftk_err_msg());
     if (precision_parse(precision_arg, &o->precision) < 0)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
