@@ -20,6 +20,32 @@ int compress_parse_weights(const char *s, int *mode)
 
 const char *compress_weights_name(int mode) { return mode == COMPRESS_INT8 ? "int8" : "off"; }
 
+int compress_parse_grads(const char *s, int *mode)
+{
+    if (!strcmp(s, "off"))
+        *mode = COMPRESS_OFF;
+    else if (!strcmp(s, "bf16"))
+        *mode = COMPRESS_BF16;
+    else {
+        ftk_err_set("--compress-grads %s: need off or bf16", s);
+        return -1;
+    }
+    return 0;
+}
+
+const char *compress_grads_name(int mode) { return mode == COMPRESS_BF16 ? "bf16" : "off"; }
+
+void compress_feedback(backend_t *be, void *q, void *e, const void *g, int64_t n)
+{
+    bk_buf_t Q = bk_buf(q, DT_BF16), E = bk_buf(e, DT_F32);
+    be->add(be, E, bk_buf((void *)g, DT_F32), n);
+    be->convert(be, Q, E, n);
+    /* e − q is exact in f32 (q is e rounded to fewer bits); the sign flips are exact too */
+    be->scale(be, Q, -1.0f, n);
+    be->add(be, E, Q, n);
+    be->scale(be, Q, -1.0f, n);
+}
+
 static int64_t n_blocks(int64_t len) { return (len + COMPRESS_BLOCK - 1) / COMPRESS_BLOCK; }
 
 int64_t compress_part_bytes(int64_t len)

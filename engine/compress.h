@@ -18,6 +18,15 @@
  * The blocks are the slice's own (block b is its elements [b·B, (b+1)·B)), so the codes of
  * a unit depend on the shard count S: a run is reproducible at the same S.
  *
+ * --compress-grads bf16 (COMPRESS_BF16; full and grad-op, fp32 gradients): a unit's
+ * gradient is reduce-scattered in bf16 (half the bytes of f32; the sum adds each pair in
+ * fp32 and rounds, comm.h) with error feedback: the rank keeps a residual e of the whole
+ * unit in f32, sends q = bf16(g + e) and keeps e = (g + e) − q for its next reduce-scatter
+ * of the unit (the next micro-batch's or step's), so that what rounding cut off is sent
+ * later rather than lost. The residual costs 4 bytes per parameter on every rank (the
+ * whole model, not a slice) and is part of the training state: the checkpoint keeps it
+ * (formats/checkpoint.h, /grad_residual), so that a resume on the same ranks is bit-exact.
+ *
  * Functions do not fail (the backend's ops record their failures, backend.h); the parse
  * function returns 0, or -1 with ftk_err_msg() set. */
 #ifndef FTK_COMPRESS_H
@@ -26,12 +35,20 @@
 
 #include "../kernels/backend.h"
 
-enum { COMPRESS_OFF, COMPRESS_INT8 };
+enum { COMPRESS_OFF, COMPRESS_INT8, COMPRESS_BF16 };
 #define COMPRESS_BLOCK 256
 
 /* "off" | "int8" into *mode (COMPRESS_*). */
 int compress_parse_weights(const char *s, int *mode);
 const char *compress_weights_name(int mode);
+
+/* "off" | "bf16" into *mode. */
+int compress_parse_grads(const char *s, int *mode);
+const char *compress_grads_name(int mode);
+
+/* Error feedback over n elements: e += g; q = bf16(e) (nearest even); e −= q (exact).
+ * q bf16, e and g f32, backend memory. */
+void compress_feedback(backend_t *be, void *q, void *e, const void *g, int64_t n);
 
 /* The packed bytes of one rank's part of a slice of len elements (see above). */
 int64_t compress_part_bytes(int64_t len);

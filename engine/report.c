@@ -91,6 +91,8 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
     precision_dtypes_t dt = precision_dtypes(prec);
     r->b[COMM_KIND_AG] = dtype_size(dt.compute);
     r->b[COMM_KIND_RS] = r->b[COMM_KIND_AR] = dtype_size(dt.grad);
+    if (shard_compress_grads(sh)) /* compress.h: reduce-scattered in bf16 */
+        r->b[COMM_KIND_RS] = 2;
     const ckpt_unit_t *u = shard_units(sh, &r->n_units);
     if (!(r->length = malloc((size_t)r->n_units * sizeof *r->length))) {
         report_free(r);

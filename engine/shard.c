@@ -38,6 +38,9 @@ struct shard {
     void **full, **gbuf, **rsbuf;
     int cw;    /* --compress-weights (compress.h) */
     void **pk; /* a compressed gather's packed parts, held from its issue to its completion */
+    int cg;    /* --compress-grads (compress.h) */
+    void **e;  /* its residual: whole units, f32, kept from step to step */
+    void **q;  /* a unit's gradient in bf16 while its reduce-scatter is in flight */
     int *ag_state;
     comm_req_t *ag, *rs, *ar;
     int rs_fifo[RS_IN_FLIGHT], rs_n; /* units whose reduce-scatter is in flight, oldest first */
@@ -53,6 +56,9 @@ struct shard {
 static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
 static size_t gbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.grad); }
 static size_t sbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.state); }
+/* what the reduce-scatters move and return: bf16 under --compress-grads bf16 */
+static dtype_t rs_dt(const shard_t *s) { return s->cg ? DT_BF16 : s->dt.grad; }
+static size_t rsbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(rs_dt(s)); }
 
 /* ---- the pool of whole-unit buffers ----------------------------------------------------- */
 
@@ -163,11 +169,12 @@ static void rs_finish_oldest(shard_t *s)
     s->rs_n--;
     if (!s->reserving) {
         comm_wait(s->group, &s->rs[u]);
-        s->be->add(s->be, bk_buf(s->g[u], s->dt.grad), bk_buf(s->rsbuf[u], s->dt.grad), s->len[u]);
+        s->be->add(s->be, bk_buf(s->g[u], s->dt.grad), bk_buf(s->rsbuf[u], rs_dt(s)), s->len[u]);
     }
     pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
-    pool_put(s, s->rsbuf[u], gbytes(s, s->len[u]), BK_MEM_GRADS);
-    s->gbuf[u] = s->rsbuf[u] = NULL;
+    pool_put(s, s->rsbuf[u], rsbytes(s, s->len[u]), BK_MEM_GRADS);
+    pool_put(s, s->q[u], rsbytes(s, s->units[u].padded), BK_MEM_GRADS);
+    s->gbuf[u] = s->rsbuf[u] = s->q[u] = NULL;
 }
 
 /* Lets MPI move what is in flight (completion itself happens at fixed points, so that the
@@ -237,9 +244,18 @@ static void io_grads_done(void *ctx, int u)
         return;
     if (s->rs_n == RS_IN_FLIGHT)
         rs_finish_oldest(s);
-    s->rsbuf[u] = pool_get(s, gbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
+    s->rsbuf[u] = pool_get(s, rsbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
+    const void *send = s->gbuf[u];
+    if (s->cg) { /* the bf16 gradient with the residual fed back; the f32 one is done with */
+        s->q[u] = pool_get(s, rsbytes(s, s->units[u].padded), BK_MEM_GRADS, "a unit's bf16 gradient");
+        if (!s->reserving)
+            compress_feedback(s->be, s->q[u], s->e[u], s->gbuf[u], s->units[u].padded);
+        pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
+        s->gbuf[u] = NULL;
+        send = s->q[u];
+    }
     if (!s->reserving)
-        comm_reduce_scatter(s->group, s->gbuf[u], s->rsbuf[u], s->len[u], s->dt.grad, &s->rs[u]);
+        comm_reduce_scatter(s->group, send, s->rsbuf[u], s->len[u], rs_dt(s), &s->rs[u]);
     s->rs_fifo[s->rs_n++] = u;
     progress(s);
 }
@@ -382,7 +398,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
     s->len = calloc((size_t)n, sizeof *s->len);
-    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->pk};
+    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->pk, &s->e, &s->q};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
         if (!(*arrays[i] = calloc((size_t)n, sizeof(void *))))
             goto oom;
@@ -419,7 +435,7 @@ void shard_free(shard_t *s)
 {
     if (!s)
         return;
-    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->pk};
+    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->pk, s->e, s->q};
     for (int u = 0; u < s->n_units; u++) {
         if (s->ag && s->ag_state) {
             if (s->ag[u].active)
@@ -452,8 +468,30 @@ void shard_free(shard_t *s)
     free(s);
 }
 
-void shard_set_compress(shard_t *s, int weights) { s->cw = sharded(s) && !direct(s) ? weights : 0; }
+int shard_set_compress(shard_t *s, int weights, int grads)
+{
+    int gathers = sharded(s) && !direct(s);
+    s->cw = gathers ? weights : 0;
+    if (grads && s->dt.grad != DT_F32) {
+        ftk_err_set("--compress-grads bf16: the gradients are already bf16 under this --precision (need fp32 or "
+                    "bf16-mixed)");
+        return -1;
+    }
+    if (grads && s->strat != STRAT_FULL && s->strat != STRAT_GRAD_OP) {
+        ftk_err_set("--compress-grads: for --strategy full or grad-op (the reduce-scatters; %s has none whose "
+                    "residual its checkpoint keeps)",
+                    strategy_name(s->strat));
+        return -1;
+    }
+    s->cg = gathers ? grads : 0;
+    for (int u = 0; s->cg && u < s->n_units; u++)
+        if (!(s->e[u] = bk_alloc(s->be, (size_t)s->units[u].padded * sizeof(float), BK_MEM_GRADS,
+                                 "the gradients' error-feedback residual")))
+            return -1;
+    return 0;
+}
 int shard_compress(const shard_t *s) { return s->cw; }
+int shard_compress_grads(const shard_t *s) { return s->cg; }
 
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)
 {

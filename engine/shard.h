@@ -73,10 +73,14 @@ void shard_free(shard_t *s);
 int shard_reserve(shard_t *s);
 
 /* --compress-weights (compress.h: COMPRESS_OFF, COMPRESS_INT8): how the strategies that
- * gather send the weights. Call before shard_reserve(); nothing to do where nothing is
- * gathered (none, one shard). */
-void shard_set_compress(shard_t *s, int weights);
-int shard_compress(const shard_t *s); /* the weights' compression in effect (0: none) */
+ * gather send the weights; --compress-grads (COMPRESS_OFF, COMPRESS_BF16): how full and
+ * grad-op reduce-scatter the gradients, with the error-feedback residual (compress.h),
+ * whole units of f32 on this rank, allocated here (counted as gradients). Call before
+ * shard_reserve(); nothing to do where nothing is gathered (none, one shard). -1 with the
+ * message for a gradient compression the strategy or precision cannot take (or no memory). */
+int shard_set_compress(shard_t *s, int weights, int grads);
+int shard_compress(const shard_t *s);       /* the weights' compression in effect (0: none) */
+int shard_compress_grads(const shard_t *s); /* the gradients' (0: none) */
 
 /* Layout facts. */
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);

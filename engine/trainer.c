@@ -255,7 +255,11 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     *opt = NULL;
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
-    shard_set_compress(*sh, o->compress_weights);
+    if (shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0) {
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_USAGE;
+    }
     if (!(*opt = optim_new(be, *sh, o->stochastic))) {
         shard_free(*sh);
         *sh = NULL;
