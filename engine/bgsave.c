@@ -115,6 +115,10 @@ int bgsave_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit
             const void *a = array(ctx, k, u);
             bad = !a || ckpt_shard_put(w, k, u, a) < 0;
         }
+    for (int u = 0; meta->compress_grads[0] && u < n_units && !bad; u++) {
+        const void *a = array(ctx, CKPT_KINDS, u); /* the residual (bgsave.h) */
+        bad = !a || ckpt_shard_put_residual(w, u, a) < 0;
+    }
     if (w && ckpt_shard_finish(w, tok_src, sum) < 0)
         bad = 1;
     return bad ? -1 : 0;

@@ -66,7 +66,9 @@ int bgsave_wait(bgsave_t *b, ckpt_shard_sum_t *sum, double *write_s);
 
 /* The one write of a shard file, both saves': shard `index` of meta's checkpoint into dir,
  * every array in file order (kind, then unit) as array(ctx, kind, unit) gives it (NULL:
- * the array could not be had, ftk_err_msg() set; the write stops there), then finished
+ * the array could not be had, ftk_err_msg() set; the write stops there), with
+ * meta->compress_grads kind CKPT_KINDS after them (unit u's residual, padded float32:
+ * ckpt_shard_put_residual), then finished
  * with tok_src's tokenizer files (or -1). Returns 0 with the file's size and checksum in
  * *sum, or -1. Makes no MPI or backend call of its own: the background writer's thread
  * runs it. */

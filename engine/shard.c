@@ -491,6 +491,26 @@ int shard_set_compress(shard_t *s, int weights, int grads)
     return 0;
 }
 int shard_compress(const shard_t *s) { return s->cw; }
+
+int shard_get_residual(shard_t *s, int unit, float *host)
+{
+    if (!s->cg) {
+        ftk_err_set("internal: no --compress-grads residual");
+        return -1;
+    }
+    s->be->download(s->be, host, s->e[unit], (size_t)s->units[unit].padded * sizeof(float));
+    return 0;
+}
+
+int shard_set_residual(shard_t *s, int unit, const float *host)
+{
+    if (!s->cg) {
+        ftk_err_set("internal: no --compress-grads residual");
+        return -1;
+    }
+    s->be->upload(s->be, s->e[unit], host, (size_t)s->units[unit].padded * sizeof(float));
+    return 0;
+}
 int shard_compress_grads(const shard_t *s) { return s->cg; }
 
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)

@@ -81,6 +81,10 @@ int shard_reserve(shard_t *s);
 int shard_set_compress(shard_t *s, int weights, int grads);
 int shard_compress(const shard_t *s);       /* the weights' compression in effect (0: none) */
 int shard_compress_grads(const shard_t *s); /* the gradients' (0: none) */
+/* --compress-grads: unit's residual (units[unit].padded f32) to and from host memory (the
+ * checkpoint's /grad_residual). */
+int shard_get_residual(shard_t *s, int unit, float *host);
+int shard_set_residual(shard_t *s, int unit, const float *host);
 
 /* Layout facts. */
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);

@@ -377,6 +377,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
+    if (shard_compress_grads(t->sh))
+        snprintf(meta->compress_grads, sizeof meta->compress_grads, "bf16");
     if (o->async_save) {
         /* Same library on every rank: the answer is the same everywhere. */
         t->async = bgsave_supported();

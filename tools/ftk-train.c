@@ -588,6 +588,9 @@ static int check_values(trainer_opts_t *o)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (o->compress_grads && o->strategy != STRAT_FULL && o->strategy != STRAT_GRAD_OP)
         return bad("--compress-grads %s: for --strategy full or grad-op (not %s)", compress_grads_arg, strategy_arg);
+    if (o->compress_grads && async_save)
+        return bad("--compress-grads with --async-save: the background snapshot does not hold the residuals yet; "
+                   "save synchronously");
     if (o->compress_grads && o->precision == PREC_BF16_TRUE)
         return bad("--compress-grads %s: the gradients are bf16 already under --precision bf16-true", compress_grads_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
