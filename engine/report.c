@@ -398,10 +398,13 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             "gather each block twice and the embedding and head once per pass, grad-op each unit once per step; "
             "every strategy but none reduce-scatters each unit once per pass; none all-reduces each unit once; "
             "hybrid all-reduces each rank's slices across the replicas. b: %zu bytes for the gathers, %zu for "
-            "the reductions (the precision mode's). Bus bandwidth: measured bytes / seconds in flight (the ring "
+            "the reductions (the precision mode's%s). Bus bandwidth: measured bytes / seconds in flight (the ring "
             "algorithm's per-rank bytes, as nccl-tests' busbw counts them; a lower bound where spans are upper "
             "bounds).\n",
-            mean[F_MICRO], r->b[COMM_KIND_AG], r->b[COMM_KIND_RS]);
+            mean[F_MICRO], r->b[COMM_KIND_AG], r->b[COMM_KIND_RS],
+            r->cw ? "; --compress-weights int8: a gathered unit of P elements moves S parts of int8 codes and an fp32 "
+                    "scale per 256 of them, each part rounded up to 16 bytes, in place of P·b"
+                  : "");
 
     fprintf(f, "\n## Projected step time on other rank counts (a projection, not a measurement)\n\n");
     fprintf(f,

@@ -387,7 +387,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
         int n_units;
         const ckpt_unit_t *units = shard_units(t->sh, &n_units);
         if (t->async && shard_writes(t->sh) &&
-            !(t->bg = bgsave_new(be, units, n_units, meta->shard_count, ckpt_state_dtype(meta->precision))))
+            !(t->bg = bgsave_new(be, units, n_units, meta->shard_count, ckpt_state_dtype(meta->precision),
+                                  shard_compress_grads(t->sh))))
             c = fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
         CHECK(c);
     }

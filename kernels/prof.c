@@ -397,7 +397,8 @@ static void pf_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs
 #define PF_ENTRIES(X)                                                                                                \
     X(sync) X(upload) X(download) X(zero) X(copy) X(convert) X(matmul) X(embed_fwd) X(embed_bwd) X(rows_scatter)     \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope) X(attn_fwd) X(attn_bwd) X(attn_cached) X(swiglu_fwd) X(swiglu_bwd) X(xent) \
-    X(add) X(scale) X(sumsq) X(adamw) X(quant_i8) X(dequant_i8) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope) X(add_rmsnorm_fwd) X(adamw_multi)
+    X(add) X(scale) X(sumsq) X(adamw) X(quant_i8) X(dequant_i8) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope)     \
+    X(add_rmsnorm_fwd) X(adamw_multi)
 
 int bk_prof_attach(backend_t *be)
 {

@@ -588,11 +588,9 @@ static int check_values(trainer_opts_t *o)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
     if (o->compress_grads && o->strategy != STRAT_FULL && o->strategy != STRAT_GRAD_OP)
         return bad("--compress-grads %s: for --strategy full or grad-op (not %s)", compress_grads_arg, strategy_arg);
-    if (o->compress_grads && async_save)
-        return bad("--compress-grads with --async-save: the background snapshot does not hold the residuals yet; "
-                   "save synchronously");
     if (o->compress_grads && o->precision == PREC_BF16_TRUE)
-        return bad("--compress-grads %s: the gradients are bf16 already under --precision bf16-true", compress_grads_arg);
+        return bad("--compress-grads %s: the gradients are bf16 already under --precision bf16-true",
+                   compress_grads_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
         return bad("--rounding %s: need stochastic or nearest", rounding_arg);
     o->model_path = model_path;
@@ -1125,9 +1123,13 @@ static int run(int argc, char **argv)
         goto out;
     /* where the steps' time and bytes go (engine/report.h): every rank counts its own */
     char header[8192];
-    snprintf(header, sizeof header, "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld.",
-             out_dir, meta->precision, device, (long long)meta->train.global_batch,
-             (long long)meta->train.micro_batch);
+    char cz[96] = ""; /* the bytes of a compressed run are not those of its settings' formulas alone */
+    if (o.compress_weights || o.compress_grads)
+        snprintf(cz, sizeof cz, ", --compress-weights %s, --compress-grads %s",
+                 compress_weights_name(o.compress_weights), compress_grads_name(o.compress_grads));
+    snprintf(header, sizeof header,
+             "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld%s.", out_dir,
+             meta->precision, device, (long long)meta->train.global_batch, (long long)meta->train.micro_batch, cz);
     rep = report_new(world, trainer_shard(t), o.strategy, o.precision, &meta->train, header);
     snprintf(msg, sizeof msg, "%s", rep ? "" : ftk_err_msg());
     if ((code = agree_msg(rep ? 0 : FTK_EXIT_FAIL, msg)))
