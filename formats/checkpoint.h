@@ -281,9 +281,9 @@ char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
  * and count, step — a shard of another checkpoint — and units_xxh3); with verify, last,
- * that it holds no dataset but the shard map's arrays and (shard 1) the tokenizer files,
- * whose checksums are verified (as ftk-verify does). The caller closes the handle with
- * h5_close(). */
+ * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files and
+ * (compress_grads) the residuals, whose checksums are verified (as ftk-verify does). The
+ * caller closes the handle with h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
 /* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
