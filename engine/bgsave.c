@@ -23,7 +23,8 @@ struct bgsave {
     int n_units;
     int64_t S;
     size_t esize;
-    void *snap;    /* CKPT_KINDS × n_units arrays, in file order */
+    int residual;  /* --compress-grads: kind CKPT_KINDS, each unit's residual (padded f32) */
+    void *snap;    /* CKPT_KINDS (+ 1) × n_units arrays, in file order */
     size_t *offs;  /* byte offset of array (kind, unit): offs[kind·n_units + unit] */
     size_t bytes;
     /* the write in progress (the thread's until joined) */
@@ -40,12 +41,18 @@ struct bgsave {
     double write_s;
 };
 
-int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt)
+/* The residuals start at a multiple of 16 bytes. */
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt, int residual)
 {
-    int64_t n = 0;
-    for (int u = 0; u < n_units; u++)
+    int64_t n = 0, r = 0;
+    for (int u = 0; u < n_units; u++) {
         n += units[u].padded / S;
-    return CKPT_KINDS * n * (int64_t)dtype_size(dt);
+        r += units[u].padded;
+    }
+    int64_t b = CKPT_KINDS * n * (int64_t)dtype_size(dt);
+    return residual ? (int64_t)align16((size_t)b) + r * (int64_t)sizeof(float) : b;
 }
 
 int bgsave_supported(void)
@@ -54,10 +61,10 @@ int bgsave_supported(void)
     return H5is_library_threadsafe(&ts) >= 0 && ts;
 }
 
-bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt)
+bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt, int residual)
 {
     bgsave_t *b = calloc(1, sizeof *b);
-    if (!b || !(b->offs = malloc((size_t)(CKPT_KINDS * n_units) * sizeof *b->offs))) {
+    if (!b || !(b->offs = malloc((size_t)((CKPT_KINDS + 1) * n_units) * sizeof *b->offs))) {
         free(b);
         ftk_err_set("out of memory");
         return NULL;
@@ -73,6 +80,13 @@ bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64
             b->offs[k * n_units + u] = off;
             off += (size_t)(units[u].padded / S) * b->esize;
         }
+    b->residual = residual;
+    if (residual)
+        off = align16(off);
+    for (int u = 0; residual && u < n_units; u++) {
+        b->offs[CKPT_KINDS * n_units + u] = off;
+        off += (size_t)units[u].padded * sizeof(float);
+    }
     b->bytes = off;
     b->snap = be->host_alloc ? be->host_alloc(be, off ? off : 1) : malloc(off ? off : 1);
     if (!b->snap) {
@@ -101,6 +115,9 @@ int bgsave_snapshot(bgsave_t *b, shard_t *sh)
         for (int u = 0; u < b->n_units; u++)
             if (shard_get_slice(sh, k, u, (char *)b->snap + b->offs[k * b->n_units + u]) < 0)
                 return -1;
+    for (int u = 0; b->residual && u < b->n_units; u++)
+        if (shard_get_residual(sh, u, (float *)(void *)((char *)b->snap + b->offs[CKPT_KINDS * b->n_units + u])) < 0)
+            return -1;
     /* a device keeps its first error: a failed copy must not become a checkpoint */
     return b->be->sync(b->be);
 }
@@ -115,6 +132,10 @@ int bgsave_write_shard(const char *dir, const ckpt_meta_t *meta, const ckpt_unit
             const void *a = array(ctx, k, u);
             bad = !a || ckpt_shard_put(w, k, u, a) < 0;
         }
+    for (int u = 0; meta->compress_grads[0] && u < n_units && !bad; u++) {
+        const void *a = array(ctx, CKPT_KINDS, u); /* the residual (bgsave.h) */
+        bad = !a || ckpt_shard_put_residual(w, u, a) < 0;
+    }
     if (w && ckpt_shard_finish(w, tok_src, sum) < 0)
         bad = 1;
     return bad ? -1 : 0;

@@ -3,7 +3,8 @@
  *
  * The snapshot is a host copy of this rank's shard: the parameters (fp32 master weights,
  * or the bf16 weights of bf16-true) and both AdamW moments of every unit, in the state
- * dtype, padded/S elements per unit and kind — the arrays of its shard file. It is
+ * dtype, padded/S elements per unit and kind — the arrays of its shard file — and under
+ * --compress-grads each unit's error-feedback residual (shard_get_residual). It is
  * allocated once (bgsave_new) through the backend's host_alloc, page-locked on a GPU, else
  * malloc. bgsave_snapshot() fills it from the shards (shard_get_slice: a device-to-host
  * copy, a memcpy on the CPU backend); that copy is all the training loop waits for. The
@@ -39,14 +40,15 @@
 
 typedef struct bgsave bgsave_t;
 
-/* Bytes of the snapshot for this shard map: 3 · Σ padded/S · the dtype's size. The memory
- * plan reports it (engine/plan.h). */
-int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt);
+/* Bytes of the snapshot for this shard map: 3 · Σ padded/S · the dtype's size, and with
+ * residual (--compress-grads, shard.h) the residuals after them: Σ padded · 4, from a
+ * multiple of 16 bytes. The memory plan reports it (engine/plan.h). */
+int64_t bgsave_bytes(const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt, int residual);
 /* The HDF5 library may be called from two threads. */
 int bgsave_supported(void);
 
 /* The snapshot buffers on be's host memory (units must outlive the handle). */
-bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt);
+bgsave_t *bgsave_new(backend_t *be, const ckpt_unit_t *units, int n_units, int64_t S, dtype_t dt, int residual);
 /* Waits for a write still running (its result is dropped), then frees. NULL: no-op. */
 void bgsave_free(bgsave_t *b);
 
@@ -66,7 +68,9 @@ int bgsave_wait(bgsave_t *b, ckpt_shard_sum_t *sum, double *write_s);
 
 /* The one write of a shard file, both saves': shard `index` of meta's checkpoint into dir,
  * every array in file order (kind, then unit) as array(ctx, kind, unit) gives it (NULL:
- * the array could not be had, ftk_err_msg() set; the write stops there), then finished
+ * the array could not be had, ftk_err_msg() set; the write stops there), with
+ * meta->compress_grads kind CKPT_KINDS after them (unit u's residual, padded float32:
+ * ckpt_shard_put_residual), then finished
  * with tok_src's tokenizer files (or -1). Returns 0 with the file's size and checksum in
  * *sum, or -1. Makes no MPI or backend call of its own: the background writer's thread
  * runs it. */

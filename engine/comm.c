@@ -669,6 +669,15 @@ int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t d
     return 0;
 }
 
+int comm_allgather_bytes(comm_t *c, const void *part, void *full, int64_t bytes, comm_req_t *req)
+{
+    if (bytes % 2) {
+        ftk_err_set("internal: a byte all-gather of %lld bytes (need an even count)", (long long)bytes);
+        return -1;
+    }
+    return comm_allgather(c, part, full, bytes / 2, DT_BF16, req);
+}
+
 int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req)
 {
     if (!dtype_ok(dt) || (!c->dc && !count_ok(n)))

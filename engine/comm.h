@@ -163,6 +163,10 @@ void comm_set_backend(comm_t *c, backend_t *be);
 /* full[p·n] = the n-element parts of every rank, in rank order; a part that already sits
  * at its place in full (part == full + rank·n) is gathered in place. */
 int comm_allgather(comm_t *c, const void *part, void *full, int64_t n, dtype_t dt, comm_req_t *req);
+/* comm_allgather of `bytes` bytes a rank (an even count) whatever they hold (the compressed
+ * gather's packed parts, engine/compress.h): a gather does no arithmetic, so they travel as
+ * 16-bit elements, bit for bit over MPI and NCCL alike, accounted as their bytes. */
+int comm_allgather_bytes(comm_t *c, const void *part, void *full, int64_t bytes, comm_req_t *req);
 /* part[n] = Σ over ranks of their full[rank·n … rank·n + n). */
 int comm_reduce_scatter(comm_t *c, const void *full, void *part, int64_t n, dtype_t dt, comm_req_t *req);
 /* buf[n] = Σ over ranks, in place. */

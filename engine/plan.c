@@ -26,7 +26,9 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
         *S = shard_count(sh);
         int n_units;
         const ckpt_unit_t *units = shard_units(sh, &n_units);
-        *snap = shard_writes(sh) ? bgsave_bytes(units, n_units, *S, precision_dtypes(o.precision).state) : 0;
+        *snap = shard_writes(sh) ? bgsave_bytes(units, n_units, *S, precision_dtypes(o.precision).state,
+                                                       shard_compress_grads(sh))
+                                 : 0;
     }
     model_free(m);
     optim_free(opt);

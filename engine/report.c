@@ -9,6 +9,7 @@
 
 #include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
+#include "compress.h"
 
 /* Sums over steps of this rank's figures. */
 typedef struct {
@@ -22,6 +23,7 @@ struct report {
     int world, S, n_levels, nodes, sim;
     int lv[COMM_N_LEVELS]; /* the strategy's levels (COMM_LEVEL_*), n_levels of them */
     int node_size;         /* hpz: ranks per node group */
+    int cw; /* the weights are gathered compressed (compress.h) */
     int level_ranks[COMM_N_LEVELS];
     char locality[COMM_N_LEVELS][32];
     size_t b[COMM_N_KINDS]; /* bytes per element moved by each kind */
@@ -86,12 +88,15 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
     r->strat = strat;
     r->world = comm_size(world);
     r->S = (int)shard_count(sh);
+    r->cw = shard_compress(sh);
     r->global_batch = train->global_batch;
     r->micro_batch = train->micro_batch;
     r->first_step = -1;
     precision_dtypes_t dt = precision_dtypes(prec);
     r->b[COMM_KIND_AG] = dtype_size(dt.compute);
     r->b[COMM_KIND_RS] = r->b[COMM_KIND_AR] = dtype_size(dt.grad);
+    if (shard_compress_grads(sh)) /* compress.h: reduce-scattered in bf16 */
+        r->b[COMM_KIND_RS] = 2;
     const ckpt_unit_t *u = shard_units(sh, &r->n_units);
     if (!(r->length = malloc((size_t)r->n_units * sizeof *r->length))) {
         report_free(r);
@@ -145,13 +150,20 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
         return;
     /* the units padded to S shards, as ckpt_units pads them */
     double sum = 0, blocks = 0, ends = 0;
+    double g_sum = 0, g_blocks = 0, g_ends = 0; /* the bytes a gather of each moves in all (compress.h) */
     for (int u = 0; u < r->n_units; u++) {
-        double p = (double)((r->length[u] + S - 1) / S * S);
+        int64_t pu = (r->length[u] + S - 1) / S * S;
+        double p = (double)pu, g = r->cw ? (double)S * (double)compress_part_bytes(pu / S)
+                                         : p * (double)r->b[COMM_KIND_AG];
         sum += p;
-        if (u == 0 || u == r->n_units - 1)
+        g_sum += g;
+        if (u == 0 || u == r->n_units - 1) {
             ends += p;
-        else
+            g_ends += g;
+        } else {
             blocks += p;
+            g_blocks += g;
+        }
     }
     double f = (double)(S - 1) / S, M = (double)micro;
     const size_t *b = r->b;
@@ -160,7 +172,7 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
         v[0][COMM_KIND_AR] = 2 * f * (double)b[COMM_KIND_AR] * sum;
         break;
     case STRAT_GRAD_OP:
-        v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * sum;
+        v[0][COMM_KIND_AG] = f * g_sum;
         v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
         break;
     case STRAT_HPZ: {
@@ -176,7 +188,7 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
     }
     case STRAT_FULL:
     case STRAT_HYBRID:
-        v[0][COMM_KIND_AG] = f * (double)b[COMM_KIND_AG] * M * (2 * blocks + ends);
+        v[0][COMM_KIND_AG] = f * M * (2 * g_blocks + g_ends);
         v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
         if (r->strat == STRAT_HYBRID)
             v[1][COMM_KIND_AR] = 2 * (double)(G - 1) / G * (double)b[COMM_KIND_AR] * sum / S;
@@ -412,10 +424,13 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             "hybrid all-reduces each rank's slices across the replicas; hpz gathers each unit once per step over "
             "the world and its other gathers (each block 2M − 1 times, the embedding and head M − 1 times) over the "
             "node group. b: %zu bytes for the gathers, %zu for "
-            "the reductions (the precision mode's). Bus bandwidth: measured bytes / seconds in flight (the ring "
+            "the reductions (the precision mode's%s). Bus bandwidth: measured bytes / seconds in flight (the ring "
             "algorithm's per-rank bytes, as nccl-tests' busbw counts them; a lower bound where spans are upper "
             "bounds).\n",
-            mean[F_MICRO], r->b[COMM_KIND_AG], r->b[COMM_KIND_RS]);
+            mean[F_MICRO], r->b[COMM_KIND_AG], r->b[COMM_KIND_RS],
+            r->cw ? "; --compress-weights int8: a gathered unit of P elements moves S parts of int8 codes and an fp32 "
+                    "scale per 256 of them, each part rounded up to 16 bytes, in place of P·b"
+                  : "");
 
     fprintf(f, "\n## Projected step time on other rank counts (a projection, not a measurement)\n\n");
     fprintf(f,

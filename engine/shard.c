@@ -14,6 +14,7 @@
 #include "../libcommon/log.h"
 #include "hpz.h"
 #include "units.h"
+#include "compress.h"
 
 enum { ABSENT, IN_FLIGHT, RESIDENT };
 #define RS_IN_FLIGHT 2 /* reduce-scatters in flight at most (shard.h "Overlap") */
@@ -38,6 +39,11 @@ struct shard {
     void **w;                /* bf16-mixed: the working copy of p in the compute dtype */
     /* whole-unit buffers of the current pass */
     void **full, **gbuf, **rsbuf;
+    int cw;    /* --compress-weights (compress.h) */
+    void **pk; /* a compressed gather's packed parts, held from its issue to its completion */
+    int cg;    /* --compress-grads (compress.h) */
+    void **e;  /* its residual: whole units, f32, kept from step to step */
+    void **q;  /* a unit's gradient in bf16 while its reduce-scatter is in flight */
     int *ag_state;
     comm_req_t *ag, *rs, *ar;
     int rs_fifo[RS_IN_FLIGHT], rs_n; /* units whose reduce-scatter is in flight, oldest first */
@@ -62,6 +68,9 @@ struct shard {
 static size_t cbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.compute); }
 static size_t gbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.grad); }
 static size_t sbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(s->dt.state); }
+/* what the reduce-scatters move and return: bf16 under --compress-grads bf16 */
+static dtype_t rs_dt(const shard_t *s) { return s->cg ? DT_BF16 : s->dt.grad; }
+static size_t rsbytes(const shard_t *s, int64_t n) { return (size_t)n * dtype_size(rs_dt(s)); }
 
 /* ---- the pool of whole-unit buffers ----------------------------------------------------- */
 
@@ -119,12 +128,20 @@ static void *readable(const shard_t *s, int u) { return s->w ? s->w[u] : s->p[u]
 static int cu_first(const shard_t *s, int u) { return s->cu.first[s->cu.of[u]]; }
 static int cu_count(const shard_t *s, int u) { return s->cu.count[s->cu.of[u]]; }
 
-/* Completes unit u's gather in flight (hpz keeps its node slice of a world gather). */
+/* Completes unit u's gather in flight: a compressed one is unpacked into the unit; hpz
+ * keeps its node slice of a world gather. */
 static void gather_wait(shard_t *s, int u)
 {
     comm_wait(s->group, &s->ag[u]);
+    if (s->pk[u]) {
+        if (!s->reserving)
+            compress_unpack(s->be, bk_buf(s->full[u], s->dt.compute), s->pk[u], s->len[u], s->S);
+        pool_put(s, s->pk[u], (size_t)compress_part_bytes(s->len[u]) * (size_t)s->S, BK_MEM_GATHER);
+        s->pk[u] = NULL;
+    }
     if (s->hpz)
         hpz_gathered(s->hpz, u, s->full[u]);
+    s->ag_state[u] = RESIDENT;
 }
 
 /* A group's gather: its blocks' owned slices side by side at this rank's place in the
@@ -172,6 +189,17 @@ static void gather_start(shard_t *s, int u)
         return;
     }
     s->full[u] = pool_get(s, cbytes(s, s->units[u].padded), BK_MEM_GATHER, "a gathered unit");
+    if (s->cw) {
+        size_t pb = (size_t)compress_part_bytes(s->len[u]);
+        s->pk[u] = pool_get(s, pb * (size_t)s->S, BK_MEM_GATHER, "a compressed gathered unit");
+        s->ag_state[u] = IN_FLIGHT;
+        if (s->reserving)
+            return;
+        char *mine = (char *)s->pk[u] + pb * (size_t)s->r;
+        compress_pack(s->be, mine, bk_buf(readable(s, u), s->dt.compute), s->len[u]);
+        comm_allgather_bytes(s->group, mine, s->pk[u], (int64_t)pb, &s->ag[u]);
+        return;
+    }
     if (s->reserving) {
         s->ag_state[u] = RESIDENT;
         return;
@@ -244,7 +272,7 @@ static void rs_finish_oldest(shard_t *s)
     }
     if (!s->reserving) {
         comm_wait(s->group, &s->rs[u]);
-        bk_buf_t g = bk_buf(s->g[u], s->dt.grad), part = bk_buf(s->rsbuf[u], s->dt.grad);
+        bk_buf_t g = bk_buf(s->g[u], s->dt.grad), part = bk_buf(s->rsbuf[u], rs_dt(s));
         if (s->last_pass && fold_ok(s)) {
             s->be->add_sumsq(s->be, g, part, s->len[u], &s->sq[u]);
             s->folded[u] = 1;
@@ -253,8 +281,9 @@ static void rs_finish_oldest(shard_t *s)
         }
     }
     pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
-    pool_put(s, s->rsbuf[u], gbytes(s, s->len[u]), BK_MEM_GRADS);
-    s->gbuf[u] = s->rsbuf[u] = NULL;
+    pool_put(s, s->rsbuf[u], rsbytes(s, s->len[u]), BK_MEM_GRADS);
+    pool_put(s, s->q[u], rsbytes(s, s->units[u].padded), BK_MEM_GRADS);
+    s->gbuf[u] = s->rsbuf[u] = s->q[u] = NULL;
 }
 
 /* Lets MPI move what is in flight (completion itself happens at fixed points, so that the
@@ -367,9 +396,18 @@ static void io_grads_done(void *ctx, int u)
     }
     if (s->rs_n == RS_IN_FLIGHT)
         rs_finish_oldest(s);
-    s->rsbuf[u] = pool_get(s, gbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
+    s->rsbuf[u] = pool_get(s, rsbytes(s, s->len[u]), BK_MEM_GRADS, "a unit's gradient slice");
+    const void *send = s->gbuf[u];
+    if (s->cg) { /* the bf16 gradient with the residual fed back; the f32 one is done with */
+        s->q[u] = pool_get(s, rsbytes(s, s->units[u].padded), BK_MEM_GRADS, "a unit's bf16 gradient");
+        if (!s->reserving)
+            compress_feedback(s->be, s->q[u], s->e[u], s->gbuf[u], s->units[u].padded);
+        pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
+        s->gbuf[u] = NULL;
+        send = s->q[u];
+    }
     if (!s->reserving)
-        comm_reduce_scatter(s->group, s->gbuf[u], s->rsbuf[u], s->len[u], s->dt.grad, &s->rs[u]);
+        comm_reduce_scatter(s->group, send, s->rsbuf[u], s->len[u], rs_dt(s), &s->rs[u]);
     s->rs_fifo[s->rs_n++] = u;
     progress(s);
 }
@@ -518,7 +556,8 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->tied = s->units[n - 1].n_tensors == 1;
     s->lo = calloc((size_t)n, sizeof *s->lo);
     s->len = calloc((size_t)n, sizeof *s->len);
-    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->stage, &s->rsstage};
+    void ***arrays[] = {&s->p, &s->m, &s->v, &s->g, &s->full, &s->gbuf, &s->rsbuf, &s->stage, &s->rsstage,
+                        &s->pk, &s->e, &s->q};
     for (size_t i = 0; i < sizeof arrays / sizeof *arrays; i++)
         if (!(*arrays[i] = calloc((size_t)n, sizeof(void *))))
             goto oom;
@@ -562,7 +601,7 @@ void shard_free(shard_t *s)
 {
     if (!s)
         return;
-    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->stage, s->rsstage};
+    void **all[] = {s->p, s->m, s->v, s->g, s->w, s->full, s->gbuf, s->rsbuf, s->stage, s->rsstage, s->pk, s->e, s->q};
     for (int u = 0; s->cu.of && u < s->n_units; u++) /* a group's blocks point into its first's buffer */
         if (u != cu_first(s, u) && s->full && s->gbuf && s->g)
             s->full[u] = s->gbuf[u] = s->g[u] = NULL;
@@ -630,6 +669,60 @@ int shard_set_units(shard_t *s, const units_policy_t *p)
     }
     return 0;
 }
+
+
+int shard_set_compress(shard_t *s, int weights, int grads)
+{
+    int gathers = sharded(s) && !direct(s);
+    if ((weights || grads) && s->cu.n != s->n_units) {
+        ftk_err_set("--compress-weights and --compress-grads take --units block only");
+        return -1;
+    }
+    if (weights && s->hpz) {
+        ftk_err_set("--compress-weights: not with --strategy hpz");
+        return -1;
+    }
+    s->cw = gathers ? weights : 0;
+    if (grads && s->dt.grad != DT_F32) {
+        ftk_err_set("--compress-grads bf16: the gradients are already bf16 under this --precision (need fp32 or "
+                    "bf16-mixed)");
+        return -1;
+    }
+    if (grads && s->strat != STRAT_FULL && s->strat != STRAT_GRAD_OP) {
+        ftk_err_set("--compress-grads: for --strategy full or grad-op (the reduce-scatters; %s has none whose "
+                    "residual its checkpoint keeps)",
+                    strategy_name(s->strat));
+        return -1;
+    }
+    s->cg = gathers ? grads : 0;
+    for (int u = 0; s->cg && u < s->n_units; u++)
+        if (!(s->e[u] = bk_alloc(s->be, (size_t)s->units[u].padded * sizeof(float), BK_MEM_GRADS,
+                                 "the gradients' error-feedback residual")))
+            return -1;
+    return 0;
+}
+int shard_compress(const shard_t *s) { return s->cw; }
+
+int shard_get_residual(shard_t *s, int unit, float *host)
+{
+    if (!s->cg) {
+        ftk_err_set("internal: no --compress-grads residual");
+        return -1;
+    }
+    s->be->download(s->be, host, s->e[unit], (size_t)s->units[unit].padded * sizeof(float));
+    return 0;
+}
+
+int shard_set_residual(shard_t *s, int unit, const float *host)
+{
+    if (!s->cg) {
+        ftk_err_set("internal: no --compress-grads residual");
+        return -1;
+    }
+    s->be->upload(s->be, s->e[unit], host, (size_t)s->units[unit].padded * sizeof(float));
+    return 0;
+}
+int shard_compress_grads(const shard_t *s) { return s->cg; }
 
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units)
 {

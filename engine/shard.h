@@ -97,6 +97,20 @@ int shard_set_units(shard_t *s, const units_policy_t *p);
  * take (call after shard_new, before the first pass; no communication). */
 int shard_reserve(shard_t *s);
 
+/* --compress-weights (compress.h: COMPRESS_OFF, COMPRESS_INT8): how the strategies that
+ * gather send the weights; --compress-grads (COMPRESS_OFF, COMPRESS_BF16): how full and
+ * grad-op reduce-scatter the gradients, with the error-feedback residual (compress.h),
+ * whole units of f32 on this rank, allocated here (counted as gradients). Call before
+ * shard_reserve(); nothing to do where nothing is gathered (none, one shard). -1 with the
+ * message for a gradient compression the strategy or precision cannot take (or no memory). */
+int shard_set_compress(shard_t *s, int weights, int grads);
+int shard_compress(const shard_t *s);       /* the weights' compression in effect (0: none) */
+int shard_compress_grads(const shard_t *s); /* the gradients' (0: none) */
+/* --compress-grads: unit's residual (units[unit].padded f32) to and from host memory (the
+ * checkpoint's /grad_residual). */
+int shard_get_residual(shard_t *s, int unit, float *host);
+int shard_set_residual(shard_t *s, int unit, const float *host);
+
 /* Layout facts. */
 const ckpt_unit_t *shard_units(const shard_t *s, int *n_units);
 int64_t shard_count(const shard_t *s);     /* S: slices per unit */

@@ -255,7 +255,8 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     *opt = NULL;
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
-    if (shard_set_units(*sh, &o->units) < 0) {
+    if (shard_set_units(*sh, &o->units) < 0 ||
+        shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0) {
         shard_free(*sh);
         *sh = NULL;
         return FTK_EXIT_USAGE;
@@ -378,6 +379,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
     meta->shard_count = shard_count(t->sh);
+    if (shard_compress_grads(t->sh))
+        snprintf(meta->compress_grads, sizeof meta->compress_grads, "bf16");
     if (o->async_save) {
         /* Same library on every rank: the answer is the same everywhere. */
         t->async = bgsave_supported();
@@ -386,7 +389,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
         int n_units;
         const ckpt_unit_t *units = shard_units(t->sh, &n_units);
         if (t->async && shard_writes(t->sh) &&
-            !(t->bg = bgsave_new(be, units, n_units, meta->shard_count, ckpt_state_dtype(meta->precision))))
+            !(t->bg = bgsave_new(be, units, n_units, meta->shard_count, ckpt_state_dtype(meta->precision),
+                                  shard_compress_grads(t->sh))))
             c = fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
         CHECK(c);
     }

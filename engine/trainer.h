@@ -63,6 +63,8 @@ typedef struct {
     strategy_t strategy;
     int group_size;         /* hybrid: ranks per shard group; hpz: per node group (0: the node's) */
     units_policy_t units;   /* the unit of communication (units.h; zero: block) */
+    int compress_weights;   /* --compress-weights (compress.h COMPRESS_*) */
+    int compress_grads;     /* --compress-grads (compress.h COMPRESS_*) */
     precision_t precision;
     int stochastic;         /* bf16-true: AdamW rounds stochastically (else to nearest even) */
     int recompute;          /* model_recompute_t, or PLAN_RECOMPUTE_AUTO (-1): the least recompute whose

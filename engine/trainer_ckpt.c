@@ -270,6 +270,8 @@ typedef struct {
 static const void *slice_array(void *ctx, int kind, int unit)
 {
     slice_src_t *c = ctx;
+    if (kind == CKPT_KINDS)
+        return shard_get_residual(c->sh, unit, c->buf) < 0 ? NULL : c->buf;
     return shard_get_slice(c->sh, kind, unit, c->buf) < 0 ? NULL : c->buf;
 }
 
@@ -294,7 +296,10 @@ int trainer_save(trainer_t *t)
         int64_t idx = shard_index(t->sh), S = meta->shard_count, most = 0;
         for (int u = 0; u < n_units; u++)
             most = units[u].padded / S > most ? units[u].padded / S : most;
-        void *buf = malloc((size_t)most * dtype_size(ckpt_state_dtype(meta->precision)));
+        size_t room = (size_t)most * dtype_size(ckpt_state_dtype(meta->precision));
+        for (int u = 0; meta->compress_grads[0] && u < n_units; u++) /* residuals: whole units of f32 */
+            room = (size_t)units[u].padded * sizeof(float) > room ? (size_t)units[u].padded * sizeof(float) : room;
+        void *buf = malloc(room);
         slice_src_t src = {t->sh, buf};
         int bad = 1;
         if (!buf)
@@ -405,6 +410,44 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
     return code;
 }
 
+/* --compress-grads: each rank's error-feedback residuals from its own shard file, where the
+ * checkpoint has them and the layout is the same (shard count and strategy: full and
+ * grad-op write one shard per rank); else the run starts them at zero, and says so. */
+static int resume_residuals(trainer_t *t, const char *ck, const ckpt_meta_t *cm)
+{
+    int mine = shard_compress_grads(t->sh) != 0, theirs = cm->compress_grads[0] != 0;
+    if (!mine && !theirs)
+        return 0;
+    if (!mine || !theirs || cm->shard_count != t->meta.shard_count || strcmp(cm->strategy, t->meta.strategy)) {
+        if (t->rank == 0)
+            ftk_warn("%s: %s; the gradients' error-feedback residuals start at zero (not bit for bit with an "
+                     "uninterrupted run)",
+                     ck, !theirs ? "the checkpoint holds no --compress-grads residuals"
+                         : !mine ? "this run does not --compress-grads: the checkpoint's residuals are dropped"
+                                 : "another shard count or strategy: the checkpoint's residuals are dropped");
+        return 0;
+    }
+    ckpt_manifest_t man;
+    int rc = ckpt_open(ck, &man);
+    hid_t f = rc < 0 ? -1 : ckpt_shard_open(ck, &man, shard_index(t->sh), 0);
+    int n_units;
+    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
+    int64_t most = 0;
+    for (int u = 0; u < n_units; u++)
+        most = units[u].padded > most ? units[u].padded : most;
+    float *buf = f < 0 ? NULL : malloc((size_t)most * sizeof *buf);
+    rc = f < 0 ? -1 : !buf ? (ftk_err_set("out of memory"), -1) : 0;
+    for (int u = 0; rc == 0 && u < n_units; u++)
+        if ((rc = ckpt_shard_read_residual(f, &man, u, buf)) == 0)
+            rc = shard_set_residual(t->sh, u, buf);
+    free(buf);
+    if (f >= 0)
+        h5_close(f);
+    if (man.units || man.shards)
+        ckpt_manifest_free(&man);
+    return rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s: %s", ck, ftk_err_msg()) : 0;
+}
+
 /* Settles on one checkpoint for every rank and loads it; *found = 0 when there is none. */
 static int resume_from(trainer_t *t, int *found)
 {
@@ -457,6 +500,8 @@ static int resume_from(trainer_t *t, int *found)
         }
         int rc = shard_set_state(t->sh, &st) < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0;
         ckpt_state_free(&st, n_units);
+        if (!rc)
+            rc = resume_residuals(t, ck, &cm);
         if ((code = agree(t, rc)))
             break;
         meta->step = cm.step;

@@ -67,6 +67,10 @@
  *                   shard map: a checkpoint of any policy holds the same arrays, and resumes
  *                   under any other. A manifest without it is read as "block" (what runs
  *                   did before the policies came); version 1 kept.
+ *   compress_grads  only in a checkpoint of a run with --compress-grads (engine/compress.h):
+ *                   "bf16"; every shard file then holds that rank's error-feedback
+ *                   residuals (/grad_residual, below). Absent: none (older readers ignore
+ *                   the key and the datasets' group would be refused as unexpected)
  *   config          {"file": "config.json", "xxh3"}
  *   units           [{"name", "length", "padded", "tensors": [{"name", "shape", "offset"}]}]
  *   shards          [{"file", "bytes", "xxh3"}] × S, in shard order: each shard file's
@@ -98,7 +102,10 @@
  * /adam_v/UNIT, [padded/S] each in the state dtype — float32 (H5T_IEEE_F32LE) or bfloat16
  * (uint16 little-endian with dataset attribute dtype = "bfloat16", as in weights.h) — with
  * its xxh3_64 over the stored bytes; shard 1 also carries /tokenizer/FILE as in weights.h,
- * so a checkpoint alone can be sampled from. A shard file does not record the precision
+ * so a checkpoint alone can be sampled from. With compress_grads, the shard also holds
+ * /grad_residual/UNIT, [padded] float32 each (the whole unit: the residual of the rank that
+ * wrote shard r, not a slice), with its xxh3_64, after the three kinds; a reader restores
+ * them only at the same shard count and strategy. A shard file does not record the precision
  * (the manifest does), which keeps fp32 and bf16-mixed shards byte for byte alike.
  *
  * Functions return 0 or -1 with ftk_err_msg() set.
@@ -162,6 +169,7 @@ typedef struct {
     int64_t world_size, shard_count;
     char precision[16]; /* "fp32" | "bf16-mixed" | "bf16-true" */
     char units_policy[32]; /* "block" | "group:M" | "size:BYTES"; "" reads and writes as "block" */
+    char compress_grads[8]; /* "" (none) | "bf16": the shards hold /grad_residual */
 } ckpt_meta_t;
 
 /* A units policy's text (ckpt_meta_t.units_policy, ftk-train --units): "block" (*kind 0,
@@ -229,6 +237,9 @@ typedef struct ckpt_shard_writer ckpt_shard_writer_t;
 ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
                                        int n_units, int64_t index);
 int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data);
+/* With meta->compress_grads, after the three kinds: unit's residual, padded float32
+ * elements (units in order). */
+int ckpt_shard_put_residual(ckpt_shard_writer_t *w, int unit, const float *data);
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
 
 /* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
@@ -286,9 +297,9 @@ char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
  * and count, step — a shard of another checkpoint — and units_xxh3); with verify, last,
- * that it holds no dataset but the shard map's arrays and (shard 1) the tokenizer files,
- * whose checksums are verified (as ftk-verify does). The caller closes the handle with
- * h5_close(). */
+ * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files and
+ * (compress_grads) the residuals, whose checksums are verified (as ftk-verify does). The
+ * caller closes the handle with h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
 /* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
@@ -304,6 +315,9 @@ int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man);
  * (whole dataset only) also compares the bytes read with the dataset's xxh3_64. */
 int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
                     dtype_t dt, void *out);
+/* /grad_residual/UNIT of an open shard (a checkpoint with compress_grads): units[unit].padded
+ * float32 into out, checked against its xxh3_64. */
+int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out);
 /* A whole unit of one kind (units[unit].padded elements of dt into out) from the S open
  * shards files[0 … S−1], every dataset checked against its xxh3_64. */
 int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out);

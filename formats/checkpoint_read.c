@@ -191,6 +191,15 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         return -1;
     }
     tr->decay_norms = dn->u.boolean;
+    m->compress_grads[0] = 0;
+    if (json_get(r, "compress_grads")) {
+        if (get_str(r, "compress_grads", m->compress_grads, sizeof m->compress_grads) < 0)
+            return -1;
+        if (strcmp(m->compress_grads, "bf16")) {
+            ftk_err_set("manifest.json: \"compress_grads\" is \"%s\" (need bf16)", m->compress_grads);
+            return -1;
+        }
+    }
     if (!json_get(t, "rounding"))
         snprintf(tr->rounding, sizeof tr->rounding, "nearest");
     else if (get_str(t, "rounding", tr->rounding, sizeof tr->rounding) < 0)
@@ -477,7 +486,11 @@ static int check_extra(hid_t f, const char *path, void *p)
                 if (!strcmp(rest + l + 1, c->man->units[u].name))
                     return 0; /* checked as it is read */
     }
-    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
+    int residual = c->man->meta.compress_grads[0] && !strncmp(rest, "grad_residual/", 14);
+    for (int u = 0; residual && u < c->man->n_units; u++)
+        if (!strcmp(rest + 14, c->man->units[u].name))
+            residual = 2;
+    if (residual != 2 && (strncmp(rest, "tokenizer/", 10) || c->index != 0)) {
         ftk_err_set("unexpected dataset %s (not in the shard map)", path);
         return -1;
     }
@@ -587,6 +600,36 @@ int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int
                     dtype_t dt, void *out)
 {
     return shard_read_at(f, man, kind, unit, start, n, check, dt, out, -1);
+}
+
+int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out)
+{
+    char ds[64];
+    const ckpt_unit_t *u = &man->units[unit];
+    snprintf(ds, sizeof ds, "grad_residual/%s", u->name);
+    hsize_t dims[8];
+    uint64_t stored = 0;
+    if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != u->padded || h5r_check_type(f, ds, H5T_NATIVE_FLOAT) < 0) {
+        ftk_err_set("dataset /%s: missing, or not %lld float32 values", ds, (long long)u->padded);
+        return -1;
+    }
+    hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
+    int has_sum = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
+    if (d >= 0)
+        H5Dclose(d);
+    if (!has_sum) {
+        ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
+        return -1;
+    }
+    if (h5r_read(f, ds, H5T_NATIVE_FLOAT, out, (size_t)u->padded) < 0)
+        return -1;
+    uint64_t got = hash_bytes(out, (size_t)u->padded * sizeof(float));
+    if (got != stored) {
+        ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds, (unsigned long long)stored,
+                    (unsigned long long)got);
+        return -1;
+    }
+    return 0;
 }
 
 /* ckpt_shard_read(), and with base >= 0 (the unit element where this shard's slice

@@ -62,7 +62,7 @@ struct ckpt_shard_writer {
     int n_units, kind, unit; /* the next array expected */
     int64_t S;
     dtype_t dt;
-    int failed;
+    int failed, residual; /* residual: /grad_residual follows the three kinds */
 };
 
 ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta, const ckpt_unit_t *units,
@@ -85,6 +85,7 @@ ckpt_shard_writer_t *ckpt_shard_create(const char *dir, const ckpt_meta_t *meta,
     w->n_units = n_units;
     w->S = meta->shard_count;
     w->dt = dt;
+    w->residual = meta->compress_grads[0] != 0;
     if (!(w->path = ckpt_join(dir, name)) || ckpt_units_hash(units, n_units, hex) < 0) {
         free(w->path);
         free(w);
@@ -151,10 +152,36 @@ static int shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *dat
     return w->failed ? -1 : 0;
 }
 
+int ckpt_shard_put_residual(ckpt_shard_writer_t *w, int unit, const float *data)
+{
+    if (w->failed)
+        return -1;
+    if (!w->residual || w->kind != CKPT_KINDS || unit != w->unit) {
+        ftk_err_set("internal: residual %d written out of order", unit);
+        w->failed = 1;
+        return -1;
+    }
+    if (unit == 0 && (w->g = h5_group_create(w->f, "grad_residual")) < 0)
+        w->failed = 1;
+    hsize_t dims[1] = {(hsize_t)w->units[unit].padded};
+    if (!w->failed && h5w_write_tensor(w->g, w->units[unit].name, H5T_NATIVE_FLOAT, 1, dims, data, NULL, NULL) < 0)
+        w->failed = 1;
+    if (++w->unit == w->n_units) {
+        if (w->g >= 0)
+            H5Gclose(w->g);
+        w->g = -1;
+        w->unit = 0;
+        w->kind++;
+    }
+    if (w->failed)
+        ftk_err_prefix("%s: ", w->path);
+    return w->failed ? -1 : 0;
+}
+
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum)
 {
     int rc = w->failed ? -1 : 0;
-    if (rc == 0 && w->kind != CKPT_KINDS) {
+    if (rc == 0 && w->kind != CKPT_KINDS + w->residual) {
         ftk_err_set("internal: shard file closed before all of its arrays were written");
         rc = -1;
     }
@@ -228,6 +255,8 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
                   meta->precision, meta->strategy, (long long)meta->world_size);
     rc |= buf_printf(&b, "  \"shard_count\": %lld,\n", (long long)meta->shard_count);
     rc |= buf_printf(&b, "  \"units_policy\": \"%s\",\n", meta->units_policy[0] ? meta->units_policy : "block");
+    if (meta->compress_grads[0])
+        rc |= buf_printf(&b, "  \"compress_grads\": \"%s\",\n", meta->compress_grads);
     rc |= buf_printf(&b, "  \"config\": {\"file\": \"config.json\", \"xxh3\": \"%s\"},\n  \"units\": ", h1);
     rc |= ckpt_units_json(&b, units, n_units);
     rc |= buf_printf(&b, ",\n  \"shards\": [");

@@ -92,7 +92,7 @@ typedef struct {
     const char *spath;
     const ckpt_manifest_t *man;
     int64_t index;
-    int bad, n;
+    int bad, n, residuals;
 } extra_ctx_t;
 
 /* Datasets other than the unit arrays: the tokenizer files (shard 1 only), nothing else. */
@@ -109,7 +109,21 @@ static int check_extra(hid_t f, const char *path, void *p)
                 if (!strcmp(rest + l + 1, c->man->units[u].name))
                     return 0; /* checked with the unit arrays */
     }
-    if (!strncmp(rest, "tokenizer/", 10) && c->index == 0) {
+    int residual = c->man->meta.compress_grads[0] && !strncmp(rest, "grad_residual/", 14);
+    for (int u = 0; residual == 1 && u < c->man->n_units; u++)
+        if (!strcmp(rest + 14, c->man->units[u].name))
+            residual = 2;
+    if (residual == 2) { /* compress_grads: the rank's residuals, whole units */
+        uint64_t stored, computed;
+        int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
+        c->n++;
+        c->residuals++;
+        if (r < 0)
+            BAD("%s: %s", c->spath, ftk_err_msg());
+        else if (r > 0)
+            BAD("%s: dataset %s: checksum mismatch (stored %016llx, computed %016llx)", c->spath, path,
+                (unsigned long long)stored, (unsigned long long)computed);
+    } else if (!strncmp(rest, "tokenizer/", 10) && c->index == 0) {
         uint64_t stored, computed;
         int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
         c->n++;
@@ -179,6 +193,9 @@ static int check_shard(const ckpt_verify_opts_t *o, const char *dir, const ckpt_
         BAD("%s: %s", spath, ftk_err_msg());
     bad += c.bad;
     *n_ds += c.n;
+    if (man->meta.compress_grads[0] && c.residuals != man->n_units)
+        BAD("%s: %d of the %d /grad_residual datasets the manifest's compress_grads asks for", spath, c.residuals,
+            man->n_units);
     h5_close(f);
     if (sum != man->shards[i].xxh3)
         BAD("%s: file checksum %016llx differs from the manifest's %016llx%s", spath, (unsigned long long)sum,

@@ -317,6 +317,17 @@ struct backend {
      * or bf16, read only. */
     void (*adamw)(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 
+    /* Block-wise int8 codes (the compressed all-gather, engine/compress.h): x[n] (f32 or
+     * bf16) in blocks of `block` elements, the last one possibly shorter. Block b's scale
+     * is max|x| over it divided by 127 (fp32), and codes[i] = x[i] / scale rounded to
+     * nearest even and clamped to [-127, 127] (0 where the scale is 0; a NaN gives -127).
+     * dequant_i8: y[i] = codes[i]·scale[i / block], rounded once to y's dtype (f32 or
+     * bf16). codes and scales are backend memory; each division and product is one IEEE
+     * fp32 operation, so every backend gives the same bits. */
+    void (*quant_i8)(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
+    void (*dequant_i8)(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
+                       int64_t block);
+
     /* ---- optional fused ops (NULL: the model runs the sequence given) ---- */
 
     /* rope of q (n_head heads) and k (n_kv heads) in one pass:

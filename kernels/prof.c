@@ -330,6 +330,19 @@ static void pf_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t
     CALL(adamw, p, g, m, v, n, h);
     pf_end(be, t);
 }
+static void pf_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block)
+{
+    pf_tok_t t = pf_begin(be, 0, (double)n * (sz(x) + 1), "quant_i8 %s", dn(x.dt));
+    CALL(quant_i8, codes, scales, x, n, block);
+    pf_end(be, t);
+}
+static void pf_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
+                          int64_t block)
+{
+    pf_tok_t t = pf_begin(be, 0, (double)n * (sz(y) + 1), "dequant_i8 %s", dn(y.dt));
+    CALL(dequant_i8, y, codes, scales, n, block);
+    pf_end(be, t);
+}
 static void pf_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
                        int hd, float theta, int inverse)
 {
@@ -391,8 +404,8 @@ static void pf_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, doubl
 #define PF_ENTRIES(X)                                                                                                \
     X(sync) X(upload) X(download) X(zero) X(copy) X(convert) X(matmul) X(embed_fwd) X(embed_bwd) X(rows_scatter)     \
     X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope) X(attn_fwd) X(attn_bwd) X(attn_cached) X(swiglu_fwd) X(swiglu_bwd) X(xent) \
-    X(add) X(scale) X(sumsq) X(adamw) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope) X(add_rmsnorm_fwd) X(adamw_multi) \
-    X(add_sumsq)
+    X(add) X(scale) X(sumsq) X(adamw) X(quant_i8) X(dequant_i8) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope)     \
+    X(add_rmsnorm_fwd) X(adamw_multi) X(add_sumsq)
 
 int bk_prof_attach(backend_t *be)
 {

@@ -203,6 +203,11 @@ int main(int argc, char **argv)
 
     /* The new layout. */
     ckpt_meta_t meta = man.meta;
+    if (meta.compress_grads[0]) { /* residuals are whole units per rank: no slice of them is another layout's */
+        ftk_warn("%s: the ranks' --compress-grads residuals are not carried over (the resumed run starts them at zero)",
+                 dir);
+        meta.compress_grads[0] = 0;
+    }
     strategy_t strat;
     if (strategy_parse(strategy_opt ? strategy_opt : man.meta.strategy, &strat) < 0) {
         ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : man.meta.strategy);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../engine/comm.h"
+#include "../engine/compress.h"
 #include "../engine/plan.h"
 #include "../engine/report.h"
 #include "../engine/trainer.h"
@@ -44,6 +45,7 @@
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
 static int device_from_env;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
+static const char *compress_weights_arg = "off", *compress_grads_arg = "off";
 static int64_t steps, epochs = 1, global_batch = 64, micro_batch = 4, warmup = 25, seed = 1337;
 static int64_t save_every, keep, eval_every = 25, eval_rows = 400, stop_after;
 static double lr = 2e-4, min_lr = 6e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0;
@@ -94,6 +96,12 @@ static const opt_t options[] = {
      "the unit of communication: one block, M consecutive blocks, or consecutive blocks up to BYTES of "
      "parameters (e.g. size:512MiB); larger units: fewer, larger collectives, more memory; same bits "
      "(docs/communication.md)"},
+    {"compress-weights", 0, OPT_STR, &compress_weights_arg, "off|int8",
+     "gather the weights as int8 codes with a scale per 256 (full, grad-op, hybrid): about a quarter of fp32's "
+     "bytes, half of bf16's; for slow links between nodes (docs/communication.md)"},
+    {"compress-grads", 0, OPT_STR, &compress_grads_arg, "off|bf16",
+     "reduce-scatter the gradients in bf16 with error feedback (full, grad-op; fp32, bf16-mixed): half the bytes, "
+     "a residual of 4 bytes per parameter on every rank, kept in the checkpoint"},
     {"save-every", 0, OPT_I64, &save_every, "K", "checkpoint every K steps (0: only at the end)", "0.."},
     {"save-every-minutes", 0, OPT_DOUBLE, &save_minutes, "M",
      "also checkpoint when M minutes passed since the last, so that a lost node costs at most that (0: off; "
@@ -566,8 +574,20 @@ static int check_values(trainer_opts_t *o)
         return bad("--units %s: %s", units_arg, ftk_err_msg());
     if (o->strategy == STRAT_HPZ && o->units.kind != CKPT_UNITS_BLOCK)
         return bad("--units %s: --strategy hpz takes --units block only", units_arg);
+    if (compress_parse_weights(compress_weights_arg, &o->compress_weights) < 0 ||
+        compress_parse_grads(compress_grads_arg, &o->compress_grads) < 0)
+        return bad("%s", ftk_err_msg());
+    if ((o->compress_weights || o->compress_grads) && o->units.kind != CKPT_UNITS_BLOCK)
+        return bad("--units %s: --compress-weights and --compress-grads take --units block only", units_arg);
+    if (o->compress_weights && o->strategy == STRAT_HPZ)
+        return bad("--compress-weights %s: not with --strategy hpz", compress_weights_arg);
     if (precision_parse(precision_arg, &o->precision) < 0)
         return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
+    if (o->compress_grads && o->strategy != STRAT_FULL && o->strategy != STRAT_GRAD_OP)
+        return bad("--compress-grads %s: for --strategy full or grad-op (not %s)", compress_grads_arg, strategy_arg);
+    if (o->compress_grads && o->precision == PREC_BF16_TRUE)
+        return bad("--compress-grads %s: the gradients are bf16 already under --precision bf16-true",
+                   compress_grads_arg);
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
         return bad("--rounding %s: need stochastic or nearest", rounding_arg);
     o->model_path = model_path;
@@ -1097,9 +1117,13 @@ static int run(int argc, char **argv)
         goto out;
     /* where the steps' time and bytes go (engine/report.h): every rank counts its own */
     char header[8192];
-    snprintf(header, sizeof header, "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld.",
-             out_dir, meta->precision, device, (long long)meta->train.global_batch,
-             (long long)meta->train.micro_batch);
+    char cz[96] = ""; /* the bytes of a compressed run are not those of its settings' formulas alone */
+    if (o.compress_weights || o.compress_grads)
+        snprintf(cz, sizeof cz, ", --compress-weights %s, --compress-grads %s",
+                 compress_weights_name(o.compress_weights), compress_grads_name(o.compress_grads));
+    snprintf(header, sizeof header,
+             "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld%s.", out_dir,
+             meta->precision, device, (long long)meta->train.global_batch, (long long)meta->train.micro_batch, cz);
     rep = report_new(world, trainer_shard(t), o.strategy, o.precision, &meta->train, header);
     snprintf(msg, sizeof msg, "%s", rep ? "" : ftk_err_msg());
     if ((code = agree_msg(rep ? 0 : FTK_EXIT_FAIL, msg)))

@@ -822,6 +822,38 @@ static void cpu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, doub
     *acc += total;
 }
 
+/* The int8 codes of one block (backend.h quant_i8): fmaxf skips NaN, so a NaN element
+ * leaves the scale to the others and then clamps to -127 (fmaxf again). */
+static void cpu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block)
+{
+    if (check_dt(be, "quant_i8", 1, &x) < 0 || n <= 0 || block <= 0)
+        return;
+    int64_t nb = (n + block - 1) / block;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t a = b * block, e = a + block < n ? a + block : n;
+        float amax = 0.0f;
+        for (int64_t i = a; i < e; i++)
+            amax = fmaxf(amax, fabsf(ld(x, i)));
+        float sc = amax / 127.0f;
+        scales[b] = sc;
+        for (int64_t i = a; i < e; i++) {
+            float q = sc > 0.0f ? rintf(ld(x, i) / sc) : 0.0f;
+            codes[i] = (int8_t)fminf(fmaxf(q, -127.0f), 127.0f);
+        }
+    }
+}
+
+static void cpu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
+                           int64_t block)
+{
+    if (check_dt(be, "dequant_i8", 1, &y) < 0 || n <= 0 || block <= 0)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        st(y, i, (float)codes[i] * scales[i / block]);
+}
+
 /* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call. */
 static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h, int w)
 {
@@ -1043,6 +1075,8 @@ backend_t *backend_cpu_new(void)
     be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;
     be->adamw = cpu_adamw;
+    be->quant_i8 = cpu_quant_i8;
+    be->dequant_i8 = cpu_dequant_i8;
     be->rope_qk = cpu_rope_qk;
     be->glu_fwd = cpu_glu_fwd;
     be->glu_bwd = cpu_glu_bwd;

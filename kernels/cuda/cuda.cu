@@ -216,6 +216,8 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->scale = cu_scale;
     be->sumsq = cu_sumsq;
     be->adamw = cu_adamw;
+    be->quant_i8 = cu_quant_i8;
+    be->dequant_i8 = cu_dequant_i8;
     be->rope_qk = cu_rope_qk;
     be->glu_fwd = cu_glu_fwd;
     be->glu_bwd = cu_glu_bwd;

@@ -12,7 +12,7 @@
  *   attention_cudnn.cu  FTK_CUDA_ATTN=cudnn: cuDNN's fused attention, opened at run time
  *   swiglu.cu     SwiGLU and glu (SwiGLU on one [n, 2F] product)
  *   xent.cu       cross-entropy
- *   vectors.cu    add, scale, Σx², add with Σy², AdamW (one tensor, and many in one launch), and
+ *   vectors.cu    add, scale, Σx², add with Σy², int8 codes in blocks, AdamW (one tensor, and many in one launch), and
  *                 add_parts (the fixed-tree sum of partial sums that xent and sumsq share)
  *   cuda.cu       the instance: creation, the op table, destruction
  * Each family is its own translation unit, built without relocatable device code (no
@@ -485,6 +485,8 @@ void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
 void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n);
 void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc);
 void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc);
+void cu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
+void cu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block);
 void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
                     const bk_adamw_t *h);

@@ -478,3 +478,57 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
     });
     launched(c, "adamw_multi");
 }
+
+/* ---- int8 codes in blocks (backend.h quant_i8, dequant_i8) ------------------------------- */
+
+/* One warp a block of codes: the lanes' maxima (fmaxf skips NaN, as the CPU's loop does; max
+ * is exact, so the order does not matter), then one IEEE division per element. */
+template <typename T>
+__global__ void quant_i8_kernel(int8_t *codes, float *scales, const T *x, int64_t n, int64_t block, int64_t nb)
+{
+    int lane = threadIdx.x & 31;
+    int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t b = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < nb; b += warps) {
+        int64_t a = b * block, e = a + block < n ? a + block : n;
+        float amax = 0.0f;
+        for (int64_t i = a + lane; i < e; i += 32)
+            amax = fmaxf(amax, fabsf(ld(x, i)));
+        amax = warp_max(amax);
+        float sc = __fdiv_rn(amax, 127.0f);
+        if (lane == 0)
+            scales[b] = sc;
+        for (int64_t i = a + lane; i < e; i += 32) {
+            float q = sc > 0.0f ? rintf(__fdiv_rn(ld(x, i), sc)) : 0.0f;
+            codes[i] = (int8_t)fminf(fmaxf(q, -127.0f), 127.0f);
+        }
+    }
+}
+
+template <typename T>
+__global__ void dequant_i8_kernel(T *y, const int8_t *codes, const float *scales, int64_t n, int64_t block)
+{
+    GRID_STRIDE(i, n) st(y, i, __fmul_rn((float)codes[i], scales[i / block]));
+}
+
+void cu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block)
+{
+    cuda_t *c = enter(be);
+    if (n <= 0 || block <= 0 || failed(c) || !dt_ok(c, "quant_i8", x.dt))
+        return;
+    int64_t nb = (n + block - 1) / block;
+    on_dt(x.dt, [&](auto t) {
+        quant_i8_kernel<<<blocks_for(nb * 32, 256), 256, 0, c->cur>>>(codes, scales, AS(t, x), n, block, nb);
+    });
+    launched(c, "quant_i8");
+}
+
+void cu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block)
+{
+    cuda_t *c = enter(be);
+    if (n <= 0 || block <= 0 || failed(c) || !dt_ok(c, "dequant_i8", y.dt))
+        return;
+    on_dt(y.dt, [&](auto t) {
+        dequant_i8_kernel<<<blocks_for(n, 256), 256, 0, c->cur>>>(AS(t, y), codes, scales, n, block);
+    });
+    launched(c, "dequant_i8");
+}

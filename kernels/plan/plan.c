@@ -110,6 +110,16 @@ static void plan_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf
     (void)be, (void)p, (void)g, (void)m, (void)v, (void)n, (void)h;
 }
 
+static void plan_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block)
+{
+    (void)be, (void)codes, (void)scales, (void)x, (void)n, (void)block;
+}
+static void plan_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
+                            int64_t block)
+{
+    (void)be, (void)y, (void)codes, (void)scales, (void)n, (void)block;
+}
+
 /* The optional fused ops: present as on the planned device (FTK_FUSED), since the model's
  * allocations depend on which are fused. */
 static void plan_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
@@ -190,6 +200,8 @@ backend_t *backend_plan_new(const char *device)
     be->scale = plan_scale;
     be->sumsq = plan_sumsq;
     be->adamw = plan_adamw;
+    be->quant_i8 = plan_quant_i8;
+    be->dequant_i8 = plan_dequant_i8;
     be->rope_qk = plan_rope_qk;
     be->glu_fwd = plan_glu_fwd;
     be->glu_bwd = plan_glu_bwd;

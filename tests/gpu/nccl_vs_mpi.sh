@@ -6,6 +6,8 @@
 #   grad-op bf16-mixed   bf16 gathers of the working copy, f32 reductions
 #   none bf16-true       bf16 all-reduces (DDP)
 #   hybrid, groups of 1  the cross-group all-reduce (each rank a shard group of its own)
+#   full bf16-mixed, --compress-weights int8 --compress-grads bf16: int8 codes and scales
+#                        gathered as bytes, bf16 reduce-scatters with error feedback
 # then the full run stopped after 8 steps and resumed on 2 GPUs, and on one GPU by a process
 # alone: the same losses. First, on one GPU: one rank under mpirun (a 1-rank NCCL world)
 # against one process alone, and a bad FTK_NCCL_INIT_TIMEOUT refused.
@@ -88,7 +90,7 @@ if [ "$ngpu" -lt 2 ]; then
     echo "skipped ($ngpu GPU: the 2-rank NCCL runs need two; the 1-rank checks above passed)"
     exit 77
 fi
-CFGS='full --precision fp32|grad-op --precision bf16-mixed|none --precision bf16-true|hybrid --shard-group-size 1 --precision fp32'
+CFGS='full --precision fp32|grad-op --precision bf16-mixed|none --precision bf16-true|hybrid --shard-group-size 1 --precision fp32|full --precision bf16-mixed --compress-weights int8 --compress-grads bf16'
 [ "$QUICK" = quick ] && CFGS='grad-op --precision bf16-mixed'
 i=0
 OIFS=$IFS IFS='|'

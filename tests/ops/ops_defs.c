@@ -1060,6 +1060,53 @@ static const ops_desc_t desc_sumsq = {
     PERF(perf_sumsq_rows),
 };
 
+/* ---- quant_i8, dequant_i8 ------------------------------------------------------------------ */
+
+/* x to int8 codes and block scales (block c->d) and back, into y of the accumulator's dtype:
+ * the codes show in y. With two blocks or more the first block is zeros (a scale of 0). */
+static void run_quant_i8(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
+{
+    backend_t *be = R->be;
+    int64_t n = c->n, block = c->d, nb = (n + block - 1) / block;
+    float *h = hrand(R, n, 3);
+    for (int64_t i = 0; nb > 1 && i < block; i++)
+        h[i] = 0.0f;
+    bk_buf_t x = put(R, in_dt(cfg), h, n), scales = poisoned(R, DT_F32, nb), y = poisoned(R, acc_dt(cfg), n);
+    int8_t *codes = ops_xmalloc((size_t)n);
+    memset(codes, 0x80, (size_t)n); /* -128: never a code */
+    int8_t *dcodes = put_raw(R, codes, (size_t)n);
+    free(codes);
+    be->quant_i8(be, dcodes, scales.p, x, n, block);
+    be->dequant_i8(be, y, dcodes, scales.p, n, block);
+    output(R, "scales", scales, nb, 1);
+    output(R, "y", y, n, 1);
+}
+
+static void shape_quant_i8(const ops_case_t *c, char *out, size_t size)
+{
+    snprintf(out, size, "n=%lld block=%lld", (long long)c->n, (long long)c->d);
+}
+
+static const ops_case_t cases_quant_i8[] = {
+    {.op = OP_QUANT_I8, .cfgs = ALL, .n = 1000, .d = 256}, /* a ragged last block */
+    {.op = OP_QUANT_I8, .cfgs = ALL, .n = 1, .d = 256},
+    {.op = OP_QUANT_I8, .cfgs = ALL, .n = 4097, .d = 100, .offset = 1},
+    {.op = OP_QUANT_I8, .cfgs = ALL, .n = 300, .d = 7, .offset = 4},
+};
+static const ops_case_t large_quant_i8[] = {
+    {.op = OP_QUANT_I8, .cfgs = BOTH, .n = 5000017, .d = 256},
+};
+
+/* One maximum, one IEEE division and rounding, one product per element: the CPU's bits on
+ * CUDA; in bf16 configurations the same codes (the inputs are bf16 values) and y rounded once. */
+static const ops_desc_t desc_quant_i8 = {
+    .name = "quant_i8",
+    CASES(cases_quant_i8),
+    LARGE(large_quant_i8),
+    .run = run_quant_i8,
+    .shape = shape_quant_i8,
+};
+
 /* ---- adamw ------------------------------------------------------------------------------ */
 
 static void run_adamw(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)

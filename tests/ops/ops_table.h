@@ -63,6 +63,7 @@
     X(ADD, add)                                                                                               \
     X(SCALE, scale)                                                                                           \
     X(SUMSQ, sumsq)                                                                                           \
+    X(QUANT_I8, quant_i8)                                                                                     \
     X(ADAMW, adamw)
 
 typedef enum {
