@@ -15,7 +15,8 @@
 #    block, one with a bad value is refused naming the key;
 #  - ftk-reshard keeps the policy, or sets it with --units (group:M above the blocks: exit 2);
 #  - bad values (group:0, size:abc, group:6 for 5 blocks, group:) exit 2 naming --units, with no
-#    run directory left.
+#    run directory left; so do the combinations not built: --units group:2 with --strategy hpz
+#    or with --compress-weights / --compress-grads, and --compress-weights with hpz.
 # Usage: tests/cli/units.sh BIN_DIR WORK_DIR [slow]   (slow: also none, and hybrid on 4 ranks)
 set -u
 BIN=$1 WORK=$2 SLOW=${3:-}
@@ -133,4 +134,12 @@ for u in group:0 size:abc group: size:0 blocks; do
 done
 expect "--units group:6 (5 blocks): exit 2" 2 $T --units group:6 -o "$WORK/bad"
 check "... says the model has 5 blocks, no run directory" sh -c "grep -q -- '--units group:6: the model has 5 blocks' '$WORK/err' && [ ! -e '$WORK/bad' ]"
+for c in "--strategy hpz --units group:2|--strategy hpz takes --units block only" \
+    "--compress-weights int8 --units group:2|take --units block only" \
+    "--compress-grads bf16 --units size:600KB|take --units block only" \
+    "--strategy hpz --compress-weights int8|not with --strategy hpz"; do
+    args=${c%%|*} want=${c#*|}
+    expect "$args: exit 2" 2 $T $args -o "$WORK/bad"
+    check "... says '$want', no run directory" sh -c "grep -q -- '$want' '$WORK/err' && [ ! -e '$WORK/bad' ]"
+done
 finish
