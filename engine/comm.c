@@ -428,6 +428,25 @@ int comm_node_rank(comm_t *c, int *local_rank, int *local_size)
     return 0;
 }
 
+int comm_node_blocks(comm_t *c, int *size)
+{
+    int lr, ls;
+    if (comm_node_rank(c, &lr, &ls) < 0)
+        return -1;
+    int64_t lo[1] = {ls}, hi[2] = {ls, lr == comm_rank(c) % ls ? 0 : 1};
+    if (comm_allreduce_i64(c, lo, 1, COMM_MIN) < 0 || comm_allreduce_i64(c, hi, 2, COMM_MAX) < 0)
+        return -1;
+    if (lo[0] != hi[0] || hi[1]) {
+        int sim = 0;
+        comm_sim_node_ranks(&sim);
+        ftk_err_set("the nodes%s do not hold equal blocks of consecutive ranks (%lld to %lld ranks per node)",
+                    sim ? " (simulated: FTK_SIM_NODE_RANKS)" : "", (long long)lo[0], (long long)hi[0]);
+        return -1;
+    }
+    *size = ls;
+    return 0;
+}
+
 int comm_node_id(comm_t *c, int *node)
 {
     int n;

@@ -114,6 +114,10 @@ int comm_alone(const comm_t *c);
 /* Ranks sharing this rank's node (MPI_Comm_split_type SHARED, or simulated nodes: see
  * above): index and count. */
 int comm_node_rank(comm_t *c, int *local_rank, int *local_size);
+/* The ranks per node where the nodes hold equal blocks of consecutive ranks of c (the
+ * groups of hybrid and hpz are such blocks): 0 and *size, or -1 with the message saying the
+ * nodes do not (and how many ranks they hold). Collective over c. */
+int comm_node_blocks(comm_t *c, int *size);
 /* This rank's node as the lowest rank of c on it (collective over c). */
 int comm_node_id(comm_t *c, int *node);
 /* FTK_SIM_NODE_RANKS: 0 and *n (0 when unset or empty: real nodes), or -1 with the message

@@ -20,24 +20,12 @@ struct hpz {
 
 int hpz_node_size(comm_t *world, int node_size, int *n)
 {
-    int W = comm_size(world), rank = comm_rank(world);
-    if (node_size <= 0) {
-        int lr, ls;
-        if (comm_node_rank(world, &lr, &ls) < 0)
-            return -1;
-        /* node groups are blocks of consecutive ranks: the nodes must be such blocks */
-        int64_t lo[1] = {ls}, hi[2] = {ls, lr == rank % ls ? 0 : 1};
-        if (comm_allreduce_i64(world, lo, 1, COMM_MIN) < 0 || comm_allreduce_i64(world, hi, 2, COMM_MAX) < 0)
-            return -1;
-        if (lo[0] != hi[0] || hi[1]) {
-            int sim = 0;
-            comm_sim_node_ranks(&sim);
-            ftk_err_set("--strategy hpz: the nodes%s do not hold equal blocks of consecutive ranks (%lld to %lld "
-                        "ranks per node); pass --node-size",
-                        sim ? " (simulated: FTK_SIM_NODE_RANKS)" : "", (long long)lo[0], (long long)hi[0]);
-            return -1;
-        }
-        node_size = ls;
+    int W = comm_size(world);
+    if (node_size <= 0 && comm_node_blocks(world, &node_size) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ftk_err_msg());
+        ftk_err_set("--strategy hpz: %s; pass --node-size", why);
+        return -1;
     }
     if (W % node_size) {
         ftk_err_set("--node-size %d does not divide the %d ranks", node_size, W);

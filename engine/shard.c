@@ -502,23 +502,11 @@ static int set_groups(shard_t *s, int group_size)
         return hpz_node_size(s->world, group_size, &s->node_size);
     if (s->strat != STRAT_HYBRID)
         return 0;
-    if (group_size <= 0) {
-        int lr, ls;
-        if (comm_node_rank(s->world, &lr, &ls) < 0)
-            return -1;
-        /* Groups are blocks of consecutive ranks; the node's ranks must form one. */
-        int64_t v[2] = {ls, lr == rank % ls ? 0 : 1}, mx[2] = {ls, v[1]};
-        comm_allreduce_i64(s->world, v, 1, COMM_MIN);
-        comm_allreduce_i64(s->world, mx, 2, COMM_MAX);
-        if (v[0] != mx[0] || mx[1]) {
-            int sim = 0;
-            comm_sim_node_ranks(&sim);
-            ftk_err_set("--strategy hybrid: the nodes%s do not hold equal blocks of consecutive ranks (%lld to %lld "
-                        "ranks per node); pass --shard-group-size",
-                        sim ? " (simulated: FTK_SIM_NODE_RANKS)" : "", (long long)v[0], (long long)mx[0]);
-            return -1;
-        }
-        group_size = ls;
+    if (group_size <= 0 && comm_node_blocks(s->world, &group_size) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ftk_err_msg());
+        ftk_err_set("--strategy hybrid: %s; pass --shard-group-size", why);
+        return -1;
     }
     if (W % group_size) {
         ftk_err_set("--shard-group-size %d does not divide the %d ranks", group_size, W);
