@@ -752,25 +752,36 @@ static void cpu_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
 }
 
 #define SUMSQ_BLOCK 65536
-static void cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
+/* Σy² over blocks of SUMSQ_BLOCK elements, each block summed in order and the blocks'
+ * sums added in order, so the bits do not depend on the threads. With x, each block first
+ * gets y += x (add's arithmetic) while it is in the cache: add_sumsq's bits are those of
+ * add then sumsq by construction. */
+static double sumsq_blocks(bk_buf_t y, const bk_buf_t *x, int64_t n)
 {
-    if (check_dt(be, "sumsq", 1, &x) < 0)
-        return;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
     double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
     if (!part)
         abort();
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nb; b++) {
-        int64_t e = (b + 1) * SUMSQ_BLOCK < n ? (b + 1) * SUMSQ_BLOCK : n;
+        int64_t a = b * SUMSQ_BLOCK, e = a + SUMSQ_BLOCK < n ? a + SUMSQ_BLOCK : n;
+        if (x && y.dt == DT_F32 && x->dt == DT_F32) {
+            float *yp = y.p;
+            const float *xp = x->p;
+            for (int64_t i = a; i < e; i++)
+                yp[i] += xp[i];
+        } else if (x) {
+            for (int64_t i = a; i < e; i++)
+                st(y, i, ld(y, i) + ld(*x, i));
+        }
         double s = 0;
-        if (x.dt == DT_F32) {
-            const float *xp = x.p;
-            for (int64_t i = b * SUMSQ_BLOCK; i < e; i++)
-                s += (double)xp[i] * xp[i];
+        if (y.dt == DT_F32) {
+            const float *yp = y.p;
+            for (int64_t i = a; i < e; i++)
+                s += (double)yp[i] * yp[i];
         } else {
-            for (int64_t i = b * SUMSQ_BLOCK; i < e; i++) {
-                double v = ld(x, i);
+            for (int64_t i = a; i < e; i++) {
+                double v = ld(y, i);
                 s += v * v;
             }
         }
@@ -780,46 +791,23 @@ static void cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     for (int64_t b = 0; b < nb; b++)
         total += part[b];
     free(part);
-    *acc += total;
+    return total;
 }
 
-/* add then sumsq on the sums as stored, block by block while each block is in the cache:
- * each element's sum is add's, and the blocks and their sums are sumsq's, so the bits are
- * those of the sequence (off by default like every fused op on the CPU). */
+static void cpu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
+{
+    if (check_dt(be, "sumsq", 1, &x) < 0)
+        return;
+    *acc += sumsq_blocks(x, NULL, n);
+}
+
+/* add then sumsq (off by default like every fused op on the CPU) */
 static void cpu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
 {
     bk_buf_t b[2] = {y, x};
     if (check_dt(be, "add_sumsq", 2, b) < 0)
         return;
-    int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
-    double *part = malloc((size_t)(nb ? nb : 1) * sizeof *part);
-    if (!part)
-        abort();
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < nb; k++) {
-        int64_t e = (k + 1) * SUMSQ_BLOCK < n ? (k + 1) * SUMSQ_BLOCK : n;
-        double s = 0;
-        if (y.dt == DT_F32 && x.dt == DT_F32) {
-            float *yp = y.p;
-            const float *xp = x.p;
-            for (int64_t i = k * SUMSQ_BLOCK; i < e; i++) {
-                yp[i] += xp[i];
-                s += (double)yp[i] * yp[i];
-            }
-        } else {
-            for (int64_t i = k * SUMSQ_BLOCK; i < e; i++) {
-                st(y, i, ld(y, i) + ld(x, i));
-                double v = ld(y, i);
-                s += v * v;
-            }
-        }
-        part[k] = s;
-    }
-    double total = 0;
-    for (int64_t k = 0; k < nb; k++)
-        total += part[k];
-    free(part);
-    *acc += total;
+    *acc += sumsq_blocks(y, &x, n);
 }
 
 /* The int8 codes of one block (backend.h quant_i8): fmaxf skips NaN, so a NaN element
