@@ -3,8 +3,9 @@
  * ## On disk (ftk_format "checkpoint", version 1)
  *
  *   RUN/step-00000200/            one checkpoint (8-digit step)
- *     manifest.json               what is below, self-describing
- *     config.json                 the model, as Hugging Face's config.json (hfconfig.h)
+ *     manifest.json               what is below, self-describing (never a link)
+ *     config.json                 the model, as Hugging Face's config.json (hfconfig.h;
+ *                                 never a link)
  *     shard-00001-of-0000S.h5     one file per shard (S = shard count)
  *   RUN/latest                    a one-line text file naming the newest committed
  *                                 checkpoint ("step-00000200\n"), replaced by rename;
@@ -94,7 +95,9 @@
  * of its recorded size, at least the 3 × Σ padded/S elements of its arrays (2 bytes each). Stored
  * padding must be zero wherever it is read (ftk-verify's rule, so that no tool accepts
  * what it refuses). manifest.json (16 MiB), config.json (1 MiB) and latest (4 KiB) are read
- * with buf_read_small(): regular files only, bounded, latest without following a link.
+ * with buf_read_small(): regular files only, bounded, none through a symbolic link (control
+ * files of a run directory, which may be someone else's: a link to a secret is refused
+ * before its target is read).
  *
  * Shard file (HDF5, ftk_format "checkpoint-shard", version 1): root attributes
  * shard_index (1-based), shard_count, step, units_xxh3 (XXH3-64 of the manifest's

@@ -334,7 +334,9 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
     memset(man, 0, sizeof *man);
     if (!mpath || !cpath)
         goto out;
-    if (buf_read_small(&mb, mpath, MANIFEST_MAX, 0) < 0)
+    /* control files ftk writes itself, never as links: a link (to a secret, to another
+     * run's) is refused before a byte of its target is read */
+    if (buf_read_small(&mb, mpath, MANIFEST_MAX, BUF_NOFOLLOW) < 0)
         goto out;
     if ((man->sealed = check_seal(mpath, &mb)) < 0)
         goto out;
@@ -346,7 +348,7 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
         ftk_err_prefix("%s: ", dir);
         goto out;
     }
-    if (buf_read_small(&cb, cpath, CONFIG_MAX, 0) < 0)
+    if (buf_read_small(&cb, cpath, CONFIG_MAX, BUF_NOFOLLOW) < 0)
         goto out;
     if (hash_bytes(cb.data, cb.len) != config_sum) {
         ftk_err_set("%s: checksum differs from the manifest's", cpath);

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Control files that are not what ftk wrote (formats/checkpoint.h, libcommon/buf.h
 # buf_read_small): RUN/latest as a FIFO, a link to /dev/zero, a link to a good file, a
-# directory; a checkpoint's config.json as a FIFO; RUN/.lock as a link to another file, a
+# directory; a checkpoint's config.json as a FIFO, its manifest.json or config.json as a
+# link (to a secret: nothing of it said); RUN/.lock as a link to another file, a
 # FIFO, a directory; RUN/metrics.jsonl (read on a resume) as a FIFO or a link. Every tool that reads them (ftk-verify, ftk-merge, ftk-generate,
 # ftk-reshard, ftk-train) ends at once — exit 2 naming the file (3 from ftk-verify for
 # damage inside a checkpoint) — instead of waiting on the FIFO forever or reading
@@ -60,6 +61,23 @@ says "config.json a FIFO: ftk-verify names it" "step-00000002/config.json: a FIF
 expect "config.json a FIFO: ftk-merge exit 2" 2 $TO "$BIN/ftk-merge" -q "$WORK/r" -o "$WORK/m.h5"
 expect "config.json a FIFO: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
 says "config.json a FIFO: ftk-train names it" "step-00000002/config.json: a FIFO, not"
+
+# manifest.json of a checkpoint as a link (to a good manifest, to a secret): refused, its
+# target not read, nothing of it said
+rm -rf "$WORK/r" && cp -r "$WORK/run" "$WORK/r"
+mv "$WORK/r/step-00000002/manifest.json" "$WORK/manifest" && ln -s "$WORK/manifest" "$WORK/r/step-00000002/manifest.json"
+expect "manifest.json a link to a good one: ftk-verify exit 3" 3 $TO "$BIN/ftk-verify" "$WORK/r"
+says "manifest.json a link: ftk-verify names it" "step-00000002/manifest.json: a symbolic link"
+printf 'root:*:19000:0:99999:7:::\n' >"$WORK/secret" && chmod 600 "$WORK/secret"
+ln -sf "$WORK/secret" "$WORK/r/step-00000002/manifest.json"
+expect "manifest.json a link to a secret: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK/r" --resume auto
+says "manifest.json a link to a secret: ftk-train names it" "step-00000002/manifest.json: a symbolic link"
+silent() { ! grep -q -e root -e 19000 -e "'r'" "$WORK/err"; } # not even its first byte
+check "manifest.json a link to a secret: no byte of it said" silent
+rm "$WORK/r/step-00000002/manifest.json" && mv "$WORK/manifest" "$WORK/r/step-00000002/manifest.json"
+mv "$WORK/r/step-00000002/config.json" "$WORK/config.json" && ln -s "$WORK/config.json" "$WORK/r/step-00000002/config.json"
+expect "config.json a link: ftk-verify exit 3" 3 $TO "$BIN/ftk-verify" "$WORK/r"
+says "config.json a link: ftk-verify names it" "step-00000002/config.json: a symbolic link"
 
 # .lock not a regular file: ftk-train refuses it, and writes nothing through a link
 rm -rf "$WORK/r" && cp -r "$WORK/run" "$WORK/r" && rm "$WORK/r/.lock"
