@@ -184,17 +184,24 @@ static int holds_only_lock(const char *dir)
 static int prepare_out_dir(trainer_t *t)
 {
     const char *out = t->o.out_dir;
+    /* missing parents made, as LitGPT makes its nested out_dir */
+    if (mkdir_parents(out, &t->made_parents) < 0)
+        return fail(t, FTK_EXIT_FAIL, "--out %s: %s", out, ftk_err_msg());
     if (mkdir(out, 0777) == 0)
         t->made_dir = 1;
-    else if (errno != EEXIST)
-        return fail(t, FTK_EXIT_FAIL, "%s: %s", out, strerror(errno));
+    else if (errno != EEXIST) {
+        int e = errno;
+        rmdir_parents(out, t->made_parents);
+        t->made_parents = 0;
+        return fail(t, FTK_EXIT_FAIL, "--out %s: %s", out, strerror(e));
+    }
     /* one writer per run directory, for the life of the job; only then may temporaries
      * be taken for a dead run's */
     int fd = ckpt_lock_run(out);
     if (fd == -1) {
         /* Another writer holds it: even if our mkdir made the directory, it is that
          * writer's run now (two started together), so a failure must not remove it. */
-        t->made_dir = 0;
+        t->made_dir = t->made_parents = 0;
         return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     }
     if (fd == -2)
@@ -208,7 +215,7 @@ static int prepare_out_dir(trainer_t *t)
      * first and run to its end meanwhile: then what it holds is that writer's, and a
      * failure of ours (the run exists) must leave it. */
     if (t->made_dir && !holds_only_lock(out))
-        t->made_dir = 0;
+        t->made_dir = t->made_parents = 0;
     char latest[4096];
     snprintf(latest, sizeof latest, "%.*s/latest", path_dir_len(out), out);
     struct stat sb;
@@ -415,7 +422,8 @@ void trainer_discard_new_run(trainer_t *t)
 {
     if (t && t->rank == 0 && t->made_dir && !t->committed) {
         rm_tree(t->o.out_dir); /* a failure to remove it changes nothing about the failure reported */
-        t->made_dir = 0;
+        rmdir_parents(t->o.out_dir, t->made_parents);
+        t->made_dir = t->made_parents = 0;
     }
 }
 #undef CHECK

@@ -51,6 +51,7 @@ struct trainer {
     hid_t wf;
     int lock_fd; /* the run directory's lock (rank 0), -1 when none */
     int made_dir;  /* rank 0 created the run directory (a failure before any checkpoint removes it) */
+    int made_parents; /* and this many directories above it (removed with it) */
     int committed; /* a checkpoint of this process is in it under its final name */
     data_t data;
     model_config_t cfg;

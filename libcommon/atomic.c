@@ -15,6 +15,7 @@
 
 #include "fault.h"
 #include "log.h"
+#include "path.h"
 
 /* What the signal handler removes: temporary files, and directories (removed after the
  * files in them). No fixed number: each is a node of a list that only grows. A node is
@@ -401,4 +402,49 @@ void atomic_dir_abort(atomic_dir_t *a)
     if (a->tmp_path)
         rm_tree(a->tmp_path);
     atomic_dir_free(a);
+}
+
+int mkdir_parents(const char *path, int *made)
+{
+    *made = 0;
+    char *p = strdup(path);
+    if (!p) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    char *end = p + path_dir_len(p); /* the last component's end, then its start */
+    while (end > p && end[-1] != '/')
+        end--;
+    int rc = 0;
+    for (char *s = p + 1; s < end && rc == 0; s++) {
+        if (*s != '/' || s[-1] == '/')
+            continue;
+        *s = 0;
+        if (mkdir(p, 0777) == 0)
+            ++*made;
+        else if (errno != EEXIST)
+            rc = -1, ftk_err_set("%s: cannot make this directory: %s", p, strerror(errno));
+        *s = '/';
+    }
+    if (rc < 0) {
+        rmdir_parents(path, *made);
+        *made = 0;
+    }
+    free(p);
+    return rc;
+}
+
+void rmdir_parents(const char *path, int n)
+{
+    char *p = strdup(path);
+    for (int i = 0; p && i < n; i++) {
+        p[path_dir_len(p)] = 0;
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p)
+            break;
+        *slash = 0;
+        if (rmdir(p) < 0)
+            break;
+    }
+    free(p);
 }

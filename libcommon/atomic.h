@@ -60,6 +60,13 @@ void atomic_unregister_dir(const char *path);
  * atomic_unregister_file(). */
 void atomic_register_file(char *path);
 void atomic_unregister_file(const char *path);
+/* mkdir -p of path's parent (the directories above path that are missing, mode 0777),
+ * for an output directory given nested (LitGPT's out/finetune/full-llama2-7b); *made: how
+ * many it made. Returns 0, or -1 with ftk_err_msg() naming the directory that could not be
+ * made (and those it made removed). rmdir_parents() removes the n nearest directories
+ * above path, those mkdir_parents() made, as far as they are empty. */
+int mkdir_parents(const char *path, int *made);
+void rmdir_parents(const char *path, int n);
 /* rm -r path (no error when it does not exist). */
 int rm_tree(const char *path);
 

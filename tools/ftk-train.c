@@ -68,7 +68,8 @@ OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"model", 'm', OPT_STR, &model_path, "FILE.h5", "initial weights (ftk-import-hf, ftk-init) (required)"},
     {"data", 'd', OPT_STR, &data_path, "FILE.h5", "token data from ftk-pack: a file, or a shard set by its base name or any shard (required)"},
-    {"out", 'o', OPT_STR, &out_dir, "DIR", "run directory: checkpoints, latest, metrics.jsonl (required)"},
+    {"out", 'o', OPT_STR, &out_dir, "DIR",
+     "run directory: checkpoints, latest, metrics.jsonl, options.yaml (required; missing parents are made)"},
     {"steps", 0, OPT_I64, &steps, "N", "optimizer steps (0: --epochs worth)", "0.."},
     {"epochs", 0, OPT_I64, &epochs, "E", "passes over the training rows when --steps is 0", "1.."},
     {"global-batch", 0, OPT_I64, &global_batch, "G", "rows per optimizer step, over all ranks", "1.."},

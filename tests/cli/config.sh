@@ -13,7 +13,8 @@
 #    --tensorboard outside the run unless the command line does (kept relative to the
 #    run), is not read through a link, and no error quotes it;
 #  - --extend lets a resume change the steps or the learning rate (refused without it),
-#    says so on stderr and in metrics.jsonl.
+#    says so on stderr and in metrics.jsonl;
+#  - -o a/b/run makes the missing a/b (removed again when the run fails at its start).
 # Usage: tests/cli/config.sh BIN_DIR WORK_DIR [quick]   (quick: the ASan run; LitGPT's
 # files of every model are loaded by the release run only: the same keys, in other orders)
 set -u
@@ -207,4 +208,11 @@ check "... at a line and column, saying what was wrong, no byte of it" sh -c "
     ! LC_ALL=C grep -q '[^ -~]' '$WORK/err'"
 kept k8 && "$PY" -c "n = 10000; print('\"\": ' + '{\"\": ' * (n - 1) + '1' + '}' * (n - 1))" >"$WORK/k8/options.yaml"
 expect "options.yaml of 10000 levels of empty keys: refused" 2 $T -o "$WORK/k8" --resume auto
+
+# -o a/b/run: the missing directories made, as LitGPT makes its out_dir
+expect "-o NEW/a/b/run: made" 0 $T --config "$WORK/c.yaml" -o "$WORK/new/a/b/run" --steps 1
+check "... the run there" test -f "$WORK/new/a/b/run/latest"
+expect "-o NEW2/a/b/run failing before its first checkpoint (--tensorboard under a file): exit 1" 1 \
+    $T --config "$WORK/c.yaml" -o "$WORK/new2/a/b/run" --steps 1 --tensorboard "$WORK/victim/tb"
+check "... the directories it made removed" test ! -e "$WORK/new2"
 finish
