@@ -16,7 +16,8 @@
 #    says so on stderr and in metrics.jsonl;
 #  - -o a/b/run makes the missing a/b (removed again when the run fails at its start).
 # Usage: tests/cli/config.sh BIN_DIR WORK_DIR [quick]   (quick: the ASan run; LitGPT's
-# files of every model are loaded by the release run only: the same keys, in other orders)
+# file of every model, and the trainings that check values rather than memory, are the
+# release run's only)
 set -u
 BIN=$1 WORK=$2 MODE=${3:-full}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -99,16 +100,18 @@ for f in $corpus; do
     check "... every key taken or said as ignored" sh -c "[ \$(grep -c ': ignored (' '$WORK/err') -ge 10 ] &&
         [ \$(grep -vc ': ignored (' '$WORK/err') = 0 ]"
 done
-printf 'train:\n  max_norm: 0.5\n' >"$WORK/norm.yaml"
-expect "train.max_norm 0.5: --clip 0.5" 0 $T --config "$WORK/norm.yaml" -m "$WORK/w.h5" -d "$WORK/d.h5" \
-    -o "$WORK/lit3" --steps 1 --global-batch 4 --micro-batch 2 --eval-every 0
-check "... in options.yaml" grep -qx 'clip: 0.5' "$WORK/lit3/options.yaml"
-expect "litgpt 0.3's train.learning_rate, weight_decay, beta1, beta2" 0 $T --config \
-    "$ROOT/tests/corpus/config/litgpt/v0.3.1-llama-2-7b-full.yaml" -m "$WORK/w.h5" -d "$WORK/d.h5" -o "$WORK/lit4" \
-    --steps 1 --global-batch 4 --micro-batch 2 --eval-every 0
-check "... taken: lr 2e-4, weight decay 0.1, betas 0.9/0.95" sh -c "
-    grep -qx 'lr: 0.00020000000000000001' '$WORK/lit4/options.yaml' && grep -qx 'weight-decay: 0.10000000000000001' '$WORK/lit4/options.yaml' &&
-    grep -qx 'beta1: 0.90000000000000002' '$WORK/lit4/options.yaml' && grep -qx 'beta2: 0.94999999999999996' '$WORK/lit4/options.yaml'"
+if [ "$MODE" != quick ]; then # trainings that check values, not memory: the release run
+    printf 'train:\n  max_norm: 0.5\n' >"$WORK/norm.yaml"
+    expect "train.max_norm 0.5: --clip 0.5" 0 $T --config "$WORK/norm.yaml" -m "$WORK/w.h5" -d "$WORK/d.h5" \
+        -o "$WORK/lit3" --steps 1 --global-batch 4 --micro-batch 2 --eval-every 0
+    check "... in options.yaml" grep -qx 'clip: 0.5' "$WORK/lit3/options.yaml"
+    expect "litgpt 0.3's train.learning_rate, weight_decay, beta1, beta2" 0 $T --config \
+        "$ROOT/tests/corpus/config/litgpt/v0.3.1-llama-2-7b-full.yaml" -m "$WORK/w.h5" -d "$WORK/d.h5" -o "$WORK/lit4" \
+        --steps 1 --global-batch 4 --micro-batch 2 --eval-every 0
+    check "... taken: lr 2e-4, weight decay 0.1, betas 0.9/0.95" sh -c "
+        grep -qx 'lr: 0.00020000000000000001' '$WORK/lit4/options.yaml' && grep -qx 'weight-decay: 0.10000000000000001' '$WORK/lit4/options.yaml' &&
+        grep -qx 'beta1: 0.90000000000000002' '$WORK/lit4/options.yaml' && grep -qx 'beta2: 0.94999999999999996' '$WORK/lit4/options.yaml'"
+fi
 
 # refusals: exit 2, file, line, column, nothing written
 refuse() { # refuse NAME MESSAGE YAML-TEXT
@@ -176,18 +179,22 @@ for k in "$WORK/outside" "../outside" "tblink/tb"; do
     check "... saying why, nothing written there" sh -c "grep -q 'tensorboard: a path that leaves the directory' '$WORK/err' &&
         [ -z \"\$(ls '$WORK/outside')\" ]"
 done
-expect "... unless the command line names it" 0 $T -o "$WORK/k2" --resume auto --tensorboard "$WORK/outside"
-check "... kept as an absolute path" grep -qx "tensorboard: \"$WORK/outside\"" "$WORK/k2/options.yaml"
+if [ "$MODE" != quick ]; then # a 1-step training: the release run
+    expect "... unless the command line names it" 0 $T -o "$WORK/k2" --resume auto --tensorboard "$WORK/outside"
+    check "... kept as an absolute path" grep -qx "tensorboard: \"$WORK/outside\"" "$WORK/k2/options.yaml"
+fi
 mkdir "$WORK/elsewhere"
 kept k3 && echo 'tensorboard: "tb"' >>"$WORK/k3/options.yaml"
 expect "options.yaml with tensorboard: tb: inside the run, from another directory" 0 sh -c "cd '$WORK/elsewhere' && $T -o '$WORK/k3' --resume auto"
 check "... its events there" sh -c "ls '$WORK/k3/tb' | grep -q '^events.out.tfevents' && [ -z \"\$(ls '$WORK/elsewhere')\" ]"
-# relative to the working directory on the command line, kept relative to the run
-rm -rf "$WORK/t1"
-expect "-o t1 --tensorboard t1/tb --stop-after 1 (relative paths)" 75 sh -c "cd '$WORK' && $T --config c.yaml -o t1 --steps 2 --tensorboard t1/tb --stop-after 1"
-check "... kept relative to the run" grep -qx 'tensorboard: "tb"' "$WORK/t1/options.yaml"
-expect "... resumed from another directory" 0 sh -c "cd '$WORK/elsewhere' && $T -o '$WORK/t1' --resume auto"
-check "... its events beside the first ones" sh -c "[ \$(ls '$WORK/t1/tb' | grep -c '^events.out.tfevents') = 2 ] && [ -z \"\$(ls '$WORK/elsewhere')\" ]"
+if [ "$MODE" != quick ]; then # two trainings: the release run
+    # relative to the working directory on the command line, kept relative to the run
+    rm -rf "$WORK/t1"
+    expect "-o t1 --tensorboard t1/tb --stop-after 1 (relative paths)" 75 sh -c "cd '$WORK' && $T --config c.yaml -o t1 --steps 2 --tensorboard t1/tb --stop-after 1"
+    check "... kept relative to the run" grep -qx 'tensorboard: "tb"' "$WORK/t1/options.yaml"
+    expect "... resumed from another directory" 0 sh -c "cd '$WORK/elsewhere' && $T -o '$WORK/t1' --resume auto"
+    check "... its events beside the first ones" sh -c "[ \$(ls '$WORK/t1/tb' | grep -c '^events.out.tfevents') = 2 ] && [ -z \"\$(ls '$WORK/elsewhere')\" ]"
+fi
 
 printf 'secret-key: hunter2\n' >"$WORK/secret" && chmod 600 "$WORK/secret"
 kept k4 && rm "$WORK/k4/options.yaml" && ln -s "$WORK/secret" "$WORK/k4/options.yaml"
