@@ -70,6 +70,34 @@ check "... naming its line, nothing written" sh -c "grep -q 'bad.jsonl: line 3' 
 expect "a missing run: exit 2" 2 "$BIN/ftk-plot" "$WORK/nope" -o "$WORK/x.svg"
 check "... No such file or directory" grep -q "nope: No such file or directory" "$WORK/err"
 expect "no -o: exit 2" 2 "$BIN/ftk-plot" "$WORK/r"
+# the tick loop once stalled where a tick step is below the spacing of doubles (1e17 + 2 ==
+# 1e17) and grew its output forever; timeout: a hang fails, not the CI job
+M='"lr": 1, "grad_norm": 1, "tokens_per_s": 1, "elapsed_s": 1}'
+printf '{"kind": "step", "step": 1, "loss": 1e17, %s\n{"kind": "step", "step": 2, "loss": 1.0000000000000002e17, %s\n' \
+    "$M" "$M" >"$WORK/big-loss.jsonl"
+printf '{"kind": "step", "step": 1e17, "loss": 1, %s\n{"kind": "step", "step": 100000000000000016, "loss": 2, %s\n' \
+    "$M" "$M" >"$WORK/big-step.jsonl"
+printf '{"kind": "step", "step": 1, "loss": -1e308, %s\n{"kind": "step", "step": 1e300, "loss": 1e308, %s\n' \
+    "$M" "$M" >"$WORK/huge.jsonl"
+for f in big-loss big-step huge; do
+    expect "ftk-plot, $f (values a few ulps apart, or spanning all doubles): exit 0" 0 timeout -k 5 60 \
+        "$BIN/ftk-plot" "$WORK/$f.jsonl" -o "$WORK/$f.svg"
+done
+# names and titles are any bytes: control bytes and invalid UTF-8 come out as well-formed XML
+odd=$(printf 'run\001\033<&"\377\342\202')
+mkdir -p "$WORK/$odd" && cp "$WORK/huge.jsonl" "$WORK/$odd/metrics.jsonl"
+expect "ftk-plot of a run whose name has control bytes and invalid UTF-8, --title likewise" 0 "$BIN/ftk-plot" \
+    "$WORK/big-loss.jsonl" "$WORK/$odd" -o "$WORK/odd.svg" --title "$(printf 'T\002\357\277\276\300\257')"
+check "the SVGs are well-formed XML, at most 64 KiB, with no nan, the two loss ticks apart" "$PY" -c "
+import os, sys, xml.etree.ElementTree as E
+ok = True
+for f in ('big-loss', 'big-step', 'huge', 'odd'):
+    p = '$WORK/' + f + '.svg'
+    r = E.parse(p).getroot()
+    ok = ok and os.path.getsize(p) <= 65536 and 'nan' not in open(p).read()
+t = [x.text for x in E.parse('$WORK/big-loss.svg').getroot().iter('{http://www.w3.org/2000/svg}text')]
+ok = ok and '1e+17' in t and '1.0000000000000002e+17' in t
+sys.exit(not ok)"
 
 # --- TensorBoard ------------------------------------------------------------------------------
 TB=$ROOT/build/pylib-tb

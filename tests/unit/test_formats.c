@@ -1,5 +1,8 @@
 /* Unit tests of libcommon and formats: JSON parser, HDF5 conventions (checksums, zstd),
- * token-file builder and invariant checker, RNG, atomic files. */
+ * token-file builder and invariant checker, RNG, atomic files, the SVG plot's ticks and
+ * text. */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,7 +14,9 @@
 #include "../../libcommon/atomic.h"
 #include "../../libcommon/hash.h"
 #include "../../libcommon/log.h"
+#include "../../libcommon/plot.h"
 #include "../../libcommon/rng.h"
+#include "../../libcommon/utf8.h"
 #include "test.h"
 
 static int parse_ok(const char *s)
@@ -215,6 +220,34 @@ static void test_atomic(const char *dir)
     unlink(path);
 }
 
+/* plot_svg: ticks where a tick step is below the spacing of doubles (the loop once never
+ * ended), ranges wider than a double, and names that are not text. The alarm turns a hang
+ * into a failure. */
+static void test_plot(void)
+{
+    double xs[][2] = {{1, 2}, {1e17, 1e17 + 16}, {1, 1e300}, {5, 5}, {1e17, 1e17}};
+    double ys[][2] = {{1e17, 1.0000000000000002e17}, {1, 2}, {-1e308, 1e308}, {0, 5e-324}, {3, 3}};
+    alarm(60);
+    for (size_t c = 0; c < sizeof xs / sizeof *xs; c++) {
+        plot_series_t s = {xs[c], ys[c], 2, 0, 0, 0};
+        plot_panel_t p = {"loss", "step", &s, 1, NULL};
+        const char *names[] = {"run\001\033<&\"\377\342\202"};
+        buf_t b = {0};
+        CHECK(plot_svg(&b, &p, 1, 1, names, 1, "T\002\357\277\276\300\257") == 0);
+        CHECK(b.len < 16384 && !strstr(b.data, "nan") && !strstr(b.data, "inf"));
+        /* well-formed text: valid UTF-8, no C0 control but \n, no U+FFFE */
+        CHECK(utf8_check(b.data, b.len) == b.len && !strstr(b.data, "\357\277\276"));
+        int ctl = 0;
+        for (size_t i = 0; i < b.len; i++)
+            ctl += (unsigned char)b.data[i] < 0x20 && b.data[i] != '\n';
+        CHECK(ctl == 0 && strstr(b.data, "run\342\220\201\342\220\233&lt;&amp;&quot;\357\277\275"));
+        if (c == 0)
+            CHECK(strstr(b.data, ">1e+17<") && strstr(b.data, ">1.0000000000000002e+17<"));
+        buf_free(&b);
+    }
+    alarm(0);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
@@ -226,5 +259,6 @@ int main(int argc, char **argv)
     test_tokens();
     test_rng();
     test_atomic(work);
+    test_plot();
     TEST_END();
 }
