@@ -418,13 +418,15 @@ fail:
     return NULL;
 }
 
-void trainer_discard_new_run(trainer_t *t)
+int trainer_discard_new_run(trainer_t *t)
 {
     if (t && t->rank == 0 && t->made_dir && !t->committed) {
         rm_tree(t->o.out_dir); /* a failure to remove it changes nothing about the failure reported */
         rmdir_parents(t->o.out_dir, t->made_parents);
         t->made_dir = t->made_parents = 0;
+        return 1;
     }
+    return 0;
 }
 #undef CHECK
 

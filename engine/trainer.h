@@ -121,8 +121,9 @@ void trainer_free(trainer_t *t);
 /* After a failure: removes the run directory when this process made it and committed no
  * checkpoint in it (a failed run leaves nothing behind; rank 0 does it, others do nothing).
  * Call it after closing every file of the directory the caller opened (metrics.jsonl).
- * trainer_new() does the same itself when it fails. */
-void trainer_discard_new_run(trainer_t *t);
+ * trainer_new() does the same itself when it fails. Returns 1 when it removed the
+ * directory (on rank 0), else 0. */
+int trainer_discard_new_run(trainer_t *t);
 
 /* The allocations of a training job on be, in the order the trainer makes them: the
  * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool

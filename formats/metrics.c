@@ -35,6 +35,44 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
     return 0;
 }
 
+/* A record's step: its "step" as a number, NaN when it has none or one no int64_t holds
+ * (a forged 1e300 is no step, not undefined behaviour in a cast). */
+static double record_step(const json_value_t *o)
+{
+    double s = num(o, "step");
+    return s >= -0x1p63 && s < 0x1p63 ? s : NAN;
+}
+
+/* One line of a metrics file, as both the reader and the trimming see it: the bytes
+ * [s, s + n) (the newline excluded), whether the newline ends it (a last line without one
+ * is a torn write), and its JSON (doc and root: owned, json_free(doc); NULL for an empty
+ * line and for one that does not parse, which sets bad and ftk_err_msg()). */
+typedef struct {
+    const char *s;
+    size_t n;
+    int complete, bad;
+    json_doc_t *doc;
+    json_value_t *root;
+} mline_t;
+
+/* The line at *pos of text (line: its number, for messages), *pos moved past it; 0 at
+ * the end. Each line is parsed alone: the whole pass is linear in the file's size. */
+static int next_line(const buf_t *text, size_t *pos, unsigned line, mline_t *l)
+{
+    memset(l, 0, sizeof *l);
+    if (!text->data || *pos >= text->len)
+        return 0;
+    l->s = text->data + *pos;
+    const char *nl = memchr(l->s, '\n', text->len - *pos);
+    l->n = nl ? (size_t)(nl - l->s) : text->len - *pos;
+    l->complete = nl != NULL;
+    *pos += l->n + (nl ? 1 : 0);
+    json_opts_t jo = {.line0 = line};
+    if (l->n && !(l->doc = json_parse(l->s, l->n, &jo, &l->root)))
+        l->bad = 1;
+    return 1;
+}
+
 int metrics_read(const char *path, metrics_t *m)
 {
     memset(m, 0, sizeof *m);
@@ -62,34 +100,27 @@ int metrics_read(const char *path, metrics_t *m)
         return -1;
     }
     m->name = strdup(path);
-    size_t cs = 0, ce = 0;
+    size_t cs = 0, ce = 0, pos = 0;
     int rc = m->name ? 0 : -1;
-    const char *p = text.data ? text.data : "", *end = p + text.len;
-    for (unsigned line = 1; p < end && rc == 0; line++) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        json_value_t *o;
-        json_opts_t jo = {.line0 = line};
-        json_doc_t *doc = len ? json_parse(p, len, &jo, &o) : NULL;
-        if (len && !doc) {
+    mline_t l;
+    for (unsigned line = 1; rc == 0 && next_line(&text, &pos, line, &l); line++) {
+        if (l.bad) {
             /* the last line of a run killed while writing it: the history up to there */
-            if (!nl)
+            if (!l.complete)
                 break;
             ftk_err_prefix("%s: ", name.data);
             rc = -1;
             break;
         }
-        p += len + (nl ? 1 : 0);
-        if (!doc)
-            continue;
-        if (o->type == JSON_OBJECT) {
+        const json_value_t *o = l.root;
+        if (o && o->type == JSON_OBJECT) {
             const json_value_t *k = json_get(o, "kind");
             const char *kind = k && k->type == JSON_STRING ? k->u.str.s
                                : json_get(o, "loss")       ? "step"
                                : json_get(o, "val_loss")   ? "eval"
                                                            : "";
-            double step = num(o, "step");
-            if (!isfinite(step))
+            double step = record_step(o);
+            if (isnan(step))
                 ;
             else if (!strcmp(kind, "step")) {
                 if ((rc = grow((void **)&m->steps, &cs, m->n_steps, sizeof *m->steps)) == 0)
@@ -101,7 +132,7 @@ int metrics_read(const char *path, metrics_t *m)
                     m->evals[m->n_evals++] = (metrics_eval_t){(int64_t)step, num(o, "val_loss")};
             }
         }
-        json_free(doc);
+        json_free(l.doc);
     }
     if (rc == 0 && !m->n_steps && !m->n_evals) {
         ftk_err_set("%s: no step or evaluation records", name.data);
@@ -128,20 +159,18 @@ int metrics_trim(buf_t *out, const buf_t *in, int64_t step, double *elapsed0)
 {
     if (elapsed0)
         *elapsed0 = 0;
-    for (size_t i = 0; i < in->len;) {
-        const char *line = in->data + i;
-        const char *nl = memchr(line, '\n', in->len - i);
-        size_t e = nl ? (size_t)(nl - in->data) + 1 : in->len;
-        const char *s = strstr(line, "\"step\": ");
-        long long st = s && s < in->data + e ? atoll(s + 8) : 0;
-        if (nl && st <= step) {
-            if (buf_append(out, line, e - i) < 0)
-                return -1;
-            const char *el = strstr(line, "\"elapsed_s\": ");
-            if (elapsed0 && el && el < in->data + e)
-                *elapsed0 = atof(el + 13);
-        }
-        i = e;
+    size_t pos = 0;
+    mline_t l;
+    for (unsigned line = 1; next_line(in, &pos, line, &l); line++) {
+        double st = l.root ? num(l.root, "step") : NAN;
+        int keep = l.complete && !(st > (double)step);
+        int rc = keep ? buf_append(out, l.s, l.n + 1) : 0;
+        double el = keep && l.root ? num(l.root, "elapsed_s") : NAN;
+        if (elapsed0 && isfinite(el))
+            *elapsed0 = el;
+        json_free(l.doc);
+        if (rc < 0)
+            return -1;
     }
     return 0;
 }

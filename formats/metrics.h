@@ -1,7 +1,9 @@
 /* metrics.h — reading a run's metrics.jsonl (written by ftk-train) into series.
  *
  * The file (one JSON object a line, appended as the run goes; a resumed run first trims
- * the lines after its checkpoint's step, so the file always reads as one history):
+ * the records after its checkpoint's step, and a run that starts again from step 0
+ * without a checkpoint every record with a step, so the file always reads as one
+ * history):
  *
  *   {"kind": "step", "step": S, "loss": L, "lr": LR, "grad_norm": G, "tokens": N,
  *    "tokens_seen": N, "tokens_per_s": R, "elapsed_s": E, "epoch": EP, "ranks": P,
@@ -41,11 +43,13 @@ typedef struct {
     size_t n_evals;
 } metrics_t;
 
-/* The lines of a metrics file `in` (in.len bytes, NUL-terminated as buf.h's are) that a
- * history up to `step` keeps, appended to *out: complete lines whose "step" is <= step
- * (a line without one is kept; a last line without its newline, a torn write, is not).
- * *elapsed0 (may be NULL): the last kept line's elapsed_s (0 without one), where a resumed
- * run's clock continues. Returns 0, or -1 out of memory. */
+/* The lines of a metrics file `in` (in.len bytes) that a history up to `step` keeps,
+ * appended to *out: each line is parsed as metrics_read() parses it, and a complete line
+ * is kept unless it is a record whose "step" (a number, in whatever JSON spelling) is
+ * greater than step. A line that is not a record with a step (no "step", a malformed
+ * line) is kept as it is; a last line without its newline, a torn write, is not. Linear
+ * in in.len. *elapsed0 (may be NULL): the last kept record's elapsed_s (0 without one),
+ * where a resumed run's clock continues. Returns 0, or -1 out of memory. */
 int metrics_trim(buf_t *out, const buf_t *in, int64_t step, double *elapsed0);
 
 /* path: a run directory (its metrics.jsonl) or a metrics file. */

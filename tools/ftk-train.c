@@ -122,8 +122,9 @@ static const opt_t options[] = {
      "--resume with other --steps, --epochs, --lr, --min-lr, --warmup or --schedule (no longer bit-exact with "
      "an uninterrupted run; said in metrics.jsonl)"},
     {"tensorboard", 0, OPT_STR, &tensorboard_dir, "DIR",
-     "also write the metrics as TensorBoard scalars (event files in DIR; `tensorboard --logdir DIR`); kept relative "
-     "to the run when inside it; --resume auto takes no kept DIR outside the run (give --tensorboard again)"},
+     "also write the metrics as TensorBoard scalars (event files in DIR, the run's own: a resume trims them "
+     "to its checkpoint as it does metrics.jsonl; `tensorboard --logdir DIR`); kept relative to the run when "
+     "inside it; --resume auto takes no kept DIR outside the run (give --tensorboard again)"},
     {"precision", 0, OPT_STR, &precision_arg, "fp32|bf16-mixed|bf16-true",
      "what the weights, gradients, optimizer state and activations are stored in (see below)"},
     {"rounding", 0, OPT_STR, &rounding_arg, "stochastic|nearest",
@@ -298,9 +299,10 @@ static int agree_msg(int code, const char *msg)
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 
-/* Keeps the metrics lines of steps <= step (a resumed run rewrites what came after);
+/* Keeps the metrics records of steps <= step (a resumed run rewrites what came after);
  * *elapsed0: the run's elapsed_s at that step (the last kept step line's), from which a
- * resumed run's clock continues, so elapsed_s counts the run's whole history. */
+ * resumed run's clock continues, so elapsed_s counts the run's whole history. Returns 1
+ * (the run had a history), 0 (no metrics.jsonl yet: a new run) or -1. */
 static int trim_metrics(const char *path, int64_t step, double *elapsed0)
 {
     buf_t in = {0}, out = {0};
@@ -318,12 +320,19 @@ static int trim_metrics(const char *path, int64_t step, double *elapsed0)
         rc = atomic_write_file(path, out.data, out.len);
     buf_free(&in);
     buf_free(&out);
-    return rc;
+    return rc < 0 ? -1 : 1;
 }
 
-/* The first write error of metrics.jsonl (errno; rank 0), reported at the next step's end:
- * a full disk stops the run rather than losing its metrics silently. */
-static int metrics_errno;
+/* The first write error of metrics.jsonl or the TensorBoard file (rank 0), naming the file,
+ * reported at the next step's end: a full disk stops the run rather than losing its
+ * metrics silently. */
+static char metrics_path[4096], metrics_err[4096 + 256];
+
+static void metrics_fail(int e)
+{
+    if (!metrics_err[0])
+        snprintf(metrics_err, sizeof metrics_err, "%s: %s", metrics_path, strerror(e ? e : EIO));
+}
 
 /* The wall-clock time of a record, ISO 8601 UTC to the millisecond */
 static const char *iso_now(char out[32])
@@ -345,14 +354,14 @@ static void tb_scalar(const char *tag, int64_t step, double v)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     if (tb && tfevents_scalar(tb, tag, step, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, (float)v) < 0 &&
-        !metrics_errno)
-        metrics_errno = errno ? errno : EIO;
+        !metrics_err[0])
+        snprintf(metrics_err, sizeof metrics_err, "--tensorboard %s", ftk_err_msg());
 }
 
 static void metrics_flush(FILE *mf)
 {
-    if ((fflush(mf) != 0 || ferror(mf)) && !metrics_errno)
-        metrics_errno = errno ? errno : EIO;
+    if (fflush(mf) != 0 || ferror(mf))
+        metrics_fail(errno);
 }
 
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak,
@@ -1132,17 +1141,27 @@ static int run(int argc, char **argv)
         goto out;
     const ckpt_meta_t *meta = trainer_meta(t);
     double elapsed0 = 0; /* the history's elapsed_s at the resumed step (rank 0) */
-    char metrics_path[4096];
     snprintf(metrics_path, sizeof metrics_path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
     msg[0] = 0;
     code = 0;
+    /* The history this process continues: up to its checkpoint's step, or none at all from
+     * step 0 (a run killed before its first checkpoint starts again, step 0's validation
+     * included). */
+    int64_t kept = meta->step > 0 ? meta->step : -1;
     if (rank == 0) {
-        if (trim_metrics(metrics_path, meta->step, &elapsed0) < 0)
+        /* The TensorBoard files are trimmed like metrics.jsonl when there is a history to
+         * continue; a new run leaves the directory's files as they are (its START record,
+         * which has TensorBoard drop what it shows from that step on, is omitted too). */
+        int history = trim_metrics(metrics_path, kept, &elapsed0);
+        if (history < 0)
             code = errno == ELOOP || errno == EINVAL || errno == EFBIG ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
             snprintf(msg, sizeof msg, "%s", ftk_err_msg());
         else if (!(mf = fopen(metrics_path, "a")))
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(errno));
-        else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir)))
+        else if (tensorboard_dir && history && tfevents_trim(tensorboard_dir, kept) < 0)
+            code = errno == EFBIG ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
+            snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
+        else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir, history ? kept + 1 : -1)))
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
         else if (keep_options() < 0)
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
@@ -1209,13 +1228,11 @@ static int run(int argc, char **argv)
         }
         double now = time_now();
         step_json.len = 0;
-        if (report_step(rep, &st, now - ts, mf ? &step_json : NULL) < 0 && !metrics_errno)
-            metrics_errno = ENOMEM;
+        if (report_step(rep, &st, now - ts, mf ? &step_json : NULL) < 0)
+            metrics_fail(ENOMEM);
         if (mf)
             metrics_step(mf, &st, now - ts, elapsed0 + now - t0, trainer_memory(t)->peak, step_json.data);
-        if (metrics_errno)
-            snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(metrics_errno));
-        if ((code = agree_msg(metrics_errno ? FTK_EXIT_FAIL : 0, msg)))
+        if ((code = agree_msg(metrics_err[0] ? FTK_EXIT_FAIL : 0, metrics_err)))
             goto out;
         if (!ftk_quiet) {
             /* the end estimated from this process's own steps so far (a resume's first steps
@@ -1283,8 +1300,10 @@ out:
     buf_free(&step_json);
     if (mf)
         fclose(mf);
-    if (tfevents_close(tb) < 0)
-        ftk_warn("--tensorboard: %s", ftk_err_msg());
+    /* a run that leaves nothing behind leaves no TensorBoard file either (its steps are gone) */
+    int discarded = code && code != FTK_EXIT_PREEMPTED && trainer_discard_new_run(t);
+    if ((discarded ? tfevents_discard(tb) : tfevents_close(tb)) < 0)
+        ftk_warn("--tensorboard %s", ftk_err_msg());
     tb = NULL;
     if (prof_out) {
         if (bk_prof_write(be, prof_out, time_now() - prof_t0) < 0)
@@ -1292,8 +1311,6 @@ out:
         if (prof_out != stderr && fclose(prof_out) != 0)
             ftk_warn("FTK_PROFILE=%s: %s", prof, strerror(errno));
     }
-    if (code && code != FTK_EXIT_PREEMPTED)
-        trainer_discard_new_run(t);
     trainer_free(t);
     backend_free(be);
     return code;

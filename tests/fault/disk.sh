@@ -4,7 +4,8 @@
 # flush, in a text file, in a rename's `latest`), and must exit 1 with a message that names
 # the file and the system's reason ("No space left on device") and leave nothing behind;
 # before the fix HDF5 1.10's exit handler crashed after a failed close (exit 139) and the
-# checkpoint manifest was closed twice (exit 134). ftk-train: a failure before its first
+# checkpoint manifest was closed twice (exit 134). ftk-train --tensorboard: no empty event
+# file, and the error names the event file. ftk-train: a failure before its first
 # checkpoint removes the run directory it made; a committed checkpoint whose `latest`
 # could not be written is no damage (ftk-verify warns and passes, --resume auto goes on).
 # ftk-train --async-save: a background write that fails prints ftk's message, not HDF5's.
@@ -123,6 +124,23 @@ mount -o remount,size=65536k "$M"
 expect "--resume auto continues from step-00000002" 0 $(echo "$T" | sed 's/ -q / /') -o "$M/run" --resume auto
 grep -q "resuming from $M/run/step-00000002" "$WORK/err" && ok "... from step-00000002" || notok "... from step-00000002"
 check "... to step 4, latest written" grep -qx step-00000004 "$M/run/latest"
+
+# ftk-train --tensorboard: the event file meets the full disk. With no room at all (the run
+# and its TensorBoard directory on the disk) nothing is left, no empty event file; the
+# TensorBoard directory alone on a disk that fills after some steps (the run's on the real
+# disk): the error names the event file, not metrics.jsonl, and the failed run leaves no
+# event file (its steps are gone with its run directory) and no directory it made
+B="$BIN/ftk-train -q -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 -j 1 -m $WORK/w.h5"
+TBMSG="^ftk-train: error: --tensorboard $M/tb/events.out.tfevents.[^ ]*: No space left on device"
+full "ftk-train --tensorboard" 4 $B --steps 2 -o "$M/run" --tensorboard "$M/tb"
+check "... the message names the event file" grep -q "$TBMSG" "$WORK/err"
+disk 4
+rm -rf "$WORK/run-tb"
+expect "ftk-train --tensorboard on a disk that fills at step ~17, the run directory elsewhere: exit 1" 1 \
+    $B --steps 30 -o "$WORK/run-tb" --tensorboard "$M/tb"
+check "... the message names the event file, not metrics.jsonl" grep -q "$TBMSG" "$WORK/err"
+left=$(find "$M" -mindepth 1 | head -n 5)
+check "... nothing left of the run${left:+ ($left)}" test -z "$left" -a ! -e "$WORK/run-tb"
 
 # ftk-train --async-save: the shard the background thread writes meets the full disk. One
 # line from ftk, not HDF5's error stack beside it (its automatic printing is per thread:

@@ -1,5 +1,9 @@
 /* Unit tests of libcommon and formats: JSON parser, HDF5 conventions (checksums, zstd),
- * token-file builder and invariant checker, RNG, atomic files. */
+ * token-file builder and invariant checker, RNG, atomic files, metrics.jsonl and
+ * TensorBoard trimming, the SVG plot's ticks and text. */
+#include <dirent.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -7,11 +11,16 @@
 
 #include "../../formats/h5.h"
 #include "../../formats/json.h"
+#include "../../formats/metrics.h"
+#include "../../formats/tfevents.h"
 #include "../../formats/tokens.h"
 #include "../../libcommon/atomic.h"
+#include "../../libcommon/buf.h"
 #include "../../libcommon/hash.h"
 #include "../../libcommon/log.h"
+#include "../../libcommon/plot.h"
 #include "../../libcommon/rng.h"
+#include "../../libcommon/utf8.h"
 #include "test.h"
 
 static int parse_ok(const char *s)
@@ -215,6 +224,183 @@ static void test_atomic(const char *dir)
     unlink(path);
 }
 
+/* metrics_trim parses the records: any JSON spelling of "step", only the record's own */
+static void test_metrics_trim(void)
+{
+    static const char in[] = "{\"kind\": \"eval\", \"step\": 0, \"val_loss\": 2}\n"
+                             "{\"kind\":\"step\",\"step\":4,\"elapsed_s\":1.5}\n"
+                             "{\"kind\":\"step\",\"step\":5,\"elapsed_s\":2.5}\n"
+                             "{ \"step\" : 4.0e0 , \"kind\" : \"checkpoint\" }\n"
+                             "{\"kind\": \"note\", \"x\": {\"step\": 99}}\n"
+                             "not json, \"step\": 1\n"
+                             "\n"
+                             "{\"step\": 1e300}\n"
+                             "{\"kind\": \"step\", \"step\": 3}"; /* torn: no newline */
+    buf_t b = {0}, out = {0};
+    buf_append(&b, in, sizeof in - 1);
+    double el = -1;
+    CHECK(metrics_trim(&out, &b, 4, &el) == 0);
+    static const char want[] = "{\"kind\": \"eval\", \"step\": 0, \"val_loss\": 2}\n"
+                               "{\"kind\":\"step\",\"step\":4,\"elapsed_s\":1.5}\n"
+                               "{ \"step\" : 4.0e0 , \"kind\" : \"checkpoint\" }\n"
+                               "{\"kind\": \"note\", \"x\": {\"step\": 99}}\n"
+                               "not json, \"step\": 1\n"
+                               "\n";
+    CHECK(out.len == sizeof want - 1 && memcmp(out.data, want, out.len) == 0);
+    CHECK(el == 1.5);
+    out.len = 0;
+    CHECK(metrics_trim(&out, &b, -1, &el) == 0); /* a restart from step 0: no record with a step */
+    static const char want0[] = "{\"kind\": \"note\", \"x\": {\"step\": 99}}\nnot json, \"step\": 1\n\n";
+    CHECK(out.len == sizeof want0 - 1 && memcmp(out.data, want0, out.len) == 0 && el == 0);
+    buf_free(&b);
+    buf_free(&out);
+}
+
+/* The records of an event file: their steps in order, -1 for a file_version one; the
+ * count, or -1 when the framing or a CRC is wrong. */
+static int read_events(const char *path, int64_t *steps, int max)
+{
+    buf_t b = {0};
+    if (buf_read_file(&b, path) < 0)
+        return -1;
+    int n = 0;
+    size_t i = 0;
+    const unsigned char *u = (const unsigned char *)b.data;
+    while (i < b.len && n < max) {
+        uint64_t len = 0;
+        uint32_t c1 = 0, c2 = 0;
+        if (b.len - i < 16)
+            break;
+        for (int k = 7; k >= 0; k--)
+            len = len << 8 | u[i + k];
+        for (int k = 3; k >= 0; k--)
+            c1 = c1 << 8 | u[i + 8 + k];
+        if (len > b.len - i - 16)
+            break;
+        for (int k = 3; k >= 0; k--)
+            c2 = c2 << 8 | u[i + 12 + len + k];
+        uint32_t m1 = crc32c(0, u + i, 8), m2 = crc32c(0, u + i + 12, len);
+        m1 = ((m1 >> 15) | (m1 << 17)) + 0xa282ead8u, m2 = ((m2 >> 15) | (m2 << 17)) + 0xa282ead8u;
+        if (c1 != m1 || c2 != m2)
+            break;
+        /* Event: fixed64 wall_time (0x09), varint step (0x10), then the rest */
+        const unsigned char *e = u + i + 12;
+        int64_t st = 0;
+        if (len >= 10 && e[0] == 0x09 && e[9] == 0x10) {
+            size_t j = 10;
+            for (int sh = 0; j < len; sh += 7) {
+                st |= (int64_t)(e[j] & 0x7f) << sh;
+                if (!(e[j++] & 0x80))
+                    break;
+            }
+            if (j < len && e[j] == 0x1a)
+                st = -1;
+        }
+        steps[n++] = st;
+        i += 16 + len;
+    }
+    int whole = i == b.len;
+    buf_free(&b);
+    return whole ? n : -1;
+}
+
+static void test_tfevents(const char *work)
+{
+    char dir[1100], path[1200], link[1200];
+    snprintf(dir, sizeof dir, "%s/tfevents.%ld", work, (long)getpid());
+    rm_tree(dir);
+    tfevents_t *t = tfevents_open(dir, -1); /* a new run: no START record */
+    CHECK(t != NULL);
+    if (!t) {
+        fprintf(stderr, "%s\n", ftk_err_msg());
+        return;
+    }
+    for (int s = 1; s <= 6; s++)
+        CHECK(tfevents_scalar(t, "train/loss", s, 1.0, (float)s) == 0);
+    CHECK(tfevents_close(t) == 0);
+    /* its name, and a torn record after the last one (a kill -9 in a write) */
+    char *name = NULL;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (!strncmp(e->d_name, "events.out.tfevents.", 20))
+            name = strdup(e->d_name);
+    if (d)
+        closedir(d);
+    CHECK(name != NULL);
+    snprintf(path, sizeof path, "%s/%s", dir, name ? name : "");
+    FILE *f = fopen(path, "ab");
+    CHECK(f && fwrite("\x30\0\0\0\0\0\0\0\1\2", 1, 10, f) == 10);
+    if (f)
+        fclose(f);
+    int64_t st[16];
+    CHECK(read_events(path, st, 16) == -1); /* torn */
+    /* a link in the directory is not trimmed (not a file written here) */
+    snprintf(link, sizeof link, "%s/events.out.tfevents.link", dir);
+    CHECK(symlink(path, link) == 0);
+    CHECK(tfevents_trim(dir, 4) == 0);
+    CHECK(read_events(path, st, 16) == 5 && st[0] == -1 && st[1] == 1 && st[4] == 4);
+    CHECK(tfevents_trim(dir, 4) == 0 && read_events(path, st, 16) == 5); /* nothing more to do */
+    struct stat sb;
+    CHECK(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode));
+    unlink(link);
+    /* a process continuing the history: its START record at the first step it writes
+     * (the first file renamed: a name is unique per second and process) */
+    snprintf(link, sizeof link, "%s/events.out.tfevents.0.first", dir);
+    CHECK(rename(path, link) == 0);
+    t = tfevents_open(dir, 5);
+    CHECK(t != NULL && tfevents_scalar(t, "train/loss", 5, 2.0, 5.0f) == 0);
+    CHECK(tfevents_close(t) == 0);
+    CHECK(read_events(link, st, 16) == 5);
+    /* a restart from step 0: every record with a step goes; a file left with its version
+     * record alone goes with them */
+    CHECK(tfevents_trim(dir, -1) == 0);
+    int left = 0;
+    d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        left += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    CHECK(left == 0);
+    CHECK(tfevents_trim("/nonexistent/tb", 3) == 0);
+    /* a directory that cannot be made: nothing made, the error names it */
+    snprintf(path, sizeof path, "%s/no/such", dir);
+    CHECK(tfevents_open(path, 0) == NULL && strstr(ftk_err_msg(), path));
+    /* tfevents_discard removes the file, and the directory it made */
+    snprintf(path, sizeof path, "%s/new", dir);
+    t = tfevents_open(path, 0);
+    CHECK(t != NULL && tfevents_discard(t) == 0 && stat(path, &sb) < 0);
+    free(name);
+    rm_tree(dir);
+}
+
+/* plot_svg: ticks where a tick step is below the spacing of doubles (the loop once never
+ * ended), ranges wider than a double, and names that are not text. The alarm turns a hang
+ * into a failure. */
+static void test_plot(void)
+{
+    double xs[][2] = {{1, 2}, {1e17, 1e17 + 16}, {1, 1e300}, {5, 5}, {1e17, 1e17}};
+    double ys[][2] = {{1e17, 1.0000000000000002e17}, {1, 2}, {-1e308, 1e308}, {0, 5e-324}, {3, 3}};
+    alarm(60);
+    for (size_t c = 0; c < sizeof xs / sizeof *xs; c++) {
+        plot_series_t s = {xs[c], ys[c], 2, 0, 0, 0};
+        plot_panel_t p = {"loss", "step", &s, 1, NULL};
+        const char *names[] = {"run\001\033<&\"\377\342\202"};
+        buf_t b = {0};
+        CHECK(plot_svg(&b, &p, 1, 1, names, 1, "T\002\357\277\276\300\257") == 0);
+        CHECK(b.len < 16384 && !strstr(b.data, "nan") && !strstr(b.data, "inf"));
+        /* well-formed text: valid UTF-8, no C0 control but \n, no U+FFFE */
+        CHECK(utf8_check(b.data, b.len) == b.len && !strstr(b.data, "\357\277\276"));
+        int ctl = 0;
+        for (size_t i = 0; i < b.len; i++)
+            ctl += (unsigned char)b.data[i] < 0x20 && b.data[i] != '\n';
+        CHECK(ctl == 0 && strstr(b.data, "run\342\220\201\342\220\233&lt;&amp;&quot;\357\277\275"));
+        if (c == 0)
+            CHECK(strstr(b.data, ">1e+17<") && strstr(b.data, ">1.0000000000000002e+17<"));
+        buf_free(&b);
+    }
+    alarm(0);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
@@ -226,5 +412,8 @@ int main(int argc, char **argv)
     test_tokens();
     test_rng();
     test_atomic(work);
+    test_metrics_trim();
+    test_tfevents(work);
+    test_plot();
     TEST_END();
 }
