@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
+#include "../libcommon/output.h"
 #include "compress.h"
 
 /* Sums over steps of this rank's figures. */
@@ -500,18 +500,24 @@ int report_write(report_t *r, comm_t *world, const char *path)
         return 0;
     if (r->all.steps == 0)
         return 1;
-    atomic_file_t a;
-    if (atomic_begin(&a, path) < 0)
-        return -1;
-    errno = 0;
-    FILE *f = fopen(a.tmp_path, "w");
-    int bad = !f || write_md(r, mean, mx, n_steps, f) < 0;
-    if (f && fclose(f) != 0)
-        bad = 1;
-    if (bad) {
-        ftk_err_set("--report %s: %s", path, strerror(errno ? errno : EIO));
-        atomic_abort(&a);
+    /* each start of a run writes its report: an existing file is replaced (output.h) */
+    output_t o;
+    if (output_begin(&o, path, OUTPUT_FORCE) < 0) {
+        ftk_err_prefix("--report ");
         return -1;
     }
-    return atomic_commit(&a);
+    errno = 0;
+    FILE *f = output_stream(&o);
+    if (!f || write_md(r, mean, mx, n_steps, f) < 0) {
+        if (f)
+            ftk_err_set("%s: %s", path, strerror(errno ? errno : EIO));
+        ftk_err_prefix("--report ");
+        output_abort(&o);
+        return -1;
+    }
+    if (output_commit(&o) < 0) {
+        ftk_err_prefix("--report ");
+        return -1;
+    }
+    return 0;
 }

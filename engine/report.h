@@ -63,7 +63,8 @@ int report_step(report_t *r, const trainer_step_t *st, double loop_s, buf_t *out
 
 /* The run's report over the steps counted (means per step; the first step of the process
  * left out as warm-up when there are more): every rank calls it; rank 0 writes path
- * atomically. Returns 0; 1 when no step was counted (nothing written; every rank says
+ * (output.h: a file replaced atomically, a FIFO or a device written in place, - stdout).
+ * Returns 0; 1 when no step was counted (nothing written; every rank says
  * so); -1 with the message (writing it: rank 0). */
 int report_write(report_t *r, comm_t *world, const char *path);
 

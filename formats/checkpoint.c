@@ -422,7 +422,18 @@ char *ckpt_resolve(const char *path)
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     int latest_file = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && strcmp(base, "latest") == 0;
     if (!latest_file && (stat(path, &sb) < 0 || !S_ISDIR(sb.st_mode))) {
-        ftk_err_set("%s: %s", path, stat(path, &sb) < 0 ? strerror(errno) : "not a directory");
+        if (stat(path, &sb) < 0) {
+            ftk_err_set("%s: %s", path, strerror(errno));
+            return NULL;
+        }
+        /* a weights file given where a checkpoint goes is the usual mix-up: say which it is */
+        char *fmt = NULL;
+        hid_t f = S_ISREG(sb.st_mode) ? h5_open(path, NULL, 0, &fmt, NULL) : -1;
+        ftk_err_set("%s: %s%s%s, not a checkpoint (a step-NNNNNNNN directory, a run directory or its latest file)",
+                    path, f >= 0 ? "an ftk " : buf_file_kind(sb.st_mode), f >= 0 ? fmt : "", f >= 0 ? " file" : "");
+        if (f >= 0)
+            h5_close(f);
+        free(fmt);
         return NULL;
     }
     if (!latest_file && is_file(path, "manifest.json"))

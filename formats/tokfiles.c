@@ -6,8 +6,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "h5.h"
+#include "tokenizer.h"
 #include "weights.h"
 
 const char *const tokfiles_names[TOKFILES_MAX] = {"tokenizer.model", "tokenizer.json", "tokenizer.bin",
@@ -165,4 +167,24 @@ int tokfiles_load(const char *path, tokfiles_t *out)
     if (rc < 0)
         tokfiles_free(out);
     return rc;
+}
+
+tok_t *tokfiles_load_tok(const char *path, uint64_t *hash)
+{
+    tokfiles_t t;
+    if (tokfiles_load(path, &t) < 0)
+        return NULL;
+    const tokfile_t *enc = tokfiles_encoder(&t);
+    struct stat st;
+    /* one file: its messages name it (and a name ending in .bin is llama2.c's, as tok_load) */
+    int one = stat(path, &st) == 0 && S_ISREG(st.st_mode) && !(h5_init() == 0 && H5Fis_hdf5(path) > 0);
+    tok_t *tok = NULL;
+    if (!enc)
+        ftk_err_set("%s: no tokenizer in it (tokenizer.model, tokenizer.json or tokenizer.bin)", path);
+    else if (!(tok = tok_load_mem(enc->data.data, enc->data.len, one ? path : enc->name)) && !one)
+        ftk_err_prefix("%s: ", path);
+    if (tok && hash)
+        *hash = hash_bytes(enc->data.data, enc->data.len);
+    tokfiles_free(&t);
+    return tok;
 }

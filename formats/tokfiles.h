@@ -54,4 +54,10 @@ int tokfiles_is_tokenizer_name(const char *name);
 /* Appends the files held as "tokenizer.model, tokenizer.json" to b (or "none"). */
 int tokfiles_list(const tokfiles_t *t, buf_t *b);
 
+/* The encoder at path (a file, a folder or a weights file, as tokfiles_load() takes them)
+ * loaded, for the tools whose --tokenizer takes any of the three; *hash (may be NULL) gets
+ * XXH3-64 of its bytes (tokens.h: tokenizer_xxh3). NULL with ftk_err_msg() set naming path. */
+struct tok;
+struct tok *tokfiles_load_tok(const char *path, uint64_t *hash);
+
 #endif

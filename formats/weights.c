@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../libcommon/atomic.h"
+#include "../libcommon/output.h"
 #include "../libcommon/fault.h"
 #include "../libcommon/log.h"
 #include "../libcommon/progress.h"
@@ -462,15 +462,15 @@ static int write_file(const char *path, const weights_source_t *src, uint64_t *b
     return rc;
 }
 
-int weights_write_file(const char *path, const weights_source_t *src, uint64_t *bytes)
+int weights_write_file(const char *path, int flags, const weights_source_t *src, uint64_t *bytes)
 {
-    atomic_file_t out;
-    if (atomic_begin(&out, path) < 0)
+    output_t out;
+    if (output_begin(&out, path, flags | OUTPUT_FILE_ONLY) < 0)
         return -1;
-    if (write_file(out.tmp_path, src, bytes) < 0) {
+    if (write_file(output_tmp_path(&out), src, bytes) < 0) {
         ftk_err_prefix("%s: ", path);
-        atomic_abort(&out);
+        output_abort(&out);
         return -1;
     }
-    return atomic_commit(&out);
+    return output_commit(&out);
 }

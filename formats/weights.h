@@ -105,7 +105,8 @@ int weights_tensor_raw(hid_t file, const char *name, int *fd, int64_t *offset, u
 /* ---- Writing a whole weights file from a source ------------------------------------
  * The importers and ftk-init differ only in where a tensor's rows come from, so they
  * describe that and weights_write_file() does the rest: writes path through a
- * temporary beside it, renamed into place only when complete (atomic.h), every tensor
+ * temporary beside it, renamed into place only when complete (output.h: flags is
+ * OUTPUT_FORCE to replace an existing file, else 0; a FIFO or a device is refused), every tensor
  * in canonical order in blocks of rows (about 32 MiB), so memory stays bounded by one
  * block whatever the model's size.
  *  - dtype(ctx, i): the type tensor i is stored in;
@@ -127,7 +128,7 @@ typedef struct {
 } weights_source_t;
 
 /* Returns 0 or -1; *bytes (may be NULL) gets the tensor bytes written. */
-int weights_write_file(const char *path, const weights_source_t *src, uint64_t *bytes);
+int weights_write_file(const char *path, int flags, const weights_source_t *src, uint64_t *bytes);
 
 /* Tokenizer files: stored and listed. */
 int weights_put_file(hid_t file, const char *name, const void *data, size_t len);

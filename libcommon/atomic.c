@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -251,6 +252,34 @@ int atomic_commit(atomic_file_t *a)
     return rc;
 }
 
+int atomic_commit_new(atomic_file_t *a)
+{
+    if (fsync_path(a->tmp_path) < 0) {
+        atomic_abort(a);
+        return -1;
+    }
+    int e = link(a->tmp_path, a->final_path) == 0 ? 0 : errno;
+    if (e && e != EEXIST) { /* no hard links here (some FUSE and network file systems) */
+        struct stat st;
+        e = lstat(a->final_path, &st) == 0 ? EEXIST : rename(a->tmp_path, a->final_path) == 0 ? 0 : errno;
+    }
+    if (e) {
+        if (e == EEXIST)
+            ftk_err_set("%s: exists (use --force to replace it)", a->final_path);
+        else
+            ftk_err_set("%s: rename: %s", a->final_path, strerror(e));
+        atomic_abort(a);
+        errno = e;
+        return -1;
+    }
+    unlink(a->tmp_path); /* gone already after the rename */
+    char *d = strdup(a->final_path);
+    int rc = d ? fsync_path(dirname(d)) : 0;
+    free(d);
+    atomic_free(a);
+    return rc;
+}
+
 void atomic_abort(atomic_file_t *a)
 {
     if (a->tmp_path)
@@ -278,7 +307,6 @@ int atomic_write_file(const char *final_path, const void *data, size_t len)
 /* ---------------------------------------------------------------- directories */
 
 #include <ftw.h>
-#include <sys/stat.h>
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {

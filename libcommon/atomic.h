@@ -26,6 +26,11 @@ typedef struct {
 
 int atomic_begin(atomic_file_t *a, const char *final_path);
 int atomic_commit(atomic_file_t *a);
+/* atomic_commit() that never replaces: a file that appeared at the final name meanwhile
+ * fails it ("exists (use --force to replace it)"; EEXIST) and the temporary is removed.
+ * link(2) then unlink(2) of the temporary; where the file system has no hard links, a
+ * check then the rename. */
+int atomic_commit_new(atomic_file_t *a);
 void atomic_abort(atomic_file_t *a);
 void atomic_install_signal_cleanup(void);
 /* The whole file from memory, through the steps above (len 0: an empty file). */

@@ -104,7 +104,7 @@ int buf_read_file(buf_t *b, const char *path)
     return rc;
 }
 
-static const char *file_kind(mode_t m)
+const char *buf_file_kind(mode_t m)
 {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
@@ -112,6 +112,7 @@ static const char *file_kind(mode_t m)
            : S_ISBLK(m)  ? "a block device"
            : S_ISSOCK(m) ? "a socket"
            : S_ISLNK(m)  ? "a symbolic link"
+           : S_ISREG(m)  ? "a regular file"
                          : "not a regular file";
 }
 
@@ -138,7 +139,7 @@ int buf_read_small(buf_t *b, const char *path, size_t max, int flags)
         ftk_err_set("%s: %s", path, strerror(e));
     } else if (!S_ISREG(sb.st_mode)) {
         e = EINVAL;
-        ftk_err_set("%s: %s, not a regular file: refused", path, file_kind(sb.st_mode));
+        ftk_err_set("%s: %s, not a regular file: refused", path, buf_file_kind(sb.st_mode));
     } else if ((uint64_t)sb.st_size > max) {
         e = EFBIG;
         ftk_err_set("%s: %lld bytes, more than the %zu this file may have: refused", path, (long long)sb.st_size,

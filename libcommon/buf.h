@@ -8,6 +8,7 @@
 #define FTK_BUF_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 typedef struct {
     char *data;
@@ -36,5 +37,9 @@ int buf_read_file(buf_t *b, const char *path);
 #define BUF_NOFOLLOW 1
 #define BUF_SMALL_MAX ((size_t)16 << 20) /* the usual bound: 16 MiB */
 int buf_read_small(buf_t *b, const char *path, size_t max, int flags);
+
+/* What kind of file st_mode says, for messages: "a regular file", "a FIFO", "a character
+ * device", "a directory", … (static text). */
+const char *buf_file_kind(mode_t m);
 
 #endif

@@ -1,7 +1,8 @@
 #!/bin/sh
 # The demo: every stage on the embedded example (examples/demo), nothing from outside the
 # repository, no network: data, weights, training through a preemption, generation, the
-# checkpoint tools, a precision mode and the memory plan.
+# checkpoint tools, a precision mode and the memory plan. Run again, it replaces its outputs:
+# --force (an existing output is refused without it) or a fresh name.
 set -eu
 cd "$(dirname "$0")/.."
 PATH="$(pwd)/bin:$PATH"
@@ -14,7 +15,7 @@ echo '"Explain what a checksum is."' | ftk tokenize -t examples/demo/tokenizer.m
 echo
 echo "== 2. pack the 40 demo Alpaca records into rows of 256 tokens (zstd-compressed)"
 ftk pack -t examples/demo/tokenizer.model examples/demo/alpaca-demo.json -o "$OUT/alpaca-demo.h5" \
-    --pack --max-len 256 --val-count 4 --compress zstd
+    --pack --max-len 256 --val-count 4 --compress zstd --force
 echo
 echo "== 3. describe the file"
 ftk info "$OUT/alpaca-demo.h5"
@@ -28,14 +29,14 @@ h5dump -A 0 -d /train/tokens -s 0 -c 60 -y -w 0 "$OUT/alpaca-demo.h5" |
     ftk tokenize -t examples/demo/tokenizer.model --decode
 echo
 echo "== 6. weights: random-initialise the 'tiny' Llama (57k parameters, grouped-query attention) with the demo tokenizer"
-ftk init --preset tiny --seed 42 -t examples/demo/tokenizer.model -o "$OUT/tiny-init.h5"
+ftk init --preset tiny --seed 42 -t examples/demo/tokenizer.model -o "$OUT/tiny-init.h5" --force
 echo
 echo "== 7. export it as a Hugging Face folder (config.json, model.safetensors, tokenizer.model) ..."
 ftk export-hf "$OUT/tiny-init.h5" -o "$OUT/tiny-hf" --force
 ls -l "$OUT/tiny-hf"
 echo
 echo "== 8. ... import that folder back (bfloat16, zstd) and prove it whole (checksums, shapes, no NaN/Inf)"
-ftk import-hf "$OUT/tiny-hf" --dtype bfloat16 --compress zstd -o "$OUT/tiny.h5"
+ftk import-hf "$OUT/tiny-hf" --dtype bfloat16 --compress zstd -o "$OUT/tiny.h5" --force
 ftk info "$OUT/tiny.h5" | sed -n '1,6p'
 ftk verify --deep "$OUT/tiny.h5"
 echo
@@ -51,7 +52,7 @@ else
 fi
 echo "      Preempted after step 50 by SIGUSR1 (what SLURM sends before a time limit): every rank finishes"
 echo "      the step, a checkpoint is written, exit 75; a restart without --resume is refused; --resume auto continues."
-ftk init --preset stories260k --seed 7 -t examples/demo/tokenizer.model -o "$OUT/demo-init.h5"
+ftk init --preset stories260k --seed 7 -t examples/demo/tokenizer.model -o "$OUT/demo-init.h5" --force
 rm -rf "$OUT/run"
 PROMPT="Give three tips for staying healthy."
 echo "   before training, greedy answer to \"$PROMPT\":"

@@ -2,12 +2,14 @@
  * transformers' from_pretrained loads unchanged: config.json, safetensors shards with
  * model.safetensors.index.json, and the tokenizer files the weights file carries. The
  * folder appears complete under its name or not at all (atomic_dir_*). */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../formats/ckpt_verify.h"
 #include "../formats/json.h"
 #include "../formats/safetensors.h"
 #include "../formats/tokenizer.h"
@@ -18,6 +20,7 @@
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/progress.h"
 #include "../libcommon/timer.h"
 
@@ -31,7 +34,9 @@ static const opt_t options[] = {
      "write tensors in this type (keep: as stored; narrowing rounds to nearest even)"},
     {"max-shard-size", 0, OPT_STR, &max_shard, "SIZE",
      "largest safetensors file (5GB = 5*10^9 bytes, 2GiB = 2*2^30); one file when everything fits"},
-    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output folder (after the new one is complete)"},
+    {"force", 'f', OPT_FLAG, &force, NULL,
+     "replace an existing output folder (after the new one is complete; only an empty folder or one with a "
+     "config.json, a model folder)"},
     {"tokenizer", 't', OPT_STR, &tokenizer_opt, "FILE|DIR|W.h5",
      "write this tokenizer in place of the one stored in FILE.h5 (a folder of tokenizer files, one file, or a "
      "weights file)"},
@@ -158,6 +163,24 @@ static void warn_eos(hid_t wf, const char *path, const model_config_t *cfg)
     buf_free(&e.gen);
 }
 
+/* An empty folder, or one holding config.json (an earlier export, a model folder). */
+static int model_folder(const char *dir)
+{
+    char *p = malloc(strlen(dir) + 16);
+    struct stat st;
+    int yes = p && (sprintf(p, "%s/config.json", dir), lstat(p, &st) == 0);
+    free(p);
+    DIR *d = yes ? NULL : opendir(dir);
+    struct dirent *e;
+    if (d) {
+        yes = 1;
+        while (yes && (e = readdir(d)))
+            yes = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+        closedir(d);
+    }
+    return yes;
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-export-hf");
@@ -180,15 +203,21 @@ int main(int argc, char **argv)
         ftk_error("--max-shard-size %s: expected a size such as 5GB, 500MB or 2GiB", max_shard);
         return FTK_EXIT_USAGE;
     }
-    struct stat st;
-    if (!force && lstat(output, &st) == 0) {
-        ftk_error("%s: exists (use --force to replace it)", output);
+    /* --force replaces an earlier export (a model folder), never a file, a link, or a folder of
+     * something else that happens to be there */
+    int kind = output_check_dir(output, force ? OUTPUT_FORCE : 0);
+    if (kind < 0) {
+        ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
-    /* --force replaces an earlier export, never a file or a link that happens to be there */
-    if (force && lstat(output, &st) == 0 && !S_ISDIR(st.st_mode)) {
-        ftk_error("%s: exists and is not a directory; --force replaces only a directory (an earlier export)",
-                  output);
+    if (kind == OUTPUT_REPLACE && !model_folder(output)) {
+        ftk_error("%s: holds files but no config.json: not a model folder, so --force does not replace it", output);
+        return FTK_EXIT_USAGE;
+    }
+    if (ckpt_verify_is_checkpoint(pos[0])) { /* a directory, or RUN/latest */
+        ftk_error("%s: a checkpoint or run directory, not a weights file; merge it into one first: "
+                  "ftk-merge %s -o W.h5, then ftk-export-hf W.h5 -o %s",
+                  pos[0], pos[0], output);
         return FTK_EXIT_USAGE;
     }
     tokfiles_t given = {0};

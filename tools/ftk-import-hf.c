@@ -1,6 +1,7 @@
 /* ftk-import-hf — a Hugging Face Llama folder (config.json + safetensors) to an ftk
  * weights file. Every input is validated before anything is written (safetensors.h lists
  * the checks), so a bad download fails with exit 2 and no output. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,13 +18,16 @@
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/timer.h"
 
 static const char *output, *dtype_opt = "keep", *compress = "none", *tokenizer_opt;
+static int force;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
+    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required; must not exist unless --force)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output file (once the new one is complete)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "keep|float32|float16|bfloat16",
      "store tensors in this type (keep: as in the safetensors files; narrowing rounds to nearest even)"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
@@ -328,6 +332,21 @@ int main(int argc, char **argv)
         ftk_error("--compress %s: expected none, zstd or zstd:1..22", compress);
         return FTK_EXIT_USAGE;
     }
+    if (output_check(output, force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
+    struct stat dst;
+    if (stat(im.dir, &dst) < 0) {
+        ftk_error("%s: %s", im.dir, strerror(errno));
+        return FTK_EXIT_USAGE;
+    }
+    if (!S_ISDIR(dst.st_mode)) {
+        ftk_error("%s: not a folder: ftk-import-hf reads a Hugging Face model folder (config.json beside "
+                  "model.safetensors or its shards); give the folder that holds it",
+                  im.dir);
+        return FTK_EXIT_USAGE;
+    }
     atomic_install_signal_cleanup();
     double t0 = time_now();
     rc = FTK_EXIT_USAGE;
@@ -407,7 +426,7 @@ int main(int argc, char **argv)
                            .rows = src_rows,
                            .extra = store_tokenizer};
     uint64_t bytes = 0;
-    if (weights_write_file(output, &ws, &bytes) < 0) {
+    if (weights_write_file(output, force ? OUTPUT_FORCE : 0, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

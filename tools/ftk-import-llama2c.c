@@ -34,13 +34,16 @@
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/timer.h"
 
 static const char *output, *tokenizer_path, *dtype_opt = "float32", *compress = "none";
+static int force;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
+    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required; must not exist unless --force)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output file (once the new one is complete)"},
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "tokenizer.bin", "llama2.c tokenizer to store with the weights"},
     {"dtype", 0, OPT_STR, &dtype_opt, "float32|float16|bfloat16", "tensor type (llama2.c stores float32)"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
@@ -236,6 +239,10 @@ int main(int argc, char **argv)
         ftk_error("invalid value: need --dtype float32|float16|bfloat16, --compress none|zstd|zstd:1..22");
         return FTK_EXIT_USAGE;
     }
+    if (output_check(output, force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     const char *in = pos[0];
     int fd = open(in, O_RDONLY | O_CLOEXEC);
     struct stat st;
@@ -277,7 +284,7 @@ int main(int argc, char **argv)
                            .rows = l2c_rows,
                            .extra = store_tok};
     uint64_t bytes = 0;
-    if (weights_write_file(output, &ws, &bytes) < 0) {
+    if (weights_write_file(output, force ? OUTPUT_FORCE : 0, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }

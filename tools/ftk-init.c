@@ -14,29 +14,33 @@
 #include <sys/statvfs.h>
 
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/rng.h"
 #include "../libcommon/timer.h"
 
 static const char *output, *preset, *config_path, *dtype_opt = "config", *compress = "none", *tokenizer_path;
 static int64_t seed = 42;
-static int threads;
+static int threads, force;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required)"},
+    {"output", 'o', OPT_STR, &output, "FILE.h5", "weights file to write (required; must not exist unless --force)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output file (once the new one is complete)"},
     {"preset", 'p', OPT_STR, &preset, "NAME", "a named shape: tiny, stories260k, llama-1b, llama2-7b, llama2-13b"},
     {"config", 'c', OPT_STR, &config_path, "config.json", "a Hugging Face config.json instead of a preset"},
     {"seed", 's', OPT_I64, &seed, "S", "random seed", ".."},
     {"dtype", 0, OPT_STR, &dtype_opt, "config|float32|float16|bfloat16",
      "tensor type (config: the config's torch_dtype)"},
     {"compress", 0, OPT_STR, &compress, "none|zstd[:L]", "compress tensors with zstd (HDF5 filter 32015)"},
-    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE",
-     "store this tokenizer (SentencePiece .model or tokenizer.json) in the weights file"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE|DIR|W.h5",
+     "store this tokenizer in the weights file (tokenizer.model, tokenizer.json or llama2.c's tokenizer.bin; a "
+     "folder of tokenizer files, or a weights file)"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads (0: all cores); the output does not depend on it", OPTS_THREADS_RANGE},
     {0},
 };
@@ -61,8 +65,7 @@ typedef struct {
     model_config_t cfg;
     dtype_t dt;
     uint64_t seed;
-    buf_t tok;
-    const char *tok_name;
+    tokfiles_t tok;
 } init_t;
 
 static dtype_t init_dtype(void *ctx, size_t i)
@@ -125,7 +128,10 @@ static const void *init_rows(void *ctx, size_t i, const weights_spec_t *s, dtype
 static int store_tok(void *ctx, hid_t file)
 {
     init_t *in = ctx;
-    return in->tok_name ? weights_put_file(file, in->tok_name, in->tok.data, in->tok.len) : 0;
+    for (int i = 0; i < in->tok.n; i++)
+        if (weights_put_file(file, in->tok.f[i].name, in->tok.f[i].data.data, in->tok.f[i].data.len) < 0)
+            return -1;
+    return 0;
 }
 
 /* "70369.6 GB", "230.1 kB": a size in the unit that keeps it readable. */
@@ -179,31 +185,42 @@ int main(int argc, char **argv)
         return FTK_EXIT_USAGE;
     }
     in.cfg.torch_dtype = in.dt;
+    /* stored under the names tokfiles gives them (a llama2.c tokenizer as tokenizer.bin), so
+     * every reader takes each for what it is */
     if (tokenizer_path) {
-        tok_t *t = tok_load(tokenizer_path);
+        if (tokfiles_load(tokenizer_path, &in.tok) < 0) {
+            ftk_error("--tokenizer %s", ftk_err_msg());
+            return FTK_EXIT_USAGE;
+        }
+        const tokfile_t *enc = tokfiles_encoder(&in.tok);
+        tok_t *t = enc ? tok_load_mem(enc->data.data, enc->data.len, enc->name) : NULL;
         if (!t) {
-            ftk_error("%s", ftk_err_msg());
+            ftk_error("--tokenizer %s: %s", tokenizer_path, enc ? ftk_err_msg() : "no tokenizer in it");
+            tokfiles_free(&in.tok);
             return FTK_EXIT_USAGE;
         }
         int vs = tok_vocab_size(t);
-        in.tok_name = strcmp(tok_format(t), "sentencepiece") == 0 ? "tokenizer.model" : "tokenizer.json";
         tok_free(t);
         if (vs > in.cfg.vocab_size) {
             ftk_error("%s: %d tokens do not fit the model's vocab_size %lld", tokenizer_path, vs,
                       (long long)in.cfg.vocab_size);
+            tokfiles_free(&in.tok);
             return FTK_EXIT_USAGE;
         }
-        if (buf_read_file(&in.tok, tokenizer_path) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            return FTK_EXIT_USAGE;
-        }
+    }
+    if (output_check(output, force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        tokfiles_free(&in.tok);
+        return FTK_EXIT_USAGE;
     }
     /* The file's size is known before anything is written: an absurd configuration (a
      * vocabulary of 2^31 is 128 GiB of embeddings at hidden size 16) is refused here rather
      * than filling the disk. The size counted is the uncompressed one (random weights gain
      * little from zstd; with --compress, half of it is required). */
     {
-        double need = (double)model_n_params(&in.cfg) * (double)dtype_size(in.dt) + (double)in.tok.len;
+        double need = (double)model_n_params(&in.cfg) * (double)dtype_size(in.dt);
+        for (int i = 0; i < in.tok.n; i++)
+            need += (double)in.tok.f[i].data.len;
         if (zstd)
             need /= 2;
         char *dir = strdup(output);
@@ -218,7 +235,7 @@ int main(int argc, char **argv)
                       dtype_name(in.dt), zstd ? ", half of it with --compress" : "", slash ? dir : ".",
                       size_text((double)sv.f_bavail * (double)sv.f_frsize, b));
             free(dir);
-            buf_free(&in.tok);
+            tokfiles_free(&in.tok);
             return FTK_EXIT_FAIL;
         }
         free(dir);
@@ -237,7 +254,7 @@ int main(int argc, char **argv)
                            .rows = init_rows,
                            .extra = store_tok};
     uint64_t bytes = 0;
-    if (weights_write_file(output, &ws, &bytes) < 0) {
+    if (weights_write_file(output, force ? OUTPUT_FORCE : 0, &ws, &bytes) < 0) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -246,6 +263,6 @@ int main(int argc, char **argv)
              dtype_name(in.dt), (double)bytes / 1e6, dt);
     rc = FTK_EXIT_OK;
 done:
-    buf_free(&in.tok);
+    tokfiles_free(&in.tok);
     return rc;
 }

@@ -11,17 +11,19 @@
 #include "../libcommon/atomic.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
 
 static const char *output, *dtype_opt = "float32", *compress = "none";
 static int with_optimizer;
 static const char *tokenizer_opt;
-static int json_out;
+static int json_out, force;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write"},
+    {"output", 'o', OPT_STR, &output, "FILE.h5", "the weights file to write (must not exist unless --force)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output file (once the new one is complete)"},
     {"dtype", 0, OPT_STR, &dtype_opt, "float32|bfloat16|float16",
      "type of the stored parameters (narrower than the checkpoint's: rounded to nearest even)"},
     {"with-optimizer", 0, OPT_FLAG, &with_optimizer, NULL,
@@ -36,7 +38,7 @@ OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-merge",
-    .usage = "CHECKPOINT -o FILE.h5 [--dtype bfloat16] [--with-optimizer] [--tokenizer FILE|DIR] [--json]",
+    .usage = "CHECKPOINT -o FILE.h5 [--dtype bfloat16] [--with-optimizer] [--tokenizer FILE|DIR] [--json] [--force]",
     .summary = "Reassembles a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
                "`latest` file), whatever its shard count, into one ftk weights file: every parameter\n"
                "under its Hugging Face name and shape, in the chosen type, the tokenizer files\n"
@@ -167,6 +169,10 @@ int main(int argc, char **argv)
                                 : "invalid value: need --dtype float32|bfloat16|float16, --compress none|zstd|zstd:L");
         return FTK_EXIT_USAGE;
     }
+    if (output_check(output, force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     ckpt_manifest_t man;
     char *dir = ckpt_open_path(pos[0], &man);
     if (!dir) {
@@ -221,7 +227,7 @@ int main(int argc, char **argv)
                            .extra = merge_extra};
     atomic_install_signal_cleanup();
     uint64_t bytes = 0;
-    if (weights_write_file(output, &ws, &bytes) < 0) {
+    if (weights_write_file(output, force ? OUTPUT_FORCE : 0, &ws, &bytes) < 0) {
         ftk_error("%s%s%s", m.damaged ? dir : "", m.damaged ? ": " : "", ftk_err_msg());
         rc = m.damaged ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
         goto done;

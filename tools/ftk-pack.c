@@ -64,6 +64,7 @@
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/plural.h"
 #include "../libcommon/progress.h"
 #include "../libcommon/rng.h"
@@ -71,7 +72,7 @@
 #include "../libcommon/version.h"
 
 static const char *tokenizer_path, *output, *compress = "none", *template_arg;
-static int max_len = 512, mask_prompt = 1, drop_long, pack, shards = 1, threads, json_out;
+static int max_len = 512, mask_prompt = 1, drop_long, pack, shards = 1, threads, json_out, force;
 static int64_t seed = 42, val_count = -1, max_record_bytes = 4 << 20;
 static double val_fraction = 0.03865;
 
@@ -79,7 +80,8 @@ OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE|DIR|W.h5",
      "tokenizer.model or tokenizer.json, a folder holding one, or a weights file that stores one (required)"},
-    {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name)"},
+    {"output", 'o', OPT_STR, &output, "FILE", "output .h5 (required; with --shards, the base name; must not exist unless --force)"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace existing output files (once the new ones are complete)"},
     {"template", 0, OPT_STR, &template_arg, "NAME",
      "alpaca, llama-2-chat or chatml (default: by the first record, alpaca or llama-2-chat)"},
     {"max-len", 0, OPT_INT, &max_len, "N", "longest sample/row in tokens; longer samples are cut", "2..1048576"},
@@ -383,7 +385,7 @@ static int write_meta(hid_t f, const meta_t *m, int k, int n)
  * on any failure no output appears. */
 static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *val, char **names)
 {
-    atomic_file_t *af = calloc((size_t)shards, sizeof *af);
+    output_t *af = calloc((size_t)shards, sizeof *af);
     uint64_t(*sums)[2 * TOKENS_N_DATASETS] = calloc((size_t)shards, sizeof *sums);
     int rc = -1;
     h5w_opts_t wo = {.zstd_level = m->zstd};
@@ -394,9 +396,9 @@ static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *
     progress_t prog;
     progress_start(&prog, "writing", shards, "files");
     for (int k = 0; k < shards; k++) {
-        if (atomic_begin(&af[k], names[k]) < 0)
+        if (output_begin(&af[k], names[k], force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0)
             goto out;
-        hid_t f = h5_create(af[k].tmp_path, TOKENS_FORMAT, TOKENS_VERSION);
+        hid_t f = h5_create(output_tmp_path(&af[k]), TOKENS_FORMAT, TOKENS_VERSION);
         if (f < 0)
             goto out;
         int64_t tr_n = tokens_spill_rows(train), va_n = tokens_spill_rows(val);
@@ -419,7 +421,7 @@ static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *
     char sh[17];
     hash_hex(tokens_set_hash((const uint64_t(*)[2 * TOKENS_N_DATASETS])sums, shards), sh);
     for (int k = 0; k < shards; k++) {
-        hid_t f = H5Fopen(af[k].tmp_path, H5F_ACC_RDWR, H5P_DEFAULT);
+        hid_t f = H5Fopen(output_tmp_path(&af[k]), H5F_ACC_RDWR, H5P_DEFAULT);
         char why[256];
         int e = 0;
         if (f < 0) {
@@ -437,15 +439,15 @@ static int write_shards(const meta_t *m, tokens_spill_t *train, tokens_spill_t *
         }
     }
     for (int k = 0; k < shards; k++) {
-        if (atomic_commit(&af[k]) < 0)
+        if (output_commit(&af[k]) < 0)
             goto out;
         /* shards already renamed stay: each is complete and checks on its own */
     }
     rc = 0;
 out:
     for (int k = 0; af && k < shards; k++)
-        if (af[k].tmp_path) /* begun, not committed */
-            atomic_abort(&af[k]);
+        if (af[k].a.tmp_path) /* begun, not committed */
+            output_abort(&af[k]);
     free(af);
     free(sums);
     return rc;
@@ -464,10 +466,6 @@ int main(int argc, char **argv)
         ftk_error("%s is required", !tokenizer_path ? "--tokenizer" : "--output");
         return FTK_EXIT_USAGE;
     }
-    if (strcmp(output, "-") == 0) {
-        ftk_error("HDF5 output needs a real file, not stdout");
-        return FTK_EXIT_USAGE;
-    }
     if (max_len < 2 || shards < 1 || shards > 99999 || val_fraction < 0 || val_fraction >= 1 || threads < 0 ||
         max_record_bytes < 16 || val_count > 100000000 || h5_parse_compress(compress, &zstd) < 0) {
         ftk_error("invalid value: need --max-len >= 2, 1 <= --shards <= 99999, 0 <= --val-fraction < 1, "
@@ -484,27 +482,12 @@ int main(int argc, char **argv)
     const char *input = pos[0];
     const char *in_name = strcmp(input, "-") == 0 ? "<stdin>" : input;
 
-    /* A folder or a weights file: its encoder (tokfiles.h), whose bytes' checksum is the
-     * same as the file's would be, so ftk-train can compare it with the model's. */
-    struct stat tst;
+    /* A file, a folder or a weights file: its encoder (tokfiles.h), whose bytes' checksum is
+     * the same wherever it was read, so ftk-train can compare it with the model's. */
     meta_t m = {0};
-    tokfiles_t tkf = {0};
-    const tokfile_t *enc = NULL;
-    int via_files = stat(tokenizer_path, &tst) == 0 &&
-                    (S_ISDIR(tst.st_mode) || (h5_init() == 0 && H5Fis_hdf5(tokenizer_path) > 0));
-    if (via_files && tokfiles_load(tokenizer_path, &tkf) < 0) {
-        ftk_error("--tokenizer %s", ftk_err_msg());
-        return FTK_EXIT_USAGE;
-    }
-    enc = tokfiles_encoder(&tkf);
-    tok_t *tok = enc ? tok_load_mem(enc->data.data, enc->data.len, enc->name) : tok_load(tokenizer_path);
-    if (enc && !tok)
-        ftk_err_prefix("%s: ", tokenizer_path);
-    if (enc)
-        m.tok_hash = hash_bytes(enc->data.data, enc->data.len);
-    tokfiles_free(&tkf);
+    tok_t *tok = tokfiles_load_tok(tokenizer_path, &m.tok_hash);
     if (!tok) {
-        ftk_error("%s", ftk_err_msg());
+        ftk_error("--tokenizer %s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
     if (tok_bos_id(tok) < 0 || tok_eos_id(tok) < 0) {
@@ -523,7 +506,25 @@ int main(int argc, char **argv)
     route_t rt = {.m = &m, .threshold = (uint64_t)ldexp(val_fraction, 64)};
     char **names = NULL, *dir = NULL;
     rc = FTK_EXIT_USAGE;
-    if ((!via_files && hash_file(tokenizer_path, &m.tok_hash) < 0) || !(in = records_open(input, (size_t)max_record_bytes))) {
+    /* every output checked before the work: one that may not be written is refused now */
+    names = calloc((size_t)shards, sizeof *names);
+    for (int k = 0; names && k < shards; k++)
+        if (!(names[k] = shards == 1 ? strdup(output) : shard_name(output, k, shards))) {
+            ftk_error("out of memory");
+            rc = FTK_EXIT_FAIL;
+            goto done;
+        }
+    if (!names) {
+        ftk_error("out of memory");
+        rc = FTK_EXIT_FAIL;
+        goto done;
+    }
+    for (int k = 0; k < shards; k++)
+        if (output_check(names[k], force ? OUTPUT_FORCE | OUTPUT_FILE_ONLY : OUTPUT_FILE_ONLY) < 0) {
+            ftk_error("%s", ftk_err_msg());
+            goto done;
+        }
+    if (!(in = records_open(input, (size_t)max_record_bytes))) {
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
@@ -646,14 +647,8 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         goto done;
     }
-    names = calloc((size_t)shards, sizeof *names);
-    for (int k = 0; names && k < shards; k++)
-        if (!(names[k] = shards == 1 ? strdup(output) : shard_name(output, k, shards))) {
-            ftk_error("out of memory");
-            goto done;
-        }
-    if (!names || write_shards(&m, sp_train, sp_val, names) < 0) {
-        ftk_error("%s", names ? ftk_err_msg() : "out of memory");
+    if (write_shards(&m, sp_train, sp_val, names) < 0) {
+        ftk_error("%s", ftk_err_msg());
         goto done;
     }
     rc = FTK_EXIT_OK;

@@ -1,5 +1,4 @@
 /* ftk-plot — a picture (SVG) or a table (CSV) of one or more runs' metrics.jsonl. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,14 +9,18 @@
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/plot.h"
 
 static const char *out_path, *title = "ftk runs";
-static int csv;
+static int csv, force;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"output", 'o', OPT_STR, &out_path, "FILE", "the SVG (or CSV with --csv) to write; - for stdout (required)"},
+    {"output", 'o', OPT_STR, &out_path, "FILE",
+     "the SVG (or CSV with --csv) to write (required; must not exist unless --force): a file, - for stdout, a FIFO "
+     "or a device"},
+    {"force", 'f', OPT_FLAG, &force, NULL, "replace an existing output file (once the new one is complete)"},
     {"csv", 0, OPT_FLAG, &csv, NULL, "write a CSV table instead of a picture"},
     {"title", 0, OPT_STR, &title, "TEXT", "the picture's heading"},
     {0},
@@ -26,7 +29,7 @@ OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-plot",
-    .usage = "RUN... -o FILE.svg [--csv] [--title TEXT]",
+    .usage = "RUN... -o FILE.svg [--csv] [--title TEXT] [--force]",
     .summary = "Draws the metrics of one or more training runs against the step, overlaid in one\n"
                "colour per run: the loss (validation loss dashed, with dots), the learning rate,\n"
                "tokens/s and the gradient norm. RUN is a run directory (its metrics.jsonl) or a\n"
@@ -37,7 +40,9 @@ static const opt_spec_t spec = {
               "  ftk-plot run/ -o run.svg\n"
               "  ftk-plot run-lr2e-4/ run-lr1e-4/ -o compare.svg --title 'two learning rates'\n"
               "  ftk-plot run/ --csv -o - | column -s, -t\n"
-              "\nExit status: 0 success, 1 I/O failure, 2 bad usage or unreadable metrics.\n",
+              "  ftk-plot run/ -o run.svg --force    # redraw it (an existing file is refused without --force)\n"
+              "\nExit status: 0 success, 1 I/O failure, 2 bad usage, unreadable metrics or an output that may not be\n"
+              "written (nothing written).\n",
     .opts = options,
     .min_pos = 1,
     .max_pos = -1,
@@ -135,22 +140,6 @@ static int write_svg(buf_t *b, const metrics_t *m, int n_runs)
     return rc;
 }
 
-static int write_out(const buf_t *b)
-{
-    if (!strcmp(out_path, "-")) {
-        if (fwrite(b->data, 1, b->len, stdout) != b->len || fflush(stdout) != 0) {
-            ftk_error("stdout: %s", strerror(errno));
-            return FTK_EXIT_FAIL;
-        }
-        return 0;
-    }
-    if (atomic_write_file(out_path, b->data, b->len) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_FAIL;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-plot");
@@ -162,6 +151,10 @@ int main(int argc, char **argv)
         return r > 0 ? 0 : FTK_EXIT_USAGE;
     if (!out_path) {
         ftk_error("-o FILE is required (- for stdout)");
+        return FTK_EXIT_USAGE;
+    }
+    if (output_check(out_path, force ? OUTPUT_FORCE : 0) < 0) {
+        ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
     metrics_t *m = calloc((size_t)npos, sizeof *m);
@@ -181,8 +174,10 @@ int main(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         code = FTK_EXIT_FAIL;
     }
-    if (!code)
-        code = write_out(&b);
+    if (!code && output_write(out_path, force ? OUTPUT_FORCE : 0, b.data, b.len) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        code = FTK_EXIT_FAIL;
+    }
     if (!code && strcmp(out_path, "-"))
         ftk_info("%s: %d run%s, %s", out_path, n, n == 1 ? "" : "s", csv ? "CSV" : "SVG");
     buf_free(&b);

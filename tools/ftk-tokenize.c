@@ -7,6 +7,7 @@
 
 #include "../formats/json.h"
 #include "../formats/tokenizer.h"
+#include "../formats/tokfiles.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -16,7 +17,9 @@ static int add_bos, add_eos, decode, pieces;
 
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
-    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE", "tokenizer.model (SentencePiece) or tokenizer.json (required)"},
+    {"tokenizer", 't', OPT_STR, &tokenizer_path, "FILE|DIR|W.h5",
+     "tokenizer.model (SentencePiece), tokenizer.json or llama2.c's tokenizer.bin, a folder holding one, or a weights "
+     "file that stores one (required)"},
     {"bos", 0, OPT_FLAG, &add_bos, NULL, "prepend the BOS id"},
     {"eos", 0, OPT_FLAG, &add_eos, NULL, "append the EOS id"},
     {"pieces", 0, OPT_FLAG, &pieces, NULL, "print pieces instead of ids"},
@@ -27,7 +30,7 @@ OPTS_TABLE_END
 
 static const opt_spec_t spec = {
     .tool = "ftk-tokenize",
-    .usage = "--tokenizer FILE [--bos] [--eos] [--pieces | --decode] [FILE|-]",
+    .usage = "--tokenizer FILE|DIR|W.h5 [--bos] [--eos] [--pieces | --decode] [FILE|-]",
     .summary = "Tokenizes text the way ftk-pack does. Each input line is one JSON string (so a\n"
                "text may contain newlines, as \\n); each output line holds its ids separated by\n"
                "single spaces. With --decode, each input line holds ids and each output line is\n"
@@ -137,7 +140,7 @@ int main(int argc, char **argv)
     }
     const char *in = npos ? pos[0] : "-";
     const char *name = strcmp(in, "-") == 0 ? "<stdin>" : in;
-    tok_t *tok = tok_load(tokenizer_path);
+    tok_t *tok = tokfiles_load_tok(tokenizer_path, NULL);
     if (!tok) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;

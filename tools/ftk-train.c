@@ -38,6 +38,7 @@
 #include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
+#include "../libcommon/output.h"
 #include "../libcommon/path.h"
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
@@ -151,7 +152,8 @@ static const opt_t options[] = {
      "would mean other pieces)"},
     {"report", 0, OPT_STR, &report_path, "FILE.md",
      "at the end, write where the steps' time and bytes went: compute, exposed and overlapped communication, "
-     "host; per collective and level; a projection to other rank counts (docs/communication.md)"},
+     "host; per collective and level; a projection to other rank counts (docs/communication.md). Each start "
+     "replaces the file; - is stdout, a FIFO or a device is written in place"},
     {0},
 };
 OPTS_TABLE_END
@@ -557,17 +559,13 @@ static int check_values(trainer_opts_t *o)
         return bad("%s", ftk_err_msg());
     if (plan && report_path)
         return bad("--report is for a training run, not --plan");
-    if (report_path && rank == 0) { /* rank 0 writes it at the end: its directory must take it */
-        const char *slash = strrchr(report_path, '/');
-        char dir[4096];
-        struct stat rs;
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - report_path) + (slash == report_path) : 1,
-                 slash ? report_path : ".");
-        if (!*report_path || (slash && !slash[1]) || (stat(report_path, &rs) == 0 && S_ISDIR(rs.st_mode)))
-            return bad("--report %s: need a file name", report_path);
-        if (access(dir, W_OK | X_OK) != 0)
-            return bad("--report %s: cannot write in %s: %s", report_path, dir, strerror(errno));
-    }
+    /* rank 0 writes it at the end (output.h; every start of the run writes its own, so an
+     * existing file is replaced): what is there must take it */
+    if (report_path && rank == 0 && output_check(report_path, OUTPUT_FORCE) < 0)
+        return bad("--report %s", ftk_err_msg());
+    struct stat os; /* the run directory: made, or continued; never a file, FIFO or device */
+    if (!plan && out_dir && stat(out_dir, &os) == 0 && !S_ISDIR(os.st_mode))
+        return bad("-o %s: %s, not a directory (a run directory)", out_dir, buf_file_kind(os.st_mode));
     if (strcmp(schedule, "cosine") && strcmp(schedule, "linear") && strcmp(schedule, "constant"))
         return bad("--schedule %s: need cosine, linear or constant", schedule);
     if (strcmp(recipe, "ftk") && strcmp(recipe, "litgpt"))
@@ -1109,22 +1107,21 @@ static int run(int argc, char **argv)
         return report(FTK_EXIT_FAIL);
     }
 
-    /* FTK_PROFILE: rank 0's op times (kernels/prof.h); the file opened now, so a path that
+    /* FTK_PROFILE: rank 0's op times (kernels/prof.h); the path checked now, so one that
      * cannot be written fails before the run, not after it */
-    FILE *prof_out = NULL;
+    int prof_on = 0;
     const char *prof = getenv("FTK_PROFILE");
     double prof_t0 = 0; /* when the timed part began */
     msg[0] = 0;
-    if (prof && *prof && rank == 0) {
-        prof_out = strcmp(prof, "-") ? fopen(prof, "w") : stderr;
-        if (!prof_out)
-            snprintf(msg, sizeof msg, "FTK_PROFILE=%s: %s", prof, strerror(errno));
+    if (prof && *prof && rank == 0) { /* "-": stderr; else written at the end, replacing (output.h) */
+        if (strcmp(prof, "-") && output_check(prof, OUTPUT_FORCE) < 0)
+            snprintf(msg, sizeof msg, "FTK_PROFILE=%s", ftk_err_msg());
         else if (bk_prof_attach(be) < 0)
             snprintf(msg, sizeof msg, "FTK_PROFILE: %s", ftk_err_msg());
+        else
+            prof_on = 1;
     }
     if ((code = agree_msg(msg[0] ? FTK_EXIT_USAGE : 0, msg))) {
-        if (prof_out && prof_out != stderr)
-            fclose(prof_out);
         backend_free(be);
         return code;
     }
@@ -1222,7 +1219,7 @@ static int run(int argc, char **argv)
         if (code)
             goto out;
         run_steps++;
-        if (prof_out && run_steps == 1 && !trainer_done(t)) { /* the first step warms up */
+        if (prof_on && run_steps == 1 && !trainer_done(t)) { /* the first step warms up */
             bk_prof_reset(be);
             prof_t0 = time_now();
         }
@@ -1305,11 +1302,18 @@ out:
     if ((discarded ? tfevents_discard(tb) : tfevents_close(tb)) < 0)
         ftk_warn("--tensorboard %s", ftk_err_msg());
     tb = NULL;
-    if (prof_out) {
-        if (bk_prof_write(be, prof_out, time_now() - prof_t0) < 0)
-            ftk_warn("FTK_PROFILE=%s: %s", prof, ftk_err_msg());
-        if (prof_out != stderr && fclose(prof_out) != 0)
-            ftk_warn("FTK_PROFILE=%s: %s", prof, strerror(errno));
+    if (prof_on) {
+        output_t po;
+        int prc = strcmp(prof, "-") ? output_begin(&po, prof, OUTPUT_FORCE) : 0;
+        if (!strcmp(prof, "-"))
+            prc = bk_prof_write(be, stderr, time_now() - prof_t0);
+        else if (prc == 0 && (!output_stream(&po) || bk_prof_write(be, po.f, time_now() - prof_t0) < 0)) {
+            output_abort(&po);
+            prc = -1;
+        } else if (prc == 0)
+            prc = output_commit(&po);
+        if (prc < 0)
+            ftk_warn("FTK_PROFILE: %s", ftk_err_msg());
     }
     trainer_free(t);
     backend_free(be);

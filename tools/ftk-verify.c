@@ -198,6 +198,26 @@ static int check_weights(const char *path, hid_t f)
     return bad;
 }
 
+/* Whether a file that does not open as an ftk file is a damaged one (3) rather than not
+ * one at all (2: a JSON file, an HDF5 file of another program): it begins as HDF5 does
+ * but HDF5 cannot open it (truncated, its superblock broken). */
+static int damaged_hdf5(const char *path)
+{
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char head[8];
+    FILE *fp = fopen(path, "rb");
+    int has_sig = fp && fread(head, 1, 8, fp) == 8 && !memcmp(head, sig, 8);
+    if (fp)
+        fclose(fp);
+    if (!has_sig)
+        return 0;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        return 1;
+    H5Fclose(f);
+    return 0;
+}
+
 /* One ftk HDF5 file: FTK_EXIT_OK, FTK_EXIT_USAGE or FTK_EXIT_VERIFY. */
 static int verify_file(const char *path)
 {
@@ -211,7 +231,7 @@ static int verify_file(const char *path)
     hid_t f = h5_open(path, NULL, 0, &fmt, &ver);
     if (f < 0) {
         ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_VERIFY;
+        return damaged_hdf5(path) ? FTK_EXIT_VERIFY : FTK_EXIT_USAGE;
     }
     verify_ctx_t c = {.path = path};
     if (h5_each_dataset(f, check_dataset, &c) < 0) {

@@ -352,7 +352,8 @@ if a.alpaca1024:
     src = os.path.join(a.work, f"alpaca{n_rec}.json")
     json.dump(recs, open(src, "w"))
     data = os.path.join(a.work, f"alpaca{n_rec}-{mlen}.h5")
-    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", mlen, "--val-count", 0)
+    sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, src, "-o", data, "--pack", "--max-len", mlen, "--val-count", 0,
+       "--force")
     t_init = time.time()
     w = ftk_weights(shape)
     print(f"weights of {shape} ready in {time.time() - t_init:.1f} s (ftk-init, or kept from an earlier run)", flush=True)

@@ -17,7 +17,7 @@ TOK=$DATA/llama2-tokenizer/tokenizer.model
 bytes=$(stat -c %s "$WORK/records.jsonl")
 for j in 1 2; do
     /usr/bin/time -f "%e %U %S" -o "$WORK/time$j" "$BIN/ftk-pack" -q -t "$TOK" "$WORK/records.jsonl" \
-        -o "$WORK/p$j.h5" --pack --max-len 512 -j $j
+        -o "$WORK/p$j.h5" --pack --max-len 512 -j $j --force
     set -- $(tail -n 1 "$WORK/time$j")
     eval "s$j=$1 c$j=$(echo "$2 + $3" | bc -l)"
 done

@@ -47,7 +47,7 @@ for m in (512, 256):
     for src in sorted(glob.glob(os.path.join(data, "alpaca", "*.json"))):
         out = os.path.join(work, "eff.h5")
         subprocess.run([os.path.join(bindir, "ftk-pack"), "-q", "-t", tok, src, "-o", out, "--pack", "--max-len", str(m),
-                        "--val-count", "0"], check=True)
+                        "--val-count", "0", "--force"], check=True)
         g = h5py.File(out, "r")["train"]
         rec, ln = g["sample_record"][()], g["sample_lengths"][()]
         lengths = [int(x) for x in ln[np.argsort(rec, kind="stable")]]

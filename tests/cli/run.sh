@@ -1,8 +1,8 @@
 #!/bin/sh
 # CLI golden tests: every tool answers --help; fixed inputs give the expected stdout and
 # exit code; every file of tests/corpus/pack-bad is refused with exit 2, the expected
-# message and no output; ftk-verify catches a flipped bit, a truncated file and a file
-# that is not HDF5.
+# message and no output; ftk-verify catches a flipped bit and a truncated file (exit 3)
+# and refuses a file that is not HDF5 (exit 2).
 # Usage: tests/cli/run.sh BIN_DIR WORK_DIR [DATA_DIR]
 set -u
 BIN=$1
@@ -74,8 +74,10 @@ expect "ftk-pack refuses stdout for HDF5" 2 "$BIN/ftk-pack" -t examples/demo/tok
 expect "ftk-pack --drop-long dropping everything is exit 2" 2 "$BIN/ftk-pack" -t examples/demo/tokenizer.model \
     examples/demo/alpaca-demo.json -o "$WORK/none.h5" --max-len 8 --drop-long
 [ ! -e "$WORK/none.h5" ] && ok "nothing written when everything is dropped" || notok "nothing written when everything is dropped"
-expect "ftk-pack into a missing directory is exit 1" 1 "$BIN/ftk-pack" -t examples/demo/tokenizer.model \
+expect "ftk-pack into a missing directory is exit 2, before any work" 2 "$BIN/ftk-pack" -t examples/demo/tokenizer.model \
     examples/demo/alpaca-demo.json -o "$WORK/no/such/dir/x.h5"
+grep -q "no/such/dir/x.h5: No such file or directory" "$WORK/err" && ok "... naming the file and why" ||
+    notok "... naming the file and why: $(cat "$WORK/err")"
 
 # The corpus of inputs that must fail: exit 2, the expected message, no output file.
 cd "$ROOT/tests/corpus/pack-bad"
@@ -90,7 +92,7 @@ expect "missing input is exit 2" 2 "$BIN/ftk-pack" -t "$TOK" "$WORK/none.json" -
 [ -z "$(ls -A "$WORK" | grep '^\.' )" ] && ok "no temporary files left behind" || notok "temporary files left: $(ls -A "$WORK")"
 cd "$ROOT"
 
-# ftk-verify against damage: one flipped bit in /train/tokens, a truncated file, not HDF5.
+# ftk-verify against damage: one flipped bit in /train/tokens, a truncated file; not HDF5.
 cp "$WORK/demo.h5" "$WORK/flip.h5"
 off=$(h5dump -p -H -d /train/tokens "$WORK/flip.h5" 2>/dev/null | awk '/OFFSET/ {print $2; exit}')
 if [ -n "$off" ]; then
@@ -105,7 +107,8 @@ else
 fi
 head -c 3000 "$WORK/demo.h5" >"$WORK/cut.h5"
 expect "ftk-verify truncated file is exit 3" 3 "$BIN/ftk-verify" "$WORK/cut.h5"
-expect "ftk-verify non-HDF5 file is exit 3" 3 "$BIN/ftk-verify" "$DEMO"
+# a file that is not HDF5 at all is not an ftk file (bad input: 2), not a damaged one (3)
+expect "ftk-verify non-HDF5 file is exit 2" 2 "$BIN/ftk-verify" "$DEMO"
 expect "ftk-verify missing file is exit 2" 2 "$BIN/ftk-verify" "$WORK/none.h5"
 
 finish

@@ -4,6 +4,8 @@
 #    (a folder, one file, or a weights file); a missing one is exit 2, nothing written;
 #  - ftk-pack -t accepts a weights file holding a tokenizer, and records the same
 #    tokenizer_xxh3 as with the tokenizer.model file itself; one holding none is exit 2;
+#  - llama2.c's tokenizer.bin given to ftk-init or ftk-import-llama2c is stored as
+#    tokenizer.bin, so ftk-pack -t W.h5 and ftk-tokenize -t W.h5 read it as llama2.c's;
 #  - ftk-train refuses (exit 2, no run directory) data packed with another tokenizer than
 #    the model's, naming both files and both checksums; --allow-other-tokenizer trains;
 #    a model without tokenizer trains with a warning (nothing to compare);
@@ -63,6 +65,35 @@ expect "pack -t DIR" 0 "$BIN/ftk-pack" -q -t "$TOK" "$J" -o "$WORK/d3.h5" --max-
 same "  the same tokenizer_xxh3 from the folder" "$WORK/t3" "$WORK/t2"
 expect "pack -t weights without tokenizer" 2 "$BIN/ftk-pack" -t "$WORK/notok.h5" "$J" -o "$WORK/x.h5"
 grep -q "notok.h5: no tokenizer in it" "$WORK/err" && ok "  names the file" || notok "  names the file"
+
+# llama2.c's tokenizer.bin carried by ftk-init and ftk-import-llama2c: stored under its own
+# name, and read back as llama2.c's by ftk-pack and ftk-tokenize -t W.h5 (the same ids as
+# from the file itself)
+L=$DATA/stories260K
+if [ -f "$L/tok512.bin" ] && [ -f "$L/stories260K.bin" ]; then
+    expect "init -t tokenizer.bin" 0 "$BIN/ftk-init" -q --preset tiny -t "$L/tok512.bin" -o "$WORK/l.h5"
+    "$BIN/ftk-info" "$WORK/l.h5" | grep -q "/tokenizer/tokenizer.bin " && ok "  stored as tokenizer.bin" ||
+        notok "  stored as tokenizer.bin"
+    expect "pack -t the weights holding it" 0 "$BIN/ftk-pack" -q -t "$WORK/l.h5" "$J" -o "$WORK/dl.h5" --max-len 64 \
+        --val-count 2
+    expect "pack -t tokenizer.bin" 0 "$BIN/ftk-pack" -q -t "$L/tok512.bin" "$J" -o "$WORK/dl2.h5" --max-len 64 \
+        --val-count 2
+    "$BIN/ftk-info" "$WORK/dl.h5" | grep tokenizer_ >"$WORK/t1"
+    "$BIN/ftk-info" "$WORK/dl2.h5" | grep tokenizer_ >"$WORK/t2"
+    same "  the same tokenizer_format and tokenizer_xxh3" "$WORK/t1" "$WORK/t2"
+    printf '"Once upon a time"\n' >"$WORK/once.in"
+    expect "tokenize -t the weights holding it" 0 "$BIN/ftk-tokenize" -t "$WORK/l.h5" "$WORK/once.in"
+    mv "$WORK/out" "$WORK/ids1"
+    expect "tokenize -t tokenizer.bin" 0 "$BIN/ftk-tokenize" -t "$L/tok512.bin" "$WORK/once.in"
+    same "  the same ids" "$WORK/ids1" "$WORK/out"
+    expect "import-llama2c onto an existing file: exit 2" 2 "$BIN/ftk-import-llama2c" -q "$L/stories260K.bin" \
+        -t "$L/tok512.bin" -o "$WORK/l.h5"
+    grep -q "l.h5: exists (use --force to replace it)" "$WORK/err" && ok "  says so" || notok "  says so"
+    expect "import-llama2c --force" 0 "$BIN/ftk-import-llama2c" -q "$L/stories260K.bin" -t "$L/tok512.bin" \
+        -o "$WORK/l.h5" --force
+    expect "pack -t the imported weights" 0 "$BIN/ftk-pack" -q -t "$WORK/l.h5" "$J" -o "$WORK/dl.h5" --max-len 64 \
+        --val-count 2 --force
+fi
 
 # ftk-train: another tokenizer's data is refused; the override trains
 demo_pack "$WORK/other.h5" 64 2>/dev/null || exit 1

@@ -8,7 +8,12 @@
 #    without a trailing slash) or RUN/latest;
 #  - a missing file is "No such file or directory", not "not an HDF5 file";
 #  - `-o run/` prints run/step-…, never run//step-…;
-#  - counts of one are singular (1 step, 1 shard, 1 record).
+#  - counts of one are singular (1 step, 1 shard, 1 record);
+#  - an existing output is refused by every tool (exit 2, untouched) unless --force
+#    (ftk-init, ftk-import-hf, ftk-merge, ftk-pack, ftk-plot);
+#  - a weights file given to ftk-merge or ftk-reshard, a run directory to ftk-export-hf, a
+#    safetensors file to ftk-import-hf are named for what they are; ftk-verify of a file
+#    that is not HDF5 is exit 2.
 # Usage: tests/cli/ux.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -103,4 +108,33 @@ if [ -x "$PY" ]; then
     [ "$(json_get "$WORK/out" 'j["step"], j["shards"], j["dtype"], j["tokenizer_files"]')" = "(1, 1, 'float32', 1)" ] &&
         ok "  step, shards, dtype, tokenizer" || notok "  step, shards, dtype, tokenizer: $(cat "$WORK/out")"
 fi
+
+# One rule for every tool's output (docs/cli.md "Outputs"): an existing one is refused, exit 2
+# and left as it was, unless --force, which replaces it once the new one is complete.
+"$BIN/ftk-export-hf" -q "$WORK/w.h5" -o "$WORK/hf" || exit 1
+cp "$WORK/w.h5" "$WORK/keep.h5" && cp "$WORK/w.h5" "$WORK/x.h5"
+for c in "ftk-init -q --preset tiny --seed 2" "ftk-import-hf -q $WORK/hf" "ftk-merge -q $WORK/run" \
+    "ftk-pack -q -t $ROOT/examples/demo/tokenizer.model $WORK/one.json --val-count 0" "ftk-plot -q $WORK/run"; do
+    expect "${c%% *} onto an existing output: exit 2" 2 $BIN/$c -o "$WORK/x.h5"
+    grep -q "x.h5: exists (use --force to replace it)" "$WORK/err" && cmp -s "$WORK/x.h5" "$WORK/keep.h5" &&
+        ok "  says so; the file is untouched" || notok "  says so; the file is untouched: $(cat "$WORK/err")"
+    expect "  --force replaces it" 0 $BIN/$c -o "$WORK/x.h5" --force
+    cmp -s "$WORK/x.h5" "$WORK/keep.h5" && notok "  replaced" || ok "  replaced"
+    cp "$WORK/keep.h5" "$WORK/x.h5"
+done
+# what a tool takes, said when it is given another kind of file (nothing written)
+expect "ftk-merge of a weights file: exit 2" 2 "$BIN/ftk-merge" "$WORK/w.h5" -o "$WORK/m2.h5"
+grep -q "w.h5: an ftk weights file, not a checkpoint" "$WORK/err" && ok "  says it is a weights file" ||
+    notok "  says it is a weights file: $(cat "$WORK/err")"
+expect "ftk-reshard of a weights file: exit 2" 2 "$BIN/ftk-reshard" "$WORK/w.h5" -o "$WORK/rs" --ranks 2
+grep -q "w.h5: an ftk weights file, not a checkpoint" "$WORK/err" && ok "  says it is a weights file" ||
+    notok "  says it is a weights file: $(cat "$WORK/err")"
+expect "ftk-export-hf of a run directory: exit 2" 2 "$BIN/ftk-export-hf" "$WORK/run" -o "$WORK/hf2"
+grep -q "run: a checkpoint or run directory, not a weights file; merge it into one first: ftk-merge" "$WORK/err" &&
+    ok "  says to merge it first" || notok "  says to merge it first: $(cat "$WORK/err")"
+expect "ftk-import-hf of a safetensors file: exit 2" 2 "$BIN/ftk-import-hf" "$WORK/hf/model.safetensors" -o "$WORK/i.h5"
+grep -q "model.safetensors: not a folder" "$WORK/err" && ok "  says it takes the folder" ||
+    notok "  says it takes the folder: $(cat "$WORK/err")"
+expect "ftk-verify of a JSON file: exit 2 (not an ftk file; 3 is for damage)" 2 "$BIN/ftk-verify" "$WORK/one.json"
+check "  nothing written" test ! -e "$WORK/m2.h5" -a ! -e "$WORK/rs" -a ! -e "$WORK/hf2" -a ! -e "$WORK/i.h5"
 finish

@@ -28,7 +28,7 @@ for sig in KILL TERM; do
     rm -f "$WORK/fault.log"
     FTK_FAULT=pack.write:1:$( [ $sig = KILL ] && echo kill || echo sig=TERM) FTK_FAULT_LOG="$WORK/fault.log" \
         "$BIN/ftk-pack" -t "$ROOT/examples/demo/tokenizer.model" "$WORK/big.json" -o "$WORK/out.h5" -q --threads 1 \
-        2>"$WORK/err.$sig"
+        --force 2>"$WORK/err.$sig"
     rc=$?
     if [ $rc -ne $([ $sig = KILL ] && echo 137 || echo 143) ] || ! grep -q '^pack.write 1 ' "$WORK/fault.log"; then
         echo "FAIL SIG$sig: did not land in the output's write (exit $rc)"
@@ -52,6 +52,6 @@ for sig in KILL TERM; do
     rm -f "$WORK"/.out.h5.tmp.*
 done
 # and a run left alone completes and verifies
-"$BIN/ftk-pack" -t "$ROOT/examples/demo/tokenizer.model" "$WORK/big.json" -o "$WORK/out.h5" -q --pack || bad=1
+"$BIN/ftk-pack" -t "$ROOT/examples/demo/tokenizer.model" "$WORK/big.json" -o "$WORK/out.h5" -q --pack --force || bad=1
 "$BIN/ftk-verify" "$WORK/out.h5" || bad=1
 exit $bad

@@ -7,6 +7,11 @@
 # ftk-reshard, ftk-train) ends at once — exit 2 naming the file (3 from ftk-verify for
 # damage inside a checkpoint) — instead of waiting on the FIFO forever or reading
 # /dev/zero until memory runs out, and ftk-train writes nothing through a .lock link.
+# Outputs that are not regular files (libcommon/output.h): ftk-plot -o and ftk-train --report
+# write a FIFO (its reader gets the bytes), a character device and a link to
+# /proc/self/fd/1 in place and leave them as they were; a directory or a dangling link is
+# refused (exit 2); an HDF5 output (ftk-init, ftk-merge) refuses a FIFO or a device, and
+# ftk-train's run directory (-o) one that is not a directory.
 # Every command runs under a timeout, which only a hang reaches.
 # Usage: tests/fault/special_files.sh BIN_DIR WORK_DIR
 set -u
@@ -109,4 +114,52 @@ expect "metrics.jsonl a link: ftk-train --resume auto exit 2" 2 $TO $T -o "$WORK
 check "metrics.jsonl a link: the file it names is untouched" grep -qx precious "$WORK/victim"
 rm "$WORK/r/metrics.jsonl" && mv "$WORK/metrics" "$WORK/r/metrics.jsonl"
 expect "regular files again: ftk-train --resume auto runs" 0 $TO $T -o "$WORK/r" --resume auto
+
+# Outputs a user names (libcommon/output.h): a FIFO, a character device or a link to either
+# is written in place and stays what it was; a directory, a link to nothing, and (for HDF5)
+# a FIFO or a device are refused with exit 2, nothing written. Device nodes are made here
+# (as root): an unfixed tool would replace the system's own /dev/null.
+O=$WORK/outputs && mkdir "$O"
+if mknod "$O/null" c 1 3 2>/dev/null && mknod "$O/full" c 1 7 2>/dev/null; then NULL=$O/null FULL=$O/full; else
+    NULL=/dev/null FULL=/dev/full # not root: nobody can replace them
+fi
+P="$BIN/ftk-plot -q $WORK/run --csv"
+mkfifo "$O/fifo"
+# reader NAME: the FIFO's reader in the background, its bytes in $O/NAME (timeout: only a
+# writer that never opens the FIFO reaches it)
+reader() { $TO cat "$O/fifo" >"$O/$1" & }
+reader plot
+expect "ftk-plot -o FIFO: exit 0" 0 $TO $P -o "$O/fifo"
+wait
+check "... the reader got the table" grep -q '^run,step,loss' "$O/plot"
+check "... and the FIFO is still a FIFO" test -p "$O/fifo"
+expect "ftk-plot -o a device (null): exit 0" 0 $P -o "$NULL"
+check "... it is still a character device" test -c "$NULL"
+expect "ftk-plot -o a full device: exit 1" 1 $P -o "$FULL"
+says "... naming it and the reason" "full: write: No space left on device"
+check "... it is still a character device" test -c "$FULL"
+ln -s /proc/self/fd/1 "$O/stdout"
+{ $P -o "$O/stdout"; echo $? >"$O/rc"; } | cat >"$O/piped"
+check "ftk-plot -o a link to /proc/self/fd/1: the pipe got the table, exit 0" \
+    sh -c "grep -q '^run,step,loss' '$O/piped' && [ \"\$(cat '$O/rc')\" = 0 ]"
+check "... the link is still a link" test -L "$O/stdout"
+expect "ftk-plot -o a directory: exit 2" 2 $P -o "$O"
+says "... saying what it is" "outputs: a directory: refused"
+ln -s "$O/nothing" "$O/dangling"
+expect "ftk-plot -o a link to nothing: exit 2" 2 $P -o "$O/dangling"
+check "... nothing written (no file, no temporary)" sh -c "[ ! -e '$O/nothing' ] && [ -z \"\$(ls -A '$O' | grep '^\.')\" ]"
+reader report
+expect "ftk-train --report FIFO: exit 0" 0 $TO $T -o "$WORK/rep" --steps 1 --no-save --report "$O/fifo"
+wait
+check "... the reader got the report" grep -q '^# Communication and time report' "$O/report"
+check "... and the FIFO is still a FIFO" test -p "$O/fifo"
+expect "ftk-train --report a device (null): exit 0" 0 $T -o "$WORK/rep2" --steps 1 --no-save --report "$NULL"
+check "... it is still a character device" test -c "$NULL"
+expect "ftk-init -o FIFO (HDF5): exit 2" 2 "$BIN/ftk-init" -q --preset tiny -o "$O/fifo"
+says "... HDF5 needs a regular file" "fifo: a FIFO; this output is HDF5, which needs a regular file"
+check "... the FIFO is still a FIFO" test -p "$O/fifo"
+expect "ftk-merge -o a device (HDF5): exit 2" 2 "$BIN/ftk-merge" -q "$WORK/run" -o "$NULL"
+check "... it is still a character device" test -c "$NULL"
+expect "ftk-train -o FIFO (a run directory): exit 2" 2 $T -o "$O/fifo"
+says "... saying what it is" "fifo: a FIFO, not a directory"
 finish

@@ -17,7 +17,7 @@ JSON
 "$BIN/ftk-init" -q --config cfg.json -o big.h5 || exit 1
 "$BIN/ftk-export-hf" -q big.h5 -o big-hf || exit 1
 bad=0
-mkdir hf && echo "previous content" >hf/marker
+mkdir hf && echo "previous content" >hf/config.json
 echo "previous content" >out.h5
 for sig in KILL TERM; do
     for tool in export import; do
@@ -26,7 +26,7 @@ for sig in KILL TERM; do
         if [ $tool = export ]; then
             FTK_FAULT=weights.write:2:$act FTK_FAULT_LOG=fault.log "$BIN/ftk-export-hf" -q big.h5 -o hf --force 2>err
         else
-            FTK_FAULT=weights.write:2:$act FTK_FAULT_LOG=fault.log "$BIN/ftk-import-hf" -q big-hf -o out.h5 2>err
+            FTK_FAULT=weights.write:2:$act FTK_FAULT_LOG=fault.log "$BIN/ftk-import-hf" -q big-hf -o out.h5 --force 2>err
         fi
         rc=$?
         if [ $rc -ne $([ $sig = KILL ] && echo 137 || echo 143) ] || ! grep -q '^weights.write 2 ' fault.log; then
@@ -37,7 +37,7 @@ for sig in KILL TERM; do
             echo "FAIL $tool, SIGKILL mid-write left no temporary: not killed where the test says"
             bad=1
         fi
-        if [ "$(cat hf/marker 2>/dev/null)" = "previous content" ] && [ "$(ls hf)" = marker ] &&
+        if [ "$(cat hf/config.json 2>/dev/null)" = "previous content" ] && [ "$(ls hf)" = config.json ] &&
             [ "$(cat out.h5)" = "previous content" ]; then
             echo "ok   $tool, SIG$sig (exit $rc): the existing output is untouched"
         else
@@ -53,7 +53,8 @@ for sig in KILL TERM; do
     done
 done
 # and runs left alone complete and replace the outputs
-"$BIN/ftk-export-hf" -q big.h5 -o hf --force && [ ! -e hf/marker ] && [ -f hf/model.safetensors ] || bad=1
-"$BIN/ftk-import-hf" -q hf -o out.h5 && "$BIN/ftk-verify" out.h5 || bad=1
+"$BIN/ftk-export-hf" -q big.h5 -o hf --force && [ "$(cat hf/config.json)" != "previous content" ] &&
+    [ -f hf/model.safetensors ] || bad=1
+"$BIN/ftk-import-hf" -q hf -o out.h5 --force && "$BIN/ftk-verify" out.h5 || bad=1
 rm -rf big.h5 big-hf hf out.h5
 exit $bad

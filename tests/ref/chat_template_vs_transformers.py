@@ -177,7 +177,7 @@ def pack(recs, template, extra, tag):
             f.write(json.dumps(r, ensure_ascii=rng.random() < 0.5) + "\n")
     out = os.path.join(work, tag + ".h5")
     r = subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", os.path.join(tok_dir, "tokenizer.model"), src, "-o", out,
-                        "-q", "--template", template, "--max-len", "8192", "--val-count", "0"] + extra,
+                        "-q", "--template", template, "--max-len", "8192", "--val-count", "0", "--force"] + extra,
                        capture_output=True)
     if r.returncode != 0:
         fail(f"{tag}: ftk-pack exit {r.returncode}: {r.stderr.decode()[:2000]}")

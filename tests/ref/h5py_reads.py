@@ -15,8 +15,8 @@ tok = os.path.join(root, "examples/demo/tokenizer.model")
 src = os.path.join(root, "examples/demo/alpaca-demo.json")
 plain, comp = os.path.join(work, "plain.h5"), os.path.join(work, "zstd.h5")
 for out, extra in ((plain, []), (comp, ["--compress", "zstd:9"])):
-    subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tok, src, "-o", out, "-q", "--pack", "--max-len", "256"] + extra,
-                   check=True)
+    subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tok, src, "-o", out, "-q", "--pack", "--max-len", "256",
+                    "--force"] + extra, check=True)
 assert os.environ.get("HDF5_PLUGIN_PATH"), "HDF5_PLUGIN_PATH must point at build/plugin"
 fails = 0
 with h5py.File(plain, "r") as p, h5py.File(comp, "r") as z:

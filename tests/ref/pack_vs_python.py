@@ -123,7 +123,7 @@ def opt(args, name, conv, default):
 
 def check(tokpath, src, args, tag):
     out = os.path.join(work, tag + ".h5")
-    r = subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tokpath, src, "-o", out, "-q"] + args,
+    r = subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tokpath, src, "-o", out, "-q", "--force"] + args,
                        capture_output=True)
     if r.returncode != 0:
         fail(f"{tag}: ftk-pack exit {r.returncode}: {r.stderr.decode()}")
@@ -179,8 +179,8 @@ def check(tokpath, src, args, tag):
         return
     # The same input in 3 shards: the same rows, in the same global order.
     base = os.path.join(work, tag + "-sh")
-    r = subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tokpath, src, "-o", base + ".h5", "-q", "--shards", "3"]
-                       + args, capture_output=True)
+    r = subprocess.run([os.path.join(bindir, "ftk-pack"), "-t", tokpath, src, "-o", base + ".h5", "-q", "--shards", "3",
+                        "--force"] + args, capture_output=True)
     if r.returncode != 0:
         fail(f"{tag} --shards 3: exit {r.returncode}: {r.stderr.decode()}")
         return

@@ -34,7 +34,7 @@ if not os.path.isdir(src):
 ids = torch.tensor([[1, 306, 4658, 278, 6593, 310, 2834, 338, 29871, 31999]])
 with torch.no_grad():
     want = LlamaForCausalLM.from_pretrained(src).eval()(ids).logits
-run("ftk-import-hf", src, "-o", f"{WORK}/tiny.h5")
+run("ftk-import-hf", src, "-o", f"{WORK}/tiny.h5", "--force")
 for name, extra in (("single", []), ("sharded", ["--max-shard-size", "1MB"])):
     out = f"{WORK}/tiny-{name}"
     run("ftk-export-hf", f"{WORK}/tiny.h5", "-o", out, "--force", *extra)
@@ -43,7 +43,7 @@ for name, extra in (("single", []), ("sharded", ["--max-shard-size", "1MB"])):
     n = len([f for f in os.listdir(out) if f.endswith(".safetensors")])
     check(torch.equal(got, want), f"{name} export ({n} safetensors files): from_pretrained loads it, logits identical")
 
-run("ftk-init", "--preset", "tiny", "--dtype", "bfloat16", "-o", f"{WORK}/gqa.h5")
+run("ftk-init", "--preset", "tiny", "--dtype", "bfloat16", "-o", f"{WORK}/gqa.h5", "--force")
 run("ftk-export-hf", f"{WORK}/gqa.h5", "-o", f"{WORK}/gqa-hf", "--force")
 m = LlamaForCausalLM.from_pretrained(f"{WORK}/gqa-hf", torch_dtype=torch.bfloat16)
 sd = m.state_dict()
@@ -56,7 +56,7 @@ with torch.no_grad():
 
 d = os.path.join(DATA, "stories260K")
 if os.path.isdir(d):
-    run("ftk-import-llama2c", f"{d}/stories260K.bin", "-t", f"{d}/tok512.bin", "-o", f"{WORK}/s260.h5")
+    run("ftk-import-llama2c", f"{d}/stories260K.bin", "-t", f"{d}/tok512.bin", "-o", f"{WORK}/s260.h5", "--force")
     run("ftk-export-hf", f"{WORK}/s260.h5", "-o", f"{WORK}/s260-hf", "--force")
     m = LlamaForCausalLM.from_pretrained(f"{WORK}/s260-hf").eval()
     b = open(f"{d}/tok512.bin", "rb").read()

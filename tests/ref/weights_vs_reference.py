@@ -50,7 +50,7 @@ if not os.path.isdir(src):
     print(f"skipped ({src} missing)")
     sys.exit(77)
 ref = load_file(os.path.join(src, "model.safetensors"))
-run("ftk-import-hf", src, "-o", f"{WORK}/tiny.h5")
+run("ftk-import-hf", src, "-o", f"{WORK}/tiny.h5", "--force")
 got = h5_tensors(f"{WORK}/tiny.h5")
 check(set(got) == set(ref), f"same {len(ref)} tensor names as the safetensors library reads")
 check(all(np.array_equal(bits(got[k][0]), bits(ref[k])) and got[k][0].shape == ref[k].shape for k in ref),
@@ -94,7 +94,7 @@ with open(f"{WORK}/conv/config.json", "w") as f:
     json.dump(cfg, f)
 t = torch.from_numpy(emb)
 for dt, tdt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
-    run("ftk-import-hf", f"{WORK}/conv", "--dtype", dt, "-o", f"{WORK}/conv-{dt}.h5")
+    run("ftk-import-hf", f"{WORK}/conv", "--dtype", dt, "-o", f"{WORK}/conv-{dt}.h5", "--force")
     g = h5_tensors(f"{WORK}/conv-{dt}.h5")["model.embed_tokens.weight"]
     want = t.to(tdt).view(torch.int16).numpy().view(np.uint16)
     gotb = g[0].view(np.uint16)
@@ -116,7 +116,7 @@ for dt, tdt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
           f"{dt} -> float32 is exact (equals PyTorch's .float())")
 # float16 -> bfloat16: one rounding, like PyTorch's
 run("ftk-export-hf", f"{WORK}/conv-float16.h5", "-o", f"{WORK}/conv-f16", "--force")
-run("ftk-import-hf", f"{WORK}/conv-f16", "--dtype", "bfloat16", "-o", f"{WORK}/conv-f16-bf16.h5")
+run("ftk-import-hf", f"{WORK}/conv-f16", "--dtype", "bfloat16", "-o", f"{WORK}/conv-f16-bf16.h5", "--force")
 g = h5_tensors(f"{WORK}/conv-f16-bf16.h5")["model.embed_tokens.weight"][0].view(np.uint16)
 h = t.to(torch.float16)
 want = h.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
@@ -131,7 +131,7 @@ os.makedirs(f"{WORK}/all16", exist_ok=True)
 save_file(tensors16, f"{WORK}/all16/model.safetensors", metadata={"format": "pt"})
 with open(f"{WORK}/all16/config.json", "w") as f:
     json.dump(cfg, f)
-run("ftk-import-hf", f"{WORK}/all16", "--dtype", "float32", "-o", f"{WORK}/all16.h5")
+run("ftk-import-hf", f"{WORK}/all16", "--dtype", "float32", "-o", f"{WORK}/all16.h5", "--force")
 g = h5_tensors(f"{WORK}/all16.h5")["model.embed_tokens.weight"][0].reshape(-1)[:65536]
 w = allh.astype(np.float32)
 nn = ~np.isnan(w)
@@ -141,7 +141,8 @@ check(np.array_equal(bits(g)[nn], bits(w)[nn]) and np.all(np.isnan(g[~nn])),
 # 4. llama2.c: the HF permutation, written independently with numpy reshapes.
 mbin = os.path.join(DATA, "stories260K", "stories260K.bin")
 if os.path.exists(mbin):
-    run("ftk-import-llama2c", mbin, "-t", os.path.join(DATA, "stories260K", "tok512.bin"), "-o", f"{WORK}/s260.h5")
+    run("ftk-import-llama2c", mbin, "-t", os.path.join(DATA, "stories260K", "tok512.bin"), "-o", f"{WORK}/s260.h5",
+        "--force")
     raw = np.fromfile(mbin, dtype=np.int32, count=7)
     dim, hid, L, nh, nkv, vs, sl = (int(x) for x in raw)
     w = np.fromfile(mbin, dtype=np.float32, offset=28)

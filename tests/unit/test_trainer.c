@@ -32,6 +32,7 @@
 #include "../../libcommon/buf.h"
 #include "../../libcommon/hash.h"
 #include "../../libcommon/log.h"
+#include "../../libcommon/output.h"
 #include "../../libcommon/rng.h"
 #include "test.h"
 
@@ -96,7 +97,7 @@ static int write_weights(const char *path, int nan)
     init_t in = {nan};
     weights_source_t src = {.cfg = &c, .source = "test_trainer", .dtype_label = "float32", .ctx = &in,
                             .dtype = init_dtype, .rows = init_rows};
-    return weights_write_file(path, &src, NULL);
+    return weights_write_file(path, OUTPUT_FORCE, &src, NULL);
 }
 
 /* n samples of 6 … MAX_LEN tokens: BOS, ids in [3, VOCAB), EOS; the second half targets. */
