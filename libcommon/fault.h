@@ -23,6 +23,10 @@
  *              sleep=MS        pause MS milliseconds there, then go on (a lower bound on a
  *                              stretch of time: "this write takes at least MS")
  *
+ *   RANK, N and MS are decimal digits only. A SPEC that cannot be read (an empty or
+ *   out-of-range rank, a second N or ACTION, more than 16 SPECs) is reported on stderr as
+ *   written, with what is wrong, and ignored.
+ *
  *   FTK_FAULT_LOG=FILE  each firing first appends one line to FILE (O_APPEND, before the
  *              action, so a process that kills itself leaves it): "SITE N ACTION pid=P
  *              rank=R". A test asserts from it that its fault landed where it claims.

@@ -6,7 +6,8 @@
 # a failed ftk-train leaves no run directory it made (but keeps one it was given);
 # ftk-export-hf --force does not replace a regular file with a directory; SIGTERM and SIGINT
 # to ftk-reshard leave neither its temporary checkpoint nor the run directory it made
-# (those two cases stop it at a breakpoint with gdb: skipped without gdb).
+# (those two cases stop it at a breakpoint with gdb: skipped without gdb); a malformed
+# FTK_FAULT spec is reported whole and ignored.
 # Usage: tests/fault/messages.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -132,6 +133,16 @@ expect "the same in a directory it was given: exit 1" 1 $T -m "$WORK/w.h5" --ste
 check "... which stays" test -d "$WORK/given"
 expect "ftk-train, a missing data file: exit 2" 2 $T -m "$WORK/w.h5" -d "$WORK/none.h5" --steps 1 -o "$WORK/rd"
 nothing ftk-train "$WORK/rd"
+
+# FTK_FAULT: a malformed spec is reported as written and ignored, never read as another one
+# (an empty or out-of-range rank is not rank 0; a second action does not replace the first)
+I="$BIN/ftk-init -q --preset tiny --seed 1 -t $TOK"
+specs="atomic.begin@:exit,atomic.begin@4294967296:exit,atomic.begin@ 0:exit,atomic.begin:exit:kill"
+expect "FTK_FAULT='$specs': every spec ignored, ftk-init exit 0" 0 env FTK_FAULT="$specs" $I -o "$WORK/f.h5"
+check "... each reported in full" sh -c "$(echo "$specs" | tr ',' '\n' | while read -r spec; do
+    printf "grep -qF \"FTK_FAULT: cannot read '%s': \" '%s' && " "$spec" "$WORK/err"; done) true"
+expect "FTK_FAULT='atomic.begin@0:exit' (a process alone is rank 0): it fires, exit 1" 1 env \
+    FTK_FAULT='atomic.begin@0:exit' $I -o "$WORK/f.h5"
 
 # ftk-export-hf --force replaces only a directory
 echo "a file" >"$WORK/file"
