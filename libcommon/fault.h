@@ -35,6 +35,8 @@
  * FTK_FAULT cannot be detected (sites are just strings), so tests assert the log line.
  *
  * Sites (grep fault_point for the full list; docs/testing.md keeps it too):
+ *   train.start          ftk-train: first thing in main, the stop signals held and their
+ *                        handler not yet installed (sig= here must stay pending, not kill)
  *   train.step-end       ftk-train: a step finished and was reported (every rank)
  *   train.weights-loaded ftk-train: the initial weights are loaded and the time said (every
  *                        rank; tests/bench/weights_load.sh ends the run there)

@@ -7,7 +7,8 @@
 # ftk-export-hf --force does not replace a regular file with a directory; SIGTERM and SIGINT
 # to ftk-reshard leave neither its temporary checkpoint nor the run directory it made
 # (those two cases stop it at a breakpoint with gdb: skipped without gdb); a malformed
-# FTK_FAULT spec is reported whole and ignored.
+# FTK_FAULT spec is reported whole and ignored; ftk-train stopped before its first step
+# leaves no run directory, and one with stderr a closed pipe goes on.
 # Usage: tests/fault/messages.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -143,6 +144,16 @@ check "... each reported in full" sh -c "$(echo "$specs" | tr ',' '\n' | while r
     printf "grep -qF \"FTK_FAULT: cannot read '%s': \" '%s' && " "$spec" "$WORK/err"; done) true"
 expect "FTK_FAULT='atomic.begin@0:exit' (a process alone is rank 0): it fires, exit 1" 1 env \
     FTK_FAULT='atomic.begin@0:exit' $I -o "$WORK/f.h5"
+
+# ftk-train stopped before its first step, or with stderr a closed pipe (tests/cli/preempt.sh
+# has the cases; here under the sanitizers too)
+expect "ftk-train, SIGUSR1 before its handlers exist: exit 75" 75 env FTK_FAULT=train.start:sig=USR1 \
+    $T -m "$WORK/w.h5" --steps 5 -o "$WORK/rs1"
+nothing ftk-train "$WORK/rs1"
+expect "ftk-train, stderr a closed pipe, SIGHUP after step 2: exit 75" 75 closed_pipe env \
+    FTK_FAULT=train.step-end:2:sig=HUP $(echo "$T" | sed 's/ -q / /') -m "$WORK/w.h5" --steps 5 -o "$WORK/rs2"
+check "... a checkpoint at step 3, and the metrics say that stderr failed" sh -c "
+    [ \"\$(cat '$WORK/rs2/latest')\" = step-00000003 ] && grep -q '\"kind\": \"warning\"' '$WORK/rs2/metrics.jsonl'"
 
 # ftk-export-hf --force replaces only a directory
 echo "a file" >"$WORK/file"
