@@ -10,6 +10,7 @@
  *    "micro_batches": M, "comm": {...}, "mem_peak_bytes": B, "time": "ISO-8601 UTC"}
  *   {"kind": "eval", "step": S, "val_loss": L, "val_tokens": N, "time": ...}
  *   {"kind": "checkpoint", "step": S, "checkpoint": "step-…", "async": B, "stall_s": …, ...}
+ *   {"kind": "warning", "step": S, "message": "…", "time": ...}   (stderr failed by step S)
  *
  * Lines written before records had a "kind" are told apart by their keys ("loss",
  * "val_loss", "checkpoint"). Unknown kinds and keys are skipped, so newer files read.

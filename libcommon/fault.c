@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -27,7 +28,9 @@ typedef struct {
     atomic_long hits;
 } spec_t;
 
-enum { MAX_SPECS = 16 };
+#define MAX_SPECS 16
+#define FAULT_STR_(x) #x
+#define FAULT_STR(x) FAULT_STR_(x)
 static spec_t specs[MAX_SPECS];
 static int n_specs;
 static int my_rank;
@@ -46,12 +49,42 @@ static int signal_number(const char *s)
     return 0;
 }
 
-/* One SPEC; a malformed one is reported once on stderr and ignored (a test that relies on
- * it then fails its landing check, which names FTK_FAULT_LOG). */
-static void parse_spec(char *s)
+/* A count, a rank or milliseconds: decimal digits only, at most max (not strtol, which
+ * takes a sign and blanks, and reads "" as 0: "@" would aim at rank 0). Returns 0 or -1. */
+static int parse_count(const char *s, const char **end, long max, long *out)
 {
-    if (n_specs == MAX_SPECS || !*s)
+    long v = 0;
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        if (v > (max - (*c - '0')) / 10)
+            return -1;
+        v = v * 10 + (*c - '0');
+    }
+    if (c == s)
+        return -1;
+    *end = c;
+    *out = v;
+    return 0;
+}
+
+/* One SPEC; a malformed one is reported on stderr, as it was written, and ignored (a test
+ * that relies on it then fails its landing check, which names FTK_FAULT_LOG). */
+static void parse_spec(const char *spec)
+{
+    char s[256];
+    const char *why = NULL, *end;
+    long v;
+    if (!*spec)
         return;
+    if (n_specs == MAX_SPECS) {
+        why = "more SPECs than " FAULT_STR(MAX_SPECS);
+        goto bad;
+    }
+    if (strlen(spec) >= sizeof s) {
+        why = "too long";
+        goto bad;
+    }
+    snprintf(s, sizeof s, "%s", spec);
     spec_t *p = &specs[n_specs];
     memset(p, 0, sizeof *p);
     p->rank = -1;
@@ -60,65 +93,82 @@ static void parse_spec(char *s)
     snprintf(p->text, sizeof p->text, "kill");
     char *parts[3] = {s, NULL, NULL};
     int k = 1;
-    for (char *c = s; *c && k < 3; c++)
+    for (char *c = s; *c; c++)
         if (*c == ':') {
+            if (k == 3) {
+                why = "more than SITE, N and ACTION";
+                goto bad;
+            }
             *c = 0;
             parts[k++] = c + 1;
         }
     char *at = strchr(parts[0], '@');
     if (at) {
         *at = 0;
-        char *end;
-        long r = strtol(at + 1, &end, 10);
-        if (*end || r < 0)
+        /* a world rank is an int */
+        if (parse_count(at + 1, &end, INT_MAX, &v) < 0 || *end) {
+            why = "RANK is not a world rank, 0 to 2147483647";
             goto bad;
-        p->rank = (int)r;
+        }
+        p->rank = (int)v;
     }
-    if (strlen(parts[0]) >= sizeof p->site)
+    if (!parts[0][0] || strlen(parts[0]) >= sizeof p->site) {
+        why = parts[0][0] ? "SITE too long" : "no SITE";
         goto bad;
+    }
     snprintf(p->site, sizeof p->site, "%s", parts[0]);
+    int got_n = 0, got_action = 0;
     for (int i = 1; i < k; i++) {
-        char *v = parts[i];
-        if (v[0] >= '0' && v[0] <= '9') {
-            char *end;
-            p->n = strtol(v, &end, 10);
-            if (*end == '+') {
-                p->and_later = 1;
-                end++;
-            }
-            if (*end || p->n < 1)
+        char *a = parts[i];
+        if (a[0] >= '0' && a[0] <= '9') {
+            if (got_n++) {
+                why = "two Ns";
                 goto bad;
+            }
+            if (parse_count(a, &end, LONG_MAX, &v) < 0 || v < 1 || (*end && strcmp(end, "+"))) {
+                why = "N is not a count from 1, N or N+";
+                goto bad;
+            }
+            p->n = v;
+            p->and_later = *end == '+';
             continue;
         }
-        snprintf(p->text, sizeof p->text, "%s", v);
-        if (!strcmp(v, "kill"))
-            p->action = ACT_KILL;
-        else if (!strcmp(v, "stop"))
-            p->action = ACT_STOP;
-        else if (!strcmp(v, "exit"))
-            p->action = ACT_EXIT;
-        else if (!strcmp(v, "enospc"))
-            p->action = ACT_ENOSPC;
-        else if (!strcmp(v, "eio"))
-            p->action = ACT_EIO;
-        else if (!strncmp(v, "sig=", 4) && (p->arg = signal_number(v + 4)))
-            p->action = ACT_SIG;
-        else if (!strncmp(v, "psig=", 5) && (p->arg = signal_number(v + 5)))
-            p->action = ACT_PSIG;
-        else if (!strncmp(v, "sleep=", 6)) {
-            char *end;
-            long ms = strtol(v + 6, &end, 10);
-            if (*end || ms < 0 || ms > 3600000)
-                goto bad;
-            p->action = ACT_SLEEP;
-            p->arg = (int)ms;
-        } else
+        if (got_action++) {
+            why = "two ACTIONs";
             goto bad;
+        }
+        snprintf(p->text, sizeof p->text, "%s", a);
+        if (!strcmp(a, "kill"))
+            p->action = ACT_KILL;
+        else if (!strcmp(a, "stop"))
+            p->action = ACT_STOP;
+        else if (!strcmp(a, "exit"))
+            p->action = ACT_EXIT;
+        else if (!strcmp(a, "enospc"))
+            p->action = ACT_ENOSPC;
+        else if (!strcmp(a, "eio"))
+            p->action = ACT_EIO;
+        else if (!strncmp(a, "sig=", 4) && (p->arg = signal_number(a + 4)))
+            p->action = ACT_SIG;
+        else if (!strncmp(a, "psig=", 5) && (p->arg = signal_number(a + 5)))
+            p->action = ACT_PSIG;
+        else if (!strncmp(a, "sleep=", 6)) {
+            if (parse_count(a + 6, &end, 3600000, &v) < 0 || *end) {
+                why = "sleep=MS takes 0 to 3600000 milliseconds";
+                goto bad;
+            }
+            p->action = ACT_SLEEP;
+            p->arg = (int)v;
+        } else {
+            why = "no such ACTION: kill, stop, exit, sig=NAME, psig=NAME (NAME: TERM, INT, HUP, USR1, USR2, ...), "
+                  "enospc, eio, sleep=MS";
+            goto bad;
+        }
     }
     n_specs++;
     return;
 bad:
-    fprintf(stderr, "ftk: FTK_FAULT: cannot read '%s' (SITE[@RANK][:N[+]][:ACTION]): ignored\n", s);
+    fprintf(stderr, "ftk: FTK_FAULT: cannot read '%s': %s (SITE[@RANK][:N[+]][:ACTION]); ignored\n", spec, why);
 }
 
 static void parse(void)

@@ -23,6 +23,10 @@
  *              sleep=MS        pause MS milliseconds there, then go on (a lower bound on a
  *                              stretch of time: "this write takes at least MS")
  *
+ *   RANK, N and MS are decimal digits only. A SPEC that cannot be read (an empty or
+ *   out-of-range rank, a second N or ACTION, more than 16 SPECs) is reported on stderr as
+ *   written, with what is wrong, and ignored.
+ *
  *   FTK_FAULT_LOG=FILE  each firing first appends one line to FILE (O_APPEND, before the
  *              action, so a process that kills itself leaves it): "SITE N ACTION pid=P
  *              rank=R". A test asserts from it that its fault landed where it claims.
@@ -31,6 +35,8 @@
  * FTK_FAULT cannot be detected (sites are just strings), so tests assert the log line.
  *
  * Sites (grep fault_point for the full list; docs/testing.md keeps it too):
+ *   train.start          ftk-train: first thing in main, the stop signals held and their
+ *                        handler not yet installed (sig= here must stay pending, not kill)
  *   train.step-end       ftk-train: a step finished and was reported (every rank)
  *   train.weights-loaded ftk-train: the initial weights are loaded and the time said (every
  *                        rank; tests/bench/weights_load.sh ends the run there)

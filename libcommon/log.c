@@ -1,9 +1,12 @@
 #include "log.h"
 
+#include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 int ftk_quiet = 0;
+static atomic_int stderr_errno; /* the first failed message's errno (0: none failed) */
 static const char *tool_name = "ftk";
 static _Thread_local char err_buf[2048];
 
@@ -12,13 +15,21 @@ const char *ftk_tool(void) { return tool_name; }
 
 static void vmsg(const char *kind, const char *fmt, va_list ap)
 {
+    int saved = errno; /* a caller may report, then look at errno */
     char line[4096];
     vsnprintf(line, sizeof line, fmt, ap);
-    if (kind)
-        fprintf(stderr, "%s: %s: %s\n", tool_name, kind, line);
-    else
-        fprintf(stderr, "%s: %s\n", tool_name, line);
+    errno = 0;
+    int n = kind ? fprintf(stderr, "%s: %s: %s\n", tool_name, kind, line)
+                 : fprintf(stderr, "%s: %s\n", tool_name, line);
+    if (n < 0) {
+        int e = errno ? errno : EIO, none = 0;
+        atomic_compare_exchange_strong(&stderr_errno, &none, e);
+        clearerr(stderr);
+    }
+    errno = saved;
 }
+
+int ftk_stderr_errno(void) { return atomic_load(&stderr_errno); }
 
 void ftk_error(const char *fmt, ...)
 {

@@ -33,6 +33,12 @@ void ftk_error(const char *fmt, ...) FTK_PRINTF(1, 2);
 void ftk_warn(const char *fmt, ...) FTK_PRINTF(1, 2);
 void ftk_info(const char *fmt, ...) FTK_PRINTF(1, 2);
 
+/* 0 while every message reached stderr; else the errno of the first that did not (EPIPE:
+ * a pipe whose reader is gone, as in `ftk-train … 2>&1 | head`, where SIGPIPE is ignored;
+ * EIO: the terminal of a closed ssh session). The messages after it are lost; a tool
+ * says so where it still can (ftk-train: in metrics.jsonl). */
+int ftk_stderr_errno(void);
+
 /* Library error slot. ftk_err_set() replaces the message; ftk_err_prefix() prepends
  * context ("tokenizer.model: " + old message) so that layers can add where it happened. */
 void ftk_err_set(const char *fmt, ...) FTK_PRINTF(1, 2);

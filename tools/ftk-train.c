@@ -250,15 +250,20 @@ static comm_t *world;
 static int rank, nranks;
 static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0: none */
 
-/* SIGTERM, SIGINT, SIGUSR1: stop at the step's end with a checkpoint (exit 75). A second
- * SIGTERM or SIGINT stops at once: the first one re-installs the temporaries' cleanup
- * (libcommon/atomic.h), which removes them and dies of the signal. Under Open MPI's mpirun
- * (OMPI_COMM_WORLD_SIZE set), rank 0 says at once what the launcher will do: it forwards
- * SIGTERM and SIGINT only after odls_base_sigkill_timeout seconds and kills the ranks as
- * long again later (1 s by default), often too soon for a checkpoint, where SIGUSR1 is
- * forwarded at once and never followed by a kill. */
+/* SIGTERM, SIGINT, SIGHUP, SIGUSR1: stop at the step's end with a checkpoint (exit 75); a
+ * stop asked for before the first step ends the run there (stop_agreed(), below). A
+ * second SIGTERM or SIGINT stops at once: the first one re-installs the temporaries' cleanup
+ * (libcommon/atomic.h) for them, which removes them and dies of the signal. SIGHUP never
+ * does (it stays a request to stop, however often it comes): a closed terminal or ssh
+ * session may send it twice, the kernel to the foreground job and the shell to its jobs.
+ * Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE set), rank 0 says at once what the
+ * launcher will do: it forwards SIGTERM and SIGINT (and turns its own SIGHUP into SIGTERM)
+ * only after odls_base_sigkill_timeout seconds and kills the ranks as long again later (1 s
+ * by default), often too soon for a checkpoint, where SIGUSR1 is forwarded at once and
+ * never followed by a kill. */
 static volatile sig_atomic_t stop_signal;
 static int under_ompi;
+static struct sigaction stop_action; /* on_stop, with every stop signal held while it runs */
 static void on_stop(int sig)
 {
     static const char warn[] =
@@ -266,14 +271,61 @@ static void on_stop(int sig)
         "the ranks odls_base_sigkill_timeout seconds (1 by default) after it forwards SIGTERM or SIGINT, often "
         "before the checkpoint is written (the previous one stays whole): signal mpirun with SIGUSR1 instead, or "
         "start it with --mca odls_base_sigkill_timeout 120. A second SIGTERM or SIGINT stops at once.\n";
-    if (sig != SIGUSR1 && !stop_signal) {
+    if ((sig == SIGTERM || sig == SIGINT) && !stop_signal) {
         atomic_install_signal_cleanup();
+        sigaction(SIGHUP, &stop_action, NULL); /* the cleanup took it too */
         if (under_ompi && rank == 0) {
             ssize_t w = write(2, warn, sizeof warn - 1);
             (void)w;
         }
     }
     stop_signal = sig;
+}
+
+/* The signals that ask for a stop, held (blocked) from before the libraries' constructors
+ * run until on_stop is in place: a library may start threads as it loads (OpenBLAS's
+ * pthreads build starts its workers), and a thread inherits the mask it was made with, so
+ * a process-directed signal that comes in between stays pending in every thread, to be
+ * taken by on_stop, instead of killing the process (SIGUSR1's default) or, under mpirun,
+ * the job. What is left is the dynamic loader's few milliseconds after exec. */
+static sigset_t stop_set;
+static void hold_stop_signals(int argc, char **argv, char **envp)
+{
+    (void)argc, (void)argv, (void)envp;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGTERM);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGHUP);
+    sigaddset(&stop_set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &stop_set, NULL);
+}
+/* Before any shared library's constructor (the executable's .preinit_array runs first). */
+__attribute__((section(".preinit_array"), used)) static void (*const hold_stop_signals_p)(int, char **,
+                                                                                          char **) = hold_stop_signals;
+
+/* Whether any rank was asked to stop (collective). Before the first step of this process
+ * nothing was trained since the checkpoint resumed from (or the initial weights), so a
+ * stop needs no checkpoint and ends the run there. */
+static int stop_agreed(void)
+{
+    int64_t v = stop_signal != 0;
+    return comm_allreduce_i64(world, &v, 1, COMM_MAX) == 0 && v > 0;
+}
+
+/* A stop before this process's first step: exit 75, nothing trained and nothing saved (a new
+ * run's directory, made for nothing, is removed as a failed run's is). step: the step the
+ * run stands at; -1 before the run directory was looked at. */
+static int stopped_before(int64_t step)
+{
+    if (step < 0)
+        ftk_info("stopped by a signal as it started: nothing written; run the same command again");
+    else if (step == 0)
+        ftk_info("stopped by a signal before step 1: nothing trained, no checkpoint; run the same command again");
+    else
+        ftk_info("stopped by a signal before step %lld: nothing trained since the checkpoint of step %lld; continue "
+                 "with --resume auto",
+                 (long long)step + 1, (long long)step);
+    return FTK_EXIT_PREEMPTED;
 }
 
 /* Rank 0 prints an agreed failure (its message names the failing rank). */
@@ -364,6 +416,27 @@ static void metrics_flush(FILE *mf)
 {
     if (fflush(mf) != 0 || ferror(mf))
         metrics_fail(errno);
+}
+
+/* Once, when stderr stopped taking messages (its pipe's reader gone, as in `ftk-train …
+ * 2>&1 | head`; a closed ssh session's terminal): the run goes on, and its metrics say from
+ * which step on the messages are missing. */
+static void metrics_stderr_lost(FILE *mf, int64_t step)
+{
+    static int said;
+    int e = ftk_stderr_errno();
+    if (!mf || !e || said)
+        return;
+    said = 1;
+    char now[32], text[256];
+    buf_t j = {0};
+    snprintf(text, sizeof text, "standard error failed by this step (%s): its messages are lost; the metrics go on",
+             strerror(e));
+    json_write_string(&j, text, strlen(text));
+    fprintf(mf, "{\"kind\": \"warning\", \"step\": %lld, \"message\": %s, \"time\": \"%s\"}\n", (long long)step,
+            j.data ? j.data : "\"\"", iso_now(now));
+    buf_free(&j);
+    metrics_flush(mf);
 }
 
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak,
@@ -1107,6 +1180,12 @@ static int run(int argc, char **argv)
         return report(FTK_EXIT_FAIL);
     }
 
+    /* a stop asked for during the start-up: nothing is written yet */
+    if (stop_agreed()) {
+        backend_free(be);
+        return stopped_before(-1);
+    }
+
     /* FTK_PROFILE: rank 0's op times (kernels/prof.h); the path checked now, so one that
      * cannot be written fails before the run, not after it */
     int prof_on = 0;
@@ -1134,9 +1213,15 @@ static int run(int argc, char **argv)
         backend_free(be);
         return report(code);
     }
+    int discard = 0; /* a new run that stops before its first step is removed, as a failed one is */
     if ((code = report(trainer_resume(t))))
         goto out;
     const ckpt_meta_t *meta = trainer_meta(t);
+    if (!trainer_done(t) && stop_agreed()) {
+        code = stopped_before(meta->step);
+        discard = 1;
+        goto out;
+    }
     double elapsed0 = 0; /* the history's elapsed_s at the resumed step (rank 0) */
     snprintf(metrics_path, sizeof metrics_path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
     msg[0] = 0;
@@ -1205,6 +1290,11 @@ static int run(int argc, char **argv)
                  (long long)meta->train.total_steps);
     if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, mf, 0)))
         goto out;
+    if (!trainer_done(t) && stop_agreed()) {
+        code = stopped_before(meta->step);
+        discard = 1;
+        goto out;
+    }
     beat();
     double t0 = time_now(), last_save = t0;
     prof_t0 = t0;
@@ -1240,12 +1330,12 @@ static int run(int argc, char **argv)
                 snprintf(eta, sizeof eta, "%dh%02dm", (int)(left / 3600), (int)(left / 60) % 60);
             else
                 snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
-            fprintf(stderr,
-                    "ftk-train: step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait "
-                    "%.2f s  %.1f s  ETA %s\n",
-                    (long long)st.step, (long long)st.total_steps, 100.0 * (double)st.step / (double)st.total_steps,
-                    st.loss, st.lr, st.grad_norm, st.tokens / (now - ts), st.comm.wait_s, elapsed0 + now - t0, eta);
+            ftk_info("step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
+                     "%.1f s  ETA %s",
+                     (long long)st.step, (long long)st.total_steps, 100.0 * (double)st.step / (double)st.total_steps,
+                     st.loss, st.lr, st.grad_norm, st.tokens / (now - ts), st.comm.wait_s, elapsed0 + now - t0, eta);
         }
+        metrics_stderr_lost(mf, st.step);
         fault_point("train.step-end");
         int last = trainer_done(t);
         if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
@@ -1298,7 +1388,7 @@ out:
     if (mf)
         fclose(mf);
     /* a run that leaves nothing behind leaves no TensorBoard file either (its steps are gone) */
-    int discarded = code && code != FTK_EXIT_PREEMPTED && trainer_discard_new_run(t);
+    int discarded = ((code && code != FTK_EXIT_PREEMPTED) || discard) && trainer_discard_new_run(t);
     if ((discarded ? tfevents_discard(tb) : tfevents_close(tb)) < 0)
         ftk_warn("--tensorboard %s", ftk_err_msg());
     tb = NULL;
@@ -1323,15 +1413,22 @@ out:
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-train");
-    /* First, so that a preemption signal during start-up is a request to stop, not death. */
-    atomic_install_signal_cleanup();
-    struct sigaction sa = {0};
-    sa.sa_handler = on_stop;
-    sigemptyset(&sa.sa_mask);
+    /* The stop signals are held since before any library's constructor ran
+     * (hold_stop_signals): a preemption at start-up is a request to stop, neither death nor
+     * lost. */
+    if (fault_point("train.start") < 0)
+        return FTK_EXIT_FAIL;
     under_ompi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
+    stop_action.sa_handler = on_stop;
+    stop_action.sa_mask = stop_set;
+    sigaction(SIGTERM, &stop_action, NULL);
+    sigaction(SIGINT, &stop_action, NULL);
+    sigaction(SIGHUP, &stop_action, NULL);
+    sigaction(SIGUSR1, &stop_action, NULL);
+    /* A closed stdout or stderr (`ftk-train … 2>&1 | head`) does not end a run: a write to
+     * it fails (EPIPE) instead, and the metrics go on (log.h ftk_stderr_errno()). */
+    signal(SIGPIPE, SIG_IGN);
+    sigprocmask(SIG_UNBLOCK, &stop_set, NULL);
     world = comm_init(&argc, &argv);
     if (!world) {
         ftk_error("%s", ftk_err_msg());

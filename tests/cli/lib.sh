@@ -58,6 +58,18 @@ finish() {
     [ $lib_failed -eq 0 ]
 }
 
+# closed_pipe COMMAND...: runs COMMAND with stdout and stderr on a pipe whose reader is gone
+# (`COMMAND 2>&1 | head` once head has exited, without the race), SIGPIPE at its default.
+closed_pipe() {
+    ${PYTHON:-/usr/bin/python3} -c 'import os, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+r, w = os.pipe()
+os.close(r)
+os.dup2(w, 1)
+os.dup2(w, 2)
+os.execvp(sys.argv[1], sys.argv[1:])' "$@"
+}
+
 # need_mpi: skips the test (exit 77) without mpirun; else sets MPI (the launcher, fit for
 # root and more ranks than cores) and TO (a timeout: a hung collective must fail the test,
 # not the CI job; 600 s, far beyond a step of any test on the slowest machine, sanitizers

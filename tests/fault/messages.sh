@@ -6,7 +6,9 @@
 # a failed ftk-train leaves no run directory it made (but keeps one it was given);
 # ftk-export-hf --force does not replace a regular file with a directory; SIGTERM and SIGINT
 # to ftk-reshard leave neither its temporary checkpoint nor the run directory it made
-# (those two cases stop it at a breakpoint with gdb: skipped without gdb).
+# (those two cases stop it at a breakpoint with gdb: skipped without gdb); a malformed
+# FTK_FAULT spec is reported whole and ignored; ftk-train stopped before its first step
+# leaves no run directory, and one with stderr a closed pipe goes on.
 # Usage: tests/fault/messages.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -132,6 +134,26 @@ expect "the same in a directory it was given: exit 1" 1 $T -m "$WORK/w.h5" --ste
 check "... which stays" test -d "$WORK/given"
 expect "ftk-train, a missing data file: exit 2" 2 $T -m "$WORK/w.h5" -d "$WORK/none.h5" --steps 1 -o "$WORK/rd"
 nothing ftk-train "$WORK/rd"
+
+# FTK_FAULT: a malformed spec is reported as written and ignored, never read as another one
+# (an empty or out-of-range rank is not rank 0; a second action does not replace the first)
+I="$BIN/ftk-init -q --preset tiny --seed 1 -t $TOK"
+specs="atomic.begin@:exit,atomic.begin@4294967296:exit,atomic.begin@ 0:exit,atomic.begin:exit:kill"
+expect "FTK_FAULT='$specs': every spec ignored, ftk-init exit 0" 0 env FTK_FAULT="$specs" $I -o "$WORK/f.h5"
+check "... each reported in full" sh -c "$(echo "$specs" | tr ',' '\n' | while read -r spec; do
+    printf "grep -qF \"FTK_FAULT: cannot read '%s': \" '%s' && " "$spec" "$WORK/err"; done) true"
+expect "FTK_FAULT='atomic.begin@0:exit' (a process alone is rank 0): it fires, exit 1" 1 env \
+    FTK_FAULT='atomic.begin@0:exit' $I -o "$WORK/f2.h5"
+
+# ftk-train stopped before its first step, or with stderr a closed pipe (tests/cli/preempt.sh
+# has the cases; here under the sanitizers too)
+expect "ftk-train, SIGUSR1 before its handlers exist: exit 75" 75 env FTK_FAULT=train.start:sig=USR1 \
+    $T -m "$WORK/w.h5" --steps 5 -o "$WORK/rs1"
+nothing ftk-train "$WORK/rs1"
+expect "ftk-train, stderr a closed pipe, SIGHUP after step 2: exit 75" 75 closed_pipe env \
+    FTK_FAULT=train.step-end:2:sig=HUP $(echo "$T" | sed 's/ -q / /') -m "$WORK/w.h5" --steps 5 -o "$WORK/rs2"
+check "... a checkpoint at step 3, and the metrics say that stderr failed" sh -c "
+    [ \"\$(cat '$WORK/rs2/latest')\" = step-00000003 ] && grep -q '\"kind\": \"warning\"' '$WORK/rs2/metrics.jsonl'"
 
 # ftk-export-hf --force replaces only a directory
 echo "a file" >"$WORK/file"
