@@ -127,7 +127,8 @@ static const opt_t options[] = {
      "bf16-true: how AdamW rounds the new weights and moments to bf16"},
     {"recompute", 0, OPT_STR_OPT, &recompute_arg, "[none|norms|block|auto]",
      "recompute activations in the backward pass: norms (the norms and SwiGLU), block (whole blocks; "
-     "--recompute alone), auto (the least whose memory plan fits the device); same bits at every level"},
+     "--recompute alone), auto (the least whose memory plan fits the device; none: exit 2); same bits at every "
+     "level"},
     {"device-memory", 0, OPT_STR, &device_memory_arg, "SIZE",
      "--recompute auto: the device's memory to fit (80GB, 141GB; default: the device's free memory)"},
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
@@ -138,7 +139,7 @@ static const opt_t options[] = {
      "GPU, else cpu (under mpirun/srun: cpu until NCCL has been measured on GPUs)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
-    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", "1..99999"},
+    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", PLAN_RANKS_RANGE},
     {"preset", 0, OPT_STR, &preset, "NAME", "--plan: a named model shape (ftk-init --preset) instead of --model"},
     {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)", "0..1048576"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)", OPTS_THREADS_RANGE},
@@ -196,7 +197,9 @@ static const opt_spec_t spec = {
         "units, activations (at each --recompute level), workspaces and the total, for the options\n"
         "given (--ranks, --strategy, --precision, --micro-batch, --device: cuda can be planned without a\n"
         "GPU). It is a dry run of the code that allocates; metrics.jsonl's mem_peak_bytes is what a run\n"
-        "measured.\n"
+        "measured. With --recompute auto it names the least level that fits --device-memory (else the\n"
+        "device's free memory); where none fits, --plan and a run exit 2 saying what would, each planned\n"
+        "alike: another --precision, the largest smaller --micro-batch, the fewest ranks with --strategy full.\n"
         "--async-save: at a checkpoint step each rank copies its shard of the state into a host snapshot\n"
         "(page-locked on a GPU; --plan shows its size) and a background thread writes and checksums the\n"
         "shard file while training continues; rank 0 commits (manifest, latest, --keep) at the first step\n"
@@ -682,8 +685,10 @@ static int run_plan(const trainer_opts_t *o)
             return FTK_EXIT_USAGE;
         }
     }
-    /* Ranks differ only by padding; the table is rank 0's, the largest total is named. */
-    plan_t pl = {0}, most = {0};
+    /* Ranks differ only by padding; the table is rank 0's, the largest total is named.
+     * auto: every rank fits, or the first that does not is the verdict's. */
+    plan_t pl = {0}, most = {0}, unfit = {0};
+    int fits = 1;
     for (int r = 0; r < plan_ranks; r++) {
         plan_t x;
         if (plan_memory(&p, r, budget, &x) < 0) {
@@ -694,17 +699,21 @@ static int run_plan(const trainer_opts_t *o)
             pl = x;
         if (x.mem.peak > most.mem.peak)
             most = x;
+        if (fits && !x.fits)
+            fits = 0, unfit = x;
     }
     const int64_t *c = pl.mem.at_peak;
     char a[32], b2[32];
     double np = (double)model_n_params(&p.cfg);
-    static const char *levels[3] = {"none", "block", "norms"};
-    char rec[96] = "";
-    if (o->recompute == PLAN_RECOMPUTE_AUTO)
-        snprintf(rec, sizeof rec, ", --recompute auto: %s (%.2f GB device)", levels[pl.recompute],
+    int autofit = o->recompute == PLAN_RECOMPUTE_AUTO;
+    char rec[128] = "";
+    if (autofit && fits)
+        snprintf(rec, sizeof rec, ", --recompute auto: %s fits %.2f GB", plan_recompute_name(pl.recompute),
                  (double)budget / 1e9);
+    else if (autofit)
+        snprintf(rec, sizeof rec, ", --recompute auto: no level fits %.2f GB (block shown)", (double)budget / 1e9);
     else if (pl.recompute != MODEL_RECOMPUTE_NONE)
-        snprintf(rec, sizeof rec, ", --recompute %s", levels[pl.recompute]);
+        snprintf(rec, sizeof rec, ", --recompute %s", plan_recompute_name(pl.recompute));
     if (o->units.kind != CKPT_UNITS_BLOCK) { /* block: the header as before policies */
         char un[32];
         units_name(&o->units, un);
@@ -729,7 +738,7 @@ static int run_plan(const trainer_opts_t *o)
     for (int lv = 0; lv < 3; lv++) { /* none, norms, block: least recompute first */
         int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
         gb(b2, sizeof b2, pl.acts[k]);
-        printf(" %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
+        printf(" %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
     }
     gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
     printf("  workspaces         %s\n", a);
@@ -742,7 +751,7 @@ static int run_plan(const trainer_opts_t *o)
     for (int lv = 0; lv < 3; lv++) {
         int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
         gb(b2, sizeof b2, pl.peak[k]);
-        printf(" --recompute %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
+        printf(" --recompute %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
     }
     /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
     gb(a, sizeof a, pl.snapshot);
@@ -756,6 +765,19 @@ static int run_plan(const trainer_opts_t *o)
     if (most.rank != 0) {
         gb(a, sizeof a, most.mem.peak);
         printf("largest rank: %d, total %s\n", most.rank, a);
+    }
+    /* --recompute auto asked for a fit: none is a refusal, with what would fit */
+    if (autofit && !fits) {
+        char advice[2048];
+        fflush(stdout);
+        plan_advice(&p, budget, advice, sizeof advice);
+        char who[32] = "";
+        if (unfit.rank != 0)
+            snprintf(who, sizeof who, " on rank %d", unfit.rank);
+        ftk_error("--recompute auto: no level fits %.2f GB%s%s (the least, block, needs %.2f GB); %s",
+                  (double)budget / 1e9, o->device_bytes ? "" : " (the device's free memory)", who,
+                  (double)unfit.peak[MODEL_RECOMPUTE_BLOCK] / 1e9, advice);
+        return FTK_EXIT_USAGE;
     }
     return FTK_EXIT_OK;
 }
