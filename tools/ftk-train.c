@@ -183,10 +183,13 @@ static const opt_spec_t spec = {
         "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
         "mem_peak_bytes (rank 0's backend high-water mark so far) and per evaluation {step, val_loss,\n"
         "val_tokens}. A readable line per step goes to stderr.\n"
-        "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy: the\n"
-        "same options must be given again (a difference is refused, naming the option; another --precision\n"
-        "needs the checkpoint converted first: ftk-reshard --precision). auto takes the newest checkpoint\n"
-        "that verifies, falling back past damaged ones.\n"
+        "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy. A\n"
+        "run keeps its options in RUN/options.yaml: `ftk-train -o RUN --resume auto` needs nothing else,\n"
+        "and options given beside it override the kept ones (docs/training.md). What defines the run must\n"
+        "stay the checkpoint's: a difference is refused, naming the option; --extend lets --steps, --epochs,\n"
+        "--lr, --min-lr, --warmup and --schedule change; another --precision needs the checkpoint converted\n"
+        "first (ftk-reshard --precision). auto takes the newest checkpoint that verifies, falling back past\n"
+        "damaged ones.\n"
         "Precision (docs/design.md): fp32 = everything float32 (16 bytes per parameter with AdamW);\n"
         "bf16-mixed = float32 master weights and moments, a bf16 working copy gathered in bf16, bf16\n"
         "activations, gradients reduced in float32 (16 + 2 bytes per parameter); bf16-true = weights,\n"
@@ -234,8 +237,9 @@ static const opt_spec_t spec = {
         "--save-every 200; the validation loss is then also a mean of micro-batch means. Data: pack with\n"
         "ftk-pack --no-mask-prompt (LitGPT's Alpaca) and without --pack (a warning says otherwise). The\n"
         "data order is ftk's (seed, epoch) permutation, not LitGPT's DataLoader's.\n"
-        "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
-        "checkpoint and exit 75.\n"
+        "Signals: SIGINT, SIGTERM, SIGUSR1 or SIGHUP (to any rank) finish the current step on every rank,\n"
+        "write a checkpoint and exit 75; a second SIGINT, SIGTERM or SIGHUP stops at once, removing what was\n"
+        "half written. Under mpirun send SIGUSR1: Open MPI kills the ranks soon after it forwards the others.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
         "written (preempted or --stop-after): run the same command with --resume auto.\n",
     .opts = options,
@@ -460,12 +464,11 @@ static int same_args(int argc, char **argv)
     return v[0] == -v[1];
 }
 
-/* Whether option --name was on the command line (before a `--`). */
+/* Whether option --name was on the command line (before a `--`; --min_lr too). */
 static int given(int argc, char **argv, const char *name)
 {
-    size_t n = strlen(name);
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (!argv[i][2 + n] || argv[i][2 + n] == '='))
+        if (opts_long_is(argv[i], name))
             return 1;
     return 0;
 }
@@ -534,6 +537,14 @@ static int check_values(trainer_opts_t *o)
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
+    /* LitGPT refuses this (an assertion); here a micro-batch past the batch trains the bits
+     * of --micro-batch G and only wastes memory, and a refusal would strand the runs that
+     * kept it (a resume must keep the micro-batch): said, not refused */
+    if (micro_batch > global_batch && rank == 0)
+        ftk_warn("--micro-batch %lld is more than --global-batch %lld: a micro-batch never holds more than the global "
+                 "batch's %lld rows: the memory for the other %lld rows is unused (give --micro-batch %lld or less)",
+                 (long long)micro_batch, (long long)global_batch, (long long)global_batch,
+                 (long long)(micro_batch - global_batch), (long long)global_batch);
     if (no_save && (save_every || stop_after || keep || async_save))
         return bad("--no-save writes no checkpoint: --save-every, --stop-after, --keep and --async-save contradict it");
     if (no_save)
@@ -1161,6 +1172,11 @@ static int run(int argc, char **argv)
     if (trainer_done(t))
         ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta->step,
                  (long long)meta->train.total_steps);
+    else if (rank == 0 && meta->train.warmup >= meta->train.total_steps)
+        ftk_warn("--warmup %lld is not shorter than the run's %lld step%s: the learning rate rises for the whole run "
+                 "and never decays",
+                 (long long)meta->train.warmup, (long long)meta->train.total_steps,
+                 plural_s(meta->train.total_steps));
     if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, mf, 0)))
         goto out;
     beat();
