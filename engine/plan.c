@@ -1,6 +1,8 @@
 /* plan.c — the memory plan (plan.h). */
 #include "plan.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../libcommon/log.h"
@@ -65,7 +67,147 @@ int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *ou
         return -1;
     }
     out->recompute = got;
+    out->fits = device_bytes > 0 && out->mem.peak <= device_bytes;
     return 0;
+}
+
+const char *plan_recompute_name(int level)
+{
+    switch (level) {
+    case MODEL_RECOMPUTE_NONE:
+        return "none";
+    case MODEL_RECOMPUTE_NORMS:
+        return "norms";
+    case MODEL_RECOMPUTE_BLOCK:
+        return "block";
+    case PLAN_RECOMPUTE_AUTO:
+        return "auto";
+    default:
+        return "?";
+    }
+}
+
+/* p with auto's pick against budget on rank 0 and the last rank (ranks differ only by
+ * padding): whether both fit, and the larger total with its level. */
+typedef struct {
+    int fits, level;
+    int64_t peak;
+} fit_t;
+
+static int fit_of(const plan_opts_t *p, int64_t budget, fit_t *f)
+{
+    plan_opts_t q = *p;
+    q.o.recompute = PLAN_RECOMPUTE_AUTO;
+    plan_t a, b;
+    if (plan_memory(&q, 0, budget, &a) < 0 || (q.ranks > 1 && plan_memory(&q, q.ranks - 1, budget, &b) < 0))
+        return -1;
+    const plan_t *w = q.ranks > 1 && b.mem.peak > a.mem.peak ? &b : &a;
+    f->fits = a.fits && (q.ranks == 1 || b.fits);
+    f->level = w->recompute;
+    f->peak = w->mem.peak;
+    return 0;
+}
+
+/* Appends to one of the advice's two lists, "; "-separated. */
+static void add(char *list, size_t n, const char *fmt, ...) FTK_PRINTF(3, 4);
+static void add(char *list, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(list);
+    if (used && used + 2 < n)
+        memcpy(list + used, "; ", 3), used += 2;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(list + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+void plan_advice(const plan_opts_t *p, int64_t budget, char *out, size_t n)
+{
+    char yes[1024] = "", no[1024] = ""; /* the changes that fit; those that do not, alone */
+    fit_t f;
+    /* another precision (bf16-true's gradients are bf16 already: no --compress-grads); none
+     * fitting, the one that comes nearest, if nearer than p */
+    char near[160] = "";
+    int64_t near_peak = INT64_MAX, yes0 = 0;
+    if (fit_of(p, budget, &f) == 0)
+        near_peak = f.peak; /* one that needs more than p is no advice */
+    for (int pr = PREC_FP32; pr <= PREC_BF16_TRUE; pr++) {
+        plan_opts_t q = *p;
+        if (pr == (int)p->o.precision)
+            continue;
+        q.o.precision = (precision_t)pr;
+        int drop = pr == PREC_BF16_TRUE && q.o.compress_grads;
+        if (drop)
+            q.o.compress_grads = 0;
+        if (fit_of(&q, budget, &f) < 0 || (!f.fits && f.peak >= near_peak))
+            continue;
+        char what[160];
+        snprintf(what, sizeof what, "--precision %s%s (--recompute %s, %.2f GB)", precision_name(q.o.precision),
+                 drop ? " without --compress-grads" : "", plan_recompute_name(f.level), (double)f.peak / 1e9);
+        if (f.fits)
+            add(yes, sizeof yes, "%s", what), yes0++;
+        else
+            snprintf(near, sizeof near, "%s", what), near_peak = f.peak;
+    }
+    if (!yes0 && near[0])
+        add(no, sizeof no, "%s", near);
+    /* a smaller micro-batch: the total grows with it, so the largest that fits is bisected */
+    int64_t mb = p->o.train.micro_batch;
+    if (mb > 1) {
+        plan_opts_t q = *p;
+        q.o.train.micro_batch = 1;
+        if (fit_of(&q, budget, &f) == 0) {
+            if (!f.fits) {
+                add(no, sizeof no, "--micro-batch 1 (--recompute %s, %.2f GB)", plan_recompute_name(f.level),
+                    (double)f.peak / 1e9);
+            } else {
+                fit_t best = f, g;
+                int64_t lo = 1, hi = mb; /* lo fits, hi does not */
+                while (hi - lo > 1) {
+                    q.o.train.micro_batch = lo + (hi - lo) / 2;
+                    if (fit_of(&q, budget, &g) < 0)
+                        break;
+                    if (g.fits)
+                        lo = q.o.train.micro_batch, best = g;
+                    else
+                        hi = q.o.train.micro_batch;
+                }
+                add(yes, sizeof yes, "--micro-batch %lld (--recompute %s, %.2f GB)", (long long)lo,
+                    plan_recompute_name(best.level), (double)best.peak / 1e9);
+            }
+        }
+    }
+    /* more ranks, everything sharded: the total falls with the shard count, so the fewest
+     * ranks that fit are bisected */
+    int full = p->o.strategy == STRAT_FULL;
+    if (p->ranks < PLAN_MAX_RANKS || !full) {
+        plan_opts_t q = *p;
+        q.o.strategy = STRAT_FULL;
+        q.o.group_size = 0;
+        q.ranks = PLAN_MAX_RANKS;
+        if (fit_of(&q, budget, &f) == 0) {
+            if (!f.fits) {
+                add(no, sizeof no, "%d ranks with --strategy full (--recompute %s, %.2f GB a rank)", q.ranks,
+                    plan_recompute_name(f.level), (double)f.peak / 1e9);
+            } else {
+                fit_t best = f, g;
+                int lo = full ? p->ranks : p->ranks - 1, hi = PLAN_MAX_RANKS; /* lo does not fit, hi does */
+                while (hi - lo > 1) {
+                    q.ranks = lo + (hi - lo) / 2;
+                    if (fit_of(&q, budget, &g) < 0)
+                        break;
+                    if (g.fits)
+                        hi = q.ranks, best = g;
+                    else
+                        lo = q.ranks;
+                }
+                add(yes, sizeof yes, "%d rank%s%s (--recompute %s, %.2f GB a rank)", hi, hi == 1 ? "" : "s",
+                    full ? "" : " with --strategy full", plan_recompute_name(best.level), (double)best.peak / 1e9);
+            }
+        }
+    }
+    snprintf(out, n, "%s%s%s%s%s", yes[0] ? "what would fit: " : "", yes, yes[0] && no[0] ? "; " : "",
+             no[0] ? (yes[0] ? "not enough alone: " : "nothing one change away fits: ") : "", no);
 }
 
 int64_t plan_device_bytes(backend_t *be)

@@ -15,6 +15,7 @@
  */
 #ifndef FTK_PLAN_H
 #define FTK_PLAN_H
+#include <stddef.h>
 #include <stdint.h>
 
 #include "trainer.h"
@@ -35,14 +36,31 @@ typedef struct {
     int64_t acts[3];     /* activations with each level (indexed by model_recompute_t) */
     int64_t peak[3];     /* the total with each level */
     int64_t snapshot;    /* --async-save's host snapshot (0 on a rank that writes no shard) */
+    int fits;            /* the total is at most device_bytes (auto: 0 when no level's is; block planned) */
 } plan_t;
+
+/* The most ranks a plan is made for (ftk-train --ranks, and the search of plan_advice). */
+#define PLAN_MAX_RANKS 99999
+#define PLAN_RANKS_RANGE "1..99999"
 
 /* The plan of rank `rank`, with every recompute level's activations and total beside it.
  * o.recompute PLAN_RECOMPUTE_AUTO plans the least recompute whose total is at most
- * device_bytes (none, then norms, then block; block when none fits). 0 or -1 with
- * ftk_err_msg() set (a bad configuration). */
+ * device_bytes (none, then norms, then block; block, with fits 0, when none fits). 0 or
+ * -1 with ftk_err_msg() set (a bad configuration). */
 #define PLAN_RECOMPUTE_AUTO (-1)
 int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *out);
+
+/* "none", "norms", "block" (model_recompute_t), "auto" (PLAN_RECOMPUTE_AUTO). */
+const char *plan_recompute_name(int level);
+
+/* Where no recompute level of p's plan fits device_bytes: what would, each change alone,
+ * planned by the same dry run with the least recompute that fits (rank 0 and the last
+ * rank): another precision; the largest smaller micro-batch; the fewest more ranks (up to
+ * PLAN_MAX_RANKS) with strategy full. Writes one line for a message into out, e.g.
+ * "what would fit: --precision bf16-true (--recompute none, 62.98 GB); 2 ranks with
+ * --strategy full (--recompute none, 69.18 GB a rank); no --micro-batch below 4 (at 1:
+ * 108.23 GB)". A change whose plan fails (a configuration it makes invalid) is left out. */
+void plan_advice(const plan_opts_t *p, int64_t device_bytes, char *out, size_t n);
 
 /* The bytes of the device a backend could still take: its mem_avail (backend.h) plus
  * what it holds already (its creation-time workspaces, counted in a plan's total).

@@ -287,20 +287,30 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
 }
 
 /* --recompute auto: this rank's plan at each level against its device's memory. Ranks
- * may pick differently (padding, free memory): every level gives the same bits. */
+ * may pick differently (padding, free memory): every level gives the same bits. No level
+ * fitting is a usage error (the allocation would fail later, or swap), with what would fit. */
 static int pick_recompute(trainer_t *t)
 {
-    static const char *names[3] = {"none", "block", "norms"};
     plan_opts_t p = {.cfg = t->cfg, .o = t->o, .max_len = t->data.max_len, .ranks = t->nranks,
                      .device = t->be->name};
     int64_t budget = t->o.device_bytes > 0 ? t->o.device_bytes : plan_device_bytes(t->be);
     plan_t pl;
     if (budget < 0 || plan_memory(&p, t->rank, budget, &pl) < 0)
         return fail(t, FTK_EXIT_USAGE, "--recompute auto: %s", ftk_err_msg());
+    if (!pl.fits) {
+        char advice[2048];
+        plan_advice(&p, budget, advice, sizeof advice);
+        return fail(t, FTK_EXIT_USAGE,
+                    "--recompute auto: no level fits the device's %.2f GB (planned: none %.2f, norms %.2f, block "
+                    "%.2f GB); %s",
+                    (double)budget / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9,
+                    (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9,
+                    advice);
+    }
     t->o.recompute = pl.recompute;
     if (t->rank == 0)
         ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
-                 names[pl.recompute], (double)pl.mem.peak / 1e9, (double)budget / 1e9,
+                 plan_recompute_name(pl.recompute), (double)pl.mem.peak / 1e9, (double)budget / 1e9,
                  (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9,
                  (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9);
     return 0;

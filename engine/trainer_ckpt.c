@@ -52,17 +52,21 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta, 
                     (long long)cm->step);
         return -1;
     }
-#define SAME(field, opt)                                                                                             \
+    /* what --extend may change, the refusal says how */
+    static const char how[] = ", or add --extend to change the schedule (the run is then no longer bit-exact with an "
+                              "uninterrupted one)";
+#define SAME_OR(field, opt, hint)                                                                                    \
     if (c->field != t->field) {                                                                                      \
-        ftk_err_set("--%s differs from the checkpoint's (%g there, %g here); resume with the same options", opt,     \
-                    (double)c->field, (double)t->field);                                                             \
+        ftk_err_set("--%s differs from the checkpoint's (%g there, %g here); resume with the same options%s", opt,   \
+                    (double)c->field, (double)t->field, hint);                                                       \
         return -1;                                                                                                   \
     }
+#define SAME(field, opt) SAME_OR(field, opt, "")
     if (!extend) {
-        SAME(lr, "lr")
-        SAME(min_lr, "min-lr")
-        SAME(warmup, "warmup")
-        SAME(total_steps, "steps/--epochs (total steps)")
+        SAME_OR(lr, "lr", how)
+        SAME_OR(min_lr, "min-lr", how)
+        SAME_OR(warmup, "warmup", how)
+        SAME_OR(total_steps, "steps/--epochs (total steps)", how)
     }
     SAME(global_batch, "global-batch")
     SAME(micro_batch, "micro-batch")
@@ -74,8 +78,10 @@ static int check_resume_options(const ckpt_meta_t *cm, const ckpt_meta_t *meta, 
     SAME(clip, "clip")
     SAME(seed, "seed")
 #undef SAME
+#undef SAME_OR
     if (!extend && strcmp(c->schedule, t->schedule)) {
-        ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here)", c->schedule, t->schedule);
+        ftk_err_set("--schedule differs from the checkpoint's (%s there, %s here); resume with the same options%s",
+                    c->schedule, t->schedule, how);
         return -1;
     }
     /* the recipe first: a change of it explains the pieces' */

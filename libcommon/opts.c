@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,12 +182,140 @@ void opts_help(const opt_spec_t *spec)
     printf("\n");
 }
 
+/* Whether s[0..len) names the long option `name`, '_' read as '-' (opts.h). */
+static int long_eq(const char *name, const char *s, size_t len)
+{
+    size_t i = 0;
+    for (; i < len; i++)
+        if (!name[i] || name[i] != (s[i] == '_' ? '-' : s[i]))
+            return 0;
+    return name[i] == 0;
+}
+
+int opts_long_is(const char *arg, const char *name)
+{
+    if (strncmp(arg, "--", 2))
+        return 0;
+    arg += 2;
+    size_t len = strcspn(arg, "=");
+    return long_eq(name, arg, len);
+}
+
 static const opt_t *find_long(const opt_t *t, const char *name, size_t len)
 {
     for (; t->kind != OPT_END; t++)
-        if (strlen(t->name) == len && strncmp(t->name, name, len) == 0)
+        if (long_eq(t->name, name, len))
             return t;
     return NULL;
+}
+
+/* ---- "did you mean" ---------------------------------------------------------------------------- */
+
+#define SUGGEST_MAX_LEN 64 /* a longer unknown name gets no suggestion */
+
+static char fold(char c) { return c == '_' ? '-' : (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c; }
+
+/* The edit distance of a[0..n) and b (insertions, deletions, substitutions and swaps of
+ * neighbours: the optimal string alignment), case and '_' folded; SIZE_MAX when either is
+ * longer than SUGGEST_MAX_LEN. */
+static size_t edit_distance(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b);
+    if (n > SUGGEST_MAX_LEN || m > SUGGEST_MAX_LEN)
+        return SIZE_MAX;
+    size_t d[SUGGEST_MAX_LEN + 1][SUGGEST_MAX_LEN + 1];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            size_t cost = fold(a[i - 1]) != fold(b[j - 1]), v = d[i - 1][j - 1] + cost;
+            if (d[i - 1][j] + 1 < v)
+                v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && fold(a[i - 1]) == fold(b[j - 2]) && fold(a[i - 2]) == fold(b[j - 1]) &&
+                d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+/* Whether a[0..n) and b are the same `-`-separated words in another order (--lr-min for
+ * --min-lr), case and '_' folded. */
+static int same_words(const char *a, size_t n, const char *b)
+{
+    size_t m = strlen(b);
+    if (n != m || n > SUGGEST_MAX_LEN)
+        return 0;
+    int used[SUGGEST_MAX_LEN] = {0}; /* by the start of a word of b: matched already */
+    for (size_t i = 0; i < n;) {
+        size_t wl = 0;
+        while (i + wl < n && fold(a[i + wl]) != '-')
+            wl++;
+        int found = 0;
+        for (size_t j = 0; j < m && !found;) {
+            size_t bl = strcspn(b + j, "-");
+            if (!used[j] && bl == wl) {
+                size_t k = 0;
+                while (k < wl && fold(a[i + k]) == b[j + k])
+                    k++;
+                if (k == wl)
+                    found = used[j] = 1;
+            }
+            j += bl + 1;
+        }
+        if (!found)
+            return 0;
+        i += wl + 1;
+    }
+    return 1;
+}
+
+/* How near the unknown a[0..n) is to the option name b, least first: 0 the same words in
+ * another order; 1 when one is the other's start (--micro, --warmup-steps); else 1 + the
+ * edit distance; SIZE_MAX when too far to suggest (more than 1 edit in a name of up to 4
+ * letters, 2 up to 8, 3 beyond). */
+static size_t nearness(const char *a, size_t n, const char *b)
+{
+    if (same_words(a, n, b))
+        return 0;
+    size_t m = strlen(b), k = n < m ? n : m, i = 0;
+    while (i < k && fold(a[i]) == fold(b[i]))
+        i++;
+    if (i == k && k >= 2 && (n <= m || fold(a[m]) == '-'))
+        return 1;
+    size_t d = edit_distance(a, n, b), cap = n <= 4 ? 1 : n <= 8 ? 2 : 3;
+    return d <= cap ? d + 1 : SIZE_MAX;
+}
+
+void opts_suggest(const opt_t *const *tables, const char *name, size_t len, char *out, size_t n)
+{
+    const char *best[3];
+    int nb = 0;
+    size_t bd = SIZE_MAX;
+    out[0] = 0;
+    for (int t = 0; tables[t]; t++)
+        for (const opt_t *o = tables[t]; o->kind != OPT_END; o++) {
+            size_t d = nearness(name, len, o->name);
+            if (d == SIZE_MAX || d > bd)
+                continue;
+            if (d < bd)
+                bd = d, nb = 0;
+            if (nb < 3)
+                best[nb++] = o->name;
+            else
+                nb = 4; /* too many alike: no suggestion */
+        }
+    if (nb == 0 || nb > 3)
+        return;
+    size_t used = (size_t)snprintf(out, n, "did you mean ");
+    for (int i = 0; i < nb && used < n; i++)
+        used += (size_t)snprintf(out + used, n - used, "%s'--%s'", i == 0 ? "" : i == nb - 1 ? " or " : ", ", best[i]);
+    if (used < n)
+        snprintf(out + used, n - used, "?");
 }
 
 static const opt_t *find_short(const opt_t *t, char c)
@@ -360,8 +489,14 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
             o = find_long(spec->opts, a + 2, len);
             if (!o)
                 o = find_long(common_opts, a + 2, len);
-            if (!o)
-                return usage_error(spec, "unknown option '%s'", a);
+            if (!o) {
+                const opt_t *const tables[] = {spec->opts, common_opts, NULL};
+                char hint[256], m[512];
+                opts_suggest(tables, a + 2, len, hint, sizeof hint);
+                /* hint holds only the table's names: no '%' */
+                snprintf(m, sizeof m, "unknown option '%%s'%s%s", hint[0] ? "; " : "", hint);
+                return usage_error(spec, m, a);
+            }
             snprintf(name, sizeof name, "%s", o->name);
             if (eq) {
                 if (o->kind == OPT_FLAG || o->kind == OPT_FLAG_OFF)

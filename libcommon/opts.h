@@ -34,11 +34,15 @@
  * numeric option of every tool from it.
  *
  * Accepted syntax: --name VALUE, --name=VALUE, -x VALUE, -xVALUE, `--` ends options,
- * a lone `-` is a positional (stdin/stdout).
+ * a lone `-` is a positional (stdin/stdout). In a long name `_` reads as `-` (--global_batch
+ * is --global-batch), as in ftk-train's YAML keys and LitGPT's option names. An unknown
+ * long option is a usage error that names the nearest options ("did you mean
+ * '--micro-batch'?": opts_suggest).
  */
 #ifndef FTK_OPTS_H
 #define FTK_OPTS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -111,5 +115,17 @@ void opts_start_threads(int n);
 
 /* Prints the generated help on stdout. */
 void opts_help(const opt_spec_t *spec);
+
+/* Whether the argument arg is the long option `name` ("--name" or "--name=VALUE", `_` read
+ * as `-`): for a tool that looks at its command line beside opts_parse(). */
+int opts_long_is(const char *arg, const char *name);
+
+/* "did you mean '--a'?" (or "'--a' or '--b'", up to 3) for an unknown long option name
+ * name[0..len) (without dashes) against the options of the NULL-terminated list of tables:
+ * the same words in another order (--lr-min: --min-lr), else those whose name starts with
+ * it or it with theirs (at a `-`: --micro, --warmup-steps), else those fewest edits away
+ * (case and `_` ignored; 1 edit in a name of up to 4 letters, 2 up to 8, 3 beyond); "" in
+ * out when none is near, or more than 3 are equally near. */
+void opts_suggest(const opt_t *const *tables, const char *name, size_t len, char *out, size_t n);
 
 #endif

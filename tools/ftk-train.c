@@ -132,7 +132,8 @@ static const opt_t options[] = {
      "bf16-true: how AdamW rounds the new weights and moments to bf16"},
     {"recompute", 0, OPT_STR_OPT, &recompute_arg, "[none|norms|block|auto]",
      "recompute activations in the backward pass: norms (the norms and SwiGLU), block (whole blocks; "
-     "--recompute alone), auto (the least whose memory plan fits the device); same bits at every level"},
+     "--recompute alone), auto (the least whose memory plan fits the device; none: exit 2); same bits at every "
+     "level"},
     {"device-memory", 0, OPT_STR, &device_memory_arg, "SIZE",
      "--recompute auto: the device's memory to fit (80GB, 141GB; default: the device's free memory)"},
     {"resume", 0, OPT_STR, &resume, "none|auto|DIR", "auto: continue from the newest intact checkpoint in OUT"},
@@ -143,7 +144,7 @@ static const opt_t options[] = {
      "GPU, else cpu (under mpirun/srun: cpu until NCCL has been measured on GPUs)"},
     {"plan", 0, OPT_FLAG, &plan, NULL,
      "print the memory each rank will take and exit (reads only --model's configuration; writes nothing)"},
-    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", "1..99999"},
+    {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", PLAN_RANKS_RANGE},
     {"preset", 0, OPT_STR, &preset, "NAME", "--plan: a named model shape (ftk-init --preset) instead of --model"},
     {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)", "0..1048576"},
     {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)", OPTS_THREADS_RANGE},
@@ -188,10 +189,13 @@ static const opt_spec_t spec = {
         "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
         "mem_peak_bytes (rank 0's backend high-water mark so far) and per evaluation {step, val_loss,\n"
         "val_tokens}. A readable line per step goes to stderr.\n"
-        "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy: the\n"
-        "same options must be given again (a difference is refused, naming the option; another --precision\n"
-        "needs the checkpoint converted first: ftk-reshard --precision). auto takes the newest checkpoint\n"
-        "that verifies, falling back past damaged ones.\n"
+        "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy. A\n"
+        "run keeps its options in RUN/options.yaml: `ftk-train -o RUN --resume auto` needs nothing else,\n"
+        "and options given beside it override the kept ones (docs/training.md). What defines the run must\n"
+        "stay the checkpoint's: a difference is refused, naming the option; --extend lets --steps, --epochs,\n"
+        "--lr, --min-lr, --warmup and --schedule change; another --precision needs the checkpoint converted\n"
+        "first (ftk-reshard --precision). auto takes the newest checkpoint that verifies, falling back past\n"
+        "damaged ones.\n"
         "Precision (docs/design.md): fp32 = everything float32 (16 bytes per parameter with AdamW);\n"
         "bf16-mixed = float32 master weights and moments, a bf16 working copy gathered in bf16, bf16\n"
         "activations, gradients reduced in float32 (16 + 2 bytes per parameter); bf16-true = weights,\n"
@@ -202,7 +206,9 @@ static const opt_spec_t spec = {
         "units, activations (at each --recompute level), workspaces and the total, for the options\n"
         "given (--ranks, --strategy, --precision, --micro-batch, --device: cuda can be planned without a\n"
         "GPU). It is a dry run of the code that allocates; metrics.jsonl's mem_peak_bytes is what a run\n"
-        "measured.\n"
+        "measured. With --recompute auto it names the least level that fits --device-memory (else the\n"
+        "device's free memory); where none fits, --plan and a run exit 2 saying what would, each planned\n"
+        "alike: another --precision, the largest smaller --micro-batch, the fewest ranks with --strategy full.\n"
         "--async-save: at a checkpoint step each rank copies its shard of the state into a host snapshot\n"
         "(page-locked on a GPU; --plan shows its size) and a background thread writes and checksums the\n"
         "shard file while training continues; rank 0 commits (manifest, latest, --keep) at the first step\n"
@@ -237,8 +243,10 @@ static const opt_spec_t spec = {
         "--save-every 200; the validation loss is then also a mean of micro-batch means. Data: pack with\n"
         "ftk-pack --no-mask-prompt (LitGPT's Alpaca) and without --pack (a warning says otherwise). The\n"
         "data order is ftk's (seed, epoch) permutation, not LitGPT's DataLoader's.\n"
-        "Signals: SIGTERM or SIGUSR1 (to any rank) finish the current step on every rank, write a\n"
-        "checkpoint and exit 75.\n"
+        "Signals: SIGINT, SIGTERM, SIGUSR1 or SIGHUP (to any rank) finish the current step on every rank,\n"
+        "write a checkpoint and exit 75 (a stop before step 1 exits 75 at once, leaving no new run); a second\n"
+        "SIGINT or SIGTERM stops at once, removing what was half written (SIGHUP stays a stop, however often\n"
+        "it comes). Under mpirun send SIGUSR1: Open MPI kills the ranks soon after it forwards the others.\n"
         "Exit status: 0 done, 1 runtime failure, 2 bad usage or input, 75 stopped with a checkpoint\n"
         "written (preempted or --stop-after): run the same command with --resume auto.\n",
     .opts = options,
@@ -544,12 +552,11 @@ static int same_args(int argc, char **argv)
     return v[0] == -v[1];
 }
 
-/* Whether option --name was on the command line (before a `--`). */
+/* Whether option --name was on the command line (before a `--`; --min_lr too). */
 static int given(int argc, char **argv, const char *name)
 {
-    size_t n = strlen(name);
     for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (!argv[i][2 + n] || argv[i][2 + n] == '='))
+        if (opts_long_is(argv[i], name))
             return 1;
     return 0;
 }
@@ -618,6 +625,14 @@ static int check_values(trainer_opts_t *o)
         plan_max_len < 0)
         return bad("invalid option value: need --global-batch, --micro-batch, --ranks >= 1, --lr > 0, betas in "
                    "[0, 1), --eps > 0, and the counts >= 0 (see --help)");
+    /* LitGPT refuses this (an assertion); here a micro-batch past the batch trains the bits
+     * of --micro-batch G and only wastes memory, and a refusal would strand the runs that
+     * kept it (a resume must keep the micro-batch): said, not refused */
+    if (micro_batch > global_batch && rank == 0)
+        ftk_warn("--micro-batch %lld is more than --global-batch %lld: a micro-batch never holds more than the global "
+                 "batch's %lld rows: the memory for the other %lld rows is unused (give --micro-batch %lld or less)",
+                 (long long)micro_batch, (long long)global_batch, (long long)global_batch,
+                 (long long)(micro_batch - global_batch), (long long)global_batch);
     if (no_save && (save_every || stop_after || keep || async_save))
         return bad("--no-save writes no checkpoint: --save-every, --stop-after, --keep and --async-save contradict it");
     if (no_save)
@@ -765,8 +780,10 @@ static int run_plan(const trainer_opts_t *o)
             return FTK_EXIT_USAGE;
         }
     }
-    /* Ranks differ only by padding; the table is rank 0's, the largest total is named. */
-    plan_t pl = {0}, most = {0};
+    /* Ranks differ only by padding; the table is rank 0's, the largest total is named.
+     * auto: every rank fits, or the first that does not is the verdict's. */
+    plan_t pl = {0}, most = {0}, unfit = {0};
+    int fits = 1;
     for (int r = 0; r < plan_ranks; r++) {
         plan_t x;
         if (plan_memory(&p, r, budget, &x) < 0) {
@@ -777,17 +794,21 @@ static int run_plan(const trainer_opts_t *o)
             pl = x;
         if (x.mem.peak > most.mem.peak)
             most = x;
+        if (fits && !x.fits)
+            fits = 0, unfit = x;
     }
     const int64_t *c = pl.mem.at_peak;
     char a[32], b2[32];
     double np = (double)model_n_params(&p.cfg);
-    static const char *levels[3] = {"none", "block", "norms"};
-    char rec[96] = "";
-    if (o->recompute == PLAN_RECOMPUTE_AUTO)
-        snprintf(rec, sizeof rec, ", --recompute auto: %s (%.2f GB device)", levels[pl.recompute],
+    int autofit = o->recompute == PLAN_RECOMPUTE_AUTO;
+    char rec[128] = "";
+    if (autofit && fits)
+        snprintf(rec, sizeof rec, ", --recompute auto: %s fits %.2f GB", plan_recompute_name(pl.recompute),
                  (double)budget / 1e9);
+    else if (autofit)
+        snprintf(rec, sizeof rec, ", --recompute auto: no level fits %.2f GB (block shown)", (double)budget / 1e9);
     else if (pl.recompute != MODEL_RECOMPUTE_NONE)
-        snprintf(rec, sizeof rec, ", --recompute %s", levels[pl.recompute]);
+        snprintf(rec, sizeof rec, ", --recompute %s", plan_recompute_name(pl.recompute));
     if (o->units.kind != CKPT_UNITS_BLOCK) { /* block: the header as before policies */
         char un[32];
         units_name(&o->units, un);
@@ -812,7 +833,7 @@ static int run_plan(const trainer_opts_t *o)
     for (int lv = 0; lv < 3; lv++) { /* none, norms, block: least recompute first */
         int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
         gb(b2, sizeof b2, pl.acts[k]);
-        printf(" %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
+        printf(" %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
     }
     gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
     printf("  workspaces         %s\n", a);
@@ -825,7 +846,7 @@ static int run_plan(const trainer_opts_t *o)
     for (int lv = 0; lv < 3; lv++) {
         int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
         gb(b2, sizeof b2, pl.peak[k]);
-        printf(" --recompute %s %s%s", levels[k], b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
+        printf(" --recompute %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
     }
     /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
     gb(a, sizeof a, pl.snapshot);
@@ -839,6 +860,19 @@ static int run_plan(const trainer_opts_t *o)
     if (most.rank != 0) {
         gb(a, sizeof a, most.mem.peak);
         printf("largest rank: %d, total %s\n", most.rank, a);
+    }
+    /* --recompute auto asked for a fit: none is a refusal, with what would fit */
+    if (autofit && !fits) {
+        char advice[2048];
+        fflush(stdout);
+        plan_advice(&p, budget, advice, sizeof advice);
+        char who[32] = "";
+        if (unfit.rank != 0)
+            snprintf(who, sizeof who, " on rank %d", unfit.rank);
+        ftk_error("--recompute auto: no level fits %.2f GB%s%s (the least, block, needs %.2f GB); %s",
+                  (double)budget / 1e9, o->device_bytes ? "" : " (the device's free memory)", who,
+                  (double)unfit.peak[MODEL_RECOMPUTE_BLOCK] / 1e9, advice);
+        return FTK_EXIT_USAGE;
     }
     return FTK_EXIT_OK;
 }
@@ -1288,6 +1322,11 @@ static int run(int argc, char **argv)
     if (trainer_done(t))
         ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta->step,
                  (long long)meta->train.total_steps);
+    else if (rank == 0 && meta->train.warmup >= meta->train.total_steps)
+        ftk_warn("--warmup %lld is not shorter than the run's %lld step%s: the learning rate rises for the whole run "
+                 "and never decays",
+                 (long long)meta->train.warmup, (long long)meta->train.total_steps,
+                 plural_s(meta->train.total_steps));
     if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, mf, 0)))
         goto out;
     if (!trainer_done(t) && stop_agreed()) {

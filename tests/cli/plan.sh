@@ -11,8 +11,12 @@
 #  - with FTK_FUSED=all (the CPU runs the model's fused paths) the plan still equals the run;
 #  - the activations row gives every --recompute level's figure, the level's own first,
 #    none > norms > block; the levels change only the activations row and the total;
-#  - --recompute auto --device-memory B plans the least recompute whose total fits B
-#    (block when none does), and a CPU run with auto (the host's memory) equals its plan;
+#  - --recompute auto --device-memory B plans the least recompute whose total fits B,
+#    and a CPU run with auto (the host's memory) equals its plan;
+#  - where no level fits, --plan and a run exit 2 (the run leaves no run directory) saying
+#    so and what would fit, each suggestion true when planned: Llama-2-7B fp32 on 80 GB
+#    (the issue's 110.18 GB) fits in bf16-true and on the fewest ranks named (one fewer
+#    does not), bf16-true at 8 x 512 on 55 GB fits at the largest micro-batch named;
 #  - Llama-2-7B bf16-true at 8 x 512 and 4 x 512 on 80 GB and 141 GB: what auto picks
 #    (printed: docs/training.md's table);
 #  - --plan writes nothing (no run directory even with --out) and needs no --out, and
@@ -37,7 +41,9 @@ demo_init "$WORK/s260.h5" stories260k 1
 demo_init "$WORK/tiny.h5" tiny 1
 OPTS="-d $WORK/demo.h5 --micro-batch 2 --global-batch 7"
 P="$BIN/ftk-train --plan -m $WORK/s260.h5 $OPTS"
-T="$BIN/ftk-train $OPTS --steps 2 --eval-every 1 -q -j1"
+# The runs measure without checkpoints: a step's mem_peak_bytes is written before that step's
+# checkpoint, so the last line never saw one, and the writes only cost time.
+T="$BIN/ftk-train $OPTS --steps 2 --eval-every 1 -q -j1 --no-save"
 
 # total FILE: the plan's total in bytes; row FILE NAME: a row's first figure, as printed.
 total() { sed -n 's/^  total .*(\([0-9]*\) bytes,.*/\1/p' "$1"; }
@@ -140,16 +146,48 @@ done
 
 # --- --recompute auto: the least recompute that fits ----------------------------------------------
 tn=$(total "$F.plan") tm=$(total "$F--recomputenorms.plan") tb=$(total "$F--recompute.plan")
-for case in "$tn none $tn" "$((tn - 1)) norms $tm" "$tm norms $tm" "$((tm - 1)) block $tb" "1 block $tb"; do
+for case in "$tn none $tn" "$((tn - 1)) norms $tm" "$tm norms $tm" "$((tm - 1)) block $tb" "$tb block $tb"; do
     set -- $case
     expect "--recompute auto --device-memory $1: --plan" 0 $P --ranks 2 --strategy full --recompute auto \
         --device-memory "$1"
-    check "auto in $1 bytes (none $tn, norms $tm, block $tb): $2, total $3" \
-        sh -c "grep -q -- '--recompute auto: $2 (' '$WORK/out' && test '$(total "$WORK/out")' = '$3'"
+    check "auto in $1 bytes (none $tn, norms $tm, block $tb): $2 fits, total $3" \
+        sh -c "grep -q -- '--recompute auto: $2 fits ' '$WORK/out' && test '$(total "$WORK/out")' = '$3'"
 done
 expect "--recompute auto without --device-memory: the host's memory (--plan)" 0 $P --recompute auto
-grep -q -- "--recompute auto: none (" "$WORK/out" && ok "auto on the host: none (a small model)" ||
+grep -q -- "--recompute auto: none fits " "$WORK/out" && ok "auto on the host: none (a small model)" ||
     notok "auto on the host: none (a small model)"
+# --- --recompute auto where no level fits: exit 2, and what would fit -----------------------------
+expect "--recompute auto --device-memory $((tb - 1)) (under block's $tb): --plan exits 2" 2 $P --ranks 2 \
+    --strategy full --recompute auto --device-memory $((tb - 1))
+check "... the header says no level fits, the table is block's" \
+    sh -c "grep -q -- '--recompute auto: no level fits ' '$WORK/out' && test '$(total "$WORK/out")' = '$tb'"
+check "... stderr says so, naming block's total" grep -q -- "--recompute auto: no level fits .*(the least, block, needs" \
+    "$WORK/err"
+expect "a run with --recompute auto where no level fits: exit 2" 2 $T -m "$WORK/s260.h5" -o "$WORK/nofit" \
+    --recompute auto --device-memory $((tb - 1))
+check "... saying so and what would fit, leaving no run directory" \
+    sh -c "grep -q -- '--recompute auto: no level fits the device.s .*; what would fit: ' '$WORK/err' && test ! -e '$WORK/nofit'"
+# advice WHAT: the GB figure of the suggestion starting with WHAT in $WORK/err ("" when none)
+advice() { sed -n "s/.*[:;] $1 (--recompute [a-z]*, \([0-9.]*\) GB.*/\1/p" "$WORK/err"; }
+A7="$BIN/ftk-train --plan --preset llama2-7b --max-len 512 --device cuda --recompute auto"
+expect "7B fp32, 4 x 512, auto on 80 GB (block: 110.18 GB): --plan exits 2" 2 $A7 --micro-batch 4 --device-memory 80GB
+sed 's/^/     | /' "$WORK/err"
+bt=$(advice "--precision bf16-true")
+nr=$(sed -n 's/.*[:;] \([0-9]*\) ranks (--recompute.*/\1/p' "$WORK/err")
+check "... bf16-true would fit (${bt:-not said})" test -n "$bt"
+check "... more ranks would (${nr:-not said})" test -n "$nr"
+expect "... --precision bf16-true: fits" 0 $A7 --micro-batch 4 --device-memory 80GB --precision bf16-true
+check "... at the total the advice said ($bt GB)" test -n "$bt" -a "$(row "$WORK/out" total)" = "$bt GB"
+expect "... --ranks ${nr:-?}: fits" 0 $A7 --micro-batch 4 --device-memory 80GB --ranks "${nr:-0}"
+expect "... --ranks $((${nr:-1} - 1)): does not (the fewest were named)" 2 $A7 --micro-batch 4 --device-memory 80GB \
+    --ranks $((${nr:-1} - 1))
+expect "7B bf16-true, 8 x 512, auto on 55 GB (block: 56.28 GB): --plan exits 2" 2 $A7 --micro-batch 8 \
+    --device-memory 55GB --precision bf16-true
+mb=$(sed -n 's/.*[:;] --micro-batch \([0-9]*\) (--recompute.*/\1/p' "$WORK/err")
+check "... a smaller micro-batch would fit (${mb:-not said})" test -n "$mb"
+expect "... --micro-batch ${mb:-?}: fits" 0 $A7 --micro-batch "${mb:-0}" --device-memory 55GB --precision bf16-true
+expect "... --micro-batch $((${mb:-0} + 1)): does not (the largest was named)" 2 $A7 --micro-batch $((${mb:-0} + 1)) \
+    --device-memory 55GB --precision bf16-true
 expect "--recompute auto --device cuda without a GPU or --device-memory: exit 2" 2 $P --recompute auto --device cuda
 grep -q -- "--device-memory" "$WORK/err" && ok "auto on cuda: asks for --device-memory" ||
     notok "auto on cuda: asks for --device-memory"

@@ -51,6 +51,7 @@ losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
 vals() { grep '"val_loss"' "$1/metrics.jsonl" | sed 's/, "time".*//'; }
 
 expect "train 12 steps in one go" 0 $T -o "$WORK/a" --steps 12 --save-every 4
+check "--warmup 2 of 12 steps: no warning" sh -c "! grep -q warning '$WORK/err'"
 check "checkpoints at 4, 8, 12 and latest -> step 12" \
     test -d "$WORK/a/step-00000004" -a -d "$WORK/a/step-00000008" -a "$(cat "$WORK/a/latest")" = step-00000012
 check "12 metrics lines with loss, 4 with val_loss (steps 0, 4, 8, 12)" test "$(losses "$WORK/a" | wc -l)" = 12 -a "$(vals "$WORK/a" | wc -l)" = 4
@@ -69,8 +70,11 @@ check "stopped run committed step 5" test "$(cat "$WORK/b/latest")" = step-00000
 expect "resume without --resume: refused" 2 $T -o "$WORK/b" --steps 12 --save-every 4
 grep -q "already holds a run" "$WORK/err" && ok "message says the run exists" || notok "message says the run exists"
 expect "resume with another --lr: refused" 2 $T -o "$WORK/b" --steps 12 --save-every 4 --resume auto --lr 1e-3
-grep -q -- "--lr differs" "$WORK/err" && ok "message names --lr" || notok "message names --lr"
+grep -q -- "--lr differs.*; resume with the same options, or add --extend" "$WORK/err" &&
+    ok "message names --lr and --extend" || notok "message names --lr and --extend: $(cat "$WORK/err")"
 expect "resume with other --steps: refused" 2 $T -o "$WORK/b" --steps 13 --save-every 4 --resume auto
+grep -q -- "--steps/--epochs (total steps) differs from the checkpoint's (12 there, 13 here); resume with the same options, or add --extend" \
+    "$WORK/err" && ok "message names --steps and --extend" || notok "message names --steps and --extend: $(cat "$WORK/err")"
 expect "resume auto: 7 more steps" 0 $T -o "$WORK/b" --steps 12 --save-every 4 --resume auto
 losses "$WORK/a" >"$WORK/la"
 losses "$WORK/b" >"$WORK/lb"

@@ -14,6 +14,10 @@
 #  - a weights file given to ftk-merge or ftk-reshard, a run directory to ftk-export-hf, a
 #    safetensors file to ftk-import-hf are named for what they are; ftk-verify of a file
 #    that is not HDF5 is exit 2.
+#  - options: `_` for `-` in a long option of any tool (--global_batch, as
+#    YAML takes it); a misspelt long option gets "did you mean"; ftk-train warns of a
+#    --micro-batch past --global-batch and of a --warmup not shorter than the run, naming
+#    both numbers; its --help says what a resume needs today and which signals stop it.
 # Usage: tests/cli/ux.sh BIN_DIR WORK_DIR
 set -u
 BIN=$1 WORK=$2
@@ -53,14 +57,45 @@ expect "pack one record" 0 "$BIN/ftk-pack" -t "$ROOT/examples/demo/tokenizer.mod
     --val-count 0
 grep -q ": 1 record -> 1 sample (" "$WORK/err" && ok "  1 record, 1 sample" || notok "  1 record, 1 sample: $(cat "$WORK/err")"
 
-T="$BIN/ftk-train -j 1 -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 --warmup 1"
+T="$BIN/ftk-train -j 1 -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 --warmup 3"
 expect "train -o run/ (one step)" 0 $T -o "$WORK/run/" --steps 1
+grep -q -- "warning: --warmup 3 is not shorter than the run's 1 step: the learning rate rises for the whole run" \
+    "$WORK/err" && ok "  warns that --warmup 3 outlasts the run's 1 step" ||
+    notok "  warns that --warmup 3 outlasts the run's 1 step: $(grep -i warmup "$WORK/err")"
 grep -q "//" "$WORK/err" && notok "  no double slash: $(grep // "$WORK/err")" || ok "  no double slash"
 grep -q "checkpoint $WORK/run/step-00000001 committed" "$WORK/err" && ok "  names run/step-00000001" ||
     notok "  names run/step-00000001"
 grep -q " 1 step on 1 rank (strategy full, 1 shard," "$WORK/err" && ok "  1 step on 1 rank, 1 shard" ||
     notok "  1 step on 1 rank, 1 shard: $(grep parameters "$WORK/err")"
 grep -Eq "[^0-9]1 (steps|shards|ranks)" "$WORK/err" && notok "  no plural after 1" || ok "  no plural after 1"
+
+# Options: `_` for `-` (any tool, as YAML's keys), "did you mean", warnings of odd batches
+expect "ftk-train --global_batch=0: read as --global-batch" 2 "$BIN/ftk-train" --global_batch=0
+grep -q -- "option --global-batch: '0' is out of range" "$WORK/err" && ok "  names --global-batch's range" ||
+    notok "  names --global-batch's range: $(head -n 1 "$WORK/err")"
+expect "ftk-pack --max_len 1: read as --max-len" 2 "$BIN/ftk-pack" --max_len 1
+grep -q -- "option --max-len: '1' is out of range" "$WORK/err" && ok "  names --max-len's range" ||
+    notok "  names --max-len's range: $(head -n 1 "$WORK/err")"
+for c in "ftk-train --micro-bach 2:--micro-batch" "ftk-train --lr-min=0:--min-lr" "ftk-pack --outptu x:--output" \
+    "ftk-plot --csvv:--csv" "ftk-train --eval=3:--eval-every' or '--eval-rows"; do
+    cmd=${c%%:*} want=${c#*:}
+    a=${cmd#* }
+    expect "$cmd: exit 2" 2 $BIN/$cmd
+    grep -q -- "error: unknown option '${a%% *}'; did you mean '$want'?" "$WORK/err" && ok "  did you mean '$want'?" ||
+        notok "  did you mean '$want'?: $(head -n 1 "$WORK/err")"
+done
+expect "ftk-train --frobnicate: no suggestion" 2 "$BIN/ftk-train" --frobnicate
+grep -qx "ftk-train: error: unknown option '--frobnicate'" "$WORK/err" && ok "  only 'unknown option'" ||
+    notok "  only 'unknown option': $(head -n 1 "$WORK/err")"
+expect "ftk-train --plan --micro-batch 8 --global-batch 4: planned" 0 "$BIN/ftk-train" --plan -m "$WORK/w.h5" \
+    --max-len 64 --micro-batch 8 --global-batch 4
+grep -q -- "warning: --micro-batch 8 is more than --global-batch 4: a micro-batch never holds more than the global batch's 4 rows" \
+    "$WORK/err" && ok "  warns, naming both" || notok "  warns, naming both: $(cat "$WORK/err")"
+expect "ftk-train --help" 0 "$BIN/ftk-train" --help
+check "  the resume paragraph: options kept in RUN/options.yaml, -o RUN --resume auto needs nothing else" \
+    sh -c "tr '\n' ' ' <'$WORK/out' | grep -q 'keeps its options in RUN/options.yaml: .ftk-train -o RUN --resume auto. needs nothing else' &&
+        ! grep -q 'same options must be given again' '$WORK/out'"
+check "  the Signals line: SIGINT, SIGTERM, SIGUSR1 and SIGHUP" grep -q "^Signals: SIGINT, SIGTERM, SIGUSR1 or SIGHUP" "$WORK/out"
 
 # ftk-info on checkpoints
 for p in "$WORK/run" "$WORK/run/" "$WORK/run/latest" "$WORK/run/step-00000001"; do

@@ -1,6 +1,7 @@
 /* test_opts.c — the checked number parser of libcommon/opts.h: ranges at their edges, open
  * ends, the types' own limits, overflow, NaN and infinities, and tables that break the
- * rules (a numeric option without a range, a range that does not parse). */
+ * rules (a numeric option without a range, a range that does not parse); long names with
+ * `_` for `-`, and the "did you mean" of an unknown long option. */
 #include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +21,11 @@ static const opt_t options[] = {
     {"int", 0, OPT_INT, &n_int, "N", "an int", "0..1024"},
     {"i64", 0, OPT_I64, &n_i64, "N", "an int64, any", ".."},
     {"frac", 0, OPT_DOUBLE, &n_dbl, "F", "a fraction", "0..<1"},
+    {"global-batch", 0, OPT_I64, &n_i64, "G", "two words", "1.."},
+    {"micro-batch", 0, OPT_I64, &n_i64, "B", "two words", "1.."},
+    {"min-lr", 0, OPT_DOUBLE, &n_dbl, "LR", "two words", "0.."},
+    {"eval-every", 0, OPT_INT, &n_int, "K", "two words", "0.."},
+    {"eval-rows", 0, OPT_INT, &n_int, "N", "two words", "0.."},
     {0},
 };
 OPTS_TABLE_END
@@ -94,5 +100,48 @@ int main(void)
     s2.opts = bad_range;
     CHECK(parse(&s1, "n", "1") < 0 && bad_int == 5);
     CHECK(parse(&s2, "n", "1") < 0 && bad_int == 5);
+
+    /* `_` reads as `-` in a long name (YAML's keys take either), nowhere else */
+    CHECK(parse(&spec, "global_batch", "7") == 0 && n_i64 == 7);
+    CHECK(parse(&spec, "micro_batch", "3") == 0 && n_i64 == 3);
+    CHECK(parse(&spec, "global_batch_", "7") < 0 && parse(&spec, "globalbatch", "7") < 0);
+    CHECK(opts_long_is("--min_lr=1", "min-lr") && opts_long_is("--min-lr", "min-lr") && !opts_long_is("--min-lrx", "min-lr"));
+    CHECK(!opts_long_is("-min-lr", "min-lr") && !opts_long_is("--min", "min-lr"));
+
+    /* did you mean: the same words reordered, a start, then the fewest edits; none when far or many */
+    const opt_t *const tables[] = {options, NULL};
+    char h[256];
+    struct {
+        const char *typed, *hint;
+    } cases[] = {
+        {"micro-bach", "did you mean '--micro-batch'?"},
+        {"micro_bach", "did you mean '--micro-batch'?"},
+        {"globalbatch", "did you mean '--global-batch'?"},
+        {"Global-Batch", "did you mean '--global-batch'?"},
+        {"lr-min", "did you mean '--min-lr'?"},
+        {"batch-global", "did you mean '--global-batch'?"},
+        {"micro", "did you mean '--micro-batch'?"},
+        {"eval", "did you mean '--eval-every' or '--eval-rows'?"},
+        {"frac-part", "did you mean '--frac'?"},
+        {"itn", "did you mean '--int'?"},
+        {"x", ""},
+        {"batch", ""},
+        {"completely-unrelated", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        opts_suggest(tables, cases[i].typed, strlen(cases[i].typed), h, sizeof h);
+        if (strcmp(h, cases[i].hint))
+            fprintf(stderr, "  --%s: got \"%s\", want \"%s\"\n", cases[i].typed, h, cases[i].hint);
+        CHECK(strcmp(h, cases[i].hint) == 0);
+    }
+    /* the name's length up to its '=': --micro-bach=4 */
+    opts_suggest(tables, "micro-bach=4", 10, h, sizeof h);
+    CHECK(strcmp(h, "did you mean '--micro-batch'?") == 0);
+    /* a name longer than the distance's table: no suggestion, no overrun */
+    char longname[300];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    opts_suggest(tables, longname, strlen(longname), h, sizeof h);
+    CHECK(h[0] == 0);
     TEST_END();
 }
