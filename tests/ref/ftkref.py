@@ -5,6 +5,13 @@ import json, math, os, subprocess, sys
 BIN = None
 fails = 0
 
+# PyTorch as on a CPU without AVX-512: its bf16 products leave oneDNN (which it takes only
+# where AVX-512 BW/VL/DQ are present) for ATen's own loops; with ATEN_CPU_CAPABILITY=avx2
+# that is what an AVX2-only Intel or AMD machine runs (precision_vs_torch.py).
+if os.environ.get("FTK_REF_NO_MKLDNN"):
+    import torch
+    torch.backends.mkldnn.enabled = False
+
 def check(cond, what):
     global fails
     print(("ok   " if cond else "FAIL ") + what)

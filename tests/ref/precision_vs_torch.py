@@ -18,10 +18,22 @@ in float32 rounded back, the loss on float32 logits), trained as people do:
  3. bf16-true's distance from the float32 curve over those steps: ftk with stochastic
     rounding, ftk --rounding nearest, and PyTorch's bf16 AdamW (nearest); reported, and
     ftk's stochastic rounding must stay within the bound of step 2 from float32 and closer
-    to it than PyTorch's bf16-true (round to nearest loses the updates of the RMSNorm gains,
-    ~1.0 where an ulp is 2^-7, smaller than half an ulp).
+    to it than round to nearest, ftk's and PyTorch's bf16-true (round to nearest loses the
+    updates of the RMSNorm gains, ~1.0 where an ulp is 2^-7, smaller than half an ulp).
 
 Errors are relative to the reference's largest magnitude: max|a - b| / max|b|.
+
+The oracle is checked before it judges. PyTorch's bf16 on the CPU is not the same program
+on every CPU: with AVX-512 (BW, VL, DQ) its bf16 products go through oneDNN, which
+accumulates in float32; without (an AVX2-only Intel or AMD machine) they take ATen's own
+loops, whose bf16 gradient of model.norm.weight is 3.0e-1 from float64 where ftk's is
+6.5e-3, and whose bf16-true curve ends 1.2e-1 from float32's (PyTorch 1.13). So each part
+first measures PyTorch's bf16 against its own float64 (step 1) or float32 (the curves) run:
+within ORACLE_REL / the curve bounds it is sound and ftk is held to it as above; otherwise
+ftk is judged against float64 / float32 with the bounds a sound bf16 implementation meets
+(the same ones), PyTorch's bf16 curves are not computed (on such a CPU they are also the
+slow part), and the test says which it did. ATEN_CPU_CAPABILITY=avx2 FTK_REF_NO_MKLDNN=1
+makes an AVX-512 machine take the AVX2 path (make test-slow's ref/precision-vs-torch-avx2).
 
 usage: precision_vs_torch.py BIN PROBE DATA WORK
 """
@@ -57,6 +69,14 @@ LOSS_REL = 0.01     # step-1 loss, and every loss of the 30-step curves (relativ
 # the rows ftk-pack wrote before it streamed, 1.4e-2 with the streaming packer's (rows packed
 # and ordered otherwise). Their agreement can only be asked within that drift.
 NEAREST_REL = 0.02
+# Whether PyTorch's bf16 is a sound oracle on this CPU: its largest gradient error from
+# float64 at step 1 (1.7e-2 seen with oneDNN; 3.0e-1 on ATen's AVX2 loops), its curves'
+# distance from its own float32 curve (bf16-mixed: LOSS_REL; bf16-true with round to nearest,
+# which loses small updates: 8.3e-3 seen with oneDNN, 1.2e-1 on AVX2). Without the oracle, ftk
+# is held to what a sound one meets: ORACLE_REL from float64 per gradient, LOSS_REL for the
+# loss and the bf16-mixed curve, NEAREST_F32 for the round-to-nearest curve (ftk: 2.1e-2 seen).
+ORACLE_REL = 0.03
+NEAREST_F32 = 0.04
 STEPS = 30
 HP = dict(lr=3e-3, min_lr=3e-4, warmup=3, wd=0.1, b1=0.9, b2=0.95, eps=1e-8, clip=1.0)
 
@@ -84,19 +104,36 @@ def step1(prec, wpath, dpath, rows):
     # bf16 weights are the float32 ones rounded (both sides round to nearest even)
     Wb = {k: t.float().to(BF) for k, t in W.items()}
     lbf, gbf = torch_grads(cfg, Wb, ids, pos, seg, tgt, BF)
+    pt = {name: relerr(gbf[name], g64[name]) for name in W}
+    pt_worst = max((e, name) for name, e in pt.items())
+    sound = pt_worst[0] <= ORACLE_REL and relerr([lbf], [l64]) < LOSS_REL
+    print(f"note: {prec} step 1: PyTorch bf16 on this CPU is {pt_worst[0]:.1e} from float64 at most "
+          f"({pt_worst[1]}; a sound oracle is within {ORACLE_REL}): ftk judged against "
+          + ("PyTorch bf16 and float64" if sound else "float64 alone"))
     worst = (0.0, "")
     with h5py.File(out, "r") as f:
         lf = float(f["loss"][0])
-        check(relerr([lf], [lbf]) < LOSS_REL, f"{prec} step 1: loss {lf:.5f} vs PyTorch bf16 {lbf:.5f} "
-              f"(float64 {l64:.5f}; bound {LOSS_REL})")
+        if sound:
+            check(relerr([lf], [lbf]) < LOSS_REL, f"{prec} step 1: loss {lf:.5f} vs PyTorch bf16 {lbf:.5f} "
+                  f"(float64 {l64:.5f}; bound {LOSS_REL})")
+        else:
+            check(relerr([lf], [l64]) < LOSS_REL, f"{prec} step 1: loss {lf:.5f} vs float64 {l64:.5f} "
+                  f"(bound {LOSS_REL}; PyTorch bf16 {lbf:.5f})")
         for name in W:
             got = f["grads"][name][:]
-            e_t = relerr(got, gbf[name])
-            e_f, e_p = relerr(got, g64[name]), relerr(gbf[name], g64[name])
-            worst = max(worst, (e_t, name))
-            check(e_t < GRAD_REL and e_f <= RATIO * e_p + FLOOR,
-                  f"{prec} grad {name}: vs PyTorch bf16 {e_t:.1e}; vs float64: ftk {e_f:.1e}, PyTorch {e_p:.1e}")
-    print(f"note: {prec} step 1: largest gradient difference from PyTorch bf16: {worst[0]:.2e} ({worst[1]})")
+            e_f, e_p = relerr(got, g64[name]), pt[name]
+            if sound:
+                e_t = relerr(got, gbf[name])
+                worst = max(worst, (e_t, name))
+                check(e_t < GRAD_REL and e_f <= RATIO * e_p + FLOOR,
+                      f"{prec} grad {name}: vs PyTorch bf16 {e_t:.1e}; vs float64: ftk {e_f:.1e}, PyTorch {e_p:.1e}")
+            else:
+                worst = max(worst, (e_f, name))
+                check(e_f <= ORACLE_REL, f"{prec} grad {name}: vs float64: ftk {e_f:.1e} (bound {ORACLE_REL}), "
+                      f"PyTorch bf16 {e_p:.1e}")
+    print(f"note: {prec} step 1: largest gradient difference from "
+          f"{'PyTorch bf16' if sound else 'float64'}: {worst[0]:.2e} ({worst[1]})")
+    return sound
 
 
 def ftk_curve(name, wpath, dpath, R, *extra):
@@ -158,8 +195,7 @@ def main():
     json.dump(json.load(open(alpaca))[:12], open(sub, "w"))
     run("ftk-pack", "-t", tok, sub, "-o", dpath, "--pack", "--max-len", "64", "--val-count", "0", "-q")
 
-    for prec in ("bf16-mixed", "bf16-true"):
-        step1(prec, wpath, dpath, [0, 1, 2])
+    sound = all([step1(prec, wpath, dpath, [0, 1, 2]) for prec in ("bf16-mixed", "bf16-true")])
 
     sp = split(dpath)
     R = len(sp["row_offsets"]) - 1
@@ -170,27 +206,43 @@ def main():
         curves[prec] = ftk_curve(prec, wpath, dpath, R, "--precision", prec)
     curves["bf16-true-nearest"] = ftk_curve("bf16-true-nearest", wpath, dpath, R, "--precision", "bf16-true",
                                             "--rounding", "nearest")
-    ref = {m: torch_curve(m, W, cfgd, ids, pos, seg, tgt) for m in ("fp32", "bf16-mixed", "bf16-true")}
+    ref = {m: torch_curve(m, W, cfgd, ids, pos, seg, tgt)
+           for m in (("fp32", "bf16-mixed", "bf16-true") if sound else ("fp32",))}
     check(curve_dist(curves["fp32"], ref["fp32"]) < 1e-4,
           f"fp32: {STEPS}-step losses vs PyTorch float32 within 1e-4 ({curve_dist(curves['fp32'], ref['fp32']):.1e})")
-    # Same precision, same rounding: PyTorch's bf16 AdamW rounds to nearest, so its bf16-true
-    # is ftk's --rounding nearest.
-    for prec, ours, tol in (("bf16-mixed", "bf16-mixed", LOSS_REL), ("bf16-true", "bf16-true-nearest", NEAREST_REL)):
-        d = curve_dist(curves[ours], ref[prec])
-        check(d < tol, f"{ours}: {STEPS}-step losses vs PyTorch {prec} within {tol} (largest {d:.2e}; "
-              f"first {curves[ours][0]:.4f} vs {ref[prec][0]:.4f}, last {curves[ours][-1]:.4f} vs {ref[prec][-1]:.4f})")
     d_sr = curve_dist(curves["bf16-true"], curves["fp32"])
     d_rn = curve_dist(curves["bf16-true-nearest"], curves["fp32"])
-    d_pt = curve_dist(ref["bf16-true"], ref["fp32"])
     d_mx = curve_dist(curves["bf16-mixed"], curves["fp32"])
+    if sound:
+        pt_mx, d_pt = curve_dist(ref["bf16-mixed"], ref["fp32"]), curve_dist(ref["bf16-true"], ref["fp32"])
+        sound = pt_mx < LOSS_REL and d_pt < NEAREST_F32
+        print(f"note: PyTorch's bf16 curves from its float32 one: bf16-mixed {pt_mx:.2e} (sound within {LOSS_REL}), "
+              f"bf16-true {d_pt:.2e} (sound within {NEAREST_F32}): ftk's curves judged against "
+              + ("them" if sound else "float32 alone"))
+    else:
+        print("note: PyTorch's bf16 is no oracle on this CPU (step 1): its bf16 curves are not computed; ftk's "
+              "curves judged against float32 alone")
+    if sound:
+        # Same precision, same rounding: PyTorch's bf16 AdamW rounds to nearest, so its bf16-true
+        # is ftk's --rounding nearest.
+        for prec, ours, tol in (("bf16-mixed", "bf16-mixed", LOSS_REL), ("bf16-true", "bf16-true-nearest", NEAREST_REL)):
+            d = curve_dist(curves[ours], ref[prec])
+            check(d < tol, f"{ours}: {STEPS}-step losses vs PyTorch {prec} within {tol} (largest {d:.2e}; "
+                  f"first {curves[ours][0]:.4f} vs {ref[prec][0]:.4f}, last {curves[ours][-1]:.4f} vs {ref[prec][-1]:.4f})")
+    else:
+        check(d_mx < LOSS_REL, f"bf16-mixed: {STEPS}-step losses vs the float32 curve within {LOSS_REL} ({d_mx:.2e})")
+        check(d_rn < NEAREST_F32, f"bf16-true-nearest: {STEPS}-step losses vs the float32 curve within {NEAREST_F32} "
+              f"({d_rn:.2e})")
     print(f"note: distance from the fp32 curve over {STEPS} steps (largest relative loss difference): "
-          f"ftk bf16-true stochastic {d_sr:.2e}, ftk bf16-true nearest {d_rn:.2e}, PyTorch bf16-true (nearest) "
-          f"{d_pt:.2e}; ftk bf16-mixed {d_mx:.2e}")
+          f"ftk bf16-true stochastic {d_sr:.2e}, ftk bf16-true nearest {d_rn:.2e}, "
+          + (f"PyTorch bf16-true (nearest) {d_pt:.2e}; " if sound else "") + f"ftk bf16-mixed {d_mx:.2e}")
     print(f"note: final losses: fp32 {curves['fp32'][-1]:.4f}, bf16-mixed {curves['bf16-mixed'][-1]:.4f}, "
           f"bf16-true stochastic {curves['bf16-true'][-1]:.4f}, nearest {curves['bf16-true-nearest'][-1]:.4f}; "
-          f"PyTorch fp32 {ref['fp32'][-1]:.4f}, bf16-true {ref['bf16-true'][-1]:.4f}")
+          f"PyTorch fp32 {ref['fp32'][-1]:.4f}" + (f", bf16-true {ref['bf16-true'][-1]:.4f}" if sound else ""))
     check(d_sr < LOSS_REL, f"ftk bf16-true (stochastic rounding) stays within {LOSS_REL} of the fp32 curve")
-    check(d_sr < d_pt, "ftk bf16-true with stochastic rounding stays closer to fp32 than PyTorch's bf16-true")
+    check(d_sr < d_rn, "ftk bf16-true with stochastic rounding stays closer to fp32 than with round to nearest")
+    if sound:
+        check(d_sr < d_pt, "ftk bf16-true with stochastic rounding stays closer to fp32 than PyTorch's bf16-true")
     done()
 
 
