@@ -63,7 +63,9 @@
  *                   shard group's size under hybrid, where one replica group writes)
  *   units_policy    the communication unit of the run that wrote it (engine/units.h):
  *                   "block", "group:M" (M in [1, 2^20]) or "size:BYTES" (BYTES in
- *                   [1, 2^62], digits only). It changes what a collective moves, never the
+ *                   [1, 2^62]), spelt as ckpt_units_policy_name() writes it: M and BYTES
+ *                   in decimal digits, no leading zero, no suffix (a reader refuses
+ *                   "size:1KiB", "group:02" or ""). It changes what a collective moves, never the
  *                   shard map: a checkpoint of any policy holds the same arrays, and resumes
  *                   under any other. A manifest without it is read as "block" (what runs
  *                   did before the policies came); version 1 kept.

@@ -137,8 +137,13 @@ int ckpt_check_meta(const ckpt_meta_t *m)
               LL(m->shard_count), LL(m->world_size), m->strategy);
     int upk;
     int64_t upa;
+    char upc[32];
     RANGE(ckpt_units_policy_parse(m->units_policy, &upk, &upa) == 0, "\"units_policy\" is \"%s\" (block, group:M "
           "or size:BYTES)", m->units_policy);
+    /* as written: digits only, no unit suffix, sign or leading zero ("" is what ckpt_commit writes as block) */
+    ckpt_units_policy_name(upk, upa, upc);
+    RANGE(!m->units_policy[0] || !strcmp(m->units_policy, upc),
+          "\"units_policy\" is \"%s\", not as ftk writes it (%s: the number in digits only)", m->units_policy, upc);
 #undef LL
 #undef RANGE
     return 0;
@@ -233,6 +238,10 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         snprintf(m->units_policy, sizeof m->units_policy, "block");
     else if (get_str(r, "units_policy", m->units_policy, sizeof m->units_policy) < 0)
         return -1;
+    else if (!m->units_policy[0]) {
+        ftk_err_set("manifest.json: \"units_policy\" is \"\" (block, group:M or size:BYTES)");
+        return -1;
+    }
     if (ckpt_state_dtype(m->precision) == DT_INVALID) {
         ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
                     m->precision);

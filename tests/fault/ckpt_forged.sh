@@ -66,6 +66,8 @@ forged "learning rate -1" train.lr -1 '"train.lr" is -1'
 forged "world size 3 for one shard" world_size 3 '"shard_count" 1 is not "world_size" 3'
 forged "a unit's padded length" units.1.padded 99999999 'unit 1 (layer.0, .*) does not match' all
 forged "a tensor's offset" units.1.tensors.2.offset 7 'unit layer.0, tensor 2: name, shape or offset'
+forged "units_policy size:1KiB (the manifest spells sizes in digits)" units_policy '"size:1KiB"' \
+    '"units_policy" is "size:1KiB", not as ftk writes it (size:1024' all
 
 # the seal: an edit without it
 rm -rf "$WORK/f" && cp -r "$WORK/run" "$WORK/f"
