@@ -106,9 +106,11 @@
  * its xxh3_64 over the stored bytes; shard 1 also carries /tokenizer/FILE as in weights.h,
  * so a checkpoint alone can be sampled from. With compress_grads, the shard also holds
  * /grad_residual/UNIT, [padded] float32 each (the whole unit: the residual of the rank that
- * wrote shard r, not a slice), with its xxh3_64, after the three kinds; a reader restores
- * them only at the same shard count and strategy. A shard file does not record the precision
- * (the manifest does), which keeps fp32 and bf16-mixed shards byte for byte alike.
+ * wrote shard r, not a slice), with its xxh3_64, after the three kinds, every value finite
+ * (a reader refuses another shape or type, a missing one and NaN/Inf as damage, at any
+ * shard count); a reader restores them only at the same shard count and strategy. A shard
+ * file does not record the precision (the manifest does), which keeps fp32 and bf16-mixed
+ * shards byte for byte alike.
  *
  * Functions return 0 or -1 with ftk_err_msg() set.
  */
@@ -299,9 +301,10 @@ char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
  * and count, step — a shard of another checkpoint — and units_xxh3); with verify, last,
- * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files and
- * (compress_grads) the residuals, whose checksums are verified (as ftk-verify does). The
- * caller closes the handle with h5_close(). */
+ * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files, whose
+ * checksums are verified, and (compress_grads) one residual per unit, each checked by
+ * ckpt_shard_read_residual() (as ftk-verify does). The caller closes the handle with
+ * h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
 /* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
@@ -317,9 +320,15 @@ int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man);
  * (whole dataset only) also compares the bytes read with the dataset's xxh3_64. */
 int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
                     dtype_t dt, void *out);
-/* /grad_residual/UNIT of an open shard (a checkpoint with compress_grads): units[unit].padded
- * float32 into out, checked against its xxh3_64. */
+/* /grad_residual/UNIT of an open shard (a checkpoint with compress_grads), checked as every
+ * reader and ftk-verify check it: a 1-D dataset of units[unit].padded values stored as
+ * float32, its xxh3_64, every value finite (NaN or Inf is damage: the first step would
+ * spread it into the weights). With out, the values go there (units[unit].padded floats);
+ * with out NULL they are only checked, read in blocks of at most 4 MiB. */
 int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out);
+/* The unit whose residual a dataset path names ("/grad_residual/layer.0"), or -1 (not a
+ * residual, or the manifest has no compress_grads). */
+int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path);
 /* A whole unit of one kind (units[unit].padded elements of dt into out) from the S open
  * shards files[0 … S−1], every dataset checked against its xxh3_64. */
 int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out);

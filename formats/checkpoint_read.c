@@ -480,13 +480,15 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
 typedef struct {
     const ckpt_manifest_t *man;
     int64_t index;
+    int residuals; /* /grad_residual datasets seen */
 } extra_t;
 
 /* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
- * verified, and nothing else (ftk-verify's rule). */
+ * verified, with compress_grads the residuals (ckpt_shard_read_residual's checks), and
+ * nothing else (ftk-verify's rule). */
 static int check_extra(hid_t f, const char *path, void *p)
 {
-    const extra_t *c = p;
+    extra_t *c = p;
     const char *rest = path[0] == '/' ? path + 1 : path;
     for (int k = 0; k < CKPT_KINDS; k++) {
         size_t l = strlen(ckpt_kind_names[k]);
@@ -495,11 +497,12 @@ static int check_extra(hid_t f, const char *path, void *p)
                 if (!strcmp(rest + l + 1, c->man->units[u].name))
                     return 0; /* checked as it is read */
     }
-    int residual = c->man->meta.compress_grads[0] && !strncmp(rest, "grad_residual/", 14);
-    for (int u = 0; residual && u < c->man->n_units; u++)
-        if (!strcmp(rest + 14, c->man->units[u].name))
-            residual = 2;
-    if (residual != 2 && (strncmp(rest, "tokenizer/", 10) || c->index != 0)) {
+    int residual = ckpt_residual_unit(c->man, path);
+    if (residual >= 0) {
+        c->residuals++;
+        return ckpt_shard_read_residual(f, c->man, residual, NULL) < 0 ? -1 : 0;
+    }
+    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
         ftk_err_set("unexpected dataset %s (not in the shard map)", path);
         return -1;
     }
@@ -509,6 +512,17 @@ static int check_extra(hid_t f, const char *path, void *p)
         ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
                     (unsigned long long)stored, (unsigned long long)computed);
     return r ? -1 : 0;
+}
+
+int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path)
+{
+    const char *rest = path[0] == '/' ? path + 1 : path;
+    if (!man->meta.compress_grads[0] || strncmp(rest, "grad_residual/", 14))
+        return -1;
+    for (int u = 0; u < man->n_units; u++)
+        if (!strcmp(rest + 14, man->units[u].name))
+            return u;
+    return -1;
 }
 
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
@@ -557,11 +571,17 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
                     (long long)step, (long long)man->meta.step);
     else if (strcmp(uh, hex))
         ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
-    extra_t ex = {man, index};
-    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify &&
-        h5_each_dataset(f, check_extra, &ex) != 0) {
-        ftk_err_prefix("%s: ", spath);
-        rc = -1;
+    extra_t ex = {man, index, 0};
+    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify) {
+        if (h5_each_dataset(f, check_extra, &ex) != 0)
+            rc = -1;
+        else if (man->meta.compress_grads[0] && ex.residuals != man->n_units) {
+            ftk_err_set("%d of the %d /grad_residual datasets the manifest's compress_grads asks for", ex.residuals,
+                        man->n_units);
+            rc = -1;
+        }
+        if (rc)
+            ftk_err_prefix("%s: ", spath);
     }
     if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
         h5_close(f);
@@ -611,34 +631,80 @@ int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int
     return shard_read_at(f, man, kind, unit, start, n, check, dt, out, -1);
 }
 
+/* Values read per block where a residual is only checked (out NULL): 4 MiB. */
+#define RESIDUAL_BLOCK ((int64_t)1 << 20)
+
 int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out)
 {
-    char ds[64];
+    char ds[64], tn[32];
     const ckpt_unit_t *u = &man->units[unit];
     snprintf(ds, sizeof ds, "grad_residual/%s", u->name);
     hsize_t dims[8];
-    uint64_t stored = 0;
-    if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != u->padded || h5r_check_type(f, ds, H5T_NATIVE_FLOAT) < 0) {
-        ftk_err_set("dataset /%s: missing, or not %lld float32 values", ds, (long long)u->padded);
+    int rank = h5r_shape(f, ds, dims);
+    if (rank < 0) {
+        ftk_err_set("dataset /%s: missing (the manifest's compress_grads asks for one per unit)", ds);
+        return -1;
+    }
+    if (rank != 1 || (int64_t)dims[0] != u->padded) {
+        char shape[96] = "";
+        for (int i = 0, n = 0; i < rank && n < (int)sizeof shape - 24; i++)
+            n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+        ftk_err_set("dataset /%s: shape [%s], not [%lld] (the unit's padded length)", ds, shape, (long long)u->padded);
         return -1;
     }
     hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
-    int has_sum = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
-    if (d >= 0)
-        H5Dclose(d);
+    if (d < 0) {
+        ftk_err_set("dataset /%s: cannot open it", ds);
+        return -1;
+    }
+    hid_t t = H5Dget_type(d);
+    int is_f32 = t >= 0 && H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4;
+    uint64_t stored = 0;
+    int has_sum = h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
+    h5_type_name(d, tn, sizeof tn);
+    if (t >= 0)
+        H5Tclose(t);
+    H5Dclose(d);
+    if (!is_f32) {
+        ftk_err_set("dataset /%s: stored as %s, not float32", ds, tn);
+        return -1;
+    }
     if (!has_sum) {
         ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
         return -1;
     }
-    if (h5r_read(f, ds, H5T_NATIVE_FLOAT, out, (size_t)u->padded) < 0)
-        return -1;
-    uint64_t got = hash_bytes(out, (size_t)u->padded * sizeof(float));
+    /* Read in blocks, hashed and scanned as they come: checking needs no unit-sized buffer. */
+    int64_t block = out ? u->padded : (u->padded < RESIDUAL_BLOCK ? u->padded : RESIDUAL_BLOCK);
+    float *buf = out ? out : malloc((size_t)(block ? block : 1) * sizeof *buf);
+    hash_state_t *h = hash_new();
+    int rc = buf && h ? 0 : -1;
+    uint64_t nan = 0, inf = 0;
+    if (rc < 0)
+        ftk_err_set("out of memory");
+    for (int64_t at = 0; rc == 0 && at < u->padded; at += block) {
+        int64_t n = u->padded - at < block ? u->padded - at : block;
+        float *p = out ? out + at : buf;
+        if ((rc = h5r_read_rows(f, ds, H5T_NATIVE_FLOAT, (hsize_t)at, (hsize_t)n, p)) == 0) {
+            hash_update(h, p, (size_t)n * sizeof *p);
+            dtype_count_nonfinite(p, DT_F32, (size_t)n, &nan, &inf);
+        }
+    }
+    uint64_t got = rc == 0 ? hash_digest(h) : stored;
     if (got != stored) {
         ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds, (unsigned long long)stored,
                     (unsigned long long)got);
-        return -1;
+        rc = -1;
+    } else if (rc == 0 && (nan || inf)) {
+        /* a finite gradient leaves a finite residual; the first step after a resume would
+         * turn this one into NaN weights */
+        ftk_err_set("dataset /%s: %llu NaN and %llu infinite values", ds, (unsigned long long)nan,
+                    (unsigned long long)inf);
+        rc = -1;
     }
-    return 0;
+    hash_free(h);
+    if (buf != out)
+        free(buf);
+    return rc;
 }
 
 /* ckpt_shard_read(), and with base >= 0 (the unit element where this shard's slice
