@@ -64,7 +64,9 @@
  *                   shard group's size under hybrid, where one replica group writes)
  *   units_policy    the communication unit of the run that wrote it (engine/units.h):
  *                   "block", "group:M" (M in [1, 2^20]) or "size:BYTES" (BYTES in
- *                   [1, 2^62], digits only). It changes what a collective moves, never the
+ *                   [1, 2^62]), spelt as ckpt_units_policy_name() writes it: M and BYTES
+ *                   in decimal digits, no leading zero, no suffix (a reader refuses
+ *                   "size:1KiB", "group:02" or ""). It changes what a collective moves, never the
  *                   shard map: a checkpoint of any policy holds the same arrays, and resumes
  *                   under any other. A manifest without it is read as "block" (what runs
  *                   did before the policies came); version 1 kept.
@@ -107,9 +109,11 @@
  * its xxh3_64 over the stored bytes; shard 1 also carries /tokenizer/FILE as in weights.h,
  * so a checkpoint alone can be sampled from. With compress_grads, the shard also holds
  * /grad_residual/UNIT, [padded] float32 each (the whole unit: the residual of the rank that
- * wrote shard r, not a slice), with its xxh3_64, after the three kinds; a reader restores
- * them only at the same shard count and strategy. A shard file does not record the precision
- * (the manifest does), which keeps fp32 and bf16-mixed shards byte for byte alike.
+ * wrote shard r, not a slice), with its xxh3_64, after the three kinds, every value finite
+ * (a reader refuses another shape or type, a missing one and NaN/Inf as damage, at any
+ * shard count); a reader restores them only at the same shard count and strategy. A shard
+ * file does not record the precision (the manifest does), which keeps fp32 and bf16-mixed
+ * shards byte for byte alike.
  *
  * Functions return 0 or -1 with ftk_err_msg() set.
  */
@@ -244,6 +248,12 @@ int ckpt_shard_put(ckpt_shard_writer_t *w, int kind, int unit, const void *data)
  * elements (units in order). */
 int ckpt_shard_put_residual(ckpt_shard_writer_t *w, int unit, const float *data);
 int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum);
+/* ckpt_shard_finish() of n writers at once (w[0] gets tok_src's files): every file closed,
+ * then fsynced by up to 16 threads together (a flush waits on the device: 16 at once took
+ * 0.3 ms a file where one at a time took 5 ms), then each checksummed into sums[i]. For a
+ * tool that writes many shards. Always releases every writer (w[i] set to NULL); returns -1
+ * with the first failure's message. */
+int ckpt_shard_finish_many(ckpt_shard_writer_t **w, int64_t n, hid_t tok_src, ckpt_shard_sum_t *sums);
 
 /* Resolves what a user named: a checkpoint directory, a run directory or its `latest`
  * file (the checkpoint `latest` names). `latest` is read with buf_read_small() without
@@ -300,9 +310,10 @@ char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index
  * and count, step — a shard of another checkpoint — and units_xxh3); with verify, last,
- * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files and
- * (compress_grads) the residuals, whose checksums are verified (as ftk-verify does). The
- * caller closes the handle with h5_close(). */
+ * that it holds no dataset but the shard map's arrays, (shard 1) the tokenizer files, whose
+ * checksums are verified, and (compress_grads) one residual per unit, each checked by
+ * ckpt_shard_read_residual() (as ftk-verify does). The caller closes the handle with
+ * h5_close(). */
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify);
 /* Every shard opened as by ckpt_shard_open(): an array of meta.shard_count handles, or
  * NULL (none left open). ckpt_close_shards() closes them and frees the array. */
@@ -318,9 +329,15 @@ int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man);
  * (whole dataset only) also compares the bytes read with the dataset's xxh3_64. */
 int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int64_t start, int64_t n, int check,
                     dtype_t dt, void *out);
-/* /grad_residual/UNIT of an open shard (a checkpoint with compress_grads): units[unit].padded
- * float32 into out, checked against its xxh3_64. */
+/* /grad_residual/UNIT of an open shard (a checkpoint with compress_grads), checked as every
+ * reader and ftk-verify check it: a 1-D dataset of units[unit].padded values stored as
+ * float32, its xxh3_64, every value finite (NaN or Inf is damage: the first step would
+ * spread it into the weights). With out, the values go there (units[unit].padded floats);
+ * with out NULL they are only checked, read in blocks of at most 4 MiB. */
 int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out);
+/* The unit whose residual a dataset path names ("/grad_residual/layer.0"), or -1 (not a
+ * residual, or the manifest has no compress_grads). */
+int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path);
 /* A whole unit of one kind (units[unit].padded elements of dt into out) from the S open
  * shards files[0 … S−1], every dataset checked against its xxh3_64. */
 int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out);
@@ -330,11 +347,26 @@ int ckpt_read_shard(const char *dir, const ckpt_manifest_t *man, int64_t index, 
 /* Whole units of parameters (host, units[u].padded elements of dt each, allocated by the
  * caller) from every shard, all verified. */
 int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, dtype_t dt, void **units);
+/* A checkpoint's shard files opened as they are needed (ckpt_shard_open() without verify:
+ * attributes checked), at most max_open (>= 1) at a time: the least recently used one is
+ * closed to open another, so that a reader of any shard count holds a bounded number of
+ * descriptors and HDF5 caches. dir and man must outlive the cache. NULL when out of memory. */
+typedef struct ckpt_shard_cache ckpt_shard_cache_t;
+ckpt_shard_cache_t *ckpt_shard_cache_new(const char *dir, const ckpt_manifest_t *man, int max_open);
+/* Shard `index` (0-based), open: valid until the next call; -1 with the error set. */
+hid_t ckpt_shard_cache_get(ckpt_shard_cache_t *c, int64_t index);
+void ckpt_shard_cache_free(ckpt_shard_cache_t *c); /* NULL: nothing */
+/* Elements [start, start+n) of /KIND/UNIT's whole flat vector (unit coordinates within
+ * [0, units[unit].padded)), as dt into out, from the shards that hold them. The padding read
+ * is checked to be zero as stored; a shard's dataset read whole is also checked against its
+ * xxh3_64 (a part of one is not: verify the files first, ckpt_shard_open(…, 1)). */
+int ckpt_read_range(ckpt_shard_cache_t *c, int kind, int unit, int64_t start, int64_t n, dtype_t dt, void *out);
 /* Reshard on load: the slices that shard index2 of a layout of S2 shards holds (the shard
  * map of ckpt_units(cfg, S2)), in the stored type (st->dt), read from only the element
- * ranges of this checkpoint's shards that overlap them; zeros past the old padding. The shard files' checksums are
- * not recomputed here (a caller verifies each file once, e.g. spread over ranks, with
- * ckpt_shard_open(…, 1)); their attributes are checked. */
+ * ranges of this checkpoint's shards that overlap them (ckpt_read_range, through a cache of
+ * 16 open files whatever the shard counts); zeros past the old padding, which is checked to
+ * be zero. The shard files' checksums are not recomputed here (a caller verifies each file
+ * once, e.g. spread over ranks, with ckpt_shard_open(…, 1)); their attributes are checked. */
 int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,
                        ckpt_state_t *st);
 

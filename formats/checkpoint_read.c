@@ -137,8 +137,13 @@ int ckpt_check_meta(const ckpt_meta_t *m)
               LL(m->shard_count), LL(m->world_size), m->strategy);
     int upk;
     int64_t upa;
+    char upc[32];
     RANGE(ckpt_units_policy_parse(m->units_policy, &upk, &upa) == 0, "\"units_policy\" is \"%s\" (block, group:M "
           "or size:BYTES)", m->units_policy);
+    /* as written: digits only, no unit suffix, sign or leading zero ("" is what ckpt_commit writes as block) */
+    ckpt_units_policy_name(upk, upa, upc);
+    RANGE(!m->units_policy[0] || !strcmp(m->units_policy, upc),
+          "\"units_policy\" is \"%s\", not as ftk writes it (%s: the number in digits only)", m->units_policy, upc);
 #undef LL
 #undef RANGE
     return 0;
@@ -233,6 +238,10 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         snprintf(m->units_policy, sizeof m->units_policy, "block");
     else if (get_str(r, "units_policy", m->units_policy, sizeof m->units_policy) < 0)
         return -1;
+    else if (!m->units_policy[0]) {
+        ftk_err_set("manifest.json: \"units_policy\" is \"\" (block, group:M or size:BYTES)");
+        return -1;
+    }
     if (ckpt_state_dtype(m->precision) == DT_INVALID) {
         ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
                     m->precision);
@@ -473,13 +482,15 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
 typedef struct {
     const ckpt_manifest_t *man;
     int64_t index;
+    int residuals; /* /grad_residual datasets seen */
 } extra_t;
 
 /* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
- * verified, and nothing else (ftk-verify's rule). */
+ * verified, with compress_grads the residuals (ckpt_shard_read_residual's checks), and
+ * nothing else (ftk-verify's rule). */
 static int check_extra(hid_t f, const char *path, void *p)
 {
-    const extra_t *c = p;
+    extra_t *c = p;
     const char *rest = path[0] == '/' ? path + 1 : path;
     for (int k = 0; k < CKPT_KINDS; k++) {
         size_t l = strlen(ckpt_kind_names[k]);
@@ -488,11 +499,12 @@ static int check_extra(hid_t f, const char *path, void *p)
                 if (!strcmp(rest + l + 1, c->man->units[u].name))
                     return 0; /* checked as it is read */
     }
-    int residual = c->man->meta.compress_grads[0] && !strncmp(rest, "grad_residual/", 14);
-    for (int u = 0; residual && u < c->man->n_units; u++)
-        if (!strcmp(rest + 14, c->man->units[u].name))
-            residual = 2;
-    if (residual != 2 && (strncmp(rest, "tokenizer/", 10) || c->index != 0)) {
+    int residual = ckpt_residual_unit(c->man, path);
+    if (residual >= 0) {
+        c->residuals++;
+        return ckpt_shard_read_residual(f, c->man, residual, NULL) < 0 ? -1 : 0;
+    }
+    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
         ftk_err_set("unexpected dataset %s (not in the shard map)", path);
         return -1;
     }
@@ -502,6 +514,17 @@ static int check_extra(hid_t f, const char *path, void *p)
         ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
                     (unsigned long long)stored, (unsigned long long)computed);
     return r ? -1 : 0;
+}
+
+int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path)
+{
+    const char *rest = path[0] == '/' ? path + 1 : path;
+    if (!man->meta.compress_grads[0] || strncmp(rest, "grad_residual/", 14))
+        return -1;
+    for (int u = 0; u < man->n_units; u++)
+        if (!strcmp(rest + 14, man->units[u].name))
+            return u;
+    return -1;
 }
 
 hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index, int verify)
@@ -550,11 +573,17 @@ hid_t ckpt_shard_open(const char *dir, const ckpt_manifest_t *man, int64_t index
                     (long long)step, (long long)man->meta.step);
     else if (strcmp(uh, hex))
         ftk_err_set("%s: written for another shard map (units_xxh3 %s, the manifest's is %s)", spath, uh, hex);
-    extra_t ex = {man, index};
-    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify &&
-        h5_each_dataset(f, check_extra, &ex) != 0) {
-        ftk_err_prefix("%s: ", spath);
-        rc = -1;
+    extra_t ex = {man, index, 0};
+    if (!(rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) && verify) {
+        if (h5_each_dataset(f, check_extra, &ex) != 0)
+            rc = -1;
+        else if (man->meta.compress_grads[0] && ex.residuals != man->n_units) {
+            ftk_err_set("%d of the %d /grad_residual datasets the manifest's compress_grads asks for", ex.residuals,
+                        man->n_units);
+            rc = -1;
+        }
+        if (rc)
+            ftk_err_prefix("%s: ", spath);
     }
     if (rc || si != index + 1 || sc != S || step != man->meta.step || strcmp(uh, hex)) {
         h5_close(f);
@@ -604,34 +633,80 @@ int ckpt_shard_read(hid_t f, const ckpt_manifest_t *man, int kind, int unit, int
     return shard_read_at(f, man, kind, unit, start, n, check, dt, out, -1);
 }
 
+/* Values read per block where a residual is only checked (out NULL): 4 MiB. */
+#define RESIDUAL_BLOCK ((int64_t)1 << 20)
+
 int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, float *out)
 {
-    char ds[64];
+    char ds[64], tn[32];
     const ckpt_unit_t *u = &man->units[unit];
     snprintf(ds, sizeof ds, "grad_residual/%s", u->name);
     hsize_t dims[8];
-    uint64_t stored = 0;
-    if (h5r_shape(f, ds, dims) != 1 || (int64_t)dims[0] != u->padded || h5r_check_type(f, ds, H5T_NATIVE_FLOAT) < 0) {
-        ftk_err_set("dataset /%s: missing, or not %lld float32 values", ds, (long long)u->padded);
+    int rank = h5r_shape(f, ds, dims);
+    if (rank < 0) {
+        ftk_err_set("dataset /%s: missing (the manifest's compress_grads asks for one per unit)", ds);
+        return -1;
+    }
+    if (rank != 1 || (int64_t)dims[0] != u->padded) {
+        char shape[96] = "";
+        for (int i = 0, n = 0; i < rank && n < (int)sizeof shape - 24; i++)
+            n += snprintf(shape + n, sizeof shape - (size_t)n, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+        ftk_err_set("dataset /%s: shape [%s], not [%lld] (the unit's padded length)", ds, shape, (long long)u->padded);
         return -1;
     }
     hid_t d = H5Dopen2(f, ds, H5P_DEFAULT);
-    int has_sum = d >= 0 && h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
-    if (d >= 0)
-        H5Dclose(d);
+    if (d < 0) {
+        ftk_err_set("dataset /%s: cannot open it", ds);
+        return -1;
+    }
+    hid_t t = H5Dget_type(d);
+    int is_f32 = t >= 0 && H5Tget_class(t) == H5T_FLOAT && H5Tget_size(t) == 4;
+    uint64_t stored = 0;
+    int has_sum = h5_attr_get_u64(d, "xxh3_64", &stored) == 0;
+    h5_type_name(d, tn, sizeof tn);
+    if (t >= 0)
+        H5Tclose(t);
+    H5Dclose(d);
+    if (!is_f32) {
+        ftk_err_set("dataset /%s: stored as %s, not float32", ds, tn);
+        return -1;
+    }
     if (!has_sum) {
         ftk_err_set("dataset /%s: no xxh3_64 checksum attribute", ds);
         return -1;
     }
-    if (h5r_read(f, ds, H5T_NATIVE_FLOAT, out, (size_t)u->padded) < 0)
-        return -1;
-    uint64_t got = hash_bytes(out, (size_t)u->padded * sizeof(float));
+    /* Read in blocks, hashed and scanned as they come: checking needs no unit-sized buffer. */
+    int64_t block = out ? u->padded : (u->padded < RESIDUAL_BLOCK ? u->padded : RESIDUAL_BLOCK);
+    float *buf = out ? out : malloc((size_t)(block ? block : 1) * sizeof *buf);
+    hash_state_t *h = hash_new();
+    int rc = buf && h ? 0 : -1;
+    uint64_t nan = 0, inf = 0;
+    if (rc < 0)
+        ftk_err_set("out of memory");
+    for (int64_t at = 0; rc == 0 && at < u->padded; at += block) {
+        int64_t n = u->padded - at < block ? u->padded - at : block;
+        float *p = out ? out + at : buf;
+        if ((rc = h5r_read_rows(f, ds, H5T_NATIVE_FLOAT, (hsize_t)at, (hsize_t)n, p)) == 0) {
+            hash_update(h, p, (size_t)n * sizeof *p);
+            dtype_count_nonfinite(p, DT_F32, (size_t)n, &nan, &inf);
+        }
+    }
+    uint64_t got = rc == 0 ? hash_digest(h) : stored;
     if (got != stored) {
         ftk_err_set("dataset /%s: checksum mismatch (stored %016llx, computed %016llx)", ds, (unsigned long long)stored,
                     (unsigned long long)got);
-        return -1;
+        rc = -1;
+    } else if (rc == 0 && (nan || inf)) {
+        /* a finite gradient leaves a finite residual; the first step after a resume would
+         * turn this one into NaN weights */
+        ftk_err_set("dataset /%s: %llu NaN and %llu infinite values", ds, (unsigned long long)nan,
+                    (unsigned long long)inf);
+        rc = -1;
     }
-    return 0;
+    hash_free(h);
+    if (buf != out)
+        free(buf);
+    return rc;
 }
 
 /* ckpt_shard_read(), and with base >= 0 (the unit element where this shard's slice
@@ -795,9 +870,7 @@ hid_t *ckpt_open_shards(const char *dir, const ckpt_manifest_t *man, int verify)
     return f;
 }
 
-/* The padding of the first `kinds` arrays of every unit, as stored, checked to be zero;
- * with dir, a shard not open yet (files[i] < 0) is opened there (attributes checked). */
-static int check_padding(hid_t *files, const char *dir, const ckpt_manifest_t *man, int kinds)
+int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man)
 {
     int64_t S = man->meta.shard_count;
     dtype_t dt = ckpt_state_dtype(man->meta.precision);
@@ -805,7 +878,7 @@ static int check_padding(hid_t *files, const char *dir, const ckpt_manifest_t *m
     int rc = buf ? 0 : -1;
     if (!buf)
         ftk_err_set("out of memory");
-    for (int k = 0; k < kinds && rc == 0; k++)
+    for (int k = 0; k < CKPT_KINDS && rc == 0; k++)
         for (int u = 0; u < man->n_units && rc == 0; u++) {
             const ckpt_unit_t *x = &man->units[u];
             int64_t part = x->padded / S;
@@ -813,25 +886,16 @@ static int check_padding(hid_t *files, const char *dir, const ckpt_manifest_t *m
                 int64_t a = x->length > i * part ? x->length - i * part : 0, n = part - a;
                 if (n > S)
                     n = S; /* unreachable for a shard map ckpt_open() accepted */
-                if (n <= 0)
-                    continue;
-                if (files[i] < 0 && dir && (files[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
-                    rc = -1;
-                else if (shard_read_at(files[i], man, k, u, a, n, 0, dt, buf, i * part) < 0) {
+                if (n > 0 && shard_read_at(files[i], man, k, u, a, n, 0, dt, buf, i * part) < 0) {
                     char name[32];
                     ckpt_shard_name(name, i, S);
-                    ftk_err_prefix("%s%s%s: ", dir ? dir : "", dir ? "/" : "", name);
+                    ftk_err_prefix("%s: ", name);
                     rc = -1;
                 }
             }
         }
     free(buf);
     return rc;
-}
-
-int ckpt_check_padding(const hid_t *files, const ckpt_manifest_t *man)
-{
-    return check_padding((hid_t *)files, NULL, man, CKPT_KINDS);
 }
 
 void ckpt_close_shards(hid_t *files, const ckpt_manifest_t *man)
@@ -851,6 +915,130 @@ int ckpt_read_params(const char *dir, const ckpt_manifest_t *man, dtype_t dt, vo
     return rc;
 }
 
+struct ckpt_shard_cache {
+    char *dir;
+    const ckpt_manifest_t *man;
+    int max_open;
+    int64_t *index; /* max_open slots: the shard open there, or -1 */
+    hid_t *f;
+    uint64_t *used, clock; /* the slot's last use, for the least recently used */
+    unsigned char *checked; /* a bit per shard: its attributes were checked at an open */
+};
+
+ckpt_shard_cache_t *ckpt_shard_cache_new(const char *dir, const ckpt_manifest_t *man, int max_open)
+{
+    ckpt_shard_cache_t *c = calloc(1, sizeof *c);
+    if (max_open < 1)
+        max_open = 1;
+    if (c) {
+        c->man = man;
+        c->max_open = max_open;
+        c->dir = strdup(dir);
+        c->index = malloc((size_t)max_open * sizeof *c->index);
+        c->f = malloc((size_t)max_open * sizeof *c->f);
+        c->used = calloc((size_t)max_open, sizeof *c->used);
+        c->checked = calloc((size_t)(man->meta.shard_count / 8 + 1), 1);
+    }
+    if (!c || !c->dir || !c->index || !c->f || !c->used || !c->checked) {
+        ckpt_shard_cache_free(c);
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < max_open; i++) {
+        c->index[i] = -1;
+        c->f[i] = -1;
+    }
+    return c;
+}
+
+hid_t ckpt_shard_cache_get(ckpt_shard_cache_t *c, int64_t index)
+{
+    int slot = 0;
+    if (index < 0 || index >= c->man->meta.shard_count) {
+        ftk_err_set("internal: shard %lld of %lld", (long long)index, (long long)c->man->meta.shard_count);
+        return -1;
+    }
+    for (int i = 0; i < c->max_open; i++) {
+        if (c->index[i] == index) {
+            c->used[i] = ++c->clock;
+            return c->f[i];
+        }
+        if (c->used[i] < c->used[slot])
+            slot = i; /* a free slot (never used: 0) or the least recently used */
+    }
+    if (c->f[slot] >= 0)
+        h5_close(c->f[slot]);
+    c->index[slot] = -1;
+    c->used[slot] = 0;
+    /* Opened again (a reader sweeping more shards than it keeps open does, once per array):
+     * its attributes were checked the first time, so HDF5's open alone, a tenth of the cost. */
+    unsigned char bit = (unsigned char)(1u << (index % 8));
+    if (c->checked[index / 8] & bit) {
+        char *p = shard_path(c->dir, c->man, index);
+        c->f[slot] = p ? H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+        if (c->f[slot] < 0 && p)
+            ftk_err_set("%s: cannot open it again", p);
+        free(p);
+    } else {
+        c->f[slot] = ckpt_shard_open(c->dir, c->man, index, 0);
+    }
+    if (c->f[slot] < 0)
+        return -1;
+    c->checked[index / 8] |= bit;
+    c->index[slot] = index;
+    c->used[slot] = ++c->clock;
+    return c->f[slot];
+}
+
+void ckpt_shard_cache_free(ckpt_shard_cache_t *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; c->f && i < c->max_open; i++)
+        if (c->f[i] >= 0)
+            h5_close(c->f[i]);
+    free(c->dir);
+    free(c->index);
+    free(c->f);
+    free(c->used);
+    free(c->checked);
+    free(c);
+}
+
+int ckpt_read_range(ckpt_shard_cache_t *c, int kind, int unit, int64_t start, int64_t n, dtype_t dt, void *out)
+{
+    const ckpt_manifest_t *man = c->man;
+    const ckpt_unit_t *x = &man->units[unit];
+    int64_t S = man->meta.shard_count, part = x->padded / S, end = start + n;
+    size_t es = dtype_size(dt);
+    if (start < 0 || n < 0 || end > x->padded || es == 0) {
+        ftk_err_set("internal: elements %lld..%lld of unit %s (%lld) as %s", (long long)start, (long long)end,
+                    x->name, (long long)x->padded, dtype_name(dt));
+        return -1;
+    }
+    for (int64_t i = n ? start / part : S; i < S && i * part < end; i++) {
+        int64_t lo = start > i * part ? start : i * part, hi = end < (i + 1) * part ? end : (i + 1) * part;
+        hid_t f = ckpt_shard_cache_get(c, i);
+        if (f < 0)
+            return -1;
+        /* a dataset read whole is checked against its own checksum too */
+        int whole = lo == i * part && hi == (i + 1) * part;
+        char *dst = (char *)out + (size_t)(lo - start) * es;
+        if (shard_read_at(f, man, kind, unit, lo - i * part, hi - lo, whole, dt, dst, i * part) < 0) {
+            char *p = shard_path(c->dir, man, i);
+            if (p)
+                ftk_err_prefix("%s: ", p);
+            free(p);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Shards open at once while a rank reads its new slices (ckpt_read_resliced): a few
+ * descriptors whatever the old shard count. */
+#define RESLICE_OPEN 16
+
 int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, int64_t index2, int params_only,
                        ckpt_state_t *st)
 {
@@ -859,50 +1047,32 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
     ckpt_unit_t *u2 = NULL;
     int n2;
     memset(st, 0, sizeof *st);
-    hid_t *f = calloc((size_t)S, sizeof *f);
-    if (!f || ckpt_units(&man->cfg, S2, &u2, &n2) < 0) {
-        free(f);
+    ckpt_shard_cache_t *c = ckpt_shard_cache_new(dir, man, RESLICE_OPEN);
+    void *pad = malloc((size_t)S * 4); /* a unit's padding: fewer than S elements */
+    if (!c || !pad || ckpt_units(&man->cfg, S2, &u2, &n2) < 0) {
         ftk_err_set("out of memory");
-        return -1;
+        goto out;
     }
-    for (int64_t i = 0; i < S; i++)
-        f[i] = -1;
     void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
     dtype_t dt = ckpt_state_dtype(man->meta.precision);
-    size_t es = dtype_size(dt);
     if (state_alloc(st, u2, n_units, S2, kinds, dt) < 0) /* zeros: past the old padding stays 0 */
         goto out;
     for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
-            const ckpt_unit_t *x = &man->units[u];
-            int64_t part = x->padded / S, part2 = u2[u].padded / S2;
-            int64_t a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
-            char *dst = (*arrays[k])[u];
-            for (int64_t i = a / part; i < S && i * part < b; i++) {
-                int64_t lo = a > i * part ? a : i * part, hi = b < (i + 1) * part ? b : (i + 1) * part;
-                if (f[i] < 0 && (f[i] = ckpt_shard_open(dir, man, i, 0)) < 0)
-                    goto out;
-                if (shard_read_at(f[i], man, k, u, lo - i * part, hi - lo, 0, dt, dst + (size_t)(lo - a) * es,
-                                  i * part) < 0) {
-                    char *p = shard_path(dir, man, i);
-                    if (p)
-                        ftk_err_prefix("%s: ", p);
-                    free(p);
-                    goto out;
-                }
-            }
+            int64_t part2 = u2[u].padded / S2, a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
+            int64_t old = man->units[u].padded, len = man->units[u].length;
+            if (a < old && ckpt_read_range(c, k, u, a, (b < old ? b : old) - a, dt, (*arrays[k])[u]) < 0)
+                goto out;
+            /* the old padding, which the new slices may not cover: zero, as ftk-verify requires */
+            if (old > len && ckpt_read_range(c, k, u, len, old - len, dt, pad) < 0)
+                goto out;
         }
     }
-    /* the old padding, which the new slices may not cover: zero, as ftk-verify requires */
-    if (check_padding(f, dir, man, kinds) < 0)
-        goto out;
     rc = 0;
 out:
-    for (int64_t i = 0; i < S; i++)
-        if (f[i] >= 0)
-            h5_close(f[i]);
-    free(f);
+    ckpt_shard_cache_free(c);
+    free(pad);
     free(u2);
     if (rc < 0)
         ckpt_state_free(st, n_units);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -178,7 +179,9 @@ int ckpt_shard_put_residual(ckpt_shard_writer_t *w, int unit, const float *data)
     return w->failed ? -1 : 0;
 }
 
-int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum)
+/* The first half of finishing: the tokenizer files, then the file closed (w->f = -1);
+ * 0, or -1 with the error set (w->failed then). */
+static int shard_close(ckpt_shard_writer_t *w, hid_t tok_src)
 {
     int rc = w->failed ? -1 : 0;
     if (rc == 0 && w->kind != CKPT_KINDS + w->residual) {
@@ -187,6 +190,7 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
     }
     if (w->g >= 0)
         H5Gclose(w->g);
+    w->g = -1;
     if (rc == 0 && tok_src >= 0) {
         hid_t g = h5_group_create(w->f, "tokenizer");
         if (g < 0)
@@ -203,8 +207,18 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
         ftk_err_prefix("%s: ", w->path);
         rc = -1;
     }
+    w->f = -1;
+    w->failed |= rc < 0;
+    return rc;
+}
+
+/* The second half, on a closed file: fsync (unless synced), size and checksum into *sum;
+ * releases w. */
+static int shard_sync(ckpt_shard_writer_t *w, int synced, ckpt_shard_sum_t *sum)
+{
+    int rc = w->failed ? -1 : 0;
     struct stat sb;
-    if (rc == 0 && (fsync_path(w->path) < 0 || hash_file(w->path, &sum->xxh3) < 0))
+    if (rc == 0 && ((!synced && fsync_path(w->path) < 0) || hash_file(w->path, &sum->xxh3) < 0))
         rc = -1;
     if (rc == 0 && stat(w->path, &sb) < 0) {
         ftk_err_set("%s: %s", w->path, strerror(errno));
@@ -217,6 +231,76 @@ int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *s
     free(w->path);
     free(w);
     return rc ? -1 : 0;
+}
+
+int ckpt_shard_finish(ckpt_shard_writer_t *w, hid_t tok_src, ckpt_shard_sum_t *sum)
+{
+    int rc = shard_close(w, tok_src);
+    return shard_sync(w, 0, sum) < 0 || rc < 0 ? -1 : 0;
+}
+
+/* Threads that fsync the closed files of ckpt_shard_finish_many() together. */
+#define SYNC_THREADS 16
+typedef struct {
+    ckpt_shard_writer_t **w;
+    int64_t n, next;
+    pthread_mutex_t mu;
+    char (*why)[512]; /* per file: "" synced, else why not */
+} sync_job_t;
+
+static void *sync_worker(void *p)
+{
+    sync_job_t *j = p;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        int64_t i = j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (i >= j->n)
+            return NULL;
+        if (!j->w[i]->failed && fsync_path(j->w[i]->path) < 0) /* its message is this thread's */
+            snprintf(j->why[i], sizeof j->why[i], "%s", ftk_err_msg());
+    }
+}
+
+int ckpt_shard_finish_many(ckpt_shard_writer_t **w, int64_t n, hid_t tok_src, ckpt_shard_sum_t *sums)
+{
+    int rc = 0;
+    char first[1024] = "";
+    for (int64_t i = 0; i < n; i++)
+        if (shard_close(w[i], i == 0 ? tok_src : -1) < 0 && !first[0]) {
+            snprintf(first, sizeof first, "%s", ftk_err_msg());
+            rc = -1;
+        }
+    /* A flush waits on the device, not the CPU: a few at once take little longer than one. */
+    sync_job_t job = {.w = w, .n = n, .why = calloc((size_t)(n > 0 ? n : 1), sizeof *job.why)};
+    pthread_t th[SYNC_THREADS];
+    int nt = 0, synced = job.why != NULL && pthread_mutex_init(&job.mu, NULL) == 0;
+    for (; synced && nt < SYNC_THREADS && nt < n; nt++)
+        if (pthread_create(&th[nt], NULL, sync_worker, &job) != 0)
+            break;
+    if (synced && !nt)
+        sync_worker(&job); /* no thread to be had: this one does it */
+    for (int t = 0; t < nt; t++)
+        pthread_join(th[t], NULL);
+    if (synced)
+        pthread_mutex_destroy(&job.mu);
+    for (int64_t i = 0; i < n; i++) {
+        if (synced && job.why[i][0]) {
+            if (!first[0])
+                snprintf(first, sizeof first, "%s", job.why[i]);
+            w[i]->failed = 1;
+            rc = -1;
+        }
+        if (shard_sync(w[i], synced, &sums[i]) < 0 && !first[0]) {
+            snprintf(first, sizeof first, "%s", ftk_err_msg());
+            rc = -1;
+        }
+        w[i] = NULL;
+    }
+    free(job.why);
+    if (first[0])
+        ftk_err_set("%s", first);
+    return rc;
 }
 
 static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_unit_t *units, int n_units,

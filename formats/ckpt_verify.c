@@ -110,16 +110,16 @@ static int check_extra(hid_t f, const char *path, void *p)
                 if (!strcmp(rest + l + 1, c->man->units[u].name))
                     return 0; /* checked with the unit arrays */
     }
-    int residual = c->man->meta.compress_grads[0] && !strncmp(rest, "grad_residual/", 14);
-    for (int u = 0; residual == 1 && u < c->man->n_units; u++)
-        if (!strcmp(rest + 14, c->man->units[u].name))
-            residual = 2;
-    /* compress_grads: the rank's residuals, whole units; shard 1: the tokenizer's files */
-    if (residual == 2 || (!strncmp(rest, "tokenizer/", 10) && c->index == 0)) {
+    int residual = ckpt_residual_unit(c->man, path);
+    if (residual >= 0) { /* compress_grads: the rank's residuals, whole units */
+        c->n++;
+        c->residuals++;
+        if (ckpt_shard_read_residual(f, c->man, residual, NULL) < 0)
+            BAD("%s: %s", c->spath, ftk_err_msg());
+    } else if (!strncmp(rest, "tokenizer/", 10) && c->index == 0) { /* shard 1: the tokenizer's files */
         uint64_t stored, computed;
         int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
         c->n++;
-        c->residuals += residual == 2;
         if (r < 0)
             BAD("%s: %s", c->spath, ftk_err_msg());
         else if (r > 0)

@@ -5,7 +5,9 @@
  * of every parameter exactly once, padding a multiple of S less S elements at most; every
  * shard file present, of the recorded size and checksum, holding the index, count, step and
  * shard map the manifest says; every dataset's checksum and type; padding zero; nothing but
- * the unit arrays and, in shard 1, the tokenizer files; with deep, no NaN/Inf. A run
+ * the unit arrays, in shard 1 the tokenizer files, and with the manifest's compress_grads
+ * one residual per unit (ckpt_shard_read_residual: shape, type, checksum and, deep or not,
+ * no NaN/Inf); with deep, no NaN/Inf in weights and moments. A run
  * directory: every committed checkpoint, `latest` naming one of them (and the newest), and
  * leftovers of unfinished writes (a warning: not damage).
  *

@@ -25,11 +25,18 @@ static const char *output, *strategy_opt, *precision_opt, *units_opt;
 static int64_t ranks, group_size;
 static int force;
 
+/* Files open at once, whatever the shard counts: output shards written together (one batch)
+ * and input shards kept open while they are read (a cache of the most recently used). */
+#define RESHARD_BATCH 16
+#define RESHARD_OPEN_IN 16
+
 OPTS_TABLE_BEGIN
 static const opt_t options[] = {
     {"output", 'o', OPT_STR, &output, "DIR",
      "the new checkpoint: RUN/step-NNNNNNNN, or a run directory RUN (the step is the input's)"},
-    {"ranks", 'n', OPT_I64, &ranks, "N", "ranks the checkpoint is for (required)", "1..99999"},
+    {"ranks", 'n', OPT_I64, &ranks, "N",
+     "ranks the checkpoint is for (required; at most 99999: shard files are numbered with five digits)",
+     "1..99999"},
     {"strategy", 0, OPT_STR, &strategy_opt, "S", "full | grad-op | none | hybrid | hpz (default: the input's)"},
     {"shard-group-size", 0, OPT_I64, &group_size, "G",
      "hybrid: ranks per shard group, the shard count (default: the input's, if hybrid)", "0..99999"},
@@ -49,11 +56,14 @@ static const opt_spec_t spec = {
     .summary = "Rewrites a training checkpoint (a step-NNNNNNNN directory, a run directory or its\n"
                "`latest` file) for another number of ranks or another sharding strategy: master\n"
                "weights, both AdamW moments, step, data-order state, seed and schedule carried over,\n"
-               "new shard files, checksums and manifest. Every input shard's checksum and every\n"
-               "dataset's is verified before it is used. Streams one unit (a transformer block, the\n"
-               "embedding or the head) of one array at a time, so memory stays near the largest\n"
-               "unit's size whatever the model's. Writes under a hidden name, fsyncs, renames, then\n"
-               "points RUN/latest at the new checkpoint, like ftk-train.\n"
+               "new shard files, checksums and manifest. Every input shard's checksum is verified\n"
+               "before it is used (and every dataset's where it is read whole). Streams one unit (a\n"
+               "transformer block, the embedding or the head) of one array at a time and writes the\n"
+               "new shards 16 files at a time, keeping at most 16 input files open, so memory stays\n"
+               "near the largest unit's size and open files under 40 whatever the model and the rank\n"
+               "counts (99999 ranks of a tiny model: 34 MB; the time grows with the number of files).\n"
+               "Writes under a hidden name, fsyncs, renames, then points RUN/latest at the new\n"
+               "checkpoint, like ftk-train.\n"
                "The shard count is N (hybrid: G, one replica group's). ftk-train --resume also\n"
                "reshards on load; this tool is for moving a checkpoint between machines or layouts.\n"
                "It takes the output run directory's lock (RUN/.lock) as ftk-train does, so that\n"
@@ -269,8 +279,9 @@ int main(int argc, char **argv)
     char *lock_path = NULL;
     double t0 = time_now();
     int64_t S = man.meta.shard_count;
-    hid_t *in = calloc((size_t)S, sizeof *in);
-    ckpt_shard_writer_t **out = calloc((size_t)S2, sizeof *out);
+    int64_t B = S2 < RESHARD_BATCH ? S2 : RESHARD_BATCH;
+    ckpt_shard_cache_t *in = ckpt_shard_cache_new(dir, &man, RESHARD_OPEN_IN);
+    ckpt_shard_writer_t **out = calloc((size_t)B, sizeof *out);
     ckpt_shard_sum_t *sums = calloc((size_t)S2, sizeof *sums);
     int64_t maxpad = 0;
     for (int u = 0; u < man.n_units; u++) {
@@ -283,10 +294,9 @@ int main(int argc, char **argv)
         rc = FTK_EXIT_FAIL;
         goto done;
     }
-    for (int64_t i = 0; i < S; i++)
-        in[i] = -1;
 
-    /* Verify before trusting: every input file's checksum (then every dataset's as it is read). */
+    /* Verify before trusting: every input file's checksum, size and attributes, one file
+     * open at a time (then every dataset's checksum where it is read whole, its padding). */
     progress_t p;
     uint64_t in_bytes = 0;
     for (int64_t i = 0; i < S; i++)
@@ -294,12 +304,14 @@ int main(int argc, char **argv)
     progress_start(&p, "verifying", (int64_t)in_bytes, "bytes");
     uint64_t seen = 0;
     for (int64_t i = 0; i < S; i++) {
-        if ((in[i] = ckpt_shard_open(dir, &man, i, 1)) < 0) {
+        hid_t f = ckpt_shard_open(dir, &man, i, 1);
+        if (f < 0) {
             progress_done(&p);
             ftk_error("%s", ftk_err_msg());
             rc = FTK_EXIT_USAGE;
             goto done;
         }
+        h5_close(f);
         seen += man.shards[i].bytes;
         progress_update(&p, (int64_t)seen);
     }
@@ -342,46 +354,54 @@ int main(int argc, char **argv)
         goto done;
     }
     rc = FTK_EXIT_FAIL;
-    for (int64_t j = 0; j < S2; j++)
-        if (!(out[j] = ckpt_shard_create(w.dir, &meta, units2, n2, j))) {
-            ftk_error("%s", ftk_err_msg());
-            goto abort;
-        }
-    progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units, "arrays");
-    for (int k = 0; k < CKPT_KINDS; k++) {
-        for (int u = 0; u < man.n_units; u++) {
-            if (ckpt_read_unit(in, &man, k, u, dt2, buf) < 0) {
+    /* The new shards in batches of B files [j0, j0 + nb): each unit of each array is read
+     * for the batch's slices only, so every input element is still read once in all. */
+    progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units * ((S2 + B - 1) / B), "arrays");
+    uint64_t out_bytes = 0;
+    int64_t done_arrays = 0;
+    for (int64_t j0 = 0; j0 < S2; j0 += B) {
+        int64_t nb = S2 - j0 < B ? S2 - j0 : B;
+        for (int64_t j = 0; j < nb; j++)
+            if (!(out[j] = ckpt_shard_create(w.dir, &meta, units2, n2, j0 + j))) {
                 progress_done(&p);
-                ftk_error("%s: %s", dir, ftk_err_msg());
-                rc = FTK_EXIT_USAGE;
+                ftk_error("%s", ftk_err_msg());
                 goto abort;
             }
-            /* Elements past the old padding (a larger new padding) are zero; so are the
-             * old padding's, which a smaller new padding drops. */
-            if (units2[u].padded > man.units[u].padded)
-                memset(buf + (size_t)man.units[u].padded * es, 0,
-                       (size_t)(units2[u].padded - man.units[u].padded) * es);
-            int64_t part = units2[u].padded / S2;
-            for (int64_t j = 0; j < S2; j++)
-                if (ckpt_shard_put(out[j], k, u, buf + (size_t)(j * part) * es) < 0) {
+        for (int k = 0; k < CKPT_KINDS; k++) {
+            for (int u = 0; u < man.n_units; u++) {
+                int64_t part = units2[u].padded / S2, old = man.units[u].padded;
+                int64_t a = j0 * part, b = (j0 + nb) * part, last = j0 + nb == S2;
+                /* The batch's elements that the input holds; the last batch also reads the
+                 * old padding past the new one, to check that it is zero. */
+                int64_t end = last && old > b ? old : b < old ? b : old;
+                if (end > a && ckpt_read_range(in, k, u, a, end - a, dt2, buf) < 0) {
                     progress_done(&p);
-                    ftk_error("%s", ftk_err_msg());
+                    ftk_error("%s: %s", dir, ftk_err_msg());
+                    rc = FTK_EXIT_USAGE;
                     goto abort;
                 }
-            progress_update(&p, (int64_t)k * man.n_units + u + 1);
+                /* Elements past the old padding (a larger new padding) are zero. */
+                if (b > old)
+                    memset(buf + (size_t)((old > a ? old : a) - a) * es, 0, (size_t)(b - (old > a ? old : a)) * es);
+                for (int64_t j = 0; j < nb; j++)
+                    if (ckpt_shard_put(out[j], k, u, buf + (size_t)(j * part) * es) < 0) {
+                        progress_done(&p);
+                        ftk_error("%s", ftk_err_msg());
+                        goto abort;
+                    }
+                progress_update(&p, ++done_arrays);
+            }
         }
+        hid_t tok = j0 == 0 ? ckpt_shard_cache_get(in, 0) : -1;
+        if ((j0 == 0 && tok < 0) || ckpt_shard_finish_many(out, nb, tok, sums + j0) < 0) {
+            progress_done(&p);
+            ftk_error("%s", ftk_err_msg());
+            goto abort; /* releases out[] where the tokenizer could not be had */
+        }
+        for (int64_t j = 0; j < nb; j++)
+            out_bytes += sums[j0 + j].bytes;
     }
     progress_done(&p);
-    uint64_t out_bytes = 0;
-    for (int64_t j = 0; j < S2; j++) {
-        ckpt_shard_writer_t *x = out[j];
-        out[j] = NULL;
-        if (ckpt_shard_finish(x, j == 0 ? in[0] : -1, &sums[j]) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            goto abort;
-        }
-        out_bytes += sums[j].bytes;
-    }
     if (carry_history(dir, run, meta.step) < 0) {
         ftk_error("%s", ftk_err_msg());
         carried_done(1);
@@ -416,7 +436,7 @@ int main(int argc, char **argv)
     rc = FTK_EXIT_OK;
     goto done;
 abort:
-    for (int64_t j = 0; j < S2; j++)
+    for (int64_t j = 0; j < B; j++)
         if (out[j]) {
             ckpt_shard_sum_t dummy;
             ckpt_shard_finish(out[j], -1, &dummy);
@@ -447,10 +467,7 @@ done:
     if (lock_fd >= 0)
         close(lock_fd);
     free(lock_path);
-    for (int64_t i = 0; in && i < S; i++)
-        if (in[i] >= 0)
-            h5_close(in[i]);
-    free(in);
+    ckpt_shard_cache_free(in);
     free(out);
     free(sums);
     free(buf);

@@ -21,6 +21,8 @@
 #    /grad_residual/UNIT in every shard file, ftk-verify checks them); the same checkpoint
 #    through ftk-reshard (which drops the residuals, warning) resumes to other losses;
 #    A background save (--async-save) holds them too: a resume from it is bit for bit;
+#    a residual forged one element short is damage to ftk-verify and to --resume auto, which
+#    falls back to the checkpoint before (and its step 3 is the uninterrupted run's);
 #  - usage errors (exit 2 naming the option, nothing written): another value of either
 #    option; --compress-grads with hybrid, none or bf16-true.
 # Usage: tests/cli/compress.sh BIN_DIR WORK_DIR [long]
@@ -183,6 +185,32 @@ if [ -s "$WORK/l.drop" ] && ! cmp -s "$WORK/l.drop" "$WORK/l.whole"; then
     ok "... and other losses: the residuals matter to bit-exactness"
 else
     notok "... the same losses without the residuals"
+fi
+
+# a residual forged one element short (checksums and seal recomputed): damage to ftk-verify and
+# to the resume, which falls back to step 2 and continues bit for bit (it once verified, and the
+# resume exited 1 with no fall-back)
+if "$PY" -c 'import h5py' 2>/dev/null; then
+    rm -rf "$WORK/forged" && cp -r "$WORK/whole" "$WORK/forged"
+    F=$WORK/forged/step-00000004
+    n=$(sed -n 's/.*"name": "layer.0", "length": [0-9]*, "padded": \([0-9]*\).*/\1/p' "$F/manifest.json")
+    "$PY" "$ROOT/tests/fault/forge.py" "$F/shard-00002-of-00002.h5" /grad_residual/layer.0 reshape:$((n - 1)) \
+        >/dev/null && "$PY" "$ROOT/tests/fault/forge.py" "$F/manifest.json" --sums >/dev/null || notok "forging failed"
+    expect "a residual one element short: ftk-verify exit 3" 3 $BIN/ftk-verify "$F"
+    grep -q "shard-00002-of-00002.h5: dataset /grad_residual/layer.0: shape \[$((n - 1))\], not \[$n\]" "$WORK/err" &&
+        ok "... names the dataset and its shape" || notok "... $(cat "$WORK/err")"
+    expect "... --resume auto falls back to step 2 (exit 75 after a step)" 75 $TO $MPI -np 2 $R -o "$WORK/forged" \
+        --resume auto --stop-after 1
+    grep -q "step-00000004 is damaged (.*grad_residual/layer.0" "$WORK/err" && ok "... says step 4 is damaged" ||
+        notok "... $(cat "$WORK/err")"
+    a=$(loss_steps "$WORK/forged" | sed -n 3p) b=$(loss_steps "$WORK/whole" | sed -n 3p)
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then
+        ok "... step 3 from step 2's residuals: the uninterrupted run's loss, bit for bit"
+    else
+        notok "... step 3's loss differs from the uninterrupted run's"
+    fi
+else
+    echo "skip the forged residual ($PY lacks h5py)"
 fi
 
 for x in "--compress-grads int8|need off or bf16" "--compress-grads bf16 --strategy hybrid|for --strategy full or grad-op" \

@@ -27,6 +27,14 @@ check() { # check NAME CMD...: the command succeeds (a condition)
     shift
     if "$@"; then ok "$name"; else notok "$name"; fi
 }
+# few_files N CMD...: CMD with at most N open descriptors (ulimit -n N); its peak resident
+# memory in KB into $WORK/rss (through /usr/bin/python3, or $PY)
+few_files() {
+    (ulimit -n "$1" && shift && exec "${PY:-/usr/bin/python3}" -c 'import resource, subprocess, sys
+r = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write("%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(r)' "$WORK/rss" "$@")
+}
 # The embedded demo as test inputs (callers set BIN and ROOT; DEMO_TOOLS, set after this
 # file is read, is where ftk-pack and ftk-init are instead: the emulated tests' BIN has
 # ftk-train alone).

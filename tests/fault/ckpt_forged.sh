@@ -6,7 +6,9 @@
 # too: a negative data.rows_consumed was a segfault in the trainer); a shard whose padding
 # is not zero, or that holds a dataset the shard map does not (checksums recomputed), is
 # refused by ftk-reshard and ftk-merge as by ftk-verify, not turned into a checkpoint that
-# verifies; a manifest of an older ftk (no seal) is read, with a warning.
+# verifies; a manifest of an older ftk (no seal) is read, with a warning; a units_policy not
+# spelt as ftk writes it (size:1KiB) is refused; --compress-grads residuals of another shape or
+# type, missing or NaN are damage to ftk-verify and to --resume auto, which falls back.
 # Usage: tests/fault/ckpt_forged.sh BIN_DIR WORK_DIR   (needs /usr/bin/python3 with h5py)
 set -u
 BIN=$1 WORK=$2
@@ -66,6 +68,8 @@ forged "learning rate -1" train.lr -1 '"train.lr" is -1'
 forged "world size 3 for one shard" world_size 3 '"shard_count" 1 is not "world_size" 3'
 forged "a unit's padded length" units.1.padded 99999999 'unit 1 (layer.0, .*) does not match' all
 forged "a tensor's offset" units.1.tensors.2.offset 7 'unit layer.0, tensor 2: name, shape or offset'
+forged "units_policy size:1KiB (the manifest spells sizes in digits)" units_policy '"size:1KiB"' \
+    '"units_policy" is "size:1KiB", not as ftk writes it (size:1024' all
 
 # the seal: an edit without it
 rm -rf "$WORK/f" && cp -r "$WORK/run" "$WORK/f"
@@ -98,4 +102,32 @@ rm -rf "$WORK/f" && cp -r "$WORK/run" "$WORK/f"
     "$WORK/f/$C/shard-00001-of-00001.h5" && $FORGE "$WORK/f/$C/manifest.json" --sums >/dev/null ||
     notok "extra dataset: forging failed"
 refused "a dataset not in the shard map" "unexpected dataset /extra (not in the shard map)" all
+
+# --compress-grads residuals (/grad_residual/UNIT): only runs on several ranks write them, so
+# tests/fault/forge_residual.py gives a one-process run's step-2 checkpoint residuals as they
+# write them, then forges one (checksums, sizes and seal recomputed). ftk-verify names each
+# forgery (exit 3); ftk-train --resume auto takes it for damage, as ftk-verify does, and falls
+# back to step 1 (once verify passed these and the resume exited 1 or trained on NaN).
+expect "a run with checkpoints at steps 1 and 2" 75 $T -o "$WORK/g" --save-every 1 --stop-after 2
+$PY "$ROOT/tests/fault/forge_residual.py" "$WORK/g" ok short long float64 int32 2d nogroup nan >/dev/null ||
+    notok "residuals: forging failed"
+expect "residuals as a run writes them: ftk-verify exit 0" 0 "$BIN/ftk-verify" "$WORK/g-ok"
+n=$(sed -n 's/.*"name": "layer.0", "length": [0-9]*, "padded": \([0-9]*\).*/\1/p' "$WORK/g/$C/manifest.json")
+for x in "short|dataset /grad_residual/layer.0: shape \[$((n - 1))\], not \[$n\]" \
+    "long|dataset /grad_residual/layer.0: shape \[$((n + 1))\], not \[$n\]" \
+    "float64|dataset /grad_residual/layer.0: stored as float64, not float32" \
+    "int32|dataset /grad_residual/layer.0: stored as int32, not float32" \
+    "2d|dataset /grad_residual/layer.0: shape \[1, $n\], not \[$n\]" \
+    "nogroup|0 of the 4 /grad_residual datasets the manifest's compress_grads asks for" \
+    "nan|dataset /grad_residual/layer.0: 1 NaN and 0 infinite values"; do
+    case=${x%%|*} pat=${x#*|}
+    expect "residual $case: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$WORK/g-$case"
+    says "residual $case: ftk-verify names it" "$pat"
+done
+for case in short nogroup nan; do
+    expect "residual $case: ftk-train --resume auto falls back (exit 75 after a step)" 75 "$BIN/ftk-train" ${T#*-q } \
+        -o "$WORK/g-$case" --save-every 1 --resume auto --stop-after 1
+    says "residual $case: ... says step 2 is damaged" "$C is damaged (.*grad_residual"
+    says "residual $case: ... resumes from step 1" "resuming from .*step-00000001"
+done
 finish

@@ -170,7 +170,7 @@ expect "ftk-export-hf -o DIR --force over an earlier export: exit 0" 0 "$BIN/ftk
 if command -v gdb >/dev/null; then
     $T -m "$WORK/w.h5" --steps 2 -o "$WORK/run" || exit 1
     for sig in SIGTERM SIGINT; do
-        gdb -q -batch -ex 'handle SIGTERM SIGINT nostop noprint pass' -ex 'break ckpt_shard_finish' -ex run -ex "signal $sig" \
+        gdb -q -batch -ex 'handle SIGTERM SIGINT nostop noprint pass' -ex 'break ckpt_shard_finish_many' -ex run -ex "signal $sig" \
             --args "$BIN/ftk-reshard" -q "$WORK/run" -o "$WORK/rs/step-00000002" --ranks 2 >"$WORK/gdb.out" 2>&1
         if grep -q "terminated with signal $sig" "$WORK/gdb.out"; then
             ok "ftk-reshard: $sig while writing its shards ends it"
@@ -181,7 +181,7 @@ if command -v gdb >/dev/null; then
         check "... and leaves no temporary checkpoint and no run directory" test ! -e "$WORK/rs"
     done
     mkdir "$WORK/rs"
-    gdb -q -batch -ex 'handle SIGTERM SIGINT nostop noprint pass' -ex 'break ckpt_shard_finish' -ex run -ex "signal SIGTERM" \
+    gdb -q -batch -ex 'handle SIGTERM SIGINT nostop noprint pass' -ex 'break ckpt_shard_finish_many' -ex run -ex "signal SIGTERM" \
         --args "$BIN/ftk-reshard" -q "$WORK/run" -o "$WORK/rs/step-00000002" --ranks 2 >"$WORK/gdb.out" 2>&1
     check "SIGTERM, in a run directory it was given: the directory stays, holding only its lock file" \
         test -d "$WORK/rs" -a -z "$(ls -A "$WORK/rs" | grep -vx '\.lock')"
