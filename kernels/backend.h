@@ -57,8 +57,9 @@
  *    per-thread scratch (attention rows, the loss's per-row sums) abort if even that
  *    cannot be allocated.
  *  - Determinism: for a given backend and thread count every op gives the same bits on
- *    every call; the CPU ops also give the same bits for any thread count except fp32
- *    matmul, which is BLAS's. Bit-exact resume depends on this.
+ *    every call; the CPU ops also give the same bits for any thread count (matmul too:
+ *    cpu.c cuts a product into tiles fixed by its shape, one single-threaded BLAS call
+ *    each). Bit-exact resume, on any -j, depends on this.
  *
  * ## Streams and events
  *

@@ -147,7 +147,8 @@ static const opt_t options[] = {
     {"ranks", 0, OPT_INT, &plan_ranks, "N", "--plan: the number of ranks to plan for", PLAN_RANKS_RANGE},
     {"preset", 0, OPT_STR, &preset, "NAME", "--plan: a named model shape (ftk-init --preset) instead of --model"},
     {"max-len", 0, OPT_I64, &plan_max_len, "N", "--plan: tokens per row (default: --data's max_len)", "0..1048576"},
-    {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores)", OPTS_THREADS_RANGE},
+    {"threads", 'j', OPT_INT, &threads, "N", "threads per rank (0: all cores); the bits do not depend on it",
+     OPTS_THREADS_RANGE},
     {"allow-other-tokenizer", 0, OPT_FLAG, &allow_other_tokenizer, NULL,
      "train on data packed with a tokenizer other than the one --model holds (refused by default: the ids "
      "would mean other pieces)"},
@@ -196,6 +197,9 @@ static const opt_spec_t spec = {
         "--lr, --min-lr, --warmup and --schedule change; another --precision needs the checkpoint converted\n"
         "first (ftk-reshard --precision). auto takes the newest checkpoint that verifies, falling back past\n"
         "damaged ones.\n"
+        "-j changes the speed only: the same bits on any number of threads, so a resume may use another\n"
+        "(it is not kept in OUT/options.yaml). On another number of ranks a run continues from the same\n"
+        "state within rounding (the gradients are summed in another order; docs/training.md).\n"
         "Precision (docs/design.md): fp32 = everything float32 (16 bytes per parameter with AdamW);\n"
         "bf16-mixed = float32 master weights and moments, a bf16 working copy gathered in bf16, bf16\n"
         "activations, gradients reduced in float32 (16 + 2 bytes per parameter); bf16-true = weights,\n"

@@ -5,16 +5,18 @@
  * Dtypes. Every op computes in fp32 on fp32 rows: a bf16 input row is widened into
  * per-thread scratch first, a bf16 output row is computed in scratch and rounded to
  * nearest even once when stored (an op that adds into bf16 widens the old row, adds, and
- * rounds the sum). An f32 buffer is used in place, so the f32 path runs exactly the
- * arithmetic it ran before bf16 existed: same bits. bf16 products widen tiles of A and B
- * into the instance's workspace and multiply them with BLAS in fp32 (bf16 × bf16 is exact
- * in fp32), accumulating each C tile over K in fp32 and rounding it once.
+ * rounds the sum). An f32 buffer is used in place, so the f32 path converts nothing.
+ * bf16 products widen tiles of A and B into the instance's workspace and multiply them
+ * with BLAS in fp32 (bf16 × bf16 is exact in fp32), accumulating each C tile over K in
+ * fp32 and rounding it once.
  *
  * Determinism (backend.h): work is split so that every output element is computed by
  * one thread in a fixed order, and reductions across threads (Σx², the loss) sum
  * fixed-size blocks then add the block sums in order, so the result does not depend on
- * the number of threads. Dot products use 8 independent partial sums, which lets the
- * compiler vectorise them without -ffast-math. */
+ * the number of threads. Products are cut into tiles fixed by the shapes, each made by
+ * one BLAS call on one thread (BLAS's own threading splits K differently on different
+ * thread counts). Dot products use 8 independent partial sums, which lets the compiler
+ * vectorise them without -ffast-math. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -27,6 +29,10 @@
 #include "../../libcommon/log.h"
 #include "../backend.h"
 #include "../sround.h"
+
+/* OpenBLAS's own (declared here too: another cblas.h may lack them); ftk links OpenBLAS. */
+int openblas_get_parallel(void); /* 0 sequential, 1 its own threads, 2 OpenMP's */
+void openblas_set_num_threads(int n);
 
 typedef struct {
     float *ws;     /* BK_CPU_WORKSPACE_BYTES: the A, B and C tiles of bf16 products */
@@ -209,6 +215,25 @@ static void widen_tile(float *t, bk_buf_t x, int64_t ldx, int64_t r0, int64_t ro
 
 #define MM_STRIP 64 /* rows of a bf16 product's tile per BLAS call */
 
+/* fp32 products: C in square tiles of mm_tile() elements a side, each made by one BLAS
+ * call over the whole of K on one thread, from inside a parallel loop. A threaded BLAS
+ * splits a call its own way, and OpenBLAS blocks K one way on one thread and another on
+ * several (an sgemm with K = 1000 differs in the last bits between 1 and 2 threads), so
+ * one call for the whole product would make the bits depend on the thread count. The
+ * tiles depend on M and N only: from 512 down to 64 until there are MM_TILES of them, so a
+ * product has work for many cores and a large tile keeps BLAS's blocking efficient. */
+#define MM_TILE_MAX 512
+#define MM_TILE_MIN 64
+#define MM_TILES 64
+
+static int64_t mm_tile(int64_t M, int64_t N)
+{
+    int64_t t = MM_TILE_MAX;
+    while (t > MM_TILE_MIN && ((M + t - 1) / t) * ((N + t - 1) / t) < MM_TILES)
+        t /= 2;
+    return t;
+}
+
 static void cpu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
                        bk_buf_t B, float beta, bk_buf_t C)
 {
@@ -216,8 +241,18 @@ static void cpu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int6
     if (same_dt(be, "matmul", 2, ab) < 0 || check_dt(be, "matmul", 1, &C) < 0 || M == 0 || N == 0)
         return;
     if (A.dt == DT_F32 && C.dt == DT_F32) {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                    (int)K, alpha, A.p, ta ? (int)M : (int)K, B.p, tb ? (int)K : (int)N, beta, C.p, (int)N);
+        const float *a = A.p, *b = B.p;
+        float *c = C.p;
+        int64_t T = mm_tile(M, N), tn = (N + T - 1) / T, nt_all = (M + T - 1) / T * tn;
+        int64_t lda = ta ? M : K, ldb = tb ? K : N;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < nt_all; t++) {
+            int64_t i0 = t / tn * T, j0 = t % tn * T;
+            int64_t mt = M - i0 < T ? M - i0 : T, nt = N - j0 < T ? N - j0 : T;
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)mt, (int)nt,
+                        (int)K, alpha, ta ? a + i0 : a + i0 * lda, (int)lda, tb ? b + j0 * ldb : b + j0, (int)ldb,
+                        beta, c + i0 * N + j0, (int)N);
+        }
         return;
     }
     /* Tiles: C[i0.., j0..] accumulates op(A)[i0.., k0..]·op(B)[k0.., j0..] over k0 in fp32,
@@ -1034,6 +1069,12 @@ backend_t *backend_cpu_new(void)
         return NULL;
     }
     be->ctx = c;
+    /* Every product calls BLAS from inside a parallel loop, one call per thread. OpenBLAS's
+     * OpenMP build then runs each call on its thread; a build with threads of its own would
+     * split each call again by the machine's core count: make it run them on one. (In the
+     * OpenMP build openblas_set_num_threads would also set OpenMP's count, -j.) */
+    if (openblas_get_parallel() == 1)
+        openblas_set_num_threads(1);
     be->destroy = cpu_destroy;
     be->mem_alloc = cpu_mem_alloc;
     be->mem_free = cpu_mem_free;

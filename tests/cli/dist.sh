@@ -1,6 +1,7 @@
 #!/bin/sh
 # CLI tests of distributed training (real MPI ranks on this machine, mpirun --oversubscribe):
-#  - bit-exact resume at the same world size and strategy: stopped by --stop-after, by
+#  - bit-exact resume at the same world size and strategy (whatever the threads per rank:
+#    2 ranks stopped on -j 2 and resumed on -j 0 against -j 1): stopped by --stop-after, by
 #    SIGTERM to one rank, by SIGUSR1 to mpirun (each aimed at a step by FTK_FAULT); identical losses and byte-identical shard
 #    files (weights and both AdamW moments) against the uninterrupted run; also in
 #    bf16-true and bf16-mixed (--stop-after; SIGTERM to one rank in bf16-true);
@@ -79,12 +80,16 @@ for cfg in "2 full" "3 grad-op" "4 hybrid --shard-group-size 2" "2 none" "2 full
     [ "${1:-}" = --precision ] && prec=$2
     tag="$np ranks, $strat${prec:+, $prec}"
     R="$WORK/ref-$np-$strat${prec:+-$prec}"
+    # 2 ranks, full, fp32: stopped on 2 threads a rank and resumed on all the cores (-j 0),
+    # against the reference's 1: the thread count changes the speed only
+    jstop= jres=
+    [ "$cfg" = "2 full" ] && jstop="-j 2" jres="-j 0"
     expect "$tag: 12 steps uninterrupted" 0 $TO $MPI -np "$np" $T -q -o "$R" --steps 12 --save-every 4 \
         --strategy "$strat" "$@"
-    expect "$tag: --stop-after 5: exit 75" 75 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 \
-        --stop-after 5 --strategy "$strat" "$@"
-    expect "$tag: --resume auto" 0 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 --resume auto \
-        --strategy "$strat" "$@"
+    expect "$tag: --stop-after 5${jstop:+ ($jstop)}: exit 75" 75 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 \
+        --save-every 4 --stop-after 5 --strategy "$strat" $jstop "$@"
+    expect "$tag: --resume auto${jres:+ ($jres)}" 0 $TO $MPI -np "$np" $T -q -o "$R.b" --steps 12 --save-every 4 \
+        --resume auto --strategy "$strat" $jres "$@"
     losses "$R" >"$WORK/la"
     losses "$R.b" >"$WORK/lb"
     same "$tag: resumed losses identical at every step" "$WORK/lb" "$WORK/la"

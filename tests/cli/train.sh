@@ -11,12 +11,16 @@
 #    (exit 2, naming --precision and ftk-reshard --precision), accepted after ftk-reshard
 #    --precision fp32; --rounding nearest on a stochastic bf16-true run resumes with a
 #    warning naming --rounding;
+#  - the thread count changes the speed only: -j 1 and -j 3 give the same shard bytes and
+#    metrics in each precision (fp32 only in quick), and a run stopped on -j 2 resumes on
+#    -j 0 to the same bits;
 #  - refusals: inconsistent resume options, another run's directory, damaged checkpoint,
 #    vocabulary mismatch — each exit 2 with a message, no checkpoint written;
 #  - learning: loss goes down on the demo data; generate from a run directory.
 # Usage: tests/cli/train.sh BIN_DIR WORK_DIR DATA_DIR [quick]
 #   quick (the sanitizer build's run): the demo-data runs on tiny's shape instead of
-#   stories260K's, the same options and checks (a third of the time under ASan)
+#   stories260K's, the same options and checks (a third of the time under ASan), and the
+#   thread-count check in fp32 only
 set -u
 BIN=$1 WORK=$2 DATA=$3 QUICK=${4:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -247,6 +251,36 @@ for prec in bf16-mixed bf16-true; do
     losses "$W-c" >"$WORK/lc"
     same "$prec: after SIGTERM + resume: identical losses" "$WORK/lc" "$WORK/la"
 done
+
+# --- the thread count changes the speed only ----------------------------------------------
+# -j 1 and 3 (more threads than this machine may have cores) give the same checkpoint bytes
+# and metrics in each precision; an fp32 run stopped on 2 threads resumes on all the cores
+# (-j 0, what `ftk-train -o RUN --resume auto` takes) to the same bits again. Rows of 249
+# tokens make the weight gradients' products sum over K = 996 and 498 tokens, more than
+# BLAS's K block, which OpenBLAS cuts one way on one thread and another on several. (The
+# sanitizer build's run: fp32 only; test_ops runs every op's threads under it.)
+demo_pack "$WORK/demo249.h5" 249 2>/dev/null
+J="$BIN/ftk-train -m $WORK/tiny.h5 -d $WORK/demo249.h5 --global-batch 10 --micro-batch 4 --lr 5e-3 --warmup 2 -q
+    --steps 2 --save-every 2 --eval-every 2"
+metrics_of() { losses "$1"; vals "$1"; }
+precs="fp32 bf16-mixed bf16-true"
+[ "$QUICK" = quick ] && precs=fp32
+for prec in $precs; do
+    expect "$prec, -j 1: 2 steps" 0 $J --precision $prec -j 1 -o "$WORK/j1-$prec"
+    expect "$prec, -j 3: 2 steps" 0 $J --precision $prec -j 3 -o "$WORK/j3-$prec"
+    same "$prec: -j 3 gives -j 1's final shard, byte for byte" "$WORK/j3-$prec/step-00000002/$SH" \
+        "$WORK/j1-$prec/step-00000002/$SH"
+    metrics_of "$WORK/j3-$prec" >"$WORK/lj"
+    metrics_of "$WORK/j1-$prec" >"$WORK/l1"
+    same "$prec: -j 3 gives -j 1's losses, gradient norms and validation losses" "$WORK/lj" "$WORK/l1"
+done
+expect "fp32, -j 2: stop after step 1" 75 $J -j 2 -o "$WORK/jr" --stop-after 1
+expect "... resume auto on all the cores (-j 0)" 0 $J -j 0 -o "$WORK/jr" --resume auto
+same "... final shard byte-identical to -j 1's uninterrupted run" "$WORK/jr/step-00000002/$SH" \
+    "$WORK/j1-fp32/step-00000002/$SH"
+metrics_of "$WORK/jr" >"$WORK/lj"
+metrics_of "$WORK/j1-fp32" >"$WORK/l1"
+same "... and its losses, gradient norms and validation losses" "$WORK/lj" "$WORK/l1"
 
 # Bad usage and inputs.
 expect "no --data: exit 2" 2 "$BIN/ftk-train" -m "$WORK/init.h5" -o "$WORK/x"
