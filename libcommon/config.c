@@ -349,8 +349,15 @@ static int load_value(loader_t *L, const char *path, yaml_mark_t m, int depth)
             rc = set_opt(L, o, path, v, m);
         else if (a)
             rc = alias_values(L, a, path, &v, 1, m);
-        else
-            rc = at(L, m, "%s: not an option of this tool (see --help; - and _ are the same)", KEY(path));
+        else {
+            char hint[192] = "";
+            if (!strchr(path, '.')) {
+                const opt_t *tables[] = {L->s->opts, NULL};
+                opts_suggest(tables, path, strlen(path), hint, sizeof hint);
+            }
+            rc = at(L, m, "%s: not an option of this tool (%s%ssee --help; - and _ are the same)", KEY(path), hint,
+                    hint[0] ? "; " : "");
+        }
         yaml_event_delete(&e);
         return rc;
     }

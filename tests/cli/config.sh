@@ -121,6 +121,8 @@ refuse() { # refuse NAME MESSAGE YAML-TEXT
 }
 refuse "an unknown key" "bad.yaml: line 2, column 1: learning_rat: not an option of this tool" "steps: 2
 learning_rat: 1e-3"
+refuse "a misspelt key" "line 1, column 1: min_lrr: not an option of this tool (did you mean .--min-lr.?; see --help" \
+    "min_lrr: 1e-5"
 refuse "a flag that is not true or false" "line 1, column 1: decay-norms: a flag: true or false" "decay-norms: maybe"
 refuse "LitGPT's quantize" "line 1, column 1: quantize: ftk trains full-precision weights" "quantize: bnb.nf4"
 refuse "another optimizer" "optimizer.class_path: \"torch.optim.SGD\" is not a value ftk has an equivalent of" \
