@@ -1,12 +1,17 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int ftk_quiet = 0;
 static atomic_int stderr_errno; /* the first failed message's errno (0: none failed) */
+static volatile sig_atomic_t stderr_unstalled; /* O_NONBLOCK set on fd 2 by ftk_stderr_unstall() */
 static const char *tool_name = "ftk";
 static _Thread_local char err_buf[2048];
 
@@ -18,9 +23,16 @@ static void vmsg(const char *kind, const char *fmt, va_list ap)
     int saved = errno; /* a caller may report, then look at errno */
     char line[4096];
     vsnprintf(line, sizeof line, fmt, ap);
-    errno = 0;
-    int n = kind ? fprintf(stderr, "%s: %s: %s\n", tool_name, kind, line)
-                 : fprintf(stderr, "%s: %s\n", tool_name, line);
+    int n;
+    /* EINTR: a signal came while the pipe was full; once ftk_stderr_unstall() ran (the
+     * signal's handler), the next try cannot wait (EAGAIN), and before, it waits again */
+    for (int tries = 0;; tries++) {
+        errno = 0;
+        n = kind ? fprintf(stderr, "%s: %s: %s\n", tool_name, kind, line) : fprintf(stderr, "%s: %s\n", tool_name, line);
+        if (n >= 0 || errno != EINTR || tries == 3)
+            break;
+        clearerr(stderr);
+    }
     if (n < 0) {
         int e = errno ? errno : EIO, none = 0;
         atomic_compare_exchange_strong(&stderr_errno, &none, e);
@@ -30,6 +42,25 @@ static void vmsg(const char *kind, const char *fmt, va_list ap)
 }
 
 int ftk_stderr_errno(void) { return atomic_load(&stderr_errno); }
+
+void ftk_stderr_unstall(void)
+{
+    int saved = errno; /* a signal handler's */
+    struct stat sb;
+    int fl = fcntl(2, F_GETFL);
+    if (!stderr_unstalled && fl >= 0 && !(fl & O_NONBLOCK) && fstat(2, &sb) == 0 && S_ISFIFO(sb.st_mode) &&
+        fcntl(2, F_SETFL, fl | O_NONBLOCK) == 0)
+        stderr_unstalled = 1;
+    errno = saved;
+}
+
+void ftk_stderr_restore(void)
+{
+    int fl = fcntl(2, F_GETFL);
+    if (stderr_unstalled && fl >= 0)
+        fcntl(2, F_SETFL, fl & ~O_NONBLOCK);
+    stderr_unstalled = 0;
+}
 
 void ftk_error(const char *fmt, ...)
 {

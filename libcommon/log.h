@@ -39,6 +39,17 @@ void ftk_info(const char *fmt, ...) FTK_PRINTF(1, 2);
  * says so where it still can (ftk-train: in metrics.jsonl). */
 int ftk_stderr_errno(void);
 
+/* For a signal handler that asks the process to stop (async-signal-safe): from now on a
+ * message never waits for stderr's reader. Where stderr is a pipe or a FIFO it is made
+ * non-blocking (a message the pipe cannot take is lost, EAGAIN, and counted above), and
+ * a message already waiting is given up when the signal interrupts it (EINTR). Why: a
+ * reader may stop reading and never close, as mpirun does from the moment it is signalled
+ * until it kills its ranks (odls_base_sigkill_timeout later); a rank blocked on a full
+ * pipe would never reach its checkpoint. ftk_stderr_restore() undoes it (at exit: the
+ * pipe may be shared with the shell that started the tool). */
+void ftk_stderr_unstall(void);
+void ftk_stderr_restore(void);
+
 /* Library error slot. ftk_err_set() replaces the message; ftk_err_prefix() prepends
  * context ("tokenizer.model: " + old message) so that layers can add where it happened. */
 void ftk_err_set(const char *fmt, ...) FTK_PRINTF(1, 2);

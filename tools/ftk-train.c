@@ -275,7 +275,9 @@ static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0:
  * never followed by a kill. */
 static volatile sig_atomic_t stop_signal;
 static int under_ompi;
-static struct sigaction stop_action; /* on_stop, with every stop signal held while it runs */
+/* on_stop, with every stop signal held while it runs; no SA_RESTART, so that a write to a
+ * full stderr pipe the signal interrupts gives up (log.h ftk_stderr_unstall()) */
+static struct sigaction stop_action;
 static void on_stop(int sig)
 {
     static const char warn[] =
@@ -283,6 +285,9 @@ static void on_stop(int sig)
         "the ranks odls_base_sigkill_timeout seconds (1 by default) after it forwards SIGTERM or SIGINT, often "
         "before the checkpoint is written (the previous one stays whole): signal mpirun with SIGUSR1 instead, or "
         "start it with --mca odls_base_sigkill_timeout 120. A second SIGTERM or SIGINT stops at once.\n";
+    /* mpirun stops reading its ranks' output once it is signalled, so a rank that writes
+     * on may be waiting on a full pipe now, or soon: the stop must not wait for it */
+    ftk_stderr_unstall();
     if ((sig == SIGTERM || sig == SIGINT) && !stop_signal) {
         atomic_install_signal_cleanup();
         sigaction(SIGHUP, &stop_action, NULL); /* the cleanup took it too */
@@ -1471,6 +1476,7 @@ int main(int argc, char **argv)
     /* A closed stdout or stderr (`ftk-train … 2>&1 | head`) does not end a run: a write to
      * it fails (EPIPE) instead, and the metrics go on (log.h ftk_stderr_errno()). */
     signal(SIGPIPE, SIG_IGN);
+    atexit(ftk_stderr_restore);
     sigprocmask(SIG_UNBLOCK, &stop_set, NULL);
     world = comm_init(&argc, &argv);
     if (!world) {

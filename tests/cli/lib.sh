@@ -78,6 +78,35 @@ os.dup2(w, 2)
 os.execvp(sys.argv[1], sys.argv[1:])' "$@"
 }
 
+# stalled_pipe SIG COMMAND...: runs COMMAND with stdout and stderr on a one-page pipe that
+# nobody reads nor closes (mpirun's, once it is signalled), waits until COMMAND is blocked
+# writing to it (/proc/PID/syscall: write on fd 1 or 2), sends it SIG, and exits with its
+# status: 124 when it has not ended 300 s later (it is then killed), 125 when it ended
+# without ever waiting on the pipe.
+stalled_pipe() {
+    ${PYTHON:-/usr/bin/python3} -c 'import fcntl, os, signal, subprocess, sys, time
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: a few lines fill it
+p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=w, stderr=w)
+os.close(w)
+def waiting():
+    try:
+        sc = open("/proc/%d/syscall" % p.pid).read().split()
+    except OSError:
+        return False
+    return len(sc) > 1 and sc[0] == "1" and int(sc[1], 16) in (1, 2)
+while p.poll() is None and not waiting():
+    time.sleep(0.01)
+if p.poll() is not None:
+    sys.exit(125)
+p.send_signal(getattr(signal, "SIG" + sys.argv[1]))
+try:
+    sys.exit(p.wait(timeout=300))
+except subprocess.TimeoutExpired:
+    p.kill()
+    sys.exit(124)' "$@"
+}
+
 # need_mpi: skips the test (exit 77) without mpirun; else sets MPI (the launcher, fit for
 # root and more ranks than cores) and TO (a timeout: a hung collective must fail the test,
 # not the CI job; 600 s, far beyond a step of any test on the slowest machine, sanitizers

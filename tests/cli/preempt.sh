@@ -115,6 +115,15 @@ check "... every step in metrics.jsonl, and a warning there" sh -c "
     grep -q '\"kind\": \"warning\", \"step\": 1, \"message\": \"standard error failed by this step (Broken pipe)' \
         '$WORK/pipe/metrics.jsonl' && [ \"\$(cat '$WORK/pipe/latest')\" = step-00000020 ]"
 
+# --- stderr a pipe that nobody reads nor closes (mpirun's once it is signalled, until it kills the
+# ranks): the stop does not wait for it ---------------------------------------------------------
+expect "SIGTERM while a message waits on a full stderr pipe: exit 75" 75 stalled_pipe TERM $T -o "$WORK/stall" \
+    --steps 100000 --save-every 100000
+check "... a checkpoint, and a warning in the metrics" sh -c "
+    '$BIN/ftk-verify' -q '$WORK/stall/latest' >/dev/null &&
+    grep -q '\"kind\": \"warning\", \"step\": [0-9]*, \"message\": \"standard error failed by this step (Resource temporarily unavailable)' \
+        '$WORK/stall/metrics.jsonl'"
+
 # --- srun without a PMI plugin --------------------------------------------------------------------
 expect "SLURM_STEP_NUM_TASKS=2 but a world of one: exit 2" 2 env SLURM_STEP_NUM_TASKS=2 FTK_MPI=1 $T -o "$WORK/srun" \
     --steps 2
