@@ -8,6 +8,9 @@
 set -u
 BIN=$1 ROOT=$2 WORK=$3
 VENV=$ROOT/build/litgpt-venv
+# the venv has its own packages: build/pylib's (tests/run.sh puts it on PYTHONPATH for the
+# reference tests) are pinned for Debian's torch 1.13 and would shadow them
+unset PYTHONPATH
 PINS="litgpt==0.5.13 sentencepiece==0.2.0 h5py==3.12.1"
 mkdir -p "$WORK"
 if ! "$VENV/bin/python" -c 'import litgpt, sentencepiece, h5py' 2>/dev/null; then
