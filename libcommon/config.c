@@ -64,20 +64,8 @@ static int at(const loader_t *L, yaml_mark_t m, const char *fmt, ...)
     return -1;
 }
 
-/* The option a key names: long names with '_' read as '-'. */
-static const opt_t *find_opt(const opt_t *t, const char *key)
-{
-    char name[128];
-    size_t n = strlen(key);
-    if (n >= sizeof name)
-        return NULL;
-    for (size_t i = 0; i <= n; i++)
-        name[i] = key[i] == '_' ? '-' : key[i];
-    for (; t->kind != OPT_END; t++)
-        if (!strcmp(t->name, name))
-            return t;
-    return NULL;
-}
+/* The option a key names: long names with '_' read as '-', as on the command line. */
+static const opt_t *find_opt(const opt_t *t, const char *key) { return opts_find_long(t, key, strlen(key)); }
 
 static int listed(const char *const *list, const char *name)
 {

@@ -201,7 +201,7 @@ int opts_long_is(const char *arg, const char *name)
     return long_eq(name, arg, len);
 }
 
-static const opt_t *find_long(const opt_t *t, const char *name, size_t len)
+const opt_t *opts_find_long(const opt_t *t, const char *name, size_t len)
 {
     for (; t->kind != OPT_END; t++)
         if (long_eq(t->name, name, len))
@@ -486,9 +486,9 @@ int opts_parse(const opt_spec_t *spec, int argc, char **argv, int *npos, char **
         if (a[1] == '-') {
             const char *eq = strchr(a + 2, '=');
             size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-            o = find_long(spec->opts, a + 2, len);
+            o = opts_find_long(spec->opts, a + 2, len);
             if (!o)
-                o = find_long(common_opts, a + 2, len);
+                o = opts_find_long(common_opts, a + 2, len);
             if (!o) {
                 const opt_t *const tables[] = {spec->opts, common_opts, NULL};
                 char hint[256], m[512];

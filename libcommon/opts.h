@@ -120,6 +120,10 @@ void opts_help(const opt_spec_t *spec);
  * as `-`): for a tool that looks at its command line beside opts_parse(). */
 int opts_long_is(const char *arg, const char *name);
 
+/* The option of table t whose long name is name[0..len) (without dashes, `_` read as `-`,
+ * as on the command line and in config files), or NULL. */
+const opt_t *opts_find_long(const opt_t *t, const char *name, size_t len);
+
 /* "did you mean '--a'?" (or "'--a' or '--b'", up to 3) for an unknown long option name
  * name[0..len) (without dashes) against the options of the NULL-terminated list of tables:
  * the same words in another order (--lr-min: --min-lr), else those whose name starts with
