@@ -154,8 +154,7 @@ static int inside(loader_t *L, const opt_t *o, const char *val, yaml_mark_t m, c
                 return at(L, m, "%s: %s", KEY(o->name), strerror(errno));
             slash[slash == probe] = 0; /* "/a" is left as "/" */
         }
-        size_t wl = strcmp(wr, "/") ? strlen(wr) : 0;
-        bad = strncmp(r, wr, wl) || (r[wl] && r[wl] != '/');
+        bad = path_under(r, wr) < 0;
     }
     if (bad)
         return at(L, m,

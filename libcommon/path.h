@@ -17,4 +17,13 @@ static inline int path_dir_len(const char *dir)
     return (int)n;
 }
 
+/* Whether path is dir or lies under it, both resolved (realpath: no link, no ..): the
+ * length of dir's part of path, so that path + it is "" or "/rest"; -1 when it is not
+ * under dir ("/runx" is not under "/run"; everything is under "/"). */
+static inline int path_under(const char *path, const char *dir)
+{
+    size_t n = strcmp(dir, "/") ? strlen(dir) : 0;
+    return !strncmp(path, dir, n) && (!path[n] || path[n] == '/') ? (int)n : -1;
+}
+
 #endif

@@ -1139,8 +1139,8 @@ static int keep_options(void)
             snprintf(d_abs, sizeof d_abs, "%s/%s", cwd, data_path), data_path = d_abs;
     }
     if (tensorboard_dir && realpath(out_dir, run_r) && realpath(tensorboard_dir, tb_r)) {
-        size_t n = strcmp(run_r, "/") ? strlen(run_r) : 0;
-        if (!strncmp(tb_r, run_r, n) && (!tb_r[n] || tb_r[n] == '/'))
+        int n = path_under(tb_r, run_r);
+        if (n >= 0)
             snprintf(t_rel, sizeof t_rel, "%s", tb_r[n] && tb_r[n + 1] ? tb_r + n + 1 : "."), tensorboard_dir = t_rel;
         else
             tensorboard_dir = tb_r;
