@@ -234,37 +234,23 @@ static void atomic_free(atomic_file_t *a)
     a->tmp_path = a->final_path = NULL;
 }
 
-int atomic_commit(atomic_file_t *a)
+/* atomic_commit() (replace) and atomic_commit_new() (never replace): the file synced, put
+ * at its final name, the directory synced. */
+static int commit(atomic_file_t *a, int replace)
 {
     if (fsync_path(a->tmp_path) < 0) {
         atomic_abort(a);
         return -1;
     }
-    if (rename(a->tmp_path, a->final_path) < 0) {
-        ftk_err_set("%s: rename: %s", a->final_path, strerror(errno));
-        atomic_abort(a);
-        return -1;
-    }
-    char *d = strdup(a->final_path);
-    int rc = d ? fsync_path(dirname(d)) : 0;
-    free(d);
-    atomic_free(a);
-    return rc;
-}
-
-int atomic_commit_new(atomic_file_t *a)
-{
-    if (fsync_path(a->tmp_path) < 0) {
-        atomic_abort(a);
-        return -1;
-    }
-    int e = link(a->tmp_path, a->final_path) == 0 ? 0 : errno;
-    if (e && e != EEXIST) { /* no hard links here (some FUSE and network file systems) */
-        struct stat st;
+    int e;
+    if (replace)
+        e = rename(a->tmp_path, a->final_path) == 0 ? 0 : errno;
+    else if ((e = link(a->tmp_path, a->final_path) == 0 ? 0 : errno) && e != EEXIST) {
+        struct stat st; /* no hard links here (some FUSE and network file systems) */
         e = lstat(a->final_path, &st) == 0 ? EEXIST : rename(a->tmp_path, a->final_path) == 0 ? 0 : errno;
     }
     if (e) {
-        if (e == EEXIST)
+        if (e == EEXIST && !replace)
             ftk_err_set("%s: exists (use --force to replace it)", a->final_path);
         else
             ftk_err_set("%s: rename: %s", a->final_path, strerror(e));
@@ -272,13 +258,17 @@ int atomic_commit_new(atomic_file_t *a)
         errno = e;
         return -1;
     }
-    unlink(a->tmp_path); /* gone already after the rename */
+    if (!replace)
+        unlink(a->tmp_path); /* the link's other name; gone already after a rename */
     char *d = strdup(a->final_path);
     int rc = d ? fsync_path(dirname(d)) : 0;
     free(d);
     atomic_free(a);
     return rc;
 }
+
+int atomic_commit(atomic_file_t *a) { return commit(a, 1); }
+int atomic_commit_new(atomic_file_t *a) { return commit(a, 0); }
 
 void atomic_abort(atomic_file_t *a)
 {
