@@ -17,6 +17,7 @@
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
+#include "protobuf.h"
 
 struct tfevents {
     FILE *f;
@@ -180,32 +181,16 @@ static int event_fields(const unsigned char *p, size_t n, int64_t *step, int *ve
 {
     *step = 0;
     *version = 0;
-    for (size_t i = 0; i < n;) {
-        uint64_t key = 0, v = 0;
-        for (int sh = 0, more = 1; more; sh += 7) { /* the key, then a varint value */
-            if (i >= n || sh > 63)
-                return -1;
-            key |= (uint64_t)(p[i] & 0x7f) << sh;
-            more = p[i++] & 0x80;
-        }
-        unsigned wire = key & 7;
-        if (wire == 0 || wire == 2)
-            for (int sh = 0, more = 1; more; sh += 7) {
-                if (i >= n || sh > 63)
-                    return -1;
-                v |= (uint64_t)(p[i] & 0x7f) << sh;
-                more = p[i++] & 0x80;
-            }
-        size_t skip = wire == 1 ? 8 : wire == 5 ? 4 : wire == 2 ? (v > n ? n + 1 : (size_t)v) : 0;
-        if (wire != 0 && wire != 1 && wire != 2 && wire != 5)
+    pb_t b = {p, p + n}, sub;
+    while (b.p < b.end) {
+        uint64_t field, v;
+        int wt;
+        if (pb_field(&b, &field, &wt, &v, &sub) < 0)
             return -1;
-        if (skip > n - i)
-            return -1;
-        if (key >> 3 == 2 && wire == 0)
+        if (field == 2 && wt == 0)
             *step = (int64_t)v;
-        if (key >> 3 == 3 && wire == 2)
+        if (field == 3 && wt == 2)
             *version = 1;
-        i += skip;
     }
     return 0;
 }

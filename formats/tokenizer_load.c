@@ -7,67 +7,8 @@
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "json.h"
+#include "protobuf.h"
 #include "tokenizer_internal.h"
-
-/* ---------------------------------------------------------------- protobuf */
-
-typedef struct {
-    const unsigned char *p, *end;
-} pb_t;
-
-static int pb_varint(pb_t *b, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (b->p >= b->end)
-            return -1;
-        unsigned char c = *b->p++;
-        x |= (uint64_t)(c & 0x7F) << shift;
-        if (!(c & 0x80)) {
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* Reads one field header and value. For wire type 2, *sub is the payload. */
-static int pb_field(pb_t *b, uint32_t *field, int *wt, uint64_t *v, pb_t *sub)
-{
-    uint64_t key;
-    if (pb_varint(b, &key) < 0)
-        return -1;
-    *field = (uint32_t)(key >> 3);
-    *wt = (int)(key & 7);
-    switch (*wt) {
-    case 0:
-        return pb_varint(b, v);
-    case 1:
-        if (b->end - b->p < 8)
-            return -1;
-        memcpy(v, b->p, 8);
-        b->p += 8;
-        return 0;
-    case 2:
-        if (pb_varint(b, v) < 0 || *v > (uint64_t)(b->end - b->p))
-            return -1;
-        sub->p = b->p;
-        sub->end = b->p + *v;
-        b->p += *v;
-        return 0;
-    case 5: {
-        uint32_t x;
-        if (b->end - b->p < 4)
-            return -1;
-        memcpy(&x, b->p, 4);
-        b->p += 4;
-        *v = x;
-        return 0;
-    }
-    default:
-        return -1;
-    }
-}
 
 static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
 {
@@ -80,7 +21,7 @@ static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
     char norm_name[64] = "";
     size_t charsmap_len = 0;
     while (b.p < b.end) {
-        uint32_t f;
+        uint64_t f;
         int wt;
         uint64_t v;
         pb_t sub;
@@ -92,7 +33,7 @@ static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
             float score = 0;
             int type = PT_NORMAL;
             while (sub.p < sub.end) {
-                uint32_t g;
+                uint64_t g;
                 int w2;
                 uint64_t x;
                 pb_t s2;
@@ -121,7 +62,7 @@ static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
                 goto fail;
         } else if (f == 2 && wt == 2) {
             while (sub.p < sub.end) {
-                uint32_t g;
+                uint64_t g;
                 int w2;
                 uint64_t x;
                 pb_t s2;
@@ -150,7 +91,7 @@ static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
             }
         } else if (f == 3 && wt == 2) {
             while (sub.p < sub.end) {
-                uint32_t g;
+                uint64_t g;
                 int w2;
                 uint64_t x;
                 pb_t s2;
