@@ -1441,15 +1441,19 @@ out:
         ftk_warn("--tensorboard %s", ftk_err_msg());
     tb = NULL;
     if (prof_on) {
+        double wall = time_now() - prof_t0;
         output_t po;
-        int prc = strcmp(prof, "-") ? output_begin(&po, prof, OUTPUT_FORCE) : 0;
+        FILE *pf;
+        int prc;
         if (!strcmp(prof, "-"))
-            prc = bk_prof_write(be, stderr, time_now() - prof_t0);
-        else if (prc == 0 && (!output_stream(&po) || bk_prof_write(be, po.f, time_now() - prof_t0) < 0)) {
-            output_abort(&po);
-            prc = -1;
-        } else if (prc == 0)
-            prc = output_commit(&po);
+            prc = bk_prof_write(be, stderr, wall);
+        else if ((prc = output_begin(&po, prof, OUTPUT_FORCE)) == 0) {
+            if (!(pf = output_stream(&po)) || bk_prof_write(be, pf, wall) < 0) {
+                output_abort(&po);
+                prc = -1;
+            } else
+                prc = output_commit(&po);
+        }
         if (prc < 0)
             ftk_warn("FTK_PROFILE: %s", ftk_err_msg());
     }
