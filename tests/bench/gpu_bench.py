@@ -371,19 +371,21 @@ def ftk_env(attn, profile=None):
     return env
 
 
-def ftk_label(attn, profiled=False):  # a profiled row says so: its events cost time
-    return (f"ftk attn={attn}" if attn else "ftk") + (" profiled" if profiled else "")
+def ftk_label(attn, profiled=False, recompute=None):  # a profiled row says so: its events cost time
+    return ((f"ftk attn={attn}" if attn else "ftk") + (f" --recompute {recompute}" if recompute not in (None, a.recompute) else "")
+            + (" profiled" if profiled else ""))
 
 
-def ftk_row(name, attn, profiled=False):
+def ftk_row(name, attn, profiled=False, recompute=None):
     """One ftk run: (tokens/s or None, peak GiB or the error, the memory line)."""
+    recompute = recompute or a.recompute
     t_row = time.time()
     w = ftk_weights(name)
     run = os.path.join(a.work, f"run-{name}{attn}")
     sh("rm", "-rf", run)
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
-           "--device", dev, "--recompute", a.recompute, "--no-save"]
+           "--device", dev, "--recompute", recompute, "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
     prof = os.path.join(a.work, f"profile-{name}{attn}.md") if profiled else None
@@ -399,14 +401,18 @@ def ftk_row(name, attn, profiled=False):
         row_secs.append(time.time() - t_row)
     if p.returncode != 0:
         print(f"ftk-train failed (exit {p.returncode}):\n{err.strip()[-2000:]}", flush=True)
+        # the plan beside what the device held until the failure (an out of memory is the
+        # plan's error)
+        print(f"MEM {name} {ftk_label(attn, profiled, recompute)}: {mem_line(plan, None, device, dp.how)}; "
+              f"the run failed (exit {p.returncode})", flush=True)
         return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}", None
     m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
     backend = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
     mem = mem_line(plan, backend, device, dp.how)
-    print(f"MEM {name} {ftk_label(attn, profiled)}: {mem}", flush=True)
+    print(f"MEM {name} {ftk_label(attn, profiled, recompute)}: {mem}", flush=True)
     if profiled and os.path.exists(prof):  # the per-op summary and the longest shapes
-        print(f"\n{ftk_label(attn, profiled)} at {name}, FTK_PROFILE (steps after the first):")
+        print(f"\n{ftk_label(attn, profiled, recompute)} at {name}, FTK_PROFILE (steps after the first):")
         print("".join(open(prof).readlines()[:72]), flush=True)
     return sum(x["tokens"] for x in m[1:]) / t, device if device is not None else backend, mem
 
@@ -430,13 +436,13 @@ def fmt_row(r, eager):
     """One line of the table: shape, system, tokens/s, MFU, peak GiB, ratio to eager."""
     name, label, tps, mfu, peak = r[:5]
     if tps is None:
-        return f"{name:<10} {label:<26} {'-':>10} {'-':>7} {'-':>9}  {peak}"
+        return f"{name:<10} {label:<34} {'-':>10} {'-':>7} {'-':>9}  {peak}"
     ratio = f"{tps / eager[2]:.2f}x" if eager and eager[2] else "-"
     mfu_s = f"{100 * mfu:.1f}%" if mfu is not None and not a.emulated else "-"
-    return f"{name:<10} {label:<26} {tps:>10.0f} {mfu_s:>7} {peak:>9.1f}  {ratio}"
+    return f"{name:<10} {label:<34} {tps:>10.0f} {mfu_s:>7} {peak:>9.1f}  {ratio}"
 
 
-HEADER = f"{'shape':<10} {'system':<26} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager"
+HEADER = f"{'shape':<10} {'system':<34} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager"
 
 
 def add_row(r):
@@ -452,7 +458,7 @@ def add_row(r):
     # the headline: ftk's timed rows, never the profiled one
     ftk = [x for x in results if x[0] == name and x[1].startswith("ftk") and not x[1].endswith("profiled") and x[2]]
     if ftk:
-        goal("7b_mfu", ", ".join(f"{100 * x[3]:.1f}% ({x[1]}, --recompute {a.recompute})" for x in ftk)
+        goal("7b_mfu", ", ".join(f"{100 * x[3]:.1f}% ({x[1]})" for x in ftk)
              if not a.emulated else ", ".join(f"{x[2]:.0f} tokens/s ({x[1]})" for x in ftk))
         if eager:
             goal("7b_ratio", ", ".join(f"{x[2] / eager[2]:.2f}x ({x[1]})" for x in ftk) +
@@ -561,11 +567,19 @@ print(HEADER, flush=True)
 ftk_failed = False
 
 
-def run_ftk(name, attn):
+def run_ftk(name, attn, recompute=None):
     global ftk_failed
-    tps, peak, mem = ftk_row(name, attn)
+    tps, peak, mem = ftk_row(name, attn, recompute=recompute)
     ftk_failed |= tps is None
-    add_row((name, ftk_label(attn), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak, mem, attn))
+    rec = recompute or a.recompute
+    add_row((name, ftk_label(attn, False, rec), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak,
+             mem, attn, rec))
+    # --recompute auto trusts the plan; a device that ran out of memory says the plan was
+    # short (the row above fails): the same row with block recompute, where time is left
+    if tps is None and rec == "auto" and "out of memory" in str(peak).lower() and room_for(max(row_secs)):
+        print(f"{ftk_label(attn)}: out of memory with --recompute auto (the plan fell short): again with block",
+              flush=True)
+        run_ftk(name, attn, "block")
 
 
 for name in shapes:
@@ -595,9 +609,9 @@ for name in shapes:
             print(f"\nno profiled ftk row at {name}: no ftk row passed", flush=True)
         elif room_for(max(row_secs)):
             best = max(timed, key=lambda r: r[2])
-            tps, peak, mem = ftk_row(name, best[6], profiled=True)
-            add_row((name, ftk_label(best[6], True), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None,
-                     peak, None, best[6]))
+            tps, peak, mem = ftk_row(name, best[6], profiled=True, recompute=best[7])
+            add_row((name, ftk_label(best[6], True, best[7]), tps,
+                     6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak, None, best[6], best[7]))
         else:
             print(f"\nno profiled ftk row at {name}: {time_left():.0f} s left of --time-limit, a row took up to "
                   f"{max(row_secs):.0f} s", flush=True)
