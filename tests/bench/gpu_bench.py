@@ -30,12 +30,14 @@ usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--m
 --time-limit S: the seconds this run may take (the bundle's step limit): a row beyond the
        headline (the profiled ones, the cat of the weights file) starts only when the time left
        exceeds what the longest ftk row took, with a margin.
+       gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
 Every ftk run is planned first (ftk-train --plan with the same options): each row and the
 epoch print the plan's total beside the backend's high-water mark (metrics.jsonl's
 mem_peak_bytes) and the device memory the ftk-train process added (nvidia-smi, polled every
 0.5 s: per process where the driver lists it, else the device's used memory over its level
 before the run; between polls a peak can be missed).
-       gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
+A row that runs out of device memory under --recompute auto (the plan fell short) is run
+again with --recompute block, where time is left; the failed row stays in the table.
 --emulated: BIN's ftk-train runs on the host emulation of CUDA (tests/gpu/emu; the GPU bundle's
        rehearsal, tests/gpu/bundle/run.sh): ftk rows only, PyTorch is not imported, tiny shapes
        (--alpaca1024: the smoke shape, 4 records in rows of 128); the figures mean nothing.
