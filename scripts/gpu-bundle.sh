@@ -95,6 +95,10 @@ wrap() { # wrap DIR NAME UP: DIR/NAME runs libexec/NAME; UP leads from DIR to th
 # gpu bundle: libexec/$2 with the bundle's libraries (env.sh)
 B=\$(cd "\$(dirname "\$0")/$3" && pwd)
 [ -n "\${FTK_BUNDLE_LD_PATH:-}" ] || . "\$B/env.sh"
+# FTK_BUNDLE_RUNS=FILE (run.sh's training steps): rank 0's command line appended, fields
+# ended by 0x1f, the world size first, so the step can plan each run beside its peak
+[ -z "\${FTK_BUNDLE_RUNS:-}" ] || [ "\${OMPI_COMM_WORLD_RANK:-0}" != 0 ] ||
+    { printf '%s\037' "\${OMPI_COMM_WORLD_SIZE:-1}" "$2" "\$@"; echo; } >>"\$FTK_BUNDLE_RUNS"
 LD_LIBRARY_PATH=\$FTK_BUNDLE_LD_PATH exec "\$B/libexec/$2" "\$@"
 EOF
     chmod 755 "$stage/$1/$2"

@@ -13,29 +13,51 @@ AdamW on bf16 parameters; ftk: --precision bf16-true, 8 bytes per parameter, whi
 memory plan puts at 59.5 GB for 7B at micro-batch 4 × 512 with --recompute).
 
 usage: gpu_bench.py BIN DATA WORK [--shapes llama-1b,llama2-7b] [--steps N] [--micro-batch B] [--no-compile]
-                   [--attn flash,mma]
-       gpu_bench.py BIN DATA WORK --alpaca1024 [--attn flash,mma]   (the Alpaca1024 epoch, ftk only: wall time)
---attn: one ftk row (or epoch) for each FTK_CUDA_ATTN value listed (default: ftk's own choice).
---profile: the ftk rows run with FTK_PROFILE (kernels/prof.h: a pair of timer events around every
-       op, read once a step) and print where their steps' time went, per op and per shape; the
-       PyTorch eager row runs one more step under torch.profiler and prints its kernels by time.
+                   [--attn cudnn,mma] [--recompute auto] [--profile] [--time-limit S]
+       gpu_bench.py BIN DATA WORK --alpaca1024 [--attn mma] [--recompute auto]   (the Alpaca1024 epoch,
+                   ftk only: wall time)
+--attn: one ftk row (or epoch) for each FTK_CUDA_ATTN value listed (default: ftk's own choice);
+       cudnn runs with FTK_CUDNN_STRICT=1, so a fallback to the flash kernels fails the row
+       instead of being reported under cuDNN's name. Per shape the rows run in the order: the
+       first attention, PyTorch eager, the other attentions (the ratio lands second).
+--recompute: ftk-train's --recompute for every ftk row and the epoch (default auto: the least
+       recompute whose memory plan fits the device).
+--profile: after the timed rows (which never run under FTK_PROFILE: its events cost time), one
+       more ftk row with FTK_PROFILE (kernels/prof.h: a pair of timer events around every op,
+       read once a step) with the fastest attention, which prints where its steps' time went,
+       per op and per shape; the PyTorch eager row runs one more step under torch.profiler and
+       prints its kernels by time. Each only while --time-limit leaves room for it.
+--time-limit S: the seconds this run may take (the bundle's step limit): a row beyond the
+       headline (the profiled ones, the cat of the weights file) starts only when the time left
+       exceeds what the longest ftk row took, with a margin.
        gpu_bench.py BIN DATA WORK --cpu-smoke   (a tiny shape on the CPU: checks the script)
+Every ftk run is planned first (ftk-train --plan with the same options): each row and the
+epoch print the plan's total beside the backend's high-water mark (metrics.jsonl's
+mem_peak_bytes) and the device memory the ftk-train process added (nvidia-smi, polled every
+0.5 s: per process where the driver lists it, else the device's used memory over its level
+before the run; between polls a peak can be missed).
+A row that runs out of device memory under --recompute auto (the plan fell short) is run
+again with --recompute block, where time is left; the failed row stays in the table.
 --emulated: BIN's ftk-train runs on the host emulation of CUDA (tests/gpu/emu; the GPU bundle's
        rehearsal, tests/gpu/bundle/run.sh): ftk rows only, PyTorch is not imported, tiny shapes
        (--alpaca1024: the smoke shape, 4 records in rows of 128); the figures mean nothing.
 --goals FILE: the goal figures as they land, one "KEY<tab>VALUE" line each (the last of a key
-       counts): 7b_mfu, 7b_ratio, peak_7b (llama2-7b, or the emulated shape), epoch_steps,
-       epoch_wall, peak_epoch.
+       counts): 7b_mfu, 7b_ratio, peak_7b, plan_7b (llama2-7b, or the emulated shape), 7b_attn_order
+       (the FTK_CUDA_ATTN values of the ftk rows, fastest first: the bundle's epoch takes the
+       first whose correctness step passed), epoch_steps,
+       epoch_wall, epoch_load (the weights' read speed, against cat's), peak_epoch, plan_epoch.
 Each row is printed as it lands (a run killed halfway keeps what it measured). Exit 0 with
 figures, 1 when an ftk run failed, 77 when skipped (no GPU, no PyTorch, no data: it says why).
 The Alpaca1024 epoch: Llama-2-7B (random weights of its shape), the first 1024 records of
 the largest Alpaca file in DATA packed into rows of 512, one epoch in bf16-true with
 ftk-train's defaults (LitGPT's: global batch 64, micro-batch 4), no checkpoint; prints the
-wall time of the ftk-train process (loading the weights included) and of the steps.
+wall time of the ftk-train process (loading the weights included) and of the steps, and the
+weights' read speed (ftk-train's "weights loaded in" line) against `cat FILE > /dev/null` of
+the same file just after (a warm cache, as the run left it; when --time-limit leaves room).
 No run writes a checkpoint (--no-save: a 7B checkpoint would not fit the GPU machine's disk).
 DATA holds llama2-tokenizer/tokenizer.model and alpaca/*.json (../shared/data's layout).
 """
-import argparse, contextlib, glob, json, os, re, subprocess, sys, time
+import argparse, contextlib, glob, json, os, re, subprocess, sys, threading, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bin")
@@ -52,8 +74,20 @@ ap.add_argument("--attn", default="", help="FTK_CUDA_ATTN values, comma-separate
 ap.add_argument("--profile", action="store_true", help="ftk rows with FTK_PROFILE: their per-op times printed")
 ap.add_argument("--emulated", action="store_true", help="ftk on the host emulation of CUDA: ftk rows only")
 ap.add_argument("--goals", default="", help="append the goal figures to this file as KEY<tab>VALUE lines")
-ap.add_argument("--recompute", default="block", help="ftk rows' --recompute level: none, norms or block (default; auto once the CUDA backend has mem_avail)")
+ap.add_argument("--recompute", default="auto", help="ftk-train's --recompute: auto (default), none, norms or block")
+ap.add_argument("--time-limit", type=float, default=0, help="seconds this run may take: optional rows only with room left")
 a = ap.parse_args()
+T_START = time.time()
+
+
+def time_left():
+    """Seconds left of --time-limit (infinite without one)."""
+    return a.time_limit - (time.time() - T_START) if a.time_limit > 0 else float("inf")
+
+
+def room_for(seconds):
+    """Whether an optional part expected to take this long fits what is left, with a margin."""
+    return time_left() > 1.2 * seconds + 10
 os.makedirs(a.work, exist_ok=True)
 dev = "cpu" if a.cpu_smoke else "cuda"
 
@@ -64,10 +98,11 @@ def skip(why):
     sys.exit(77)
 
 
-def goal(key, value):
+def goal(key, value, raw=False):
+    """A goal figure (raw: a value for programs, never marked as emulated)."""
     if a.goals:
         with open(a.goals, "a") as f:
-            f.write(f"{key}\t{'emulated, meaningless: ' if a.emulated else ''}{value}\n")
+            f.write(f"{key}\t{'emulated, meaningless: ' if a.emulated and not raw else ''}{value}\n")
 
 
 if a.emulated:
@@ -212,7 +247,8 @@ def torch_row(name, compiled):
     sync()
     dt_s = time.time() - t0
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if dev == "cuda" else 0
-    if a.profile and not compiled:  # one more step under torch.profiler: ftk's table's peer
+    # one more step under torch.profiler (ftk's table's peer), where time is left for it
+    if a.profile and not compiled and room_for(2 * dt_s / steps + 10):
         torch_profile(name, lambda: step(steps + 1))
     del model, opt, fwd
     if dev == "cuda":
@@ -237,60 +273,150 @@ def torch_profile(name, run_step):
     print(f"\npytorch eager at {name}, torch.profiler (one step, by self time):\n{table}", flush=True)
 
 
-def gpu_used_gib():
-    if a.emulated:
-        return 0.0
+def smi(*query):
+    """nvidia-smi's answer to one query, as rows of fields; None when it does not answer."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-        return float(out.split()[0]) / 1024
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10)
     except Exception:
-        return 0.0
+        return None
+    if out.returncode != 0:
+        return None
+    return [[f.strip() for f in l.split(",")] for l in out.stdout.splitlines() if l.strip()]
+
+
+def device_used_mib():
+    rows = smi("--query-gpu=memory.used")
+    try:
+        return float(rows[0][0])
+    except Exception:
+        return None
+
+
+class DevicePeak:
+    """The device memory a child process holds at its most, polled every 0.5 s by a thread:
+    the process's own line of nvidia-smi where the driver lists it (its context included),
+    else the device's used memory over its level before the child started (a container's
+    own process ids may not be the driver's). None where nothing answered (the emulation)."""
+
+    def __init__(self):
+        self.peak_mib, self.how, self.stop = None, "", threading.Event()
+        self.base = None if a.emulated or dev != "cuda" else device_used_mib()
+        self.thread = None
+
+    def watch(self, pid):
+        if self.base is None:
+            return
+        self.pid = pid
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            own = [r for r in (smi("--query-compute-apps=pid,used_memory") or []) if r[0] == str(self.pid)]
+            try:
+                v, how = (float(own[0][1]), "the process, nvidia-smi") if own else \
+                         (device_used_mib() - self.base, "device used over its level before, nvidia-smi")
+            except Exception:
+                v = None
+            if v is not None and (self.peak_mib is None or v > self.peak_mib):
+                self.peak_mib, self.how = v, how
+            self.stop.wait(0.5)
+
+    def end(self):
+        """The peak in GiB, or None."""
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=20)
+        return None if self.peak_mib is None else self.peak_mib / 1024
+
+
+def ftk_plan(cmd, env):
+    """ftk-train --plan with a run's own command line and environment: (total GiB, what the
+    plan says of --recompute) or (None, why not)."""
+    try:
+        p = subprocess.run([str(x) for x in cmd] + ["--plan"], capture_output=True, text=True, env=env, timeout=120)
+    except Exception as e:
+        return None, f"--plan: {type(e).__name__}"
+    mo = re.search(r"^\s*total\s.*\((\d+) bytes", p.stdout, re.M)
+    if p.returncode != 0 or not mo:
+        last = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        return None, f"--plan failed: {last[:160]}"
+    rec = re.search(r"--recompute (auto: \w+|\w+)", p.stdout.splitlines()[0])
+    return int(mo.group(1)) / 2 ** 30, (rec.group(1) if rec else "none")
+
+
+def mem_line(plan, backend, device, how):
+    """plan, backend peak and device peak side by side, with the plan's error against each."""
+    def vs(x):
+        return f" ({100 * (x - plan[0]) / plan[0]:+.1f}% against the plan)" if plan[0] and x else ""
+    ps = f"plan {plan[0]:.2f} GiB (--recompute {plan[1]})" if plan[0] is not None else f"plan: {plan[1]}"
+    bs = f"backend peak {backend:.2f} GiB{vs(backend)}" if backend else "backend peak: not measured"
+    ds = f"device {device:.2f} GiB{vs(device)} ({how})" if device is not None else \
+        "device: not measured" + (" (emulated)" if a.emulated else "")
+    return f"{ps}; {bs}; {ds}"
 
 
 ATTNS = [x for x in a.attn.split(",") if x] or [""]
+row_secs = []  # how long each ftk row took: what an optional row is expected to take
 
 
-def ftk_env(attn):
+def ftk_env(attn, profile=None):
     env = dict(os.environ)
+    env.pop("FTK_PROFILE", None)  # the timed rows never run under it
     if attn:
         env["FTK_CUDA_ATTN"] = attn
+    if attn == "cudnn":  # a fallback to the flash kernels fails the row, not reported as cuDNN's
+        env["FTK_CUDNN_STRICT"] = "1"
+    if profile:
+        env["FTK_PROFILE"] = profile
     return env
 
 
-def ftk_label(attn):  # a profiled row says so: its events cost a little time
-    return (f"ftk attn={attn}" if attn else "ftk") + (" profiled" if a.profile else "")
+def ftk_label(attn, profiled=False, recompute=None):  # a profiled row says so: its events cost time
+    return ((f"ftk attn={attn}" if attn else "ftk") + (f" --recompute {recompute}" if recompute not in (None, a.recompute) else "")
+            + (" profiled" if profiled else ""))
 
 
-def ftk_row(name, attn):
+def ftk_row(name, attn, profiled=False, recompute=None):
+    """One ftk run: (tokens/s or None, peak GiB or the error, the memory line)."""
+    recompute = recompute or a.recompute
+    t_row = time.time()
     w = ftk_weights(name)
     run = os.path.join(a.work, f"run-{name}{attn}")
     sh("rm", "-rf", run)
     cmd = [os.path.join(a.bin, "ftk-train"), "-q", "-m", w, "-d", packed, "-o", run, "--steps", steps + 1,
            "--global-batch", mb, "--micro-batch", mb, "--schedule", "constant", "--warmup", 0, "--eval-every", 0,
-           "--device", dev, "--recompute", a.recompute, "--no-save"]
+           "--device", dev, "--recompute", recompute, "--no-save"]
     if dev == "cuda":  # PyTorch's row is model.to(bf16) with AdamW on bf16 parameters: bf16-true
         cmd += ["--precision", "bf16-true"]
-    env = ftk_env(attn)
-    prof = os.path.join(a.work, f"profile-{name}{attn}.md")
-    if a.profile:
-        env["FTK_PROFILE"] = prof
+    prof = os.path.join(a.work, f"profile-{name}{attn}.md") if profiled else None
+    env = ftk_env(attn, prof)
+    plan = ftk_plan(cmd, env)
+    dp = DevicePeak()
     p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=env)
-    peak = 0.0
-    while p.poll() is None:
-        peak = max(peak, gpu_used_gib() if dev == "cuda" else 0)
-        time.sleep(0.5)
+    dp.watch(p.pid)
     err = p.stderr.read()
+    p.wait()
+    device = dp.end()
+    if not profiled:
+        row_secs.append(time.time() - t_row)
     if p.returncode != 0:
         print(f"ftk-train failed (exit {p.returncode}):\n{err.strip()[-2000:]}", flush=True)
-        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
+        # the plan beside what the device held until the failure (an out of memory is the
+        # plan's error)
+        print(f"MEM {name} {ftk_label(attn, profiled, recompute)}: {mem_line(plan, None, device, dp.how)}; "
+              f"the run failed (exit {p.returncode})", flush=True)
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}", None
     m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
-    peak = max(peak, m[-1].get("mem_peak_bytes", 0) / 2 ** 30)
-    if a.profile and os.path.exists(prof):  # the per-op summary and the longest shapes
-        print(f"\n{ftk_label(attn)} at {name}, FTK_PROFILE (steps after the first):")
+    backend = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
+    mem = mem_line(plan, backend, device, dp.how)
+    print(f"MEM {name} {ftk_label(attn, profiled, recompute)}: {mem}", flush=True)
+    if profiled and os.path.exists(prof):  # the per-op summary and the longest shapes
+        print(f"\n{ftk_label(attn, profiled, recompute)} at {name}, FTK_PROFILE (steps after the first):")
         print("".join(open(prof).readlines()[:72]), flush=True)
-    return sum(x["tokens"] for x in m[1:]) / t, peak
+    return sum(x["tokens"] for x in m[1:]) / t, device if device is not None else backend, mem
 
 
 def ftk_weights(name):
@@ -310,36 +436,43 @@ def ftk_weights(name):
 
 def fmt_row(r, eager):
     """One line of the table: shape, system, tokens/s, MFU, peak GiB, ratio to eager."""
-    name, label, tps, mfu, peak = r
+    name, label, tps, mfu, peak = r[:5]
     if tps is None:
-        return f"{name:<10} {label:<22} {'-':>10} {'-':>7} {'-':>9}  {peak}"
+        return f"{name:<10} {label:<34} {'-':>10} {'-':>7} {'-':>9}  {peak}"
     ratio = f"{tps / eager[2]:.2f}x" if eager and eager[2] else "-"
     mfu_s = f"{100 * mfu:.1f}%" if mfu is not None and not a.emulated else "-"
-    return f"{name:<10} {label:<22} {tps:>10.0f} {mfu_s:>7} {peak:>9.1f}  {ratio}"
+    return f"{name:<10} {label:<34} {tps:>10.0f} {mfu_s:>7} {peak:>9.1f}  {ratio}"
 
 
-HEADER = f"{'shape':<10} {'system':<22} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager"
+HEADER = f"{'shape':<10} {'system':<34} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}  vs pytorch eager"
 
 
 def add_row(r):
     """Prints the row at once (a killed run keeps it) and updates the goal figures (the ratio
-    once eager's row is there)."""
+    once eager's row is there). r: (shape, label, tokens/s, MFU, peak or error[, memory line,
+    attention])."""
     results.append(r)
     name = r[0]
     eager = next((x for x in results if x[0] == name and x[1] == "pytorch eager" and x[2]), None)
     print(f"ROW {fmt_row(r, eager)}", flush=True)
     if name != GOAL_SHAPE:
         return
-    ftk = [x for x in results if x[0] == name and x[1].startswith("ftk") and x[2]]
+    # the headline: ftk's timed rows, never the profiled one
+    ftk = [x for x in results if x[0] == name and x[1].startswith("ftk") and not x[1].endswith("profiled") and x[2]]
     if ftk:
-        goal("7b_mfu", ", ".join(f"{100 * x[3]:.1f}% ({x[1]})" for x in ftk) if not a.emulated else
-             ", ".join(f"{x[2]:.0f} tokens/s ({x[1]})" for x in ftk))
+        goal("7b_mfu", ", ".join(f"{100 * x[3]:.1f}% ({x[1]})" for x in ftk)
+             if not a.emulated else ", ".join(f"{x[2]:.0f} tokens/s ({x[1]})" for x in ftk))
         if eager:
             goal("7b_ratio", ", ".join(f"{x[2] / eager[2]:.2f}x ({x[1]})" for x in ftk) +
                  f"; PyTorch eager {eager[2]:.0f} tokens/s")
+        # the attentions, fastest first (the bundle's epoch takes the first whose checks passed)
+        goal("7b_attn_order", " ".join(x[6] or "default" for x in sorted(ftk, key=lambda x: -x[2])), raw=True)
     peaks_s = [f"{x[1]} {x[4]:.1f} GiB" for x in results if x[0] == name and x[2]]
     if peaks_s:
-        goal("peak_7b", f"{name} {a.micro_batch}x{a.maxlen}: " + ", ".join(peaks_s))
+        goal("peak_7b", f"{name} {mb}x{maxlen}: " + ", ".join(peaks_s))
+    mems = [f"{x[1]}: {x[5]}" for x in results if x[0] == name and len(x) > 5 and x[5]]
+    if mems:
+        goal("plan_7b", f"{name} {mb}x{maxlen}: " + "; ".join(mems))
 
 
 if a.alpaca1024:
@@ -365,20 +498,29 @@ if a.alpaca1024:
         # not -q: the time of each line splits the wall time (weights loaded: start-up and
         # load; the steps from metrics.jsonl; what follows the last step: the end)
         cmd = [os.path.join(a.bin, "ftk-train"), "-m", w, "-d", data, "-o", run, "--epochs", 1, "--device", dev,
-               "--precision", "bf16-true", "--eval-every", 0, "--no-save"] + batch
+               "--precision", "bf16-true", "--recompute", a.recompute, "--eval-every", 0, "--no-save"] + batch
+        plan = ftk_plan(cmd, env)
+        dp = DevicePeak()
         t0 = time.time()
         p = subprocess.Popen([str(x) for x in cmd], stderr=subprocess.PIPE, text=True, env=env)
-        t_ready, load_s, tail = None, None, []
+        dp.watch(p.pid)
+        t_ready, load_s, load_gb, tail, level = None, None, None, [], None
         for line in p.stderr:
             tail = (tail + [line.rstrip()])[-20:]
-            mo = re.search(r"weights loaded in ([0-9.]+) s", line)
+            mo = re.search(r"weights loaded in ([0-9.]+) s(?:: ([0-9.]+) GB read)?", line)
             if mo:
                 load_s = float(mo.group(1))
+                load_gb = float(mo.group(2)) if mo.group(2) else None
+            mo = re.search(r"--recompute auto: (\w+)", line)
+            if mo:
+                level = mo.group(1)
             if t_ready is None and " parameters, " in line:
                 t_ready = time.time() - t0
         p.wait()
         wall = time.time() - t0
-        label = f" (FTK_CUDA_ATTN={attn})" if attn else ""
+        device = dp.end()
+        label = (f" (FTK_CUDA_ATTN={attn}" if attn else " (attention: ftk's default") + \
+            f", --recompute {a.recompute}{': ' + level if level else ''})"
         if p.returncode != 0:
             print(f"Alpaca epoch{label}: ftk-train failed (exit {p.returncode}):\n" + "\n".join(tail), flush=True)
             failed = True
@@ -387,42 +529,94 @@ if a.alpaca1024:
         toks = sum(x["tokens"] for x in m)
         steps_s = m[-1]["elapsed_s"]
         mfu = 6 * n_params(SHAPES[shape]) * toks / steps_s / mm_peak * 100
-        peak = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
+        backend = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
+        mem = mem_line(plan, backend, device, dp.how)
         split = "not measured (no 'weights loaded' line)"
         if t_ready is not None and load_s is not None:
             split = (f"start-up {t_ready - load_s:.1f} s, weights load {load_s:.1f} s, steps {steps_s:.1f} s, "
                      f"end {max(wall - t_ready - steps_s, 0):.1f} s (no final checkpoint: --no-save)")
+        # the weights' read speed against cat's of the same file, the cache as the run left it
+        load = "not measured (no 'weights loaded' line)"
+        if load_s:
+            gb = load_gb if load_gb else os.path.getsize(w) / 1e9
+            load = f"{gb:.2f} GB in {load_s:.2f} s, {gb / load_s:.2f} GB/s"
+            if room_for(load_s + 5):
+                t_cat = time.time()
+                try:
+                    subprocess.run(["cat", w], stdout=subprocess.DEVNULL, timeout=max(time_left() - 5, 5), check=True)
+                    cat_s = time.time() - t_cat
+                    cat_bw = os.path.getsize(w) / 1e9 / cat_s
+                    load += f"; cat FILE > /dev/null just after: {cat_bw:.2f} GB/s; ratio {gb / load_s / cat_bw:.2f} (goal 0.8)"
+                except Exception as e:
+                    load += f"; cat: not measured ({type(e).__name__})"
+            else:
+                load += "; cat: not measured (no time left)"
         print(f"Alpaca1024 epoch{label} ({len(recs)} records of {os.path.basename(big)}, rows of {mlen}, {shape} "
               f"bf16-true, {len(m)} steps, {toks} tokens): wall {wall:.1f} s (ftk-train process: {split}); "
-              f"{toks / steps_s:.0f} tokens/s, {mfu:.1f}% MFU, peak {peak:.1f} GiB, last loss {m[-1]['loss']:.3f}",
-              flush=True)
+              f"{toks / steps_s:.0f} tokens/s, {mfu:.1f}% MFU, last loss {m[-1]['loss']:.3f}", flush=True)
+        print(f"MEM Alpaca1024 epoch{label}: {mem}", flush=True)
+        print(f"LOAD Alpaca1024 epoch weights: {load}", flush=True)
         if not attn or attn == ATTNS[0]:
             goal("epoch_steps", f"{len(m)} steps, {toks} tokens in {steps_s:.1f} s{label} ({toks / steps_s:.0f} "
-                 f"tokens/s, {mfu:.1f}% MFU; goal: under 20 s)")
-            goal("epoch_wall", f"{wall:.1f} s{label}: {split}")
-            goal("peak_epoch", f"Alpaca1024 epoch {peak:.1f} GiB (ftk's backend)")
+                 f"tokens/s, {mfu:.1f}% MFU; goal: at most 12 s on an H200)")
+            goal("epoch_wall", f"{wall:.1f} s{label}: {split} (goal: at most 30 s on an H200)")
+            goal("epoch_load", load)
+            goal("peak_epoch", f"Alpaca1024 epoch {device if device is not None else backend:.1f} GiB")
+            goal("plan_epoch", f"Alpaca1024 epoch{label}: {mem}")
     sys.exit(1 if failed else 0)
 
 print(HEADER, flush=True)
 ftk_failed = False
+
+
+def run_ftk(name, attn, recompute=None):
+    global ftk_failed
+    tps, peak, mem = ftk_row(name, attn, recompute=recompute)
+    ftk_failed |= tps is None
+    rec = recompute or a.recompute
+    add_row((name, ftk_label(attn, False, rec), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak,
+             mem, attn, rec))
+    # --recompute auto trusts the plan; a device that ran out of memory says the plan was
+    # short (the row above fails): the same row with block recompute, where time is left
+    if tps is None and rec == "auto" and "out of memory" in str(peak).lower() and room_for(max(row_secs)):
+        print(f"{ftk_label(attn)}: out of memory with --recompute auto (the plan fell short): again with block",
+              flush=True)
+        run_ftk(name, attn, "block")
+
+
 for name in shapes:
-    # ftk's rows first: a run cut short keeps the figures that are ftk's goals
-    for attn in ATTNS:
-        tps, peak = ftk_row(name, attn)
-        ftk_failed |= tps is None
-        add_row((name, ftk_label(attn), tps, 6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak))
-    if a.emulated:
-        continue
-    for compiled in ([False] if a.no_compile or a.cpu_smoke else [False, True]):
-        label = "pytorch eager" if not compiled else "pytorch compile"
-        try:
-            n, tps, peak = torch_row(name, compiled)
-            assert n == n_params(SHAPES[name]), (n, n_params(SHAPES[name]))
-            add_row((name, label, tps, 6 * n * tps / mm_peak, peak))
-        except Exception as e:  # out of memory, compile failure: say so and go on
-            add_row((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
-            if dev == "cuda":
-                torch.cuda.empty_cache()
+    # the first attention's row, PyTorch eager's (the ratio lands second), the other
+    # attentions', then the profiled ones: a run cut short keeps the headline
+    run_ftk(name, ATTNS[0])
+    if not a.emulated:
+        for compiled in ([False] if a.no_compile or a.cpu_smoke else [False, True]):
+            label = "pytorch eager" if not compiled else "pytorch compile"
+            try:
+                n, tps, peak = torch_row(name, compiled)
+                assert n == n_params(SHAPES[name]), (n, n_params(SHAPES[name]))
+                add_row((name, label, tps, 6 * n * tps / mm_peak, peak))
+            except Exception as e:  # out of memory, compile failure: say so and go on
+                add_row((name, label, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
+            if not compiled:
+                for attn in ATTNS[1:]:
+                    run_ftk(name, attn)
+    else:
+        for attn in ATTNS[1:]:
+            run_ftk(name, attn)
+    if a.profile:  # where the fastest attention's time went, beside the timed rows
+        timed = [r for r in results if r[0] == name and r[1].startswith("ftk") and r[2]]
+        if not timed:
+            print(f"\nno profiled ftk row at {name}: no ftk row passed", flush=True)
+        elif room_for(max(row_secs)):
+            best = max(timed, key=lambda r: r[2])
+            tps, peak, mem = ftk_row(name, best[6], profiled=True, recompute=best[7])
+            add_row((name, ftk_label(best[6], True, best[7]), tps,
+                     6 * n_params(SHAPES[name]) * tps / mm_peak if tps else None, peak, None, best[6], best[7]))
+        else:
+            print(f"\nno profiled ftk row at {name}: {time_left():.0f} s left of --time-limit, a row took up to "
+                  f"{max(row_secs):.0f} s", flush=True)
 
 print(f"\n{HEADER}")
 for name in shapes:
