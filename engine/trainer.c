@@ -283,6 +283,21 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
         *sh = NULL;
         return FTK_EXIT_FAIL;
     }
+    /* the attention shapes of every micro-batch, so that a backend that plans per shape
+     * (cuDNN) plans and allocates before the first step, not during the run */
+    int64_t mb = o->train.micro_batch > 0 ? o->train.micro_batch : 1;
+    if (be->attn_prepare &&
+        be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb, (int)cfg->num_attention_heads,
+                         (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
+                         precision_dtypes(o->precision).act) < 0) {
+        model_free(*m);
+        *m = NULL;
+        optim_free(*opt);
+        *opt = NULL;
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_FAIL;
+    }
     return 0;
 }
 
@@ -390,6 +405,12 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     units_name(&o->units, meta->units_policy);
     meta->data_rows = t->R;
     meta->world_size = t->nranks;
+    /* what a micro-batch of either split can hold, for the attention's plans (and their
+     * memory in --recompute auto's plan) */
+    t->o.attn_max_seg = tokens_set_max_segments(t->data.set, TOKENS_TRAIN, o->train.micro_batch);
+    int64_t val_seg = tokens_set_max_segments(t->data.set, TOKENS_VAL, o->train.micro_batch);
+    if (val_seg > t->o.attn_max_seg)
+        t->o.attn_max_seg = val_seg;
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);

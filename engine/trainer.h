@@ -70,6 +70,9 @@ typedef struct {
     int recompute;          /* model_recompute_t, or PLAN_RECOMPUTE_AUTO (-1): the least recompute whose
                              * memory plan (plan.h) fits device_bytes, chosen by trainer_new per rank */
     int64_t device_bytes;   /* auto's budget; 0: the backend's free memory (plan_device_bytes) */
+    int64_t attn_max_seg;   /* the most segments a micro-batch can hold (trainer_new: from the data,
+                             * tokens_set_max_segments); 0: one a row. trainer_build prepares the
+                             * backend's attention for it (backend.h attn_prepare) */
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
     int async_save;         /* trainer_save_async() writes in the background (bgsave.h) */

@@ -490,6 +490,31 @@ const tokens_set_info_t *tokens_set_info(const tokens_set_t *s) { return &s->inf
 const char *tokens_set_shard_path(const tokens_set_t *s, int k) { return s->sh[k].path; }
 int64_t tokens_set_shard_rows(const tokens_set_t *s, int k, int split) { return s->sh[k].rows[split]; }
 
+int64_t tokens_set_max_segments(const tokens_set_t *s, int split, int64_t k)
+{
+    /* a row's segments: its samples, and in a packed row the padding after them (counted
+     * whether or not the row has any: the samples' lengths are not held) */
+    int64_t pad = s->info.packed == 1, most = 1;
+    for (int f = 0; f < s->n; f++)
+        for (int64_t r = 0; r < s->sh[f].rows[split]; r++)
+            if (s->sh[f].rs[split][r + 1] - s->sh[f].rs[split][r] + pad > most)
+                most = s->sh[f].rs[split][r + 1] - s->sh[f].rs[split][r] + pad;
+    /* the k rows with the most: counted per segment count, taken from the top */
+    int64_t *n = calloc((size_t)most + 1, sizeof *n), total = 0;
+    if (!n)
+        return k * most; /* a bound all the same */
+    for (int f = 0; f < s->n; f++)
+        for (int64_t r = 0; r < s->sh[f].rows[split]; r++)
+            n[s->sh[f].rs[split][r + 1] - s->sh[f].rs[split][r] + pad]++;
+    for (int64_t c = most; c > 0 && k > 0; c--) {
+        int64_t take = n[c] < k ? n[c] : k;
+        total += take * c;
+        k -= take;
+    }
+    free(n);
+    return total > 0 ? total : 1;
+}
+
 /* ---- reading --------------------------------------------------------------------------------- */
 
 /* Shard k's file, opened if needed (closing the least recently used one past the limit). */

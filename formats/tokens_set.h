@@ -87,6 +87,11 @@ const tokens_set_info_t *tokens_set_info(const tokens_set_t *s);
 const char *tokens_set_shard_path(const tokens_set_t *s, int k);  /* k: 0-based */
 int64_t tokens_set_shard_rows(const tokens_set_t *s, int k, int split);
 
+/* The most segments k rows of split can make into one micro-batch (engine/loader.h
+ * batch_add_rows: a segment per sample, and a packed row's padding), from the row index;
+ * at least 1 (a pass with no rows has one segment). */
+int64_t tokens_set_max_segments(const tokens_set_t *s, int split, int64_t k);
+
 /* Checks the contents of global rows [r0, r1) of split (a streaming pass, blocks of
  * about TOKENS_SET_BLOCK_TOKENS tokens). Returns 0, 1 when an invariant does not hold,
  * -1 when a read failed; ftk_err_msg() names the shard file, the dataset and the element. */

@@ -348,3 +348,28 @@ int backend_check_device(const char *name, int from_env)
     ftk_err_set("--device %s: need cpu or cuda%s", name, from_env ? " (from FTK_DEVICE)" : "");
     return -1;
 }
+
+/* ---- cuDNN attention's workspace (backend.h) ------------------------------------------------ */
+
+static int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
+
+int64_t bk_cudnn_hopper_bwd_ws(int64_t max_seg, int64_t max_len, int n_head)
+{
+    return max_seg * n_head * max_len * max_len * 2;
+}
+
+int64_t bk_cudnn_ws_bytes(int64_t engine_ws, int64_t max_seg, int64_t max_len, int n_head)
+{
+    return round256(engine_ws) + 2 * round256(max_seg * n_head * max_len * (int64_t)sizeof(float));
+}
+
+int64_t bk_cudnn_plan_bytes(const char *device, dtype_t dt, int64_t max_seg, int64_t max_len, int n_head, int n_kv,
+                            int hd)
+{
+    const char *at = getenv("FTK_CUDA_ATTN");
+    (void)n_kv;
+    if (strcmp(device, "cuda") || !at || strcmp(at, "cudnn") || dt != DT_BF16 || hd % 8 || hd > 128 || max_seg < 1 ||
+        max_len < 1)
+        return 0;
+    return bk_cudnn_ws_bytes(bk_cudnn_hopper_bwd_ws(max_seg, max_len, n_head), max_seg, max_len, n_head);
+}

@@ -287,6 +287,14 @@ struct backend {
     void (*attn_bwd)(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
                      bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
                      int n_kv, int hd);
+    /* Optional (NULL: nothing to prepare): the attention shapes a run will meet, told once
+     * before its first attn_fwd: micro-batches of at most max_seg segments, none longer than
+     * max_len tokens, n_head/n_kv heads of hd in dtype dt. A backend that plans per shape
+     * (CUDA with FTK_CUDA_ATTN=cudnn) makes its plans for that bound and allocates their
+     * workspace here (bk_cudnn_plan_bytes), so that no plan is made and nothing is allocated
+     * mid-run; a call beyond the bound still runs (a plan made then, with a warning). 0, or
+     * -1 with ftk_err_msg() set (FTK_CUDNN_STRICT=1 and a plan cuDNN refuses). */
+    int (*attn_prepare)(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd, dtype_t dt);
     /* Decoding with a cache: the n new queries q[n, …] sit at positions p0 … p0+n-1 of one
      * sequence whose keys/values kc, vc[p0+n, n_kv·hd] are already written; query i sees
      * keys 0 … p0+i. One dtype for out, q, kc, vc. */
@@ -428,6 +436,21 @@ backend_t *backend_cpu_new(void);
  * allocated at creation and counted. */
 backend_t *backend_cuda_new(int device);
 #define BK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+/* The workspace the CUDA backend allocates at attn_prepare for cuDNN's attention
+ * (FTK_CUDA_ATTN=cudnn, bf16, hd a multiple of 8 up to 128; 0 where it would not take the
+ * shapes, on the CPU, or without FTK_CUDA_ATTN=cudnn): what cuDNN's plans ask for, counted
+ * as Hopper's deterministic backward asks (max_seg·n_head·max_len²·2 bytes, the most cuDNN 9
+ * asks of the GPUs ftk targets; other GPUs ask less), then the softmax statistics and the
+ * backward's Σ dO·O, fp32 [max_seg, n_head, max_len] each, every part rounded up to 256
+ * bytes. What the planning backend allocates for it (kernels/plan/plan.c), so that --plan
+ * counts it; device is "cpu" or "cuda". */
+int64_t bk_cudnn_plan_bytes(const char *device, dtype_t dt, int64_t max_seg, int64_t max_len, int n_head, int n_kv,
+                            int hd);
+/* The same from the engine's own workspace (engine_ws bytes, what its plans asked). */
+int64_t bk_cudnn_ws_bytes(int64_t engine_ws, int64_t max_seg, int64_t max_len, int n_head);
+/* Hopper's deterministic backward: max_seg·n_head·max_len²·2 bytes. */
+int64_t bk_cudnn_hopper_bwd_ws(int64_t max_seg, int64_t max_len, int n_head);
+
 /* CUDA devices this process sees; 0 without CUDA. */
 int backend_cuda_devices(void);
 

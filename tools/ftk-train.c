@@ -767,13 +767,18 @@ static int run_plan(const trainer_opts_t *o)
         }
         h5_close(wf);
     }
-    if (!p.max_len) {
+    if (data_path) {
         tokens_set_t *ds = tokens_set_open(data_path); /* a file or a set of shards */
         if (!ds) {
             ftk_error("%s", ftk_err_msg());
             return FTK_EXIT_USAGE;
         }
-        p.max_len = tokens_set_info(ds)->max_len;
+        if (!p.max_len)
+            p.max_len = tokens_set_info(ds)->max_len;
+        /* as trainer_new: the segments a micro-batch of either split can hold */
+        p.o.attn_max_seg = tokens_set_max_segments(ds, TOKENS_TRAIN, o->train.micro_batch);
+        int64_t v = tokens_set_max_segments(ds, TOKENS_VAL, o->train.micro_batch);
+        p.o.attn_max_seg = v > p.o.attn_max_seg ? v : p.o.attn_max_seg;
         tokens_set_close(ds);
     }
     /* --recompute auto fits --device-memory, else this machine's device's free memory */
@@ -846,6 +851,15 @@ static int run_plan(const trainer_opts_t *o)
     }
     gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
     printf("  workspaces         %s\n", a);
+    int64_t dnn_seg = p.o.attn_max_seg > 0 ? p.o.attn_max_seg : o->train.micro_batch;
+    int64_t dnn = bk_cudnn_plan_bytes(device, precision_dtypes(o->precision).act, dnn_seg, p.max_len,
+                                      (int)p.cfg.num_attention_heads, (int)p.cfg.num_key_value_heads,
+                                      (int)model_head_dim(&p.cfg));
+    if (dnn > 0) {
+        gb(a, sizeof a, dnn);
+        printf("    cuDNN attention  %s   (FTK_CUDA_ATTN=cudnn: %lld segments x %lld tokens%s, in the workspaces)\n", a,
+               (long long)dnn_seg, (long long)p.max_len, p.o.attn_max_seg > 0 ? "" : ", one a row: no --data");
+    }
     gb(a, sizeof a, c[BK_MEM_OTHER]);
     printf("  other              %s   (batch inputs, the head's logits chunk)\n", a);
     gb(a, sizeof a, pl.mem.peak);

@@ -18,10 +18,15 @@
  *    ftk's q[seg[b] + s, h·hd + d]: strides (·, hd, n_head·hd, 1) with a ragged offset per
  *    sequence (seg[b]·n_head·hd elements); K, V, O, dQ, dK, dV alike. seq_len_q = seq_len_kv
  *    = the segment's length, with the padding mask (which ragged offsets require).
- *  - Shapes: the graph's batch is n_seg rounded up to a power of two (the extra sequences
- *    are empty: length 0, at the end) and its sequence length the longest segment rounded up
- *    to a power of two (at least 64), so that the few dozen shapes a run's micro-batches have
- *    share a handful of plans; plans are kept per shape (DNN_PLANS, least recently used out).
+ *  - Shapes: one forward and one backward plan a run, made before its first step
+ *    (attn_prepare, backend.h): the graph's batch is the most segments a micro-batch can
+ *    hold and its sequence length the run's max length (the trainer knows both from the
+ *    data); a micro-batch with fewer segments leaves the rest empty (length 0, at the end).
+ *    Their workspace is allocated there, once, and the memory plan counts it
+ *    (bk_cudnn_plan_bytes). A call beyond that bound (or without attn_prepare: the op
+ *    tests, generation) gets a plan for its batch and length rounded up to powers of two
+ *    (length at least 64), made then; plans are kept per shape (DNN_PLANS, least recently
+ *    used out, the prepared ones never). Every plan made says so in one line.
  *  - Stats: cuDNN's softmax statistics are max + log Σexp of the scaled scores, natural
  *    log: ftk's lse, in another layout ([b, h, s] padded): a kernel moves them to lse[n,
  *    n_head] after the forward and back before the backward.
@@ -30,24 +35,55 @@
  *    say NONDETERMINISTIC are passed over.
  *  - Grouped-query heads: K and V have n_kv heads; the products broadcast them, and the
  *    backward sums the query heads of a group into dK, dV with reductions (bf16 per head,
- *    as the frontend's graph).
+ *    as the frontend's graph). Ragged offsets with grouped-query heads need cuDNN 9.6: an
+ *    older cuDNN refuses such a plan here, before asking it.
  * Taken here: bf16, head dimensions that are multiples of 8 up to 128, views on 16-byte
  * boundaries; anything else runs on attention.cu's kernels as without cuDNN. Where cuDNN
- * is missing, or a graph is refused (no engine for it on this device, an older cuDNN), one
- * line says so and the instance goes on with the flash kernels (FTK_CUDNN_STRICT=1: an
- * error instead). The host emulation (tests/gpu/emu) has no cuDNN: there the instance
- * always takes that path. */
+ * is missing, or a plan is refused (no engine for the shape on this device, an older
+ * cuDNN), one line says so, naming the shape, and the instance goes on with the flash
+ * kernels. FTK_CUDNN_STRICT=1, read once when the instance opens cuDNN and kept for its
+ * life, makes each of these an error instead (recorded, reported by attn_prepare or sync):
+ * a run or a benchmark under cuDNN's name never measures the flash kernels.
+ *
+ * The host emulation (tests/gpu/emu) has no cuDNN: there the instance takes the flash
+ * kernels' path, as above. With FTK_EMU_CUDNN=MAJOR.MINOR.PATCH it has a stand-in instead
+ * (the end of this file): the version it reports, plans "made" with the workspace Hopper's
+ * would ask, refused where FTK_EMU_CUDNN_REFUSE says (fwd, bwd or all), and every call run
+ * by the flash kernels; so the host code here (shapes, plans made at the start and when,
+ * the workspace and its accounting, strictness, the version guard) runs under the
+ * emulator, tests/gpu/cudnn_emu.sh. */
 #include "cuda_internal.cuh"
 
-#ifdef __CUDACC__
-
-#include <cudnn_graph.h>
-#include <dlfcn.h>
 #include <float.h>
-#include <glob.h>
 
 #include <array>
 #include <vector>
+
+#ifdef __CUDACC__
+#include <cudnn_graph.h>
+#include <dlfcn.h>
+#include <glob.h>
+#endif
+
+typedef std::array<int64_t, 4> d4;
+
+/* A graph's shape (the graphs' common inputs: the sequence lengths and ragged offsets, the
+ * scale, the masks' -inf, and the score-shaped virtual tensors follow from it). */
+struct sdpa_dims {
+    int64_t B, H, Hk, S, D;
+    d4 sd() const { return d4{B, H, S, S}; }
+    d4 ss() const { return d4{H * S * S, S * S, S, 1}; }
+    d4 rd() const { return d4{B, H, S, 1}; } /* a value per query row */
+    d4 rs() const { return d4{H * S, S, 1, 1}; }
+};
+
+/* The tensors' unique ids in the graphs and variant packs; virtual tensors take U_VIRT on. */
+enum {
+    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SEQ_Q, U_SEQ_KV, U_OFF_Q, U_OFF_KV, U_SCALE, U_NEGINF1, U_NEGINF2,
+    U_NEGINF3, U_ONE, U_DO, U_DQ, U_DK, U_DV, U_SUM, U_VIRT = 100
+};
+
+#ifdef __CUDACC__
 
 /* ---- the library ------------------------------------------------------------------------- */
 
@@ -165,20 +201,9 @@ static int dnn_load(void)
     return 0;
 }
 
-/* ---- the instance's state ------------------------------------------------------------------ */
-
 typedef cudnnBackendDescriptor_t desc_t;
 
-/* A finalized execution plan for one shape, and every descriptor it was built from. */
-struct dnn_plan {
-    int bwd, B, S, n_head, n_kv, hd;
-    desc_t plan;
-    std::vector<desc_t> descs;
-    int64_t ws; /* the plan's workspace, bytes */
-    uint64_t used;
-};
-
-enum { DNN_PLANS = 32, IDX_ALIGN = 64 };
+enum { IDX_ALIGN = 64 };
 
 /* Where each array of the sequence table starts (int32 elements), for a graph batch of B. */
 static inline int64_t idx_pad(int64_t n) { return (n + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN; }
@@ -187,17 +212,69 @@ static inline int64_t idx_oq(int64_t B) { return idx_start(B) + idx_pad(B + 1); 
 static inline int64_t idx_okv(int64_t B) { return idx_oq(B) + idx_pad(B + 1); }
 static inline int64_t idx_count(int64_t B) { return idx_okv(B) + idx_pad(B + 1); }
 
-/* The tensors' unique ids in the graphs and variant packs; virtual tensors take U_VIRT on. */
-enum {
-    U_Q = 1, U_K, U_V, U_O, U_STATS, U_SEQ_Q, U_SEQ_KV, U_OFF_Q, U_OFF_KV, U_SCALE, U_NEGINF1, U_NEGINF2,
-    U_NEGINF3, U_ONE, U_DO, U_DQ, U_DK, U_DV, U_SUM, U_VIRT = 100
+
+
+#else /* the host emulation's stand-in (FTK_EMU_CUDNN) */
+
+static struct {
+    int tried, ok;
+    size_t version;
+    char path[64];
+    char why[600];
+} dnn_lib;
+
+/* 0 with dnn_lib filled where FTK_EMU_CUDNN names a version, else -1 with dnn_lib.why. */
+static int dnn_load(void)
+{
+    if (dnn_lib.tried)
+        return dnn_lib.ok ? 0 : -1;
+    dnn_lib.tried = 1;
+    const char *v = getenv("FTK_EMU_CUDNN");
+    unsigned a = 0, b = 0, c = 0;
+    if (!v || !*v) {
+        snprintf(dnn_lib.why, sizeof dnn_lib.why, "cuDNN is not part of the host emulation");
+        return -1;
+    }
+    if (sscanf(v, "%u.%u.%u", &a, &b, &c) != 3 || a != 9 || b > 99 || c > 99) {
+        snprintf(dnn_lib.why, sizeof dnn_lib.why, "FTK_EMU_CUDNN=%.100s: expected a cuDNN 9 version, 9.MINOR.PATCH", v);
+        return -1;
+    }
+    dnn_lib.version = (size_t)a * 10000 + b * 100 + c;
+    snprintf(dnn_lib.path, sizeof dnn_lib.path, "the host emulation's stand-in");
+    dnn_lib.ok = 1;
+    return 0;
+}
+
+typedef void *desc_t;
+
+#endif
+
+/* ---- the instance's state ------------------------------------------------------------------ */
+
+/* A finalized execution plan for one shape, and every descriptor it was built from. */
+struct dnn_plan {
+    int bwd;
+    sdpa_dims z;
+    desc_t plan;
+    std::vector<desc_t> descs;
+    int64_t ws; /* the plan's workspace, bytes */
+    uint64_t used;
+    int prepared; /* made by attn_prepare: never evicted */
 };
 
+enum { DNN_PLANS = 32 };
+
 struct dnn_t {
-    cudnnHandle_t h;
     dnn_plan *plans[DNN_PLANS];
     int n_plans;
     uint64_t tick;
+    sdpa_dims prep; /* the bound attn_prepare planned for (B 0: none) */
+    int beyond;     /* a call beyond it was warned about */
+    int64_t calls, seg_lo, seg_hi; /* calls given a plan, and their segments' range (the summary) */
+    void *ws; /* plan workspace | stats [B, H, S] | Σ dO·O [B, H, S] (backward) */
+    size_t ws_cap;
+#ifdef __CUDACC__
+    cudnnHandle_t h;
     /* the sequences on the device, int32: len[B] | start[B + 1] | off_q[B + 1] | off_kv[B + 1],
      * each at a multiple of IDX_ALIGN elements (the tensors say 16-byte aligned), uploaded
      * from pinned idx_host (idx_ev: after that copy) for the segments of the last call
@@ -209,17 +286,17 @@ struct dnn_t {
     cudaEvent_t idx_ev;
     std::vector<int64_t> last_seg;
     int64_t last_B, last_qw, last_kw;
-    void *ws; /* plan workspace | stats [B, H, S] | Σ dO·O [B, H, S] (backward) */
-    size_t ws_cap;
     /* the by-value scalars, read by cudnnBackendExecute from here */
     float scale, neginf, one;
+#endif
 };
+
+#ifdef __CUDACC__
 
 static const char *dnn_status(cudnnStatus_t s) { return dnn_lib.cudnnGetErrorString(s); }
 
 /* ---- building graphs ------------------------------------------------------------------------ */
 
-typedef std::array<int64_t, 4> d4;
 
 /* Descriptors made, set and finalized in order; the first failure is kept (err) and every
  * later call does nothing, so a graph reads as straight-line code. */
@@ -370,16 +447,6 @@ struct gb {
         fin(op, w);
         ops.push_back(op);
     }
-};
-
-/* The graphs' common inputs: the sequence lengths and ragged offsets, the scale, the masks'
- * -inf, and the score-shaped virtual tensors. */
-struct sdpa_dims {
-    int64_t B, H, Hk, S, D;
-    d4 sd() const { return d4{B, H, S, S}; }
-    d4 ss() const { return d4{H * S * S, S * S, S, 1}; }
-    d4 rd() const { return d4{B, H, S, 1}; } /* a value per query row */
-    d4 rs() const { return d4{H * S, S, 1, 1}; }
 };
 
 /* score with the padding mask (rows and columns past the sequence's length: -inf) */
@@ -621,60 +688,28 @@ static void bwd_graph(gb &g, const sdpa_dims &z)
     g.mm(ds, kr, dq, seq_q, NULL, seq_kv);
 }
 
-static void plan_free(dnn_plan *p)
-{
-    for (desc_t d : p->descs)
-        dnn_lib.cudnnBackendDestroyDescriptor(d);
-    delete p;
-}
+/* ---- the engine: plans, execution --------------------------------------------------------- */
 
-static int64_t pow2_at_least(int64_t x, int64_t lo)
+/* The graph of z made into p (its plan and workspace); -1 with err set when refused. */
+static int eng_plan(dnn_t *d, int bwd, const sdpa_dims &z, dnn_plan *p, char *err, size_t n)
 {
-    int64_t p = lo;
-    while (p < x)
-        p *= 2;
-    return p;
-}
-
-/* The plan for a shape: kept, or built (NULL with why set when cuDNN refuses it). */
-static dnn_plan *plan_for(cuda_t *c, int bwd, const sdpa_dims &z, char *why, size_t why_n)
-{
-    dnn_t *d = c->dnn;
-    for (int i = 0; i < d->n_plans; i++) {
-        dnn_plan *p = d->plans[i];
-        if (p->bwd == bwd && p->B == z.B && p->S == z.S && p->n_head == z.H && p->n_kv == z.Hk && p->hd == z.D) {
-            p->used = ++d->tick;
-            return p;
-        }
-    }
     gb g;
     g.h = d->h;
     if (bwd)
         bwd_graph(g, z);
     else
         fwd_graph(g, z);
-    dnn_plan *p = new dnn_plan();
-    p->bwd = bwd, p->B = (int)z.B, p->S = (int)z.S, p->n_head = (int)z.H, p->n_kv = (int)z.Hk, p->hd = (int)z.D;
     int rc = g.err[0] ? -1 : make_plan(g, p, bwd);
     p->descs = g.all;
-    if (rc < 0) {
-        snprintf(why, why_n, "the %s graph (batch %lld, sequence %lld, %lld/%lld heads, head dim %lld): %s",
-                 bwd ? "backward" : "forward", (long long)z.B, (long long)z.S, (long long)z.H, (long long)z.Hk,
-                 (long long)z.D, g.err);
-        plan_free(p);
-        return NULL;
-    }
-    if (d->n_plans == DNN_PLANS) { /* the least recently used goes: its launches are queued already */
-        int lru = 0;
-        for (int i = 1; i < d->n_plans; i++)
-            if (d->plans[i]->used < d->plans[lru]->used)
-                lru = i;
-        plan_free(d->plans[lru]);
-        d->plans[lru] = d->plans[--d->n_plans];
-    }
-    p->used = ++d->tick;
-    d->plans[d->n_plans++] = p;
-    return p;
+    if (rc < 0)
+        snprintf(err, n, "%s", g.err);
+    return rc;
+}
+
+static void eng_plan_free(dnn_plan *p)
+{
+    for (desc_t d : p->descs)
+        dnn_lib.cudnnBackendDestroyDescriptor(d);
 }
 
 /* The sequences' table on the device for seg, padded to B sequences; after scratch_claim. */
@@ -739,52 +774,18 @@ __global__ void dnn_stats_kernel(float *lse, float *stats, const int32_t *len, c
     }
 }
 
-/* Gives up on cuDNN for this instance: one line, then the flash kernels; with
- * FTK_CUDNN_STRICT=1 (the GPU tests: a fallback would pass them unseen) an error instead. */
-static void give_up(cuda_t *c, const char *why)
-{
-    const char *st = getenv("FTK_CUDNN_STRICT");
-    if (st && !strcmp(st, "1")) {
-        note_err(c, "FTK_CUDA_ATTN=cudnn (FTK_CUDNN_STRICT=1)", why);
-        return;
-    }
-    ftk_warn("FTK_CUDA_ATTN=cudnn: %s; attention runs on the flash kernels", why);
-    c->attn = ATTN_FLASH;
-}
 
-/* Shape, pointers, workspace; 0 when the call was queued, 1 when not taken here (the
- * caller's kernels run it), -1 after an error kept in c. */
-static int dnn_run(cuda_t *c, int bwd, const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd, float *lse,
-                   std::initializer_list<std::pair<int64_t, void *>> bufs)
+/* Queues plan p on the sequences of seg (z: p's shape; w: its workspace, stats and sums
+ * after it); 0, or -1 after an error kept in c. */
+static int eng_run(cuda_t *c, int bwd, dnn_plan *p, const sdpa_dims &z, const int64_t *seg, int64_t n_seg,
+                   int n_head, int n_kv, int hd, float *lse, std::initializer_list<std::pair<int64_t, void *>> bufs,
+                   char *w, float *stats, float *sum)
 {
     dnn_t *d = c->dnn;
-    if (hd % 8 || hd > 128) /* the head dimensions every cuDNN 9 takes */
-        return 1;
-    for (auto &b : bufs)
-        if ((uintptr_t)b.second % 16)
-            return 1;
-    int64_t smax = 0;
-    for (int64_t s = 0; s < n_seg; s++)
-        smax = seg[s + 1] - seg[s] > smax ? seg[s + 1] - seg[s] : smax;
-    sdpa_dims z{pow2_at_least(n_seg, 1), n_head, n_kv, pow2_at_least(smax, 64), hd};
-    if (seg[n_seg] * (int64_t)n_head * hd >= ((int64_t)1 << 31))
-        return 1; /* ragged offsets past int32 */
-    char why[600];
-    dnn_plan *p = plan_for(c, bwd, z, why, sizeof why);
-    if (!p) {
-        give_up(c, why);
-        return failed(c) ? -1 : 1;
-    }
     const int32_t *idx = upload_idx(c, seg, n_seg, z.B, (int64_t)n_head * hd, (int64_t)n_kv * hd);
     if (!idx)
         return -1;
     const int32_t *len = idx, *start = idx + idx_start(z.B), *oq = idx + idx_oq(z.B), *okv = idx + idx_okv(z.B);
-    size_t ws = ((size_t)p->ws + 255) & ~(size_t)255, rows = (size_t)(z.B * z.H * z.S) * sizeof(float);
-    rows = (rows + 255) & ~(size_t)255;
-    char *w = (char *)scratch(c, &d->ws, &d->ws_cap, ws + 2 * rows, "cuDNN attention: workspace");
-    if (!w)
-        return -1;
-    float *stats = (float *)(w + ws), *sum = (float *)(w + ws + rows);
     unsigned blocks = blocks_for(z.B * z.H * z.S, 256);
     if (bwd) {
         dnn_stats_kernel<<<blocks, 256, 0, c->cur>>>(lse, stats, len, start, z.B, z.H, z.S, 0);
@@ -847,23 +848,216 @@ static int dnn_run(cuda_t *c, int bwd, const int64_t *seg, int64_t n_seg, int n_
     return 0;
 }
 
+/* cuDNN's handle and the sequences' event; -1 with why set. */
+static int eng_open(dnn_t *d, char *why, size_t n)
+{
+    d->last_B = -1;
+    cudnnStatus_t s = dnn_lib.cudnnCreate(&d->h);
+    if (s != CUDNN_STATUS_SUCCESS || cudaEventCreateWithFlags(&d->idx_ev, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, n, "%.400s: cudnnCreate: %.100s", dnn_lib.path,
+                 s != CUDNN_STATUS_SUCCESS ? dnn_status(s) : "event");
+        if (s == CUDNN_STATUS_SUCCESS)
+            dnn_lib.cudnnDestroy(d->h);
+        return -1;
+    }
+    return 0;
+}
+
+static void eng_close(dnn_t *d)
+{
+    if (d->idx_host)
+        cudaFreeHost(d->idx_host);
+    if (d->idx_ev)
+        cudaEventDestroy(d->idx_ev);
+    dnn_lib.cudnnDestroy(d->h);
+}
+
+#else /* the host emulation's stand-in */
+
+/* A plan "made" for z: refused where FTK_EMU_CUDNN_REFUSE says (fwd, bwd, all), else with
+ * the workspace Hopper's deterministic backward asks (the forward's: none). */
+static int eng_plan(dnn_t *, int bwd, const sdpa_dims &z, dnn_plan *p, char *err, size_t n)
+{
+    const char *r = getenv("FTK_EMU_CUDNN_REFUSE");
+    if (r && (!strcmp(r, "all") || !strcmp(r, bwd ? "bwd" : "fwd"))) {
+        snprintf(err, n, "no engine takes the attention graph on this device (FTK_EMU_CUDNN_REFUSE=%s)", r);
+        return -1;
+    }
+    p->plan = NULL;
+    p->ws = bwd ? bk_cudnn_hopper_bwd_ws(z.B, z.S, (int)z.H) : 0;
+    return 0;
+}
+static void eng_plan_free(dnn_plan *) {}
+/* the flash kernels run every call (1: not taken) */
+static int eng_run(cuda_t *, int, dnn_plan *, const sdpa_dims &, const int64_t *, int64_t, int, int, int, float *,
+                   std::initializer_list<std::pair<int64_t, void *>>, char *, float *, float *)
+{
+    return 1;
+}
+static int eng_open(dnn_t *, char *, size_t) { return 0; }
+static void eng_close(dnn_t *) {}
+
+#endif
+
+/* ---- what both share: which plans, when, and what a refusal does ---------------------------- */
+
+static void plan_free(dnn_plan *p)
+{
+    eng_plan_free(p);
+    delete p;
+}
+
+static int64_t pow2_at_least(int64_t x, int64_t lo)
+{
+    int64_t p = lo;
+    while (p < x)
+        p *= 2;
+    return p;
+}
+
+/* Gives up on cuDNN for this instance: one line, then the flash kernels; with
+ * FTK_CUDNN_STRICT=1, as latched by dnn_open (the GPU tests and benchmarks: a fallback would
+ * pass or be timed unseen), an error instead. */
+static void give_up(cuda_t *c, const char *why)
+{
+    if (c->dnn_strict) {
+        char b[440]; /* c->err's room after its prefix; the shape comes first */
+        snprintf(b, sizeof b, "%.430s", why);
+        note_err(c, "FTK_CUDA_ATTN=cudnn (FTK_CUDNN_STRICT=1)", b);
+        return;
+    }
+    ftk_warn("FTK_CUDA_ATTN=cudnn: %s; attention runs on the flash kernels", why);
+    c->attn = ATTN_FLASH;
+}
+
+/* The plan for a shape: kept, or made (NULL with why naming the shape when refused). */
+static dnn_plan *plan_for(cuda_t *c, int bwd, const sdpa_dims &z, int prepared, char *why, size_t why_n)
+{
+    dnn_t *d = c->dnn;
+    for (int i = 0; i < d->n_plans; i++) {
+        dnn_plan *p = d->plans[i];
+        if (p->bwd == bwd && p->z.B == z.B && p->z.S == z.S && p->z.H == z.H && p->z.Hk == z.Hk && p->z.D == z.D) {
+            p->used = ++d->tick;
+            p->prepared |= prepared;
+            return p;
+        }
+    }
+    char shape[200], err[500] = "";
+    snprintf(shape, sizeof shape, "the %s plan for B %lld, S %lld, %lld heads, %lld kv heads, head dim %lld",
+             bwd ? "backward" : "forward", (long long)z.B, (long long)z.S, (long long)z.H, (long long)z.Hk,
+             (long long)z.D);
+    dnn_plan *p = new dnn_plan();
+    p->bwd = bwd, p->z = z, p->prepared = prepared;
+    int rc;
+    if (z.Hk != z.H && dnn_lib.version < 90600) {
+        snprintf(err, sizeof err,
+                 "cuDNN %zu.%zu.%zu takes ragged offsets with grouped-query heads from 9.6 on (%s is older)",
+                 dnn_lib.version / 10000, dnn_lib.version / 100 % 100, dnn_lib.version % 100, dnn_lib.path);
+        rc = -1;
+    } else {
+        rc = eng_plan(d, bwd, z, p, err, sizeof err);
+    }
+    if (rc < 0) {
+        snprintf(why, why_n, "cuDNN refuses %s: %s", shape, err);
+        plan_free(p);
+        return NULL;
+    }
+    ftk_info("attention: cuDNN made %s (workspace %.1f MB)%s", shape, (double)p->ws / 1e6,
+             prepared ? "" : ", on first use");
+    if (d->n_plans == DNN_PLANS) { /* the least recently used goes: its launches are queued already */
+        int lru = -1;
+        for (int i = 0; i < d->n_plans; i++)
+            if (!d->plans[i]->prepared && (lru < 0 || d->plans[i]->used < d->plans[lru]->used))
+                lru = i;
+        plan_free(d->plans[lru]); /* at most 2 of DNN_PLANS are prepared */
+        d->plans[lru] = d->plans[--d->n_plans];
+    }
+    p->used = ++d->tick;
+    d->plans[d->n_plans++] = p;
+    return p;
+}
+
+/* Shape, plan, workspace; 0 when the call was queued, 1 when not taken here (the caller's
+ * kernels run it), -1 after an error kept in c. */
+static int dnn_run(cuda_t *c, int bwd, const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd, float *lse,
+                   std::initializer_list<std::pair<int64_t, void *>> bufs)
+{
+    dnn_t *d = c->dnn;
+    if (hd % 8 || hd > 128) /* the head dimensions every cuDNN 9 takes */
+        return 1;
+    for (auto &b : bufs)
+        if ((uintptr_t)b.second % 16)
+            return 1;
+    int64_t smax = 0;
+    for (int64_t s = 0; s < n_seg; s++)
+        smax = seg[s + 1] - seg[s] > smax ? seg[s + 1] - seg[s] : smax;
+    if (seg[n_seg] * (int64_t)n_head * hd >= ((int64_t)1 << 31))
+        return 1; /* ragged offsets past int32 */
+    const sdpa_dims &b = d->prep;
+    int in_bound = b.B && n_seg <= b.B && smax <= b.S && b.H == n_head && b.Hk == n_kv && b.D == hd;
+    sdpa_dims z = in_bound ? b : sdpa_dims{pow2_at_least(n_seg, 1), n_head, n_kv, pow2_at_least(smax, 64), hd};
+    if (b.B && !in_bound && !d->beyond) {
+        d->beyond = 1;
+        ftk_warn("FTK_CUDA_ATTN=cudnn: a micro-batch of %lld segments, the longest %lld tokens (%d/%d heads of %d), "
+                 "is beyond the %lld x %lld planned at the start: a plan is made for it now",
+                 (long long)n_seg, (long long)smax, n_head, n_kv, hd, (long long)b.B, (long long)b.S);
+    }
+    char why[800];
+    dnn_plan *p = plan_for(c, bwd, z, 0, why, sizeof why);
+    if (!p) {
+        give_up(c, why);
+        return failed(c) ? -1 : 1;
+    }
+    d->seg_lo = d->calls && d->seg_lo < n_seg ? d->seg_lo : n_seg;
+    d->seg_hi = d->seg_hi > n_seg ? d->seg_hi : n_seg;
+    d->calls++;
+    size_t ws = ((size_t)p->ws + 255) & ~(size_t)255, rows = (size_t)(z.B * z.H * z.S) * sizeof(float);
+    rows = (rows + 255) & ~(size_t)255;
+    char *w = (char *)scratch(c, &d->ws, &d->ws_cap, ws + 2 * rows, "cuDNN attention workspace");
+    if (!w)
+        return -1;
+    return eng_run(c, bwd, p, z, seg, n_seg, n_head, n_kv, hd, lse, bufs, w, (float *)(w + ws),
+                   (float *)(w + ws + rows));
+}
+
+int cu_attn_prepare(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd, dtype_t dt)
+{
+    cuda_t *c = enter(be);
+    dnn_t *d = c->dnn;
+    if (!failed(c) && c->attn == ATTN_CUDNN && d && dt == DT_BF16 && hd % 8 == 0 && hd <= 128 && max_seg > 0 &&
+        max_len > 0) {
+        sdpa_dims z{max_seg, n_head, n_kv, max_len, hd};
+        char why[800];
+        dnn_plan *f = plan_for(c, 0, z, 1, why, sizeof why), *b = f ? plan_for(c, 1, z, 1, why, sizeof why) : NULL;
+        if (!b) {
+            give_up(c, why);
+        } else {
+            int64_t ws = bk_cudnn_ws_bytes(f->ws > b->ws ? f->ws : b->ws, z.B, z.S, (int)z.H);
+            if (scratch(c, &d->ws, &d->ws_cap, (size_t)ws, "cuDNN attention workspace"))
+                d->prep = z;
+        }
+    }
+    if (failed(c)) {
+        ftk_err_set("%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
 void dnn_open(cuda_t *c)
 {
+    const char *st = getenv("FTK_CUDNN_STRICT");
+    c->dnn_strict = st && !strcmp(st, "1");
     if (dnn_load() < 0) {
         give_up(c, dnn_lib.why);
         return;
     }
     dnn_t *d = new dnn_t();
-    d->last_B = -1;
-    cudnnStatus_t s = dnn_lib.cudnnCreate(&d->h);
-    if (s != CUDNN_STATUS_SUCCESS || cudaEventCreateWithFlags(&d->idx_ev, cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();
-        char b[600];
-        snprintf(b, sizeof b, "%.400s: cudnnCreate: %.100s", dnn_lib.path, s != CUDNN_STATUS_SUCCESS ? dnn_status(s) : "event");
-        if (s == CUDNN_STATUS_SUCCESS)
-            dnn_lib.cudnnDestroy(d->h);
+    char why[600];
+    if (eng_open(d, why, sizeof why) < 0) {
         delete d;
-        give_up(c, b);
+        give_up(c, why);
         return;
     }
     c->dnn = d;
@@ -876,13 +1070,12 @@ void dnn_close(cuda_t *c)
     dnn_t *d = c->dnn;
     if (!d)
         return;
+    if (d->calls)
+        ftk_info("attention: cuDNN ran %lld calls of %lld to %lld segments on %d plan%s", (long long)d->calls,
+                 (long long)d->seg_lo, (long long)d->seg_hi, d->n_plans, d->n_plans == 1 ? "" : "s");
     for (int i = 0; i < d->n_plans; i++)
         plan_free(d->plans[i]);
-    if (d->idx_host)
-        cudaFreeHost(d->idx_host);
-    if (d->idx_ev)
-        cudaEventDestroy(d->idx_ev);
-    dnn_lib.cudnnDestroy(d->h);
+    eng_close(d);
     delete d; /* idx and ws are bk_alloc'd: backend_free has freed them */
     c->dnn = NULL;
 }
@@ -904,28 +1097,3 @@ int dnn_attn_bwd(cuda_t *c, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout
                    {{U_Q, q.p}, {U_K, k.p}, {U_V, v.p}, {U_O, out.p}, {U_DO, dout.p}, {U_DQ, dq.p}, {U_DK, dk.p},
                     {U_DV, dv.p}});
 }
-
-#else /* the host emulation (tests/gpu/emu): no cuDNN */
-
-void dnn_open(cuda_t *c)
-{
-    const char *why = "cuDNN is not part of the host emulation", *st = getenv("FTK_CUDNN_STRICT");
-    if (st && !strcmp(st, "1")) {
-        note_err(c, "FTK_CUDA_ATTN=cudnn (FTK_CUDNN_STRICT=1)", why);
-        return;
-    }
-    ftk_warn("FTK_CUDA_ATTN=cudnn: %s; attention runs on the flash kernels", why);
-    c->attn = ATTN_FLASH;
-}
-void dnn_close(cuda_t *) {}
-int dnn_attn_fwd(cuda_t *, bk_buf_t, float *, bk_buf_t, bk_buf_t, bk_buf_t, const int64_t *, int64_t, int, int, int)
-{
-    return 1;
-}
-int dnn_attn_bwd(cuda_t *, bk_buf_t, bk_buf_t, bk_buf_t, bk_buf_t, bk_buf_t, bk_buf_t, bk_buf_t, bk_buf_t,
-                 const float *, const int64_t *, int64_t, int, int, int)
-{
-    return 1;
-}
-
-#endif

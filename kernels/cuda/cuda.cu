@@ -22,7 +22,8 @@
  *    flash_mma.cuh's, accumulators in registers, not yet run on a GPU; both round
  *    probabilities and dS to bf16 before their products, as FlashAttention does).
  *    With FTK_CUDA_ATTN=cudnn, bf16 attention goes to cuDNN's fused attention where cuDNN
- *    loads (attention_cudnn.cu; the flash kernels, with one line saying why, where not).
+ *    loads and takes the shape (attention_cudnn.cu: plans made at attn_prepare; the flash
+ *    kernels, with one line saying why, where not; FTK_CUDNN_STRICT=1: an error).
  *    Otherwise, and with FTK_CUDA_ATTN=simple: one warp per (query row, head), keys visited in order with an
  *    online softmax in fp32, probabilities never rounded; its backward recomputes them
  *    from the saved log-sum-exp, one warp per query row for dq and one per key row for dk
@@ -209,6 +210,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->attn_fwd = cu_attn_fwd;
     be->attn_bwd = cu_attn_bwd;
     be->attn_cached = cu_attn_cached;
+    be->attn_prepare = cu_attn_prepare;
     be->swiglu_fwd = cu_swiglu_fwd;
     be->swiglu_bwd = cu_swiglu_bwd;
     be->xent = cu_xent;

@@ -90,6 +90,7 @@ typedef struct {
     int attn;                        /* FTK_CUDA_ATTN: ATTN_FLASH (default), ATTN_MMA, ATTN_SIMPLE,
                                       * ATTN_CUDNN (ATTN_FLASH once cuDNN is given up) */
     dnn_t *dnn;                      /* with ATTN_CUDNN: cuDNN opened for this instance */
+    int dnn_strict;                  /* FTK_CUDNN_STRICT=1 when dnn_open ran: a refusal is an error */
     int vec;                         /* elementwise kernels may take 8 elements a thread, sums of partial
                                       * sums by a tree, adamw_multi's block map (FTK_CUDA_VEC) */
     char err[512];                   /* first error, "" when none */
@@ -458,11 +459,14 @@ void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t 
 void cu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
                     int n_head, int n_kv, int hd);
 
-/* attention_cudnn.cu. dnn_open: at creation with ATTN_CUDNN, opens cuDNN, or says in one
- * line why not and sets ATTN_FLASH; dnn_close: at destruction. The ops: 0 when queued on
- * cuDNN, 1 when not taken (no cuDNN, not bf16, a view off 16 bytes, a graph cuDNN refuses:
- * then ATTN_FLASH and one line) and the caller's kernels run it, -1 after an error kept in c.
- * After scratch_claim. */
+/* attention_cudnn.cu. dnn_open: at creation with ATTN_CUDNN, latches FTK_CUDNN_STRICT and
+ * opens cuDNN, or says in one line why not and sets ATTN_FLASH (strict: an error kept in c);
+ * dnn_close: at destruction. cu_attn_prepare: the backend's attn_prepare (backend.h), the
+ * plans for the run's bound and their workspace. The ops: 0 when queued on cuDNN, 1 when
+ * not taken (no cuDNN, not bf16, a view off 16 bytes, a plan cuDNN refuses: then ATTN_FLASH
+ * and one line) and the caller's kernels run it, -1 after an error kept in c (strict: a
+ * refusal). After scratch_claim. */
+int cu_attn_prepare(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd, dtype_t dt);
 void dnn_open(cuda_t *c);
 void dnn_close(cuda_t *c);
 int dnn_attn_fwd(cuda_t *c, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg,

@@ -13,6 +13,7 @@
 
 typedef struct {
     uintptr_t next; /* the next address to hand out */
+    int cuda;       /* planning for the CUDA backend */
 } plan_ctx_t;
 
 static void *plan_mem_alloc(backend_t *be, size_t bytes)
@@ -88,6 +89,14 @@ static void plan_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t k
                              int n_head, int n_kv, int hd)
 {
     (void)be, (void)out, (void)q, (void)kc, (void)vc, (void)n, (void)p0, (void)n_head, (void)n_kv, (void)hd;
+}
+/* What the planned device's backend allocates for these shapes (cuDNN's workspace). */
+static int plan_attn_prepare(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd,
+                             dtype_t dt)
+{
+    plan_ctx_t *c = be->ctx;
+    int64_t ws = bk_cudnn_plan_bytes(c->cuda ? "cuda" : "cpu", dt, max_seg, max_len, n_head, n_kv, hd);
+    return ws > 0 && !bk_alloc(be, (size_t)ws, BK_MEM_WORKSPACE, "cuDNN attention workspace") ? -1 : 0;
 }
 static void plan_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n)
 {
@@ -176,6 +185,7 @@ backend_t *backend_plan_new(const char *device)
         return NULL;
     }
     c->next = (uintptr_t)1 << 44;
+    c->cuda = cuda;
     be->ctx = c;
     be->destroy = plan_destroy;
     be->mem_alloc = plan_mem_alloc;
@@ -193,6 +203,7 @@ backend_t *backend_plan_new(const char *device)
     be->attn_fwd = plan_attn_fwd;
     be->attn_bwd = plan_attn_bwd;
     be->attn_cached = plan_attn_cached;
+    be->attn_prepare = plan_attn_prepare;
     be->swiglu_fwd = plan_swiglu_fwd;
     be->swiglu_bwd = plan_swiglu_bwd;
     be->xent = plan_xent;

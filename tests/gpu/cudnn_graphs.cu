@@ -1,14 +1,29 @@
-/* cudnn_graphs.cu — FTK_CUDA_ATTN=cudnn's graphs (kernels/cuda/attention_cudnn.cu) checked by
- * cuDNN without a GPU: for Llama's shapes (head dims 64 and 128, grouped-query heads or
- * not, several batches and lengths) the forward and backward graphs' descriptors finalize,
- * their operation graphs finalize, and some engine configuration, for an H100 (a
- * device-properties descriptor from JSON, cuDNN 9.8 on), takes each graph: its
- * finalization passes the fused-attention engine's checks of the graph's structure and
- * gets as far as loading kernels (which needs the driver: without one that is where it
- * stops, and that counts). A graph whose structure the engines do not recognise (an
- * operation left out, a wire crossed) is taken by none. What it cannot check: the
- * operations' modes within a recognised structure (cuDNN 9.19 takes an ADD where the
- * backward has a SUB), the kernels, and what they compute (tests/gpu/gpu_ops.c, on a GPU).
+/* cudnn_graphs.cu — FTK_CUDA_ATTN=cudnn's graphs (kernels/cuda/attention_cudnn.cu) given to
+ * cuDNN without a GPU, for Llama's shapes (head dims 64 and 128, grouped-query heads or not,
+ * several batches and lengths), forward and backward, and an H100's device properties (a
+ * descriptor from JSON, cuDNN 9.8 on).
+ *
+ * What a run without a GPU proves, and what it does not:
+ *  - proved: every tensor and operation descriptor of both graphs finalizes (cuDNN checks
+ *    each attribute: types, dimensions against strides, the ragged offsets, the wiring of
+ *    each operation's inputs), and so does the operation graph;
+ *  - proved: some of cuDNN's engines (those that finalize for the graph and the device:
+ *    the fused-attention engines, by its pattern matcher) recognise the graph's structure;
+ *    a graph with an operation left out or a wire crossed is taken by none;
+ *  - NOT proved: that any engine configuration takes the shape. Finalizing a configuration
+ *    runs its isSupported(), which first loads the engine's kernels (loadDLL(), compiling
+ *    them with NVRTC) and stops there without libcuda, before the per-configuration checks
+ *    (head dimension, sequence length, shared memory, the deterministic backward's limits)
+ *    run: so without a driver every shape reports the same count (cuDNN 9.19: 102 forward,
+ *    37 backward configurations), whatever it is. Those counts are printed as "stopped at
+ *    the driver", and say nothing about the shape. cuDNN's debug log shows it
+ *    (CUDNN_LOGLEVEL_DBG=3: "this->libcuda == nullptr ... loadDLL() ... isSupported()").
+ *  - NOT proved: the operations' modes within a recognised structure (cuDNN 9.19 takes an
+ *    ADD where the backward has a SUB), the kernels, and what they compute: tests/gpu/gpu_ops.c
+ *    with FTK_CUDA_ATTN=cudnn FTK_CUDNN_STRICT=1 on a GPU, where a refused plan is an error
+ *    naming its shape.
+ * With a driver (on a GPU machine) the configurations' own checks run, and a shape that
+ * none takes fails here.
  *
  * Exit 0 pass, 1 fail, 77 "skipped" (no libcudnn.so.9 found, or one older than 9.8). */
 #include "../../kernels/cuda/attention_cudnn.cu"
@@ -27,7 +42,7 @@ static const char h100[] =
     "\"l2CacheSize\":52428800,\"cudaDeviceId\":0,\"deviceVer\":900,\"driverVer\":13000,"
     "\"deviceName\":\"NVIDIA H100 80GB HBM3\"}";
 
-static int failures;
+static int failures, unchecked;
 
 /* How many of cuDNN's engine configurations (each engine, each value of its KERNEL_CFG knob)
  * take g's ops on device dp: finalizing a configuration checks the graph against the
@@ -152,14 +167,22 @@ int main(void)
                    (long long)z.D, g.ops.size());
             if (n < 0)
                 printf("%s\n", g.err);
+            else if (n == drv)
+                printf("descriptors and operation graph finalize, the structure recognised; %d engine "
+                       "configurations stopped at the driver before their checks of the shape: not checked\n", n);
             else
-                printf("%d engine configurations take it on an H100 (%d of them stopped short of loading their "
-                       "kernels: no driver)\n", n, drv);
+                printf("%d engine configurations take it on an H100 (checked; %d more stopped at the driver)\n",
+                       n - drv, drv);
+            unchecked += n > 0 && n == drv;
             failures += !ok;
             for (desc_t d : g.all)
                 dnn_lib.cudnnBackendDestroyDescriptor(d);
         }
     dnn_lib.cudnnBackendDestroyDescriptor(dp);
+    if (unchecked)
+        printf("%d graph%s not checked per engine configuration: no driver (libcuda), so cuDNN stopped in "
+               "isSupported() -> loadDLL() before the shape's checks\n",
+               unchecked, unchecked == 1 ? "" : "s");
     printf("%d failure%s\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }

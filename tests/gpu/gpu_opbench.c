@@ -468,9 +468,15 @@ int main(void)
     set_t simple = S[1], mma = S[1], dnn = S[1];
     simple.be = instance_with("FTK_CUDA_ATTN", "simple");
     mma.be = instance_with("FTK_CUDA_ATTN", "mma");
-    setenv("FTK_CUDNN_STRICT", "1", 1); /* no row under its name for the flash kernels it would fall back to */
+    /* no row under its name for the flash kernels it would fall back to: strict, latched by
+     * the instance, and its plans made (or refused) here, before any timing */
+    setenv("FTK_CUDNN_STRICT", "1", 1);
     dnn.be = instance_with_or_null("FTK_CUDA_ATTN", "cudnn");
     unsetenv("FTK_CUDNN_STRICT");
+    if (dnn.be && dnn.be->attn_prepare(dnn.be, ROWS, LEN, H, H, HD, DT_BF16) < 0) {
+        backend_free(dnn.be);
+        dnn.be = NULL;
+    }
     if (!dnn.be)
         printf("attn bf16 cudnn: not measured (%s)\n", ftk_err_msg());
     const set_t *att[5] = {&S[1], &mma, &dnn, &simple, &S[0]};

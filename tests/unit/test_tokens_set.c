@@ -132,6 +132,31 @@ int main(int argc, char **argv)
     CHECK(strcmp(i1->set_xxh3, i4->set_xxh3) != 0); /* the same rows, another set */
     CHECK(tokens_set_shard_rows(s4, 0, TOKENS_VAL) == 0 && tokens_set_shard_rows(s4, 3, TOKENS_VAL) == va.n_rows);
 
+    /* The most segments k rows make into a micro-batch: the k rows with the most samples,
+     * each with its padding (packed), whichever shards hold them. */
+    {
+        int64_t pad = i1->packed == 1, cnt[300], n = tr.n_rows;
+        CHECK(n <= 300);
+        for (int64_t r = 0; r < n; r++)
+            cnt[r] = tr.row_samples[r + 1] - tr.row_samples[r] + pad;
+        for (int64_t a = 0; a < n; a++) /* descending */
+            for (int64_t b = a + 1; b < n; b++)
+                if (cnt[b] > cnt[a]) {
+                    int64_t t = cnt[a];
+                    cnt[a] = cnt[b], cnt[b] = t;
+                }
+        CHECK(cnt[0] > cnt[n - 1]); /* rows of different counts */
+        const int64_t ks[] = {1, 2, 5, n, n + 7};
+        for (int j = 0; j < 5; j++) {
+            int64_t want = 0;
+            for (int64_t r = 0; r < ks[j] && r < n; r++)
+                want += cnt[r];
+            CHECK(tokens_set_max_segments(s1, TOKENS_TRAIN, ks[j]) == want);
+            CHECK(tokens_set_max_segments(s4, TOKENS_TRAIN, ks[j]) == want);
+        }
+        CHECK(tokens_set_max_segments(s4, TOKENS_VAL, 1) >= 1 + pad);
+    }
+
     /* Rows in many orders: every row in turn, runs across shard boundaries, reversed,
      * repeated, random; from each set, the same as the split's. */
     int64_t R = tr.n_rows, rows[300];
