@@ -91,7 +91,11 @@
  * bk_alloc() counts what it hands out per class (bk_mem_class_t) and keeps the
  * high-water mark. The planning backend (backend_plan_new) counts the same calls without
  * allocating and runs no op, so a dry run of the code that allocates (engine/plan.c)
- * gives the memory a run will take; on the CPU backend the two are equal (a test).
+ * gives the memory a run will take; on the CPU backend the two are equal (a test). On
+ * cuda, bk_alloc also counts in the driver's pages (mem_pages, kernels/cuda_mem.h), the
+ * ops' own scratch is allocated up front by reserve (a dry run runs no op), and the plan
+ * adds the CUDA context: the emulated device's peak equals the plan less the context
+ * (tests/gpu/plan_emu.sh).
  *
  * Ownership and errors: backend_*_new() return an instance or NULL with ftk_err_msg()
  * set; bk_alloc() returns zeroed memory or NULL with "out of memory on DEVICE allocating
