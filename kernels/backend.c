@@ -111,6 +111,8 @@ void bk_mem_sample(backend_t *be)
     int64_t u = be->mem_used ? be->mem_used(be) : -1;
     if (u > be->mem.used_peak)
         be->mem.used_peak = u;
+    if (be->mem.used_other < 0 && u >= 0)
+        be->mem.used_other = u - be->mem.dev_in_use;
 }
 
 void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what)
@@ -251,6 +253,7 @@ backend_t *bk_instance_new(const char *name, const char *device)
     be->name = name;
     snprintf(be->device, sizeof be->device, "%s", device);
     be->alloc_map = m;
+    be->mem.used_other = -1;
     return be;
 }
 

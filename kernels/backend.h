@@ -151,8 +151,10 @@ typedef struct {
     int64_t dev_in_use, dev_peak;
     /* Measured where the backend has mem_used (else 0): the most the device had in use
      * (cudaMemGetInfo: every process's memory and the contexts included), read at each new
-     * dev_peak and by bk_mem_sample. */
-    int64_t used_peak;
+     * dev_peak and by bk_mem_sample; and, at the first reading (the backend's first
+     * allocation), what the device held beside this backend's allocations: this process's
+     * CUDA context and other processes' memory (-1: not measured). */
+    int64_t used_peak, used_other;
 } bk_mem_t;
 
 typedef struct bk_stream bk_stream_t;

@@ -189,9 +189,10 @@ static const opt_spec_t spec = {
         "split (the step's compute, exposed and overlapped communication, host seconds) and collectives\n"
         "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
         "mem_peak_bytes (rank 0's backend high-water mark so far; on cuda also mem_device_peak_bytes, the\n"
-        "same in the driver's 2 MiB pages, and mem_device_used_bytes, the most cudaMemGetInfo saw in use\n"
-        "on the device, contexts and other processes included) and per evaluation {step, val_loss,\n"
-        "val_tokens}. A readable line per step goes to stderr.\n"
+        "same in the driver's 2 MiB pages, mem_device_used_bytes, the most cudaMemGetInfo saw in use on the\n"
+        "device, contexts and other processes included, and mem_device_other_bytes, what it held beside\n"
+        "the backend's memory when the backend started: the CUDA context and other processes) and per\n"
+        "evaluation {step, val_loss, val_tokens}. A readable line per step goes to stderr.\n"
         "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy. A\n"
         "run keeps its options in RUN/options.yaml: `ftk-train -o RUN --resume auto` needs nothing else,\n"
         "and options given beside it override the kept ones (docs/training.md). What defines the run must\n"
@@ -461,11 +462,12 @@ static void metrics_stderr_lost(FILE *mf, int64_t step)
 static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, const backend_t *be,
                          const char *extra)
 {
-    char now[32], dev[160] = "";
+    char now[32], dev[192] = "";
     const bk_mem_t *mem = bk_mem(be);
-    if (be->mem_pages) /* the device's pages, and what the device measured in use (0: not measured) */
-        snprintf(dev, sizeof dev, ", \"mem_device_peak_bytes\": %lld, \"mem_device_used_bytes\": %lld",
-                 (long long)mem->dev_peak, (long long)mem->used_peak);
+    if (be->mem_pages) /* the device's pages, and what the device measured in use (0, -1: not measured) */
+        snprintf(dev, sizeof dev,
+                 ", \"mem_device_peak_bytes\": %lld, \"mem_device_used_bytes\": %lld, \"mem_device_other_bytes\": %lld",
+                 (long long)mem->dev_peak, (long long)mem->used_peak, (long long)mem->used_other);
     fprintf(mf,
             "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
             "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "

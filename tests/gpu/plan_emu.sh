@@ -48,6 +48,8 @@ case_() { # case_ TAG OPTIONS...
     check "$tag: cudaMemGetInfo's peak in the metrics ${used:-?} = the emulated device's" \
         test -n "$used" -a "${used:-0}" = "${emu:-x}"
     check "$tag: mem_peak_bytes ${peak:-?} = the plan's allocations" test -n "$peak" -a "${peak:-0}" = "${allocs:-x}"
+    other=$(metric "$WORK/run" mem_device_other_bytes)
+    check "$tag: mem_device_other_bytes ${other:-?} = 0 (the emulation has no context)" test "${other:-x}" = 0
     check "$tag: mem_device_peak_bytes ${devp:-?} = allocations + page rounding" \
         test -n "$devp" -a "${devp:-0}" = "$(( ${allocs:-0} + ${pages:-0} ))"
 }
