@@ -53,11 +53,16 @@ int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *ou
         int64_t S, snap;
         if (dry_build(p, rank, lv, &mem, &S, &snap) < 0)
             return -1;
+        int cuda = !strcmp(p->device, "cuda");
+        int64_t context = cuda ? BK_CUDA_CONTEXT_BYTES : 0, total = mem.dev_peak + context;
         out->acts[lv] = mem.at_peak[BK_MEM_ACTS];
-        out->peak[lv] = mem.peak;
-        if (got < 0 && (lv == want || (want == PLAN_RECOMPUTE_AUTO && (mem.peak <= device_bytes || i == 2)))) {
+        out->peak[lv] = total;
+        if (got < 0 && (lv == want || (want == PLAN_RECOMPUTE_AUTO && (total <= device_bytes || i == 2)))) {
             got = lv;
             out->mem = mem;
+            out->rounding = mem.dev_peak - mem.peak;
+            out->context = context;
+            out->total = total;
             out->shard_count = S;
             out->snapshot = snap;
         }
@@ -67,7 +72,7 @@ int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *ou
         return -1;
     }
     out->recompute = got;
-    out->fits = device_bytes > 0 && out->mem.peak <= device_bytes;
+    out->fits = device_bytes > 0 && out->total <= device_bytes;
     return 0;
 }
 
@@ -101,10 +106,10 @@ static int fit_of(const plan_opts_t *p, int64_t budget, fit_t *f)
     plan_t a, b;
     if (plan_memory(&q, 0, budget, &a) < 0 || (q.ranks > 1 && plan_memory(&q, q.ranks - 1, budget, &b) < 0))
         return -1;
-    const plan_t *w = q.ranks > 1 && b.mem.peak > a.mem.peak ? &b : &a;
+    const plan_t *w = q.ranks > 1 && b.total > a.total ? &b : &a;
     f->fits = a.fits && (q.ranks == 1 || b.fits);
     f->level = w->recompute;
-    f->peak = w->mem.peak;
+    f->peak = w->total;
     return 0;
 }
 
@@ -217,9 +222,7 @@ int64_t plan_device_bytes(backend_t *be)
         ftk_err_set("%s: its free memory is unknown (give --device-memory)", be->device);
         return -1;
     }
-    const bk_mem_t *m = bk_mem(be);
-    int64_t held = 0;
-    for (int c = 0; c < BK_MEM_CLASSES; c++)
-        held += m->cls[c];
-    return avail + held;
+    /* in the device's pages, as the plan counts them; the context is in neither avail nor
+     * held, and in the plan's total */
+    return avail + bk_mem(be)->dev_in_use + (be->mem_pages ? BK_CUDA_CONTEXT_BYTES : 0);
 }

@@ -9,9 +9,14 @@
  * locked on a GPU) is host memory beside the backend's: reported on its own line
  * (bgsave_bytes, the size bgsave_new allocates), not in the backend's peak.
  *
+ * On cuda the plan's total is what the device will hold: the allocations in the driver's
+ * pages, the CUDA backend's scratch (reserved for the run's shapes before its first step,
+ * backend.h reserve) and the CUDA context (kernels/cuda_mem.h; docs/training.md, "What
+ * --plan counts on a GPU", says which terms only a GPU confirms).
+ *
  * What the plan cannot see: host memory (batches, checkpoint buffers, the CPU backend's
- * per-op scratch of a few rows per thread), and device scratch a backend grows on first
- * use (the CUDA backend's segment lists and partial sums: kilobytes to a few MiB).
+ * per-op scratch of a few rows per thread), scratch an op grows past the reservation
+ * (shapes larger than the run's), and other processes on the device.
  */
 #ifndef FTK_PLAN_H
 #define FTK_PLAN_H
@@ -31,7 +36,12 @@ typedef struct {
 typedef struct {
     int rank;            /* the rank this is for */
     int64_t shard_count; /* S */
-    bk_mem_t mem;        /* peak and per class at the peak */
+    bk_mem_t mem;        /* peak and per class at the peak (the bytes bk_alloc is asked for) */
+    /* What the device holds beyond mem.peak (0 off cuda; cuda_mem.h): the allocations'
+     * rounding to the driver's pages at their peak (mem.dev_peak − mem.peak), and the CUDA
+     * context. total = mem.peak + rounding + context: what a GPU measures in use
+     * (cudaMemGetInfo), and what fitting is judged on. */
+    int64_t rounding, context, total;
     int recompute;       /* the level planned (model_recompute_t): o.recompute, or auto's pick */
     int64_t acts[3];     /* activations with each level (indexed by model_recompute_t) */
     int64_t peak[3];     /* the total with each level */
@@ -63,7 +73,8 @@ const char *plan_recompute_name(int level);
 void plan_advice(const plan_opts_t *p, int64_t device_bytes, char *out, size_t n);
 
 /* The bytes of the device a backend could still take: its mem_avail (backend.h) plus
- * what it holds already (its creation-time workspaces, counted in a plan's total).
+ * what it holds already (its creation-time workspaces, and on cuda the context: both
+ * counted in a plan's total).
  * -1 with ftk_err_msg() set where the backend cannot tell. */
 int64_t plan_device_bytes(backend_t *be);
 

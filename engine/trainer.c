@@ -255,6 +255,22 @@ int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
     return 0;
 }
 
+/* The backend's scratch for this run's largest shapes (backend.h reserve), last, so that a
+ * dry run counts it where the run holds it. */
+static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg, int64_t max_tokens)
+{
+    if (!be->reserve)
+        return 0;
+    bk_reserve_t r = {.tokens = max_tokens, .width = cfg->hidden_size, .heads = cfg->num_attention_heads};
+    int n_units;
+    const ckpt_unit_t *units = shard_units(sh, &n_units);
+    for (int u = 0; u < n_units; u++) { /* the optimizer's one adamw_multi call: every owned slice */
+        r.adamw_elems += shard_owned(sh, u).len;
+        r.adamw_segs += units[u].n_tensors;
+    }
+    return be->reserve(be, &r);
+}
+
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
 {
@@ -276,7 +292,10 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     int n_units;
     const ckpt_unit_t *units = shard_units(*sh, &n_units);
     if (shard_reserve(*sh) < 0 ||
-        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh)))) {
+        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh))) ||
+        reserve_scratch(be, *sh, cfg, max_tokens) < 0) {
+        model_free(*m);
+        *m = NULL;
         optim_free(*opt);
         *opt = NULL;
         shard_free(*sh);
@@ -325,7 +344,7 @@ static int pick_recompute(trainer_t *t)
     t->o.recompute = pl.recompute;
     if (t->rank == 0)
         ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
-                 plan_recompute_name(pl.recompute), (double)pl.mem.peak / 1e9, (double)budget / 1e9,
+                 plan_recompute_name(pl.recompute), (double)pl.total / 1e9, (double)budget / 1e9,
                  (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9,
                  (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9);
     return 0;

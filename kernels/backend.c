@@ -93,6 +93,28 @@ static void human(char *out, size_t n, double bytes)
     snprintf(out, n, i ? "%.1f %s" : "%.0f %s", bytes, u[i]);
 }
 
+/* The device's count of an allocation (sign +1) or a free (-1): with the driver's pages
+ * where the backend has them (cuda_mem.h), else the bytes asked for. */
+static void dev_count(backend_t *be, int64_t bytes, int sign)
+{
+    bk_mem_t *a = &be->mem;
+    if (be->mem_pages) {
+        bk_cuda_mem_add(&a->pages, bytes, sign);
+        a->dev_in_use = bk_cuda_mem_total(&a->pages);
+    } else {
+        a->dev_in_use += sign * bytes;
+    }
+}
+
+void bk_mem_sample(backend_t *be)
+{
+    int64_t u = be->mem_used ? be->mem_used(be) : -1;
+    if (u > be->mem.used_peak)
+        be->mem.used_peak = u;
+    if (be->mem.used_other < 0 && u >= 0)
+        be->mem.used_other = u - be->mem.dev_in_use;
+}
+
 void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what)
 {
     amap_t *m = be->alloc_map;
@@ -120,6 +142,11 @@ void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what
         a->peak = a->in_use;
         memcpy(a->at_peak, a->cls, sizeof a->at_peak);
     }
+    dev_count(be, (int64_t)bytes, 1);
+    if (a->dev_in_use > a->dev_peak) {
+        a->dev_peak = a->dev_in_use;
+        bk_mem_sample(be);
+    }
     return p;
 }
 
@@ -131,6 +158,7 @@ void bk_free(backend_t *be, void *p)
     if (e) {
         be->mem.in_use -= (int64_t)e->bytes;
         be->mem.cls[e->cls] -= (int64_t)e->bytes;
+        dev_count(be, (int64_t)e->bytes, -1);
         be->mem.allocs--;
         e->p = TOMB;
         ((amap_t *)be->alloc_map)->used--;
@@ -225,6 +253,7 @@ backend_t *bk_instance_new(const char *name, const char *device)
     be->name = name;
     snprintf(be->device, sizeof be->device, "%s", device);
     be->alloc_map = m;
+    be->mem.used_other = -1;
     return be;
 }
 

@@ -91,7 +91,11 @@
  * bk_alloc() counts what it hands out per class (bk_mem_class_t) and keeps the
  * high-water mark. The planning backend (backend_plan_new) counts the same calls without
  * allocating and runs no op, so a dry run of the code that allocates (engine/plan.c)
- * gives the memory a run will take; on the CPU backend the two are equal (a test).
+ * gives the memory a run will take; on the CPU backend the two are equal (a test). On
+ * cuda, bk_alloc also counts in the driver's pages (mem_pages, kernels/cuda_mem.h), the
+ * ops' own scratch is allocated up front by reserve (a dry run runs no op), and the plan
+ * adds the CUDA context: the emulated device's peak equals the plan less the context
+ * (tests/gpu/plan_emu.sh).
  *
  * Ownership and errors: backend_*_new() return an instance or NULL with ftk_err_msg()
  * set; bk_alloc() returns zeroed memory or NULL with "out of memory on DEVICE allocating
@@ -103,6 +107,7 @@
 #include <stdint.h>
 
 #include "../libcommon/dtype.h"
+#include "cuda_mem.h"
 
 /* A buffer (or a view into one) and its element type. */
 typedef struct {
@@ -140,6 +145,16 @@ typedef struct {
     int64_t cls[BK_MEM_CLASSES];        /* in use, per class */
     int64_t at_peak[BK_MEM_CLASSES];    /* per class when the peak was reached */
     int64_t allocs;                     /* live allocations */
+    /* The device's own count where the backend has mem_pages (else equal to in_use, peak):
+     * the bytes with the driver's granularity (cuda_mem.h), in use and at their peak. */
+    bk_cuda_mem_t pages;
+    int64_t dev_in_use, dev_peak;
+    /* Measured where the backend has mem_used (else 0): the most the device had in use
+     * (cudaMemGetInfo: every process's memory and the contexts included), read at each new
+     * dev_peak and by bk_mem_sample; and, at the first reading (the backend's first
+     * allocation), what the device held beside this backend's allocations: this process's
+     * CUDA context and other processes' memory (-1: not measured). */
+    int64_t used_peak, used_other;
 } bk_mem_t;
 
 typedef struct bk_stream bk_stream_t;
@@ -204,6 +219,19 @@ struct backend {
      * pointer to the bk_alloc() memory p (p itself), so that a loader reads a file straight
      * into it (engine/shard.c) instead of into a buffer it then uploads. */
     void *(*host_ptr)(backend_t *be, void *p);
+    /* 1: device memory comes in the CUDA driver's pages (cuda_mem.h): bk_alloc keeps
+     * dev_in_use and dev_peak with that granularity (the CUDA backend, and the planning
+     * backend for cuda). */
+    int mem_pages;
+    /* Optional (NULL: not measured): the bytes of the device in use now, by everything on
+     * it (cudaMemGetInfo's total − free), or -1. Read at each new high-water mark of
+     * bk_alloc and by bk_mem_sample (used_peak). */
+    int64_t (*mem_used)(backend_t *be);
+    /* Optional (NULL: the backend's ops take no scratch of their own): allocates, once, the
+     * scratch the ops need for shapes up to r's, so that no op grows it during a step and a
+     * dry run (which runs no op) counts it. 0, or -1 with ftk_err_msg() set (out of
+     * memory). The trainer calls it after building the model (engine/trainer.c). */
+    int (*reserve)(backend_t *be, const bk_reserve_t *r);
 
     /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
     void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);
@@ -406,6 +434,9 @@ struct backend {
 void *bk_alloc(backend_t *be, size_t bytes, bk_mem_class_t cls, const char *what);
 void bk_free(backend_t *be, void *p); /* NULL is a no-op */
 const bk_mem_t *bk_mem(const backend_t *be);
+/* Reads the device's memory in use now into used_peak (backends with mem_used; else a
+ * no-op): a caller that may be at a peak bk_alloc did not see (after a step). */
+void bk_mem_sample(backend_t *be);
 /* Frees what the instance still holds and the instance; NULL is a no-op. */
 void backend_free(backend_t *be);
 

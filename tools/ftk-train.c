@@ -188,8 +188,11 @@ static const opt_spec_t spec = {
         "this rank all-gathered, reduce-scattered and all-reduced in the step and the seconds it waited,\n"
         "split (the step's compute, exposed and overlapped communication, host seconds) and collectives\n"
         "(per kind and level: calls, bytes, analytical bytes, seconds; docs/communication.md),\n"
-        "mem_peak_bytes (rank 0's backend high-water mark so far) and per evaluation {step, val_loss,\n"
-        "val_tokens}. A readable line per step goes to stderr.\n"
+        "mem_peak_bytes (rank 0's backend high-water mark so far; on cuda also mem_device_peak_bytes, the\n"
+        "same in the driver's 2 MiB pages, mem_device_used_bytes, the most cudaMemGetInfo saw in use on the\n"
+        "device, contexts and other processes included, and mem_device_other_bytes, what it held beside\n"
+        "the backend's memory when the backend started: the CUDA context and other processes) and per\n"
+        "evaluation {step, val_loss, val_tokens}. A readable line per step goes to stderr.\n"
         "Resuming (--resume auto|DIR) continues bit for bit at the same number of ranks and strategy. A\n"
         "run keeps its options in RUN/options.yaml: `ftk-train -o RUN --resume auto` needs nothing else,\n"
         "and options given beside it override the kept ones (docs/training.md). What defines the run must\n"
@@ -456,20 +459,25 @@ static void metrics_stderr_lost(FILE *mf, int64_t step)
     metrics_flush(mf);
 }
 
-static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, int64_t mem_peak,
+static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, const backend_t *be,
                          const char *extra)
 {
-    char now[32];
+    char now[32], dev[192] = "";
+    const bk_mem_t *mem = bk_mem(be);
+    if (be->mem_pages) /* the device's pages, and what the device measured in use (0, -1: not measured) */
+        snprintf(dev, sizeof dev,
+                 ", \"mem_device_peak_bytes\": %lld, \"mem_device_used_bytes\": %lld, \"mem_device_other_bytes\": %lld",
+                 (long long)mem->dev_peak, (long long)mem->used_peak, (long long)mem->used_other);
     fprintf(mf,
             "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
             "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
             "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
-            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s, "
+            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s%s, "
             "\"mem_peak_bytes\": %lld}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
             s->tokens / dt, elapsed, iso_now(now), (long long)s->epoch, nranks, (long long)s->micro_batches,
-            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, extra ? extra : "",
-            (long long)mem_peak);
+            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, extra ? extra : "", dev,
+            (long long)mem->peak);
     metrics_flush(mf);
     tb_scalar("train/loss", s->step, s->loss);
     tb_scalar("train/learning_rate", s->step, s->lr);
@@ -806,7 +814,7 @@ static int run_plan(const trainer_opts_t *o)
         }
         if (r == 0)
             pl = x;
-        if (x.mem.peak > most.mem.peak)
+        if (x.total > most.total)
             most = x;
         if (fits && !x.fits)
             fits = 0, unfit = x;
@@ -849,12 +857,21 @@ static int run_plan(const trainer_opts_t *o)
         gb(b2, sizeof b2, pl.acts[k]);
         printf(" %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
     }
+    int cuda = !strcmp(device, "cuda");
     gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
-    printf("  workspaces         %s\n", a);
     int64_t dnn_seg = p.o.attn_max_seg > 0 ? p.o.attn_max_seg : o->train.micro_batch;
     int64_t dnn = bk_cudnn_plan_bytes(device, precision_dtypes(o->precision).act, dnn_seg, p.max_len,
                                       (int)p.cfg.num_attention_heads, (int)p.cfg.num_key_value_heads,
                                       (int)model_head_dim(&p.cfg));
+    if (cuda) {
+        gb(b2, sizeof b2, (int64_t)BK_CUDA_WORKSPACE_BYTES);
+        char s3[32];
+        gb(s3, sizeof s3, c[BK_MEM_WORKSPACE] - (int64_t)BK_CUDA_WORKSPACE_BYTES - (dnn > 0 ? dnn : 0));
+        printf("  workspaces         %s   (cuBLASLt %s, the CUDA backend's scratch for these shapes %s)\n", a,
+               b2 + strspn(b2, " "), s3 + strspn(s3, " "));
+    } else {
+        printf("  workspaces         %s\n", a);
+    }
     if (dnn > 0) {
         gb(a, sizeof a, dnn);
         printf("    cuDNN attention  %s   (FTK_CUDA_ATTN=cudnn: %lld segments x %lld tokens%s, in the workspaces)\n", a,
@@ -862,9 +879,20 @@ static int run_plan(const trainer_opts_t *o)
     }
     gb(a, sizeof a, c[BK_MEM_OTHER]);
     printf("  other              %s   (batch inputs, the head's logits chunk)\n", a);
-    gb(a, sizeof a, pl.mem.peak);
-    printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.mem.peak,
-           (double)pl.mem.peak / (1 << 30));
+    if (cuda) { /* what the GPU holds beyond the allocations (kernels/cuda_mem.h) */
+        gb(a, sizeof a, pl.mem.peak);
+        printf("  allocations        %s   (%lld bytes: the rows above, metrics.jsonl's mem_peak_bytes)\n", a,
+               (long long)pl.mem.peak);
+        gb(a, sizeof a, pl.rounding);
+        printf("  page rounding      %s   (%lld bytes: cudaMalloc's 2 MiB pages; with the allocations, "
+               "mem_device_peak_bytes)\n",
+               a, (long long)pl.rounding);
+        gb(a, sizeof a, pl.context);
+        printf("  CUDA context       %s   (%lld bytes: an estimate; a GPU measures the total, mem_device_used_bytes)\n",
+               a, (long long)pl.context);
+    }
+    gb(a, sizeof a, pl.total);
+    printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.total, (double)pl.total / (1 << 30));
     printf("  total by level    ");
     for (int lv = 0; lv < 3; lv++) {
         int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
@@ -876,12 +904,12 @@ static int run_plan(const trainer_opts_t *o)
     printf("  snapshot           %s   (%s: a host copy of this rank's shard%s)\n", a,
            o->async_save ? "--async-save" : "with --async-save", strcmp(device, "cuda") ? "" : ", page-locked");
     if (o->async_save && strcmp(device, "cuda")) {
-        gb(a, sizeof a, pl.mem.peak + pl.snapshot);
-        printf("  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl.mem.peak + pl.snapshot),
-               (double)(pl.mem.peak + pl.snapshot) / (1 << 30));
+        gb(a, sizeof a, pl.total + pl.snapshot);
+        printf("  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl.total + pl.snapshot),
+               (double)(pl.total + pl.snapshot) / (1 << 30));
     }
     if (most.rank != 0) {
-        gb(a, sizeof a, most.mem.peak);
+        gb(a, sizeof a, most.total);
         printf("largest rank: %d, total %s\n", most.rank, a);
     }
     /* --recompute auto asked for a fit: none is a refusal, with what would fit */
@@ -1379,8 +1407,9 @@ static int run(int argc, char **argv)
         step_json.len = 0;
         if (report_step(rep, &st, now - ts, mf ? &step_json : NULL) < 0)
             metrics_fail(ENOMEM);
+        bk_mem_sample(be); /* the step's end: what the device holds now, scratch growth included */
         if (mf)
-            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, trainer_memory(t)->peak, step_json.data);
+            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, be, step_json.data);
         if ((code = agree_msg(metrics_err[0] ? FTK_EXIT_FAIL : 0, metrics_err)))
             goto out;
         if (!ftk_quiet) {

@@ -179,6 +179,9 @@ extern "C" backend_t *backend_cuda_new(int device)
 
     be->destroy = cu_destroy;
     be->mem_avail = cu_mem_avail;
+    be->mem_used = cu_mem_used;
+    be->mem_pages = 1;
+    be->reserve = cu_reserve;
     be->mem_alloc = cu_mem_alloc;
     be->mem_free = cu_mem_free;
     be->host_alloc = cu_host_alloc;

@@ -104,9 +104,10 @@ typedef struct {
     int n_plans, evict;
     /* Scratch, one per instance, in use by one stream at a time (scratch_claim): the
      * workspace, the segment list, and tmp (partial sums, attention's D, a product's fp32
-     * rows, an overlapping copy's staging, embed_bwd's token order). seg and tmp are
-     * allocated through bk_alloc when an op first needs them and grown on demand, so they
-     * are not in the memory plan's creation-time figure. */
+     * rows, an overlapping copy's staging, embed_bwd's token order). tmp, seg and am_map
+     * are allocated through bk_alloc: by cu_reserve for a training run's shapes before its
+     * first step (the memory plan counts the same sizes, cuda_mem.h bk_cuda_scratch), else
+     * when an op first needs them, and grown on demand past what was reserved. */
     cudaStream_t scr_owner; /* the stream that used scratch last; NULL: scr_ev marks it */
     cudaEvent_t scr_ev;
     int64_t *seg; /* the segment list of the last attention, on the device */
@@ -401,6 +402,8 @@ template <typename F> static inline void on_vec(int vec, F &&f)
 
 /* runtime.cu: backend.h's memory, copy, stream and event entry points, and convert. */
 int64_t cu_mem_avail(backend_t *be);
+int64_t cu_mem_used(backend_t *be);
+int cu_reserve(backend_t *be, const bk_reserve_t *r);
 void *cu_mem_alloc(backend_t *be, size_t bytes);
 void cu_mem_free(backend_t *be, void *p);
 void *cu_host_alloc(backend_t *be, size_t bytes);

@@ -78,7 +78,7 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
 
 /* dw = Σ_i dy·x·r: rows cut into fixed chunks (blockIdx.y), a thread per column, then
  * the chunks summed in order. */
-enum { COL_CHUNKS = 64 };
+enum { COL_CHUNKS = BK_CUDA_COL_CHUNKS }; /* cuda_mem.h sizes the scratch from it */
 
 template <typename TG, typename TX>
 __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const TG *dout, const TX *x, const float *rstd, int64_t n,

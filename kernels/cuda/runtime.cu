@@ -63,6 +63,37 @@ int64_t cu_mem_avail(backend_t *be)
     return (int64_t)f;
 }
 
+/* Everything the device holds now (every context and process): what a GPU measures of the
+ * plan's total (bk_mem_t used_peak), or -1. */
+int64_t cu_mem_used(backend_t *be)
+{
+    enter(be);
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)(t - f);
+}
+
+/* The scratch for shapes up to r's, allocated now in the order the planning backend counts
+ * it (kernels/plan/plan.c plan_reserve_cuda): no op grows it in a step, and the plan holds
+ * it. A buffer already as large is kept. */
+int cu_reserve(backend_t *be, const bk_reserve_t *r)
+{
+    cuda_t *c = enter(be);
+    int64_t tmp, seg, map;
+    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &tmp, &seg, &map);
+    scratch_claim(c);
+    if (!scratch(c, &c->tmp, &c->tmp_cap, (size_t)tmp, "CUDA scratch") ||
+        !scratch(c, (void **)&c->seg, &c->seg_cap, (size_t)seg, "attention segments") ||
+        (map > 0 && !scratch(c, &c->am_map, &c->am_map_cap, (size_t)map, "adamw_multi block map"))) {
+        ftk_err_set("%s", c->err);
+        return -1;
+    }
+    return 0;
+}
+
 void *cu_mem_alloc(backend_t *be, size_t bytes)
 {
     enter(be);

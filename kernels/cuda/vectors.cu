@@ -209,7 +209,9 @@ typedef struct {
      * head, or FTK_CUDA_VEC=0) */
     int head;
 } adamw_seg_dev_t;
-enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
+/* elements per thread block; cuda_mem.h sizes the block map and the table from these */
+enum { ADAMW_MULTI_CHUNK = BK_CUDA_ADAMW_CHUNK };
+static_assert(sizeof(adamw_seg_dev_t) <= 128, "bk_cuda_scratch counts 128 bytes a segment");
 
 /* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of segment map[b] (the block map,
  * made on the host once for the layout); without a map, of the segment whose block0 is the

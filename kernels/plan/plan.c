@@ -14,6 +14,7 @@
 typedef struct {
     uintptr_t next; /* the next address to hand out */
     int cuda;       /* planning for the CUDA backend */
+    int vec;        /* planning for cuda: FTK_CUDA_VEC as the CUDA backend reads it */
 } plan_ctx_t;
 
 static void *plan_mem_alloc(backend_t *be, size_t bytes)
@@ -166,6 +167,21 @@ static void plan_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, dou
     (void)be, (void)y, (void)x, (void)n, (void)acc;
 }
 
+/* Planning for cuda: the CUDA backend's reserve (cuda.cu cu_reserve) counted — the same
+ * sizes (bk_cuda_scratch), names, class and order, on an instance whose scratch is empty
+ * as the CUDA backend's is when the trainer reserves. */
+static int plan_reserve_cuda(backend_t *be, const bk_reserve_t *r)
+{
+    plan_ctx_t *c = be->ctx;
+    int64_t b[3];
+    static const char *const what[3] = {"CUDA scratch", "attention segments", "adamw_multi block map"};
+    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &b[0], &b[1], &b[2]);
+    for (int i = 0; i < 3; i++)
+        if (b[i] > 0 && !bk_alloc(be, (size_t)b[i], BK_MEM_WORKSPACE, what[i]))
+            return -1;
+    return 0;
+}
+
 static void plan_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_plan_new(const char *device)
@@ -186,7 +202,13 @@ backend_t *backend_plan_new(const char *device)
     }
     c->next = (uintptr_t)1 << 44;
     c->cuda = cuda;
+    const char *vv = getenv("FTK_CUDA_VEC");
+    c->vec = !(vv && !strcmp(vv, "0"));
     be->ctx = c;
+    if (cuda) { /* what the CUDA backend's device memory costs beyond its allocations (cuda_mem.h) */
+        be->mem_pages = 1;
+        be->reserve = plan_reserve_cuda;
+    }
     be->destroy = plan_destroy;
     be->mem_alloc = plan_mem_alloc;
     be->mem_free = plan_mem_free;

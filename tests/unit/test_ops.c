@@ -689,6 +689,30 @@ static void test_alloc(void)
     backend_free(be); /* frees b, c, d and the workspace: the leak check would see them otherwise */
 }
 
+/* cuda_mem.h's page model at its edges, and the scratch sizing's floors. */
+static void test_cuda_mem(void)
+{
+    bk_cuda_mem_t m = {0};
+    bk_cuda_mem_add(&m, BK_CUDA_SMALL, 1); /* 1 MiB: a piece of a shared page */
+    bk_cuda_mem_add(&m, 0, 1);             /* nothing asked: still a piece */
+    CHECK(m.large == 0 && m.small == BK_CUDA_SMALL + BK_CUDA_SMALL_ALIGN && bk_cuda_mem_total(&m) == BK_CUDA_PAGE);
+    bk_cuda_mem_add(&m, BK_CUDA_SMALL + 1, 1); /* over 1 MiB: a page of its own */
+    bk_cuda_mem_add(&m, 3 * BK_CUDA_PAGE + 1, 1);
+    CHECK(m.large == 5 * BK_CUDA_PAGE && bk_cuda_mem_total(&m) == 6 * BK_CUDA_PAGE);
+    bk_cuda_mem_add(&m, BK_CUDA_SMALL + 1, -1);
+    bk_cuda_mem_add(&m, 3 * BK_CUDA_PAGE + 1, -1);
+    bk_cuda_mem_add(&m, BK_CUDA_SMALL, -1);
+    bk_cuda_mem_add(&m, 0, -1);
+    CHECK(m.large == 0 && m.small == 0 && bk_cuda_mem_total(&m) == 0);
+    int64_t tmp, seg, map;
+    bk_reserve_t r = {.tokens = 4096, .width = 4096, .heads = 32, .adamw_elems = 1 << 20, .adamw_segs = 3};
+    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 1, &tmp, &seg, &map);
+    CHECK(tmp == (int64_t)BK_CUDA_WORKSPACE_BYTES && seg == 4097 * 8 && map == (256 + 3) * 4);
+    r.heads = 4096; /* attention's D (a float per token and head) over the workspace's size */
+    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 0, &tmp, &seg, &map);
+    CHECK(tmp == (int64_t)4096 * 4096 * 4 && tmp > (int64_t)BK_CUDA_WORKSPACE_BYTES && map == 0);
+}
+
 static void test_plan(void)
 {
     const char *dev[2] = {"cpu", "cuda"};
@@ -706,6 +730,13 @@ static void test_plan(void)
         CHECK(p && q && p != q && m->in_use == (int64_t)ws[k] + tb + 1000 && m->cls[BK_MEM_WEIGHTS] == tb);
         bk_free(be, p);
         CHECK(m->in_use == (int64_t)ws[k] + 1000 && m->peak == (int64_t)ws[k] + tb + 1000);
+        /* the device's count: the bytes on the CPU; on cuda the driver's pages (cuda_mem.h):
+         * the workspace's whole pages, q a 512-byte piece of a shared page */
+        if (k == 0)
+            CHECK(m->dev_in_use == m->in_use && m->dev_peak == m->peak);
+        else
+            CHECK(be->mem_pages && be->reserve && m->dev_in_use == (int64_t)ws[k] + BK_CUDA_PAGE &&
+                  m->dev_peak == (int64_t)ws[k] + tb + BK_CUDA_PAGE);
         /* ops do nothing: they would fault on these never-mapped addresses otherwise */
         float host[4] = {1, 2, 3, 4};
         int64_t seg[2] = {0, 4};
@@ -839,6 +870,7 @@ int main(int argc, char **argv)
     CHECK(be->sync(be) == 0);
     backend_free(be);
     test_alloc();
+    test_cuda_mem();
     test_plan();
     TEST_END();
 }

@@ -14,7 +14,7 @@
 EMU_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -ffp-contract=off -U_FORTIFY_SOURCE \
                 -Itests/gpu/emu/include -Itests/gpu/emu -I$(O)/tests/emu -Ikernels/cuda
 EMU_DEPS := $(wildcard tests/gpu/emu/*.h tests/gpu/emu/include/*.h tests/gpu/emu/include_c/*.h) \
-            kernels/cuda/common.cuh kernels/backend.h libcommon/dtype.h kernels/sround.h libcommon/log.h
+            kernels/cuda/common.cuh kernels/backend.h kernels/cuda_mem.h libcommon/dtype.h kernels/sround.h libcommon/log.h
 EMU_BACKEND := $(addprefix $(O)/tests/emu/,$(notdir $(CUDA_BACKEND_SRC)))
 $(O)/tests/emu/%: kernels/cuda/% tests/gpu/emu/launches.pl
 	@mkdir -p $(dir $@)

@@ -21,11 +21,19 @@
 #include <cblas.h>
 #include <time.h>
 
+#include <mutex>
+#include <unordered_map>
+
+#include "../../../kernels/cuda_mem.h"
 #include "emu.h"
 
 /* ---- types ------------------------------------------------------------------------------ */
 
 #include "emu_cuda_types.h"
+
+namespace emu {
+static const size_t DEVICE_BYTES = (size_t)16 << 30; /* each emulated device's memory */
+}
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct cudaDeviceProp {
@@ -139,7 +147,7 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
         return emu::set(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "host emulation, tests/gpu/emu");
-    p->totalGlobalMem = (size_t)16 << 30;
+    p->totalGlobalMem = emu::DEVICE_BYTES;
     p->sharedMemPerBlock = 48 << 10;
     p->sharedMemPerBlockOptin = emu::SMEM;
     p->major = 9;
@@ -186,29 +194,85 @@ static void stats_count(long *n)
 }
 } /* namespace emu */
 
-/* device memory: 256-byte aligned as cudaMalloc's */
+/* Device memory: host memory, 256-byte aligned as cudaMalloc's, counted per device as the
+ * driver takes it (kernels/cuda_mem.h: whole 2 MiB pages for an allocation over 1 MiB,
+ * 512-byte pieces of shared pages below; the same model the memory plan counts with, so a
+ * difference between the plan and this count is an allocation the plan did not see). The
+ * device has 16 GiB (cudaGetDeviceProperties) and no context: cudaMemGetInfo's free
+ * memory is the 16 GiB less the live allocations' pages. FTK_EMU_STATS also gets a line
+ * "device_peak_bytes N asked_peak_bytes M": the most any device held in pages, and the most
+ * bytes its live allocations asked for (a byte the plan did not count shows there even
+ * where it fits a page already held). Page-locked host memory is not the device's and is
+ * not counted. */
+namespace emu {
+struct dev_alloc {
+    int64_t bytes;
+    int dev;
+};
+static std::mutex dev_mu;
+static std::unordered_map<void *, dev_alloc> dev_allocs;
+static bk_cuda_mem_t dev_mem[8];
+static int64_t dev_asked[8];
+static int64_t dev_peak, asked_peak;
+static void dev_stats_write()
+{
+    const char *f = getenv("FTK_EMU_STATS");
+    FILE *o = f && *f ? fopen(f, "a") : NULL;
+    if (o) {
+        fprintf(o, "device_peak_bytes %lld asked_peak_bytes %lld\n", (long long)dev_peak, (long long)asked_peak);
+        fclose(o);
+    }
+}
+static int64_t dev_in_use(int d) { return bk_cuda_mem_total(&dev_mem[d]); }
+} /* namespace emu */
+
 template <typename T> static inline cudaError_t cudaMalloc(T **p, size_t bytes)
 {
     *p = (T *)aligned_alloc(256, (bytes + 255) / 256 * 256);
-    return *p ? emu::sticky(cudaSuccess) : emu::set(cudaErrorMemoryAllocation);
+    if (!*p)
+        return emu::set(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> g(emu::dev_mu);
+    static bool registered;
+    if (!registered && getenv("FTK_EMU_STATS"))
+        atexit(emu::dev_stats_write);
+    registered = true;
+    int d = emu::current;
+    emu::dev_allocs[(void *)*p] = emu::dev_alloc{(int64_t)bytes, d};
+    bk_cuda_mem_add(&emu::dev_mem[d], (int64_t)bytes, 1);
+    emu::dev_asked[d] += (int64_t)bytes;
+    if (emu::dev_in_use(d) > emu::dev_peak)
+        emu::dev_peak = emu::dev_in_use(d);
+    if (emu::dev_asked[d] > emu::asked_peak)
+        emu::asked_peak = emu::dev_asked[d];
+    return emu::sticky(cudaSuccess);
 }
 static inline cudaError_t cudaFree(void *p)
 {
+    if (p) {
+        std::lock_guard<std::mutex> g(emu::dev_mu);
+        auto it = emu::dev_allocs.find(p);
+        if (it != emu::dev_allocs.end()) {
+            bk_cuda_mem_add(&emu::dev_mem[it->second.dev], it->second.bytes, -1);
+            emu::dev_asked[it->second.dev] -= it->second.bytes;
+            emu::dev_allocs.erase(it);
+        }
+    }
     free(p);
     return emu::sticky(cudaSuccess);
 }
-/* the device's memory is the host's: what it has available */
 static inline cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
 {
-    long pages = sysconf(_SC_AVPHYS_PAGES), all = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    *free_bytes = pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
-    *total = all > 0 && size > 0 ? (size_t)all * (size_t)size : 0;
+    std::lock_guard<std::mutex> g(emu::dev_mu);
+    int64_t used = emu::dev_in_use(emu::current);
+    *total = emu::DEVICE_BYTES;
+    *free_bytes = used < (int64_t)emu::DEVICE_BYTES ? emu::DEVICE_BYTES - (size_t)used : 0;
     return emu::sticky(cudaSuccess);
 }
 template <typename T> static inline cudaError_t cudaMallocHost(T **p, size_t bytes)
 {
     emu::stats_count(&emu::n_pinned_allocs);
-    return cudaMalloc(p, bytes);
+    *p = (T *)aligned_alloc(256, (bytes + 255) / 256 * 256);
+    return *p ? emu::sticky(cudaSuccess) : emu::set(cudaErrorMemoryAllocation);
 }
 template <typename T> static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned)
 {
@@ -218,7 +282,8 @@ static inline cudaError_t cudaFreeHost(void *p)
 {
     if (p)
         emu::stats_count(&emu::n_pinned_frees);
-    return cudaFree(p);
+    free(p);
+    return emu::sticky(cudaSuccess);
 }
 static inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind)
 {
