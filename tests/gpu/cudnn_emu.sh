@@ -128,8 +128,8 @@ ws=$(awk -v B="$B" 'function r(n) { return int((n + 255) / 256) * 256 }
 want=$(awk -v b="$ws" 'BEGIN { printf "%.2f MB", b / 1e6 }')
 check "a cuDNN attention line: $want ($B segments x 96 tokens)" \
     grep -q "^    cuDNN attention *$want *(FTK_CUDA_ATTN=cudnn: $B segments x 96 tokens, in the workspaces)" "$WORK/plan-cudnn"
-total() { sed -n 's/^  total .*(\([0-9]*\) bytes.*/\1/p' "$1"; }
-d=$(($(total "$WORK/plan-cudnn") - $(total "$WORK/plan-flash")))
-check "the total is $ws bytes above FTK_CUDA_ATTN=flash's ($d), and flash has no such line" \
+allocs() { sed -n 's/^  allocations .*(\([0-9]*\) bytes.*/\1/p' "$1"; } # the rows above; total adds cudaMalloc's pages
+d=$(($(allocs "$WORK/plan-cudnn") - $(allocs "$WORK/plan-flash")))
+check "the allocations are $ws bytes above FTK_CUDA_ATTN=flash's ($d), and flash has no such line" \
     sh -c "[ $d -eq $ws ] && ! grep -q 'cuDNN' '$WORK/plan-flash'"
 finish
