@@ -35,7 +35,10 @@ Every ftk run is planned first (ftk-train --plan with the same options): each ro
 epoch print the plan's total beside the backend's high-water mark (metrics.jsonl's
 mem_peak_bytes) and the device memory the ftk-train process added (nvidia-smi, polled every
 0.5 s: per process where the driver lists it, else the device's used memory over its level
-before the run; between polls a peak can be missed).
+before the run; between polls a peak can be missed), and ftk's own view of the driver on cuda
+(metrics.jsonl's mem_device_peak_bytes, its cudaMalloc pages at their peak, plus
+mem_device_other_bytes, what the device held beside them at start: the plan's total counts the
+first and, for its own context, the second).
 A row that runs out of device memory under --recompute auto (the plan fell short) is run
 again with --recompute block, where time is left; the failed row stays in the table.
 --emulated: BIN's ftk-train runs on the host emulation of CUDA (tests/gpu/emu; the GPU bundle's
@@ -346,15 +349,22 @@ def ftk_plan(cmd, env):
     return int(mo.group(1)) / 2 ** 30, (rec.group(1) if rec else "none")
 
 
-def mem_line(plan, backend, device, how):
-    """plan, backend peak and device peak side by side, with the plan's error against each."""
+def mem_line(plan, backend, device, how, rec=None):
+    """plan, backend peak and device peak side by side, with the plan's error against each; rec,
+    the run's last metrics record, adds ftk's own view of the driver (cudaMalloc's pages at their
+    peak, and what the device held beside them at start: this context, other processes')."""
     def vs(x):
         return f" ({100 * (x - plan[0]) / plan[0]:+.1f}% against the plan)" if plan[0] and x else ""
     ps = f"plan {plan[0]:.2f} GiB (--recompute {plan[1]})" if plan[0] is not None else f"plan: {plan[1]}"
     bs = f"backend peak {backend:.2f} GiB{vs(backend)}" if backend else "backend peak: not measured"
     ds = f"device {device:.2f} GiB{vs(device)} ({how})" if device is not None else \
         "device: not measured" + (" (emulated)" if a.emulated else "")
-    return f"{ps}; {bs}; {ds}"
+    out = f"{ps}; {bs}; {ds}"
+    if rec and "mem_device_peak_bytes" in rec:
+        pages = rec["mem_device_peak_bytes"] / 2 ** 30
+        other = rec.get("mem_device_other_bytes", 0) / 2 ** 30
+        out += f"; pages {pages:.2f} GiB + beside them at start {other:.2f} GiB = {pages + other:.2f} GiB{vs(pages + other)}"
+    return out
 
 
 ATTNS = [x for x in a.attn.split(",") if x] or [""]
@@ -411,7 +421,7 @@ def ftk_row(name, attn, profiled=False, recompute=None):
     m = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if '"loss"' in l]
     t = m[-1]["elapsed_s"] - m[0]["elapsed_s"]
     backend = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
-    mem = mem_line(plan, backend, device, dp.how)
+    mem = mem_line(plan, backend, device, dp.how, m[-1])
     print(f"MEM {name} {ftk_label(attn, profiled, recompute)}: {mem}", flush=True)
     if profiled and os.path.exists(prof):  # the per-op summary and the longest shapes
         print(f"\n{ftk_label(attn, profiled, recompute)} at {name}, FTK_PROFILE (steps after the first):")
@@ -530,7 +540,7 @@ if a.alpaca1024:
         steps_s = m[-1]["elapsed_s"]
         mfu = 6 * n_params(SHAPES[shape]) * toks / steps_s / mm_peak * 100
         backend = m[-1].get("mem_peak_bytes", 0) / 2 ** 30
-        mem = mem_line(plan, backend, device, dp.how)
+        mem = mem_line(plan, backend, device, dp.how, m[-1])
         split = "not measured (no 'weights loaded' line)"
         if t_ready is not None and load_s is not None:
             split = (f"start-up {t_ready - load_s:.1f} s, weights load {load_s:.1f} s, steps {steps_s:.1f} s, "

@@ -523,7 +523,7 @@ write_outputs() {
             echo
             for ws in $STEPS; do
                 [ -s "$LOGS/$ws.log" ] || continue
-                grep '^MEM ' "$LOGS/$ws.log" | cut -c5-400 | sed "s/^/- $ws: /"
+                grep '^MEM ' "$LOGS/$ws.log" | cut -c5-700 | sed "s/^/- $ws: /"
             done
         fi
         for ws in bench-7b opbench epoch bench-1b; do
