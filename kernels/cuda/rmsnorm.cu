@@ -76,33 +76,54 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
     }
 }
 
-/* dw = Σ_i dy·x·r: rows cut into fixed chunks (blockIdx.y), a thread per column, then
- * the chunks summed in order. */
+/* dw = Σ_i dy·x·r: rows cut into COL_CHUNKS fixed chunks (blockIdx.y), each summed in
+ * order per column, then the chunks summed in order (colsum_add_kernel). A thread takes K
+ * consecutive columns: K = VEC with 16-byte accesses where d is a multiple of VEC and dy,
+ * x and dw are 16-byte aligned (the row pass above: a warp reads 512 bytes of a bf16 row,
+ * not 64), else 1 (and with FTK_CUDA_VEC=0). Each column's additions are the same, in
+ * the same order, for both K: the same bits. The products and sums are written
+ * uncontracted, the CPU's operations (cpu.c: acc += dy·x·r, in another order). */
 enum { COL_CHUNKS = 64 };
 
-template <typename TG, typename TX>
+template <int K, typename TG, typename TX>
 __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const TG *dout, const TX *x, const float *rstd, int64_t n,
                                            int64_t d)
 {
-    int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * K;
     if (j >= d)
         return;
     int64_t per = (n + COL_CHUNKS - 1) / COL_CHUNKS, a = blockIdx.y * per, b = a + per < n ? a + per : n;
-    float acc = 0;
-    for (int64_t i = a; i < b; i++)
-        acc += ld(dout, i * d + j) * ld(x, i * d + j) * rstd[i];
-    part[(int64_t)blockIdx.y * d + j] = acc;
+    float acc[K];
+    for (int k = 0; k < K; k++)
+        acc[k] = 0;
+#pragma unroll 4
+    for (int64_t i = a; i < b; i++) {
+        float g[K], v[K], r = rstd[i];
+        ldk<K>(dout, i * d + j, g);
+        ldk<K>(x, i * d + j, v);
+        for (int k = 0; k < K; k++)
+            acc[k] = __fadd_rn(acc[k], __fmul_rn(__fmul_rn(g[k], v[k]), r));
+    }
+    stk<K>(part, (int64_t)blockIdx.y * d + j, acc);
 }
 
-template <typename T> __global__ void colsum_add_kernel(T *dw, const float *part, int64_t d)
+template <int K, typename T> __global__ void colsum_add_kernel(T *dw, const float *part, int64_t d)
 {
-    int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * K;
     if (j >= d)
         return;
-    float acc = 0;
-    for (int c = 0; c < COL_CHUNKS; c++)
-        acc += part[(int64_t)c * d + j];
-    st(dw, j, ld(dw, j) + acc);
+    float acc[K], p[K], w[K];
+    for (int k = 0; k < K; k++)
+        acc[k] = 0;
+    for (int c = 0; c < COL_CHUNKS; c++) {
+        ldk<K>(part, (int64_t)c * d + j, p);
+        for (int k = 0; k < K; k++)
+            acc[k] += p[k];
+    }
+    ldk<K>(dw, j, w);
+    for (int k = 0; k < K; k++)
+        w[k] = w[k] + acc[k];
+    stk<K>(dw, j, w);
 }
 
 void cu_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
@@ -151,15 +172,27 @@ void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_b
     float *part = (float *)tmp_for(c, (size_t)COL_CHUNKS * d * sizeof(float));
     if (!part)
         return;
-    dim3 grid((unsigned)((d + 127) / 128), COL_CHUNKS);
+    /* part is scratch: cudaMalloc'd, 16-byte aligned, as are its chunks' rows when d % VEC == 0 */
+    int vec = d % VEC == 0 && vec_ok(c, {dout.p, x.p, dw.p, part});
+    /* a block of 128 threads spans 128 columns, or 1024 in 8-wide groups: 64 threads then,
+     * to spread the d / VEC threads of a chunk over more blocks */
+    int threads = vec ? 64 : 128, span = threads * (vec ? VEC : 1);
+    dim3 grid((unsigned)((d + span - 1) / span), COL_CHUNKS);
     on_dt(dout.dt, [&](auto tg) {
         on_dt(x.dt, [&](auto tx) {
-            rmsnorm_bwd_dw_part_kernel<<<grid, 128, 0, c->cur>>>(part, AS(tg, dout), AS(tx, x), rstd, n, d);
+            on_vec(vec, [&](auto K) {
+                rmsnorm_bwd_dw_part_kernel<decltype(K)::value>
+                    <<<grid, threads, 0, c->cur>>>(part, AS(tg, dout), AS(tx, x), rstd, n, d);
+            });
         });
     });
     launched(c, "rmsnorm_bwd dw");
-    on_dt(dw.dt,
-          [&](auto tw) { colsum_add_kernel<<<(unsigned)((d + 127) / 128), 128, 0, c->cur>>>(AS(tw, dw), part, d); });
+    on_dt(dw.dt, [&](auto tw) {
+        on_vec(vec, [&](auto K) {
+            colsum_add_kernel<decltype(K)::value>
+                <<<(unsigned)((d + span - 1) / span), threads, 0, c->cur>>>(AS(tw, dw), part, d);
+        });
+    });
     launched(c, "rmsnorm_bwd dw sum");
 }
 
