@@ -83,7 +83,7 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
  * not 64), else 1 (and with FTK_CUDA_VEC=0). Each column's additions are the same, in
  * the same order, for both K: the same bits. The products and sums are written
  * uncontracted, the CPU's operations (cpu.c: acc += dy·x·r, in another order). */
-enum { COL_CHUNKS = 64 };
+enum { COL_CHUNKS = 64, DW_ROWS = 4 };
 
 template <int K, typename TG, typename TX>
 __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const TG *dout, const TX *x, const float *rstd, int64_t n,
@@ -96,8 +96,21 @@ __global__ void rmsnorm_bwd_dw_part_kernel(float *part, const TG *dout, const TX
     float acc[K];
     for (int k = 0; k < K; k++)
         acc[k] = 0;
-#pragma unroll 4
-    for (int64_t i = a; i < b; i++) {
+    /* DW_ROWS rows' loads issued before their sums (ptxas left an unrolled loop's loads
+     * each beside its use), then added in row order as below */
+    int64_t i = a;
+    for (; i + DW_ROWS <= b; i += DW_ROWS) {
+        float g[DW_ROWS][K], v[DW_ROWS][K], r[DW_ROWS];
+        for (int u = 0; u < DW_ROWS; u++) {
+            ldk<K>(dout, (i + u) * d + j, g[u]);
+            ldk<K>(x, (i + u) * d + j, v[u]);
+            r[u] = rstd[i + u];
+        }
+        for (int u = 0; u < DW_ROWS; u++)
+            for (int k = 0; k < K; k++)
+                acc[k] = __fadd_rn(acc[k], __fmul_rn(__fmul_rn(g[u][k], v[u][k]), r[u]));
+    }
+    for (; i < b; i++) {
         float g[K], v[K], r = rstd[i];
         ldk<K>(dout, i * d + j, g);
         ldk<K>(x, i * d + j, v);

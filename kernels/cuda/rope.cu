@@ -121,6 +121,23 @@ __device__ __forceinline__ void rope_unpack(const uint16_t *, const uint4 *w, fl
     }
 }
 
+/* x rounded into the words of VEC elements of p's type, as stk<VEC> would have stored it. */
+__device__ __forceinline__ void rope_pack(const float *, const float *x, uint4 *w)
+{
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        w[k] = make_uint4(__float_as_uint(x[4 * k]), __float_as_uint(x[4 * k + 1]), __float_as_uint(x[4 * k + 2]),
+                          __float_as_uint(x[4 * k + 3]));
+}
+__device__ __forceinline__ void rope_pack(const uint16_t *, const float *x, uint4 *w)
+{
+    uint32_t v[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        v[k] = (uint32_t)f32_to_bf16_dev(x[2 * k]) | (uint32_t)f32_to_bf16_dev(x[2 * k + 1]) << 16;
+    w[0] = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
 /* Pairs j … j + VEC of heads h0 … h0 + ROPE_HEADS (those below nh) of one token, rotated
  * from x's row into y's (which may be x's); c, s: the VEC pairs' cosines and sines. */
 template <typename TD, typename TS>
@@ -144,9 +161,14 @@ __device__ __forceinline__ void rope_heads(TD *y, const TS *x, int h0, int nh, i
 #pragma unroll
             for (int k = 0; k < VEC; k++)
                 rope_pair(x1[k], x2[k], c[k], s[k], &x1[k], &x2[k]);
+            /* stored as whole words: through stk, nvcc 13 made rope_qk's 16-byte stores
+             * four 4-byte ones */
+            uint4 w1[rope_w<TD>::n], w2[rope_w<TD>::n];
+            rope_pack(y, x1, w1);
+            rope_pack(y, x2, w2);
             TD *r = y + (int64_t)(h0 + u) * hd;
-            stk<VEC>(r, j, x1);
-            stk<VEC>(r, j + half, x2);
+            rope_st(r + j, w1);
+            rope_st(r + j + half, w2);
         }
 }
 
@@ -171,77 +193,87 @@ __device__ __forceinline__ void copy_heads(T *y, const T *x, int h0, int nh, int
         }
 }
 
-/* The cosines and sines of pairs j … j + VEC at position p. */
-__device__ __forceinline__ void rope_cs_vec(const rope_freq_t &f, int j, int32_t p, int inverse, float *c, float *s)
+/* A block per token (grid-stride over the tokens): the token's cosines and sines first,
+ * one thread per pair into shared memory (as many angles as the one-pair kernels compute:
+ * each thread computing its own 8 for each of its heads' chunks would take ~350 fp64
+ * instructions a thread, several times the rest), then the token's work items, item
+ * e = chunk·G + g: chunk of ROPE_HEADS heads, group g of VEC pairs (G = half / VEC).
+ * Consecutive threads take consecutive groups of a chunk: a warp covers whole half-rows. */
+template <typename F>
+__device__ __forceinline__ void rope_token(const rope_freq_t &f, int32_t p, int half, int inverse, int items, F &&item)
 {
-#pragma unroll
-    for (int k = 0; k < VEC; k++)
-        rope_cs(f.v[j + k], p, inverse, &c[k], &s[k]);
+    __shared__ float cs[2][ROPE_MAX_HALF];
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        rope_cs(f.v[j], p, inverse, &cs[0][j], &cs[1][j]);
+    __syncthreads();
+    for (int e = threadIdx.x; e < items; e += blockDim.x) {
+        /* into registers before the first store: read through a pointer they would be read
+         * again after each global store (which nvcc then splits into 4-byte stores) */
+        int j = e % (half / VEC) * VEC;
+        float c[VEC], s[VEC];
+        for (int k = 0; k < VEC; k++)
+            c[k] = cs[0][j + k], s[k] = cs[1][j + k];
+        item(e, j, (const float *)c, (const float *)s);
+    }
+    __syncthreads(); /* cs is rewritten for the next token */
 }
 
-/* q's nq heads and k's nk (0: rope alone) of n tokens in place. Work item
- * e = (i·C + chunk)·G + g: token i, chunk of ROPE_HEADS heads (q's, then k's: C in all),
- * group g of VEC pairs (G = half / VEC). */
+/* q's nq heads and k's nk (0: rope alone) of n tokens in place; chunks: q's, then k's. */
 template <typename TQ, typename TK>
 __global__ void rope_qk_vec_kernel(TQ *q, TK *k, const int32_t *pos, int64_t n, int nq, int nk, int hd,
                                    const rope_freq_t f, int inverse)
 {
     int half = hd / 2, G = half / VEC, cq = rope_chunks(nq), C = cq + rope_chunks(nk);
-    GRID_STRIDE(e, n * C * G)
-    {
-        int j = (int)(e % G) * VEC, ch = (int)(e / G % C);
-        int64_t i = e / G / C;
-        float c[VEC], s[VEC];
-        rope_cs_vec(f, j, pos[i], inverse, c, s);
-        if (ch < cq) {
-            TQ *r = q + i * nq * hd;
-            rope_heads(r, (const TQ *)r, ch * ROPE_HEADS, nq, hd, j, half, c, s);
-        } else {
-            TK *r = k + i * nk * hd;
-            rope_heads(r, (const TK *)r, (ch - cq) * ROPE_HEADS, nk, hd, j, half, c, s);
-        }
-    }
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x)
+        rope_token(f, pos[i], half, inverse, C * G, [&](int e, int j, const float *c, const float *s) {
+            int ch = e / G;
+            if (ch < cq) {
+                TQ *r = q + i * nq * hd;
+                rope_heads(r, (const TQ *)r, ch * ROPE_HEADS, nq, hd, j, half, c, s);
+            } else {
+                TK *r = k + i * nk * hd;
+                rope_heads(r, (const TK *)r, (ch - cq) * ROPE_HEADS, nk, hd, j, half, c, s);
+            }
+        });
 }
 
-/* qkv_rope (below) with rope_qk_vec_kernel's work items: q's chunks, k's, then v's (copied). */
+/* qkv_rope (below) as rope_qk_vec_kernel: q's chunks, k's, then v's (copied). */
 template <typename T>
 __global__ void qkv_rope_vec_kernel(T *qkv, T *q, T *k, T *v, const int32_t *pos, int64_t n, int nq, int nk, int hd,
                                     const rope_freq_t f, int inverse)
 {
     int half = hd / 2, G = half / VEC, cq = rope_chunks(nq), ck = rope_chunks(nk), C = cq + 2 * ck;
     int64_t Hq = (int64_t)nq * hd, Hk = (int64_t)nk * hd, W = Hq + 2 * Hk;
-    GRID_STRIDE(e, n * C * G)
-    {
-        int j = (int)(e % G) * VEC, ch = (int)(e / G % C);
-        int64_t i = e / G / C;
-        T *row = qkv + i * W;
-        if (ch >= cq + ck) {
-            T *vr = row + Hq + Hk, *vi = v + i * Hk;
-            int h0 = (ch - cq - ck) * ROPE_HEADS;
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x)
+        rope_token(f, pos[i], half, inverse, C * G, [&](int e, int j, const float *c, const float *s) {
+            int ch = e / G;
+            T *row = qkv + i * W;
+            if (ch >= cq + ck) {
+                T *vr = row + Hq + Hk, *vi = v + i * Hk;
+                int h0 = (ch - cq - ck) * ROPE_HEADS;
+                if (inverse)
+                    copy_heads(vr, (const T *)vi, h0, nk, hd, j, half);
+                else
+                    copy_heads(vi, (const T *)vr, h0, nk, hd, j, half);
+                return;
+            }
+            T *mine = ch < cq ? q + i * Hq : k + i * Hk, *packed = ch < cq ? row : row + Hq;
+            int h0 = (ch < cq ? ch : ch - cq) * ROPE_HEADS, nh = ch < cq ? nq : nk;
             if (inverse)
-                copy_heads(vr, (const T *)vi, h0, nk, hd, j, half);
+                rope_heads(packed, (const T *)mine, h0, nh, hd, j, half, c, s);
             else
-                copy_heads(vi, (const T *)vr, h0, nk, hd, j, half);
-            continue;
-        }
-        float c[VEC], s[VEC];
-        rope_cs_vec(f, j, pos[i], inverse, c, s);
-        T *mine = ch < cq ? q + i * Hq : k + i * Hk, *packed = ch < cq ? row : row + Hq;
-        int h0 = (ch < cq ? ch : ch - cq) * ROPE_HEADS, nh = ch < cq ? nq : nk;
-        if (inverse)
-            rope_heads(packed, (const T *)mine, h0, nh, hd, j, half, c, s);
-        else
-            rope_heads(mine, (const T *)packed, h0, nh, hd, j, half, c, s);
-    }
+                rope_heads(mine, (const T *)packed, h0, nh, hd, j, half, c, s);
+        });
 }
 
-/* Blocks of ROPE_THREADS for the vector kernels over n tokens and C chunks. ~90-100
- * registers a thread in bf16 (sm_90): blocks of 128 fit 5 to an SM where blocks of 256
- * fit 2. */
-enum { ROPE_THREADS = 128 };
-static inline unsigned rope_vec_blocks(int64_t n, int C, int hd)
+/* The vector kernels' launch over n tokens with C chunks a token: a block a token, a
+ * thread an item up to 256 (7B's rope_qk: 128; ~90-100 registers a thread in bf16 on
+ * sm_90, so blocks this small keep several on an SM), at least a warp. */
+static inline dim3 rope_vec_blocks(int64_t n) { return dim3((unsigned)(n < (1 << 24) ? n : (1 << 24))); }
+static inline unsigned rope_vec_threads(int C, int hd)
 {
-    return blocks_for(n * C * (hd / 2 / VEC), ROPE_THREADS);
+    int items = C * (hd / 2 / VEC), t = (items + 31) / 32 * 32;
+    return (unsigned)(t < 32 ? 32 : t > 256 ? 256 : t);
 }
 
 /* The one-pair kernels (FTK_CUDA_VEC=0, and the shapes and views the section above does
@@ -290,7 +322,7 @@ void cu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_hea
         return;
     on_dt(x.dt, [&](auto t) {
         if (rope_vec_ok(c, hd, {x.p}))
-            rope_qk_vec_kernel<<<rope_vec_blocks(n, rope_chunks(n_head), hd), ROPE_THREADS, 0, c->cur>>>(
+            rope_qk_vec_kernel<<<rope_vec_blocks(n), rope_vec_threads(rope_chunks(n_head), hd), 0, c->cur>>>(
                 AS(t, x), AS(t, x), pos, n, n_head, 0, hd, f, inverse);
         else
             rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(t, x), pos, n, n_head, hd, f, inverse);
@@ -309,8 +341,8 @@ void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64
     on_dt(q.dt, [&](auto tq) {
         on_dt(k.dt, [&](auto tk) {
             if (rope_vec_ok(c, hd, {q.p, k.p}))
-                rope_qk_vec_kernel<<<rope_vec_blocks(n, rope_chunks(n_head) + rope_chunks(n_kv), hd), ROPE_THREADS, 0,
-                                     c->cur>>>(AS(tq, q), AS(tk, k), pos, n, n_head, n_kv, hd, f, inverse);
+                rope_qk_vec_kernel<<<rope_vec_blocks(n), rope_vec_threads(rope_chunks(n_head) + rope_chunks(n_kv), hd),
+                                     0, c->cur>>>(AS(tq, q), AS(tk, k), pos, n, n_head, n_kv, hd, f, inverse);
             else
                 rope_qk_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(AS(tq, q), AS(tk, k), pos, n,
                                                                                   n_head, n_kv, hd, f, inverse);
@@ -368,8 +400,8 @@ void cu_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v
         return;
     on_dt(qkv.dt, [&](auto t) {
         if (rope_vec_ok(c, hd, {qkv.p, q.p, k.p, v.p}))
-            qkv_rope_vec_kernel<<<rope_vec_blocks(n, rope_chunks(n_head) + 2 * rope_chunks(n_kv), hd), ROPE_THREADS, 0,
-                                  c->cur>>>(AS(t, qkv), AS(t, q), AS(t, k), AS(t, v), pos, n, n_head, n_kv, hd, f,
+            qkv_rope_vec_kernel<<<rope_vec_blocks(n), rope_vec_threads(rope_chunks(n_head) + 2 * rope_chunks(n_kv), hd),
+                                  0, c->cur>>>(AS(t, qkv), AS(t, q), AS(t, k), AS(t, v), pos, n, n_head, n_kv, hd, f,
                                             inverse);
         else
             qkv_rope_kernel<<<blocks_for(n * (hd / 2), 256), 256, 0, c->cur>>>(
