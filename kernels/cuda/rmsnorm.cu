@@ -79,10 +79,10 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
 /* dw = Σ_i dy·x·r: rows cut into COL_CHUNKS fixed chunks (blockIdx.y), each summed in
  * order per column, then the chunks summed in order (colsum_add_kernel). A thread takes K
  * consecutive columns: K = VEC with 16-byte accesses where d is a multiple of VEC and dy,
- * x and dw are 16-byte aligned (the row pass above: a warp reads 512 bytes of a bf16 row,
- * not 64), else 1 (and with FTK_CUDA_VEC=0). Each column's additions are the same, in
- * the same order, for both K: the same bits. The products and sums are written
- * uncontracted, the CPU's operations (cpu.c: acc += dy·x·r, in another order). */
+ * x and dw are 16-byte aligned (a warp then reads 512 bytes of a bf16 row, not 64), else
+ * 1 (and with FTK_CUDA_VEC=0). Each column's additions are the same, in the same order,
+ * for both K: the same bits. The products and sums are written uncontracted, the CPU's
+ * operations (cpu.c: acc += dy·x·r, in another order). */
 enum { COL_CHUNKS = 64, DW_ROWS = 4 };
 
 template <int K, typename TG, typename TX>

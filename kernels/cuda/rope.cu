@@ -207,8 +207,8 @@ __device__ __forceinline__ void rope_token(const rope_freq_t &f, int32_t p, int 
         rope_cs(f.v[j], p, inverse, &cs[0][j], &cs[1][j]);
     __syncthreads();
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
-        /* into registers before the first store: read through a pointer they would be read
-         * again after each global store (which nvcc then splits into 4-byte stores) */
+        /* into registers before the first store (read through a pointer, nvcc read them
+         * from shared memory again after every global store) */
         int j = e % (half / VEC) * VEC;
         float c[VEC], s[VEC];
         for (int k = 0; k < VEC; k++)
@@ -267,7 +267,7 @@ __global__ void qkv_rope_vec_kernel(T *qkv, T *q, T *k, T *v, const int32_t *pos
 }
 
 /* The vector kernels' launch over n tokens with C chunks a token: a block a token, a
- * thread an item up to 256 (7B's rope_qk: 128; ~90-100 registers a thread in bf16 on
+ * thread an item up to 256 (7B's rope_qk: 128; ~105-111 registers a thread in bf16 on
  * sm_90, so blocks this small keep several on an SM), at least a warp. */
 static inline dim3 rope_vec_blocks(int64_t n) { return dim3((unsigned)(n < (1 << 24) ? n : (1 << 24))); }
 static inline unsigned rope_vec_threads(int C, int hd)

@@ -5,12 +5,11 @@
 /* A block per row, the CPU's arithmetic: max in float, Σexp in double. A thread takes K
  * consecutive logits at a time: K = VEC (two 16-byte accesses) where V is a multiple of
  * VEC and the logits are 16-byte aligned, in blocks of XENT_VEC_THREADS; else one, in
- * blocks of 256 (and with FTK_CUDA_VEC=0: the first kernel, for comparison). The max and
- * every element's gradient are the same on both paths; Σexp is partitioned otherwise, so
- * a row's loss may differ in its last bits between them (deterministic on each; gpu_ops
- * holds both to the CPU's loss within 1e-12). */
-/* 1024: 64 registers a thread without spills on sm_90 (512 with the same bound spills,
- * no bound takes 78): one block an SM, 32 warps */
+ * blocks of 256 (the first kernel, also with FTK_CUDA_VEC=0). The max and every element's
+ * gradient are the same on both paths; Σexp is partitioned otherwise, so a row's loss may
+ * differ in its last bits between them (deterministic on each; gpu_ops holds both to the
+ * CPU's loss within 1e-12). 1024 threads: 64 registers, no spills, on sm_90 (one block
+ * an SM); 512 spilled under their bound, and without one it took 78. */
 enum { XENT_VEC_THREADS = 1024 };
 
 template <int K>
