@@ -33,9 +33,9 @@
  *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The row reductions (RMSNorm,
  *    Σx²'s blocks, the loss's rows where V % 8 == 0) take 8 consecutive elements a thread
  *    on the same condition: a sum is then partitioned otherwise (deterministic, not the
- *    one-element path's bits). Rope (hd % 16 == 0) takes 8 pairs of 4 heads a thread and
- *    RMSNorm's dw 8 columns a thread: the same operations in the same order as their
- *    one-element kernels, so the same bits. The
+ *    one-element path's bits); RMSNorm's dw is then summed in the dx pass, 8 columns a
+ *    thread, its partials over blocks of rows in two fixed levels. Rope (hd % 16 == 0)
+ *    takes 8 pairs of 4 heads a thread: the one-pair kernels' operations, so their bits. The
  *    embedding's gradient sums each table row over its own tokens (a block per distinct
  *    id; FTK_CUDA_VEC=0: a thread per column walking all tokens): the same additions in
  *    the same order either way.

@@ -439,14 +439,20 @@ static const ops_case_t cases_rmsnorm_bwd[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
-    /* dw's 8-wide columns (CUDA): an odd width, the narrowest 8-wide one, more rows than
-     * dw's 64 chunks (some empty), a 16-byte aligned view */
+    /* CUDA's 16-byte paths: an odd width (neither), the narrowest 8-wide one, a 16-byte
+     * aligned view; dx and dw in one pass in blocks of 16 rows, their partials summed in
+     * groups of 16: 19 blocks, 2 groups, the last ragged; over 8192 wide the two passes
+     * with 8-wide dw columns, 64 chunks of rows */
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 9, .d = 77},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 3, .d = 8},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 70, .d = 1000, .offset = 8},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 300, .d = 64},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 3, .d = 8200},
 };
 static const ops_case_t large_rmsnorm_bwd[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
+    /* over 16384 rows the fused pass's blocks take more than 16 (at most 1024 blocks) */
+    {.op = OP_RMSNORM_BWD, .cfgs = BOTH, .n = 16500, .d = 16},
 };
 
 static void perf_rmsnorm_fwd(const ops_bench_t *s)
