@@ -249,7 +249,7 @@ static void test_prof(void)
     backend_free(P);
 }
 
-/* ---- the 16-byte kernels against the one-element ones ------------------------------------- */
+/* ---- rope's 16-byte kernels against the one-pair ones ----------------------------------- */
 
 /* Issue 42's rope (alone, rope_qk, qkv_rope) takes 16-byte accesses where aligned; an
  * instance made with FTK_CUDA_VEC=0 runs the one-pair kernels. The rotation is the same
