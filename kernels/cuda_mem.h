@@ -61,6 +61,29 @@ static inline int64_t bk_cuda_mem_total(const bk_cuda_mem_t *m)
     return m->large + bk_cuda_round(m->small, BK_CUDA_PAGE);
 }
 
+/* rmsnorm_bwd's one-pass dx and dw (rmsnorm.cu, 16-byte path): a block sums at least
+ * BK_CUDA_NORM_ROWS rows into its own partial row, more where n would make over
+ * BK_CUDA_NORM_MAX_CHUNKS partials (fixed by n: the same sums every call); the partials are
+ * summed in groups of BK_CUDA_NORM_GROUP, then the groups. Scratch: a float per column of every
+ * partial and every group. */
+#define BK_CUDA_NORM_ROWS 16
+#define BK_CUDA_NORM_MAX_CHUNKS 1024
+#define BK_CUDA_NORM_GROUP 16
+static inline int64_t bk_cuda_norm_rows(int64_t n)
+{
+    int64_t r = (n + BK_CUDA_NORM_MAX_CHUNKS - 1) / BK_CUDA_NORM_MAX_CHUNKS;
+    return r > BK_CUDA_NORM_ROWS ? r : (int64_t)BK_CUDA_NORM_ROWS;
+}
+/* The scratch floats for any n up to max_n: at most BK_CUDA_NORM_MAX_CHUNKS partials (the
+ * count is not monotone in n above BK_CUDA_NORM_ROWS·BK_CUDA_NORM_MAX_CHUNKS rows). */
+static inline int64_t bk_cuda_norm_floats(int64_t max_n, int64_t d)
+{
+    int64_t chunks = (max_n + BK_CUDA_NORM_ROWS - 1) / BK_CUDA_NORM_ROWS;
+    if (chunks > BK_CUDA_NORM_MAX_CHUNKS)
+        chunks = BK_CUDA_NORM_MAX_CHUNKS;
+    return (chunks + (chunks + BK_CUDA_NORM_GROUP - 1) / BK_CUDA_NORM_GROUP) * d;
+}
+
 /* The largest shapes a training run gives the ops (backend.h reserve). */
 typedef struct {
     int64_t tokens;      /* tokens of a micro-batch */
@@ -84,6 +107,7 @@ static inline void bk_cuda_scratch(const bk_reserve_t *r, int64_t ws_bytes, int 
         n * 3 * 4,                             /* embed_bwd's order, start and length per token */
         n * 8,                                 /* xent's partial sums */
         BK_CUDA_COL_CHUNKS * r->width * 4,     /* rmsnorm_bwd's weight-gradient partial sums */
+        vec ? bk_cuda_norm_floats(n, r->width) * 4 : 0, /* the same in its one-pass form */
         r->adamw_segs * 128,                   /* adamw_multi's segment table (under 128 bytes a slice) */
     };
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)

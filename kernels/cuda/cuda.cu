@@ -32,8 +32,11 @@
  *    gather, rows_scatter, AdamW) take 8 elements a thread with 16-byte accesses where
  *    every operand is 16-byte aligned (ELEMENTWISE), one element otherwise and with
  *    FTK_CUDA_VEC=0; the same arithmetic on both paths. The row reductions (RMSNorm,
- *    Σx²'s blocks) take 8 consecutive elements a thread on the same condition: a sum is
- *    then partitioned otherwise (deterministic, not the one-element path's bits). The
+ *    Σx²'s blocks, the loss's rows where V % 8 == 0) take 8 consecutive elements a thread
+ *    on the same condition: a sum is then partitioned otherwise (deterministic, not the
+ *    one-element path's bits); RMSNorm's dw is then summed in the dx pass, 8 columns a
+ *    thread, its partials over blocks of rows in two fixed levels. Rope (hd % 16 == 0)
+ *    takes 8 pairs of 4 heads a thread: the one-pair kernels' operations, so their bits. The
  *    embedding's gradient sums each table row over its own tokens (a block per distinct
  *    id; FTK_CUDA_VEC=0: a thread per column walking all tokens): the same additions in
  *    the same order either way.

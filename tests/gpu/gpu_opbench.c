@@ -503,6 +503,13 @@ int main(void)
             if (p->vec0)
                 row_bw(p->vec0, time_perf(p, &one), perf_bytes(p, &one));
         }
+    /* the 16-byte kernels against the one-pair, one-element ones they replaced: the
+     * fused rope (the model's), and the loss (fp32 logits) */
+    row_bw("rope_qk (q and k) bf16, one pair a thread", time_op(one.be, op_rope_qk, &one), 4.0 * nq * 2);
+    if (one.be->qkv_rope)
+        row_bw("qkv_rope split (fused) bf16, one pair a thread", time_op(one.be, op_qkv_rope, &one), 6.0 * nq * 2);
+    snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32, one a thread", XC);
+    row_bw(xent_label, time_op(one.be, op_xent, &one), 2.0 * XC * V * 4);
     /* and the paths issue 33 replaced: adamw_multi's binary search per block (no block map,
      * one element a thread) and the partial sums added in order by one thread */
     if (one.be->adamw_multi)

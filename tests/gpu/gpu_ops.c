@@ -5,7 +5,8 @@
  *  2. every backward op, and a large weight-gradient product, gives the same bits twice;
  *  3. the fused rope_qk (when the backend has one) against the CPU's rope sequence, and
  *     every fused op of tests/ops (ops_fused_table) against its sequence on the CPU and on
- *     the GPU (test_fused);
+ *     the GPU (test_fused); rope's 16-byte kernels the bits of the one-pair ones
+ *     (FTK_CUDA_VEC=0, a second instance; test_vec_bits);
  *  4. an event recorded on one stream and waited for on another orders a producer and a
  *     consumer; staged uploads queued behind a long product, more than the slots, from one
  *     host array rewritten between them, each read back; errors: a failed allocation
@@ -246,6 +247,91 @@ static void test_prof(void)
                 "calls, %llu not timed, %.1f ms in the ops",
                 runs, bad, (unsigned long long)all.calls, (unsigned long long)all.untimed, all.secs * 1e3);
     backend_free(P);
+}
+
+/* ---- rope's 16-byte kernels against the one-pair ones ----------------------------------- */
+
+/* Issue 42's rope (alone, rope_qk, qkv_rope) takes 16-byte accesses where aligned; an
+ * instance made with FTK_CUDA_VEC=0 runs the one-pair kernels. The rotation is the same
+ * operations on both: the same bits, on every rope case and every fused rope case.
+ * RMSNorm's dw and xent's loss are summed in other orders on the two paths: the table
+ * holds both to the CPU. */
+static void test_vec_bits(void)
+{
+    const char *was = getenv("FTK_CUDA_VEC");
+    char *keep = was ? strdup(was) : NULL;
+    setenv("FTK_CUDA_VEC", "0", 1);
+    backend_t *O = backend_cuda_new(0);
+    if (keep) /* the instances made later (test_prof) follow the run's setting */
+        setenv("FTK_CUDA_VEC", keep, 1);
+    else
+        unsetenv("FTK_CUDA_VEC");
+    free(keep);
+    if (!O) {
+        verdict(0, "FTK_CUDA_VEC=0: %s", ftk_err_msg());
+        return;
+    }
+    int runs = 0, bad = 0;
+    for (int k = 0; k < n_cases(); k++) {
+        const ops_case_t *c = case_at(k);
+        if (c->op != OP_ROPE)
+            continue;
+        for (int cfg = 0; cfg < OPS_NCFG; cfg++) {
+            if (!(c->cfgs & OPS_CFG(cfg)))
+                continue;
+            ops_result_t a, b;
+            if (ops_run(G, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &a) < 0) {
+                verdict(0, "%s: %s", OPS_DESC(c->op)->name, ftk_err_msg());
+                continue;
+            }
+            if (ops_run(O, c, (ops_cfg_t)cfg, seed + (uint64_t)k, 1, &b) < 0) {
+                verdict(0, "%s, FTK_CUDA_VEC=0: %s", OPS_DESC(c->op)->name, ftk_err_msg());
+                ops_result_free(&a);
+                continue;
+            }
+            runs++;
+            for (int o = 0; o < a.n_out; o++) {
+                if (memcmp(a.out[o].v, b.out[o].v, (size_t)a.out[o].n * sizeof(float))) {
+                    char name[128];
+                    ops_case_name(c, name, sizeof name);
+                    printf("FAIL %s [%s]: %s differs from FTK_CUDA_VEC=0's\n", name, ops_cfg_names[cfg],
+                           a.out[o].name);
+                    bad++;
+                }
+            }
+            ops_result_free(&a), ops_result_free(&b);
+        }
+    }
+    for (int k = 0; k < ops_fused_len; k++) {
+        const ops_fcase_t *c = &ops_fused_table[k];
+        if ((c->op != FU_ROPE_QK && c->op != FU_QKV_ROPE) || !ops_fused_has(G, c) || !ops_fused_has(O, c))
+            continue;
+        for (int b2 = 0; b2 < 2; b2++) {
+            ops_result_t a, b;
+            dtype_t dt = b2 ? DT_BF16 : DT_F32;
+            if (ops_fused_run(G, c, dt, 1, seed + (uint64_t)k, &a) < 0) {
+                verdict(0, "%s: %s", ops_fop_names[c->op], ftk_err_msg());
+                continue;
+            }
+            if (ops_fused_run(O, c, dt, 1, seed + (uint64_t)k, &b) < 0) {
+                verdict(0, "%s, FTK_CUDA_VEC=0: %s", ops_fop_names[c->op], ftk_err_msg());
+                ops_result_free(&a);
+                continue;
+            }
+            runs++;
+            if (!ops_same(&a, &b)) {
+                char name[160];
+                ops_fcase_name(c, name, sizeof name);
+                printf("FAIL %s %s: differs from FTK_CUDA_VEC=0's\n", name, dtype_name(dt));
+                bad++;
+            }
+            ops_result_free(&a), ops_result_free(&b);
+        }
+    }
+    verdict(!bad && O->sync(O) == 0,
+            "rope, rope_qk and qkv_rope: %d runs against FTK_CUDA_VEC=0's kernels, %d with other bits",
+            runs, bad);
+    backend_free(O);
 }
 
 /* ---- flash_mma.cuh ------------------------------------------------------------------------ */
@@ -931,6 +1017,7 @@ int main(void)
     test_determinism();
     test_rope_qk();
     test_fused();
+    test_vec_bits();
     test_accumulate();
     test_adamw_multi();
     test_events();

@@ -439,9 +439,20 @@ static const ops_case_t cases_rmsnorm_bwd[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 130, .d = 96},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 1000, .offset = 3},
     {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 5, .d = 4096},
+    /* CUDA's 16-byte paths: an odd width (neither), the narrowest 8-wide one, a 16-byte
+     * aligned view; dx and dw in one pass in blocks of 16 rows, their partials summed in
+     * groups of 16: 19 blocks, 2 groups, the last ragged; over 8192 wide the two passes
+     * with 8-wide dw columns, 64 chunks of rows */
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 9, .d = 77},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 3, .d = 8},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 70, .d = 1000, .offset = 8},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 300, .d = 64},
+    {.op = OP_RMSNORM_BWD, .cfgs = ALL, .n = 3, .d = 8200},
 };
 static const ops_case_t large_rmsnorm_bwd[] = {
     {.op = OP_RMSNORM_BWD, .cfgs = BOTH | OPS_CFG(OPS_MIXED), .n = 513, .d = 1000},
+    /* over 16384 rows the fused pass's blocks take more than 16 (at most 1024 blocks) */
+    {.op = OP_RMSNORM_BWD, .cfgs = BOTH, .n = 16500, .d = 16},
 };
 
 static void perf_rmsnorm_fwd(const ops_bench_t *s)
@@ -456,7 +467,7 @@ static void perf_rmsnorm_bwd(const ops_bench_t *s)
     s->be->rmsnorm_bwd(s->be, s->y, s->c, s->x, s->x, s->w, s->rstd, s->N, s->D);
 }
 static const ops_perf_t perf_rmsnorm_bwd_rows[] = {
-    {"rmsnorm_bwd (dx and dw)", perf_rmsnorm_bwd, 4, OPS_PER_ND, NULL},
+    {"rmsnorm_bwd (dx and dw)", perf_rmsnorm_bwd, 4, OPS_PER_ND, "rmsnorm_bwd bf16, one element a thread"},
 };
 
 static const ops_desc_t desc_rmsnorm_fwd = {
@@ -552,6 +563,13 @@ static const ops_case_t cases_rope[] = {
     {.op = OP_ROPE, .cfgs = BOTH, .n = 1, .n_head = 2, .hd = 128, .theta = 10000.0f},
     {.op = OP_ROPE, .cfgs = BOTH, .n = 33, .n_head = 2, .hd = 128, .theta = 10000.0f, .pos_step = 123},
     {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 4, .hd = 64, .theta = 10000.0f, .offset = 1},
+    /* CUDA's 16-byte path (hd % 16 == 0, 16-byte aligned) takes 4 heads a thread: 5 leave
+     * a tail; at +8 a view that is aligned; hd 24 and 36 (half not a multiple of 8) the
+     * one-pair kernel */
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 5, .hd = 128, .theta = 10000.0f, .pos_step = 7},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 9, .n_head = 4, .hd = 64, .theta = 10000.0f, .inverse = 1, .offset = 8},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 11, .n_head = 3, .hd = 24, .theta = 10000.0f, .pos_step = 5},
+    {.op = OP_ROPE, .cfgs = BOTH, .n = 7, .n_head = 2, .hd = 36, .theta = 10000.0f, .inverse = 1},
 };
 static const ops_case_t large_rope[] = {
     {.op = OP_ROPE, .cfgs = BOTH, .n = 600, .n_head = 6, .hd = 128, .theta = 10000.0f},
@@ -562,7 +580,7 @@ static void perf_rope(const ops_bench_t *s)
     s->be->rope(s->be, s->q, s->pos, s->N, (int)s->H, (int)s->HD, 10000.0f, 0);
 }
 static const ops_perf_t perf_rope_rows[] = {
-    {"rope (q)", perf_rope, 2, OPS_PER_NQ, NULL},
+    {"rope (q)", perf_rope, 2, OPS_PER_NQ, "rope (q) bf16, one pair a thread"},
 };
 
 /* CUDA: the same angles, cosf/sinf of another libm, contracted products: 1e-5. */
@@ -959,6 +977,11 @@ static const ops_case_t cases_xent[] = {
     {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 0.25f},
     {.op = OP_XENT, .cfgs = F32, .n = 3, .V = 32003, .grad_scale = 1.0f},
     {.op = OP_XENT, .cfgs = F32, .n = 1, .V = 5, .grad_scale = 1.0f},
+    /* CUDA's 8-wide path (V % 8 == 0, 16-byte aligned): a view at +4 takes it, at +2 not;
+     * V = 1004 not (V % 8 = 4) */
+    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 1.0f, .offset = 4},
+    {.op = OP_XENT, .cfgs = F32, .n = 9, .V = 1000, .grad_scale = 1.0f, .offset = 2},
+    {.op = OP_XENT, .cfgs = F32, .n = 6, .V = 1004, .grad_scale = 0.5f},
 };
 static const ops_case_t large_xent[] = {
     {.op = OP_XENT, .cfgs = F32, .n = 96, .V = 32000, .grad_scale = 0.25f},

@@ -266,6 +266,13 @@ const ops_fcase_t ops_fused_table[] = {
     FQK(FU_QKV_ROPE, 130, 6, 2, 96, 10000.0f, 1, 31),
     FQK(FU_QKV_ROPE, 1, 2, 2, 128, 10000.0f, 0, 0),
     FQK(FU_QKV_ROPE, 33, 4, 1, 128, 10000.0f, 1, 123),
+    /* CUDA's 16-byte path in chunks of 4 heads (5 and 6: a tail), and hd 24 and 36 (the
+     * one-pair kernels) */
+    FQK(FU_ROPE_QK, 9, 5, 5, 128, 10000.0f, 1, 7),
+    FQK(FU_ROPE_QK, 11, 6, 3, 24, 10000.0f, 0, 0),
+    FQK(FU_QKV_ROPE, 9, 5, 1, 128, 10000.0f, 0, 7),
+    FQK(FU_QKV_ROPE, 9, 6, 6, 128, 10000.0f, 1, 7),
+    FQK(FU_QKV_ROPE, 7, 3, 3, 36, 10000.0f, 1, 0),
     {.op = FU_GLU_FWD, .n = 7, .d = 1000},
     {.op = FU_GLU_FWD, .n = 33, .d = 250},
     {.op = FU_GLU_FWD, .n = 1, .d = 1},
