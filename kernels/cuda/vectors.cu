@@ -135,35 +135,44 @@ typedef struct {
     int64_t index0;
 } adamw_args_t;
 
-/* The AdamW store of state w (0 p, 1 m, 2 v) of element i. */
-__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, int) { p[i] = x; }
-__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, int w)
+/* The 16 random bits of state w (0 p, 1 m, 2 v) of element i: a field of r, the element's
+ * one hash (BK_SROUND), or a hash of their own (BK_SROUND_HASH3, for comparison). */
+__device__ __forceinline__ uint32_t sround_r(const adamw_args_t &a, int64_t i, uint64_t r, int w)
 {
-    p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
+    return a.stochastic == BK_SROUND_HASH3 ? bk_sround_bits3(a.key, a.index0 + i, w) : bk_sround_field(r, w);
+}
+
+/* The AdamW store of state w of element i (r as for sround_r). */
+__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, uint64_t, int) { p[i] = x; }
+__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, uint64_t r, int w)
+{
+    p[i] = a.stochastic == BK_ROUND_NEAREST ? f32_to_bf16_dev(x) : bk_sround_bf16(x, sround_r(a, i, r, w));
 }
 
 /* The stores of K elements of state w from i (stk for a whole group: 16-byte accesses). */
 template <int K>
-__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, int)
+__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, const uint64_t *,
+                                          int)
 {
     stk<K>(p, i, x);
 }
 template <int K>
-__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a, int w)
+__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a,
+                                          const uint64_t *r, int w)
 {
-    if (!a.stochastic) {
+    if (a.stochastic == BK_ROUND_NEAREST) {
         stk<K>(p, i, x);
     } else if (K == VEC) {
         uint32_t q[4];
         for (int k = 0; k < 4; k++) {
-            uint32_t lo = bk_sround_bf16(x[2 * k], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k) + w));
-            uint32_t hi = bk_sround_bf16(x[2 * k + 1], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k + 1) + w));
+            uint32_t lo = bk_sround_bf16(x[2 * k], sround_r(a, i + 2 * k, r[2 * k], w));
+            uint32_t hi = bk_sround_bf16(x[2 * k + 1], sround_r(a, i + 2 * k + 1, r[2 * k + 1], w));
             q[k] = lo | hi << 16;
         }
         *(uint4 *)(p + i) = make_uint4(q[0], q[1], q[2], q[3]);
     } else {
         for (int k = 0; k < K; k++)
-            st_adamw(p, i + k, x[k], a, w);
+            st_adamw(p, i + k, x[k], a, r[k], w);
     }
 }
 
@@ -185,9 +194,13 @@ __device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, cons
         float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(W[k]), a.bc2s), a.eps);
         P[k] = __fsub_rn(__fmul_rn(P[k], a.decay), __fdiv_rn(__fmul_rn(a.step, M[k]), den));
     }
-    stk_adamw<K>(p, i, P, a, 0);
-    stk_adamw<K>(m, i, M, a, 1);
-    stk_adamw<K>(v, i, W, a, 2);
+    /* one hash an element for its three stores (unused, and so not computed, in fp32) */
+    uint64_t R[K];
+    for (int k = 0; k < K; k++)
+        R[k] = a.stochastic == BK_SROUND ? bk_sround_hash(a.key, a.index0 + i + k) : 0;
+    stk_adamw<K>(p, i, P, a, R, 0);
+    stk_adamw<K>(m, i, M, a, R, 1);
+    stk_adamw<K>(v, i, W, a, R, 2);
 }
 
 template <typename TP, typename TG>
@@ -328,6 +341,15 @@ void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
     add_parts(c, acc, part, nb, "add_sumsq sum");
 }
 
+/* h's rounding is one of sround.h's (the error kept otherwise). */
+static int rounding_ok(cuda_t *c, const char *op, const bk_adamw_t *h)
+{
+    if (h->stochastic == BK_ROUND_NEAREST || h->stochastic == BK_SROUND || h->stochastic == BK_SROUND_HASH3)
+        return 1;
+    note_err(c, op, "rounding unknown");
+    return 0;
+}
+
 static adamw_args_t adamw_args_of(const bk_adamw_t *h)
 {
     adamw_args_t a;
@@ -350,7 +372,7 @@ void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, in
 {
     cuda_t *c = enter(be);
     if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
-        !dt_ok(c, "adamw", g_.dt))
+        !dt_ok(c, "adamw", g_.dt) || !rounding_ok(c, "adamw", h))
         return;
     adamw_args_t a = adamw_args_of(h);
     on_dt(p.dt, [&](auto tp) {
@@ -383,7 +405,8 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
                     const bk_adamw_t *h)
 {
     cuda_t *c = enter(be);
-    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
+    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt) ||
+        !rounding_ok(c, "adamw_multi", h))
         return;
     /* the layout: the kept segments (blocks > 0: block0 must grow strictly for the search)
      * and their blocks, against the map's */
