@@ -25,7 +25,8 @@
  *
  * BK_SROUND_HASH3 is the rule before 2026-11-28, a hash per stored state (bk_sround_bits3,
  * 3·i + w with w = 0, 1, 2 for p, m, v): kept selectable (bk_adamw_t.stochastic,
- * FTK_SROUND_HASHES=3) so a GPU can time the two; it costs three times the integer work.
+ * FTK_SROUND_HASHES=3) so a GPU can time the two; its loop takes about twice the integer
+ * instructions for the rounding (docs/gpu.md).
  */
 #ifndef FTK_SROUND_H
 #define FTK_SROUND_H

@@ -203,10 +203,28 @@ __device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, cons
     stk_adamw<K>(v, i, W, a, R, 2);
 }
 
-template <typename TP, typename TG>
+/* R: the rounding, a.stochastic as a constant (on_rounding) */
+template <int R, typename TP, typename TG>
 __global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a, int vec)
 {
+    a.stochastic = R;
     ELEMENTWISE(n, vec, adamw_at, p, g_, m, v, a);
+}
+
+/* Calls f with h's rounding as a constant, to be the kernel's R: each instance's loop is
+ * compiled for one rule (a loop that tested the rule at each store would be a few
+ * instructions an element longer, and its three-hash path would not be the code it
+ * replaced, which is what it is kept to time). fp32 states have nothing to round. */
+template <typename TP, typename F> static inline void on_rounding(int r, F &&f)
+{
+    if constexpr (sizeof(TP) == sizeof(float))
+        f(std::integral_constant<int, BK_ROUND_NEAREST>());
+    else if (r == BK_SROUND)
+        f(std::integral_constant<int, BK_SROUND>());
+    else if (r == BK_SROUND_HASH3)
+        f(std::integral_constant<int, BK_SROUND_HASH3>());
+    else
+        f(std::integral_constant<int, BK_ROUND_NEAREST>());
 }
 
 /* One segment of adamw_multi as the kernel reads it: the per-tensor arguments (decay
@@ -227,10 +245,11 @@ enum { ADAMW_MULTI_CHUNK = 4096 }; /* elements per thread block */
 /* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of segment map[b] (the block map,
  * made on the host once for the layout); without a map, of the segment whose block0 is the
  * largest not above b (a binary search of the table: block0 grows with the segment). */
-template <typename TP, typename TG>
+template <int R, typename TP, typename TG>
 __global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, const int32_t *map, int n_segs,
                                    adamw_args_t a)
 {
+    a.stochastic = R;
     int64_t b = blockIdx.x;
     int lo = 0;
     if (map) {
@@ -378,8 +397,10 @@ void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, in
     on_dt(p.dt, [&](auto tp) {
         on_dt(g_.dt, [&](auto tg) {
             int vec = vec_ok(c, {p.p, g_.p, m.p, v.p});
-            adamw_kernel<<<ew_blocks(n, vec), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a,
-                                                                vec);
+            on_rounding<std::remove_pointer_t<decltype(tp)>>(a.stochastic, [&](auto R) {
+                adamw_kernel<decltype(R)::value><<<ew_blocks(n, vec), 256, 0, c->cur>>>(
+                    AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a, vec);
+            });
         });
     });
     launched(c, "adamw");
@@ -496,7 +517,9 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
     const int32_t *map = use_map ? (const int32_t *)c->am_map : NULL;
     on_dt(sdt, [&](auto tp) {
         on_dt(gdt, [&](auto tg) {
-            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, map, k, a);
+            on_rounding<std::remove_pointer_t<decltype(tp)>>(a.stochastic, [&](auto R) {
+                adamw_multi_kernel<decltype(R)::value><<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, map, k, a);
+            });
         });
     });
     launched(c, "adamw_multi");

@@ -460,6 +460,12 @@ int main(void)
     /* the rule before 2026-11-28, a hash per stored state: what one hash an element saved */
     S[1].h.stochastic = BK_SROUND_HASH3;
     row_bw("adamw (stochastic, 3 hashes) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));
+    if (G->adamw_multi) { /* the step's optimizer call in bf16-true, in both rules */
+        S[1].h.stochastic = BK_SROUND;
+        row_bw("adamw_multi (9 tensors, stochastic) bf16", time_op(S[1].be, op_adamw_multi, &S[1]), 7.0 * nf * 2);
+        S[1].h.stochastic = BK_SROUND_HASH3;
+        row_bw("adamw_multi (9 tensors, 3 hashes) bf16", time_op(S[1].be, op_adamw_multi, &S[1]), 7.0 * nf * 2);
+    }
     S[1].h.stochastic = BK_SROUND;
     char xent_label[64];
     snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32", XC);
