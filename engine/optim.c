@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../kernels/sround.h"
 #include "../libcommon/log.h"
@@ -19,6 +20,13 @@ struct optim {
 
 optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
 {
+    /* FTK_SROUND_HASHES=3: the rounding before 2026-11-28 (a hash per stored state, other
+     * bits), so a GPU can time the step with both; a checkpoint does not record it */
+    const char *e = getenv("FTK_SROUND_HASHES");
+    if (e && strcmp(e, "1") && strcmp(e, "3")) {
+        ftk_err_set("FTK_SROUND_HASHES=%s: expected 1 (one hash an element) or 3 (one a stored state)", e);
+        return NULL;
+    }
     optim_t *o = calloc(1, sizeof *o);
     if (!o) {
         ftk_err_set("out of memory");
@@ -26,7 +34,7 @@ optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
     }
     o->be = be;
     o->sh = sh;
-    o->stochastic = stochastic;
+    o->stochastic = !stochastic ? BK_ROUND_NEAREST : e && !strcmp(e, "3") ? BK_SROUND_HASH3 : BK_SROUND;
     int n_units, n_tensors = 0;
     const ckpt_unit_t *units = shard_units(sh, &n_units);
     if (!(o->d_sq = bk_alloc(be, (size_t)n_units * sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulators"))) {

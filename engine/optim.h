@@ -20,7 +20,8 @@ typedef struct optim optim_t;
 
 /* For the owned state of sh on be (call right after shard_new: its one allocation is part
  * of the memory plan). stochastic: bf16 stores of AdamW round stochastically (bf16-true;
- * else to nearest even). */
+ * else to nearest even), one hash an element (FTK_SROUND_HASHES=3: one a stored state, the
+ * rule before 2026-11-28, for comparison; another value is an error: NULL). */
 optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic);
 void optim_free(optim_t *o);
 

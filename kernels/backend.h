@@ -166,15 +166,18 @@ typedef struct bk_event bk_event_t;
  * in fp32 from the widened stored values (p's update reads the fp32 m and v, before they
  * are rounded for storage); bc1 = 1 − b1^t, bc2 = 1 − b2^t are computed in double by
  * the caller. gscale carries the gradient clipping coefficient (1: none).
- * Storing p, m, v in bf16 rounds each to nearest even, or with stochastic = 1 rounds up
- * with probability equal to the fraction of an ulp that was cut (bk_sround_bf16), from
- * the counter-based bits bk_sround_bits(key, 3·(index0 + i) + w) with w = 0 for p, 1
- * for m, 2 for v: the same bits for the same element whatever the rank count, slicing or
- * backend. key = bk_sround_key(seed, step, tensor) (kernels/sround.h). */
+ * Storing p, m, v in bf16 rounds each to nearest even (stochastic = BK_ROUND_NEAREST, 0),
+ * or with stochastic = BK_SROUND (1) rounds up with probability equal to the fraction of
+ * an ulp that was cut (bk_sround_bf16), from the counter-based hash
+ * r = bk_sround_hash(key, index0 + i): bk_sround_field(r, w), w = 0 for p, 1 for m, 2 for
+ * v, its three 16-bit fields. The same bits for the same element whatever the rank count,
+ * slicing or backend. key = bk_sround_key(seed, step, tensor) (kernels/sround.h).
+ * BK_SROUND_HASH3 (2), for comparison: a hash per state, bk_sround_bits3(key, index0 + i, w).
+ * Any other value is an error. */
 typedef struct {
     float lr, b1, b2, eps, wd, gscale;
     double bc1, bc2;
-    int stochastic;
+    int stochastic; /* BK_ROUND_NEAREST, BK_SROUND or BK_SROUND_HASH3 (sround.h) */
     uint64_t key;
     int64_t index0; /* the index in its tensor of element 0 of this call */
 } bk_adamw_t;

@@ -877,13 +877,16 @@ static void cpu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const
         st(y, i, (float)codes[i] * scales[i / block]);
 }
 
-/* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call. */
-static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h, int w)
+/* Stores v into element i of a bf16 or f32 state array w (0 p, 1 m, 2 v) of an AdamW call;
+ * r is the element's hash under BK_SROUND (sround.h). */
+static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h, uint64_t r, int w)
 {
     if (b.dt == DT_F32)
         ((float *)b.p)[i] = v;
-    else if (h->stochastic)
-        ((uint16_t *)b.p)[i] = bk_sround_bf16(v, bk_sround_bits(h->key, 3 * (h->index0 + i) + w));
+    else if (h->stochastic == BK_SROUND)
+        ((uint16_t *)b.p)[i] = bk_sround_bf16(v, bk_sround_field(r, w));
+    else if (h->stochastic == BK_SROUND_HASH3)
+        ((uint16_t *)b.p)[i] = bk_sround_bf16(v, bk_sround_bits3(h->key, h->index0 + i, w));
     else
         ((uint16_t *)b.p)[i] = f32_to_bf16(v);
 }
@@ -893,6 +896,10 @@ static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_
     bk_buf_t pmv[3] = {p, m, v};
     if (same_dt(be, "adamw", 3, pmv) < 0 || check_dt(be, "adamw", 1, &g) < 0)
         return;
+    if (h->stochastic != BK_ROUND_NEAREST && h->stochastic != BK_SROUND && h->stochastic != BK_SROUND_HASH3) {
+        bad(be, "internal: adamw: rounding %d unknown", h->stochastic);
+        return;
+    }
     float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale;
     float decay = 1.0f - h->lr * h->wd;
     float step = (float)(h->lr / h->bc1);
@@ -915,9 +922,10 @@ static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_
         float mi = b1 * ld(m, i) + (1.0f - b1) * gi;
         float vi = b2 * ld(v, i) + (1.0f - b2) * gi * gi;
         float pi = ld(p, i) * decay - step * mi / (sqrtf(vi) / bc2s + eps);
-        st_state(p, i, pi, h, 0);
-        st_state(m, i, mi, h, 1);
-        st_state(v, i, vi, h, 2);
+        uint64_t r = p.dt == DT_BF16 && h->stochastic == BK_SROUND ? bk_sround_hash(h->key, h->index0 + i) : 0;
+        st_state(p, i, pi, h, r, 0);
+        st_state(m, i, mi, h, r, 1);
+        st_state(v, i, vi, h, r, 2);
     }
 }
 

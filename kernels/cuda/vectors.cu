@@ -135,35 +135,44 @@ typedef struct {
     int64_t index0;
 } adamw_args_t;
 
-/* The AdamW store of state w (0 p, 1 m, 2 v) of element i. */
-__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, int) { p[i] = x; }
-__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, int w)
+/* The 16 random bits of state w (0 p, 1 m, 2 v) of element i: a field of r, the element's
+ * one hash (BK_SROUND), or a hash of their own (BK_SROUND_HASH3, for comparison). */
+__device__ __forceinline__ uint32_t sround_r(const adamw_args_t &a, int64_t i, uint64_t r, int w)
 {
-    p[i] = a.stochastic ? bk_sround_bf16(x, bk_sround_bits(a.key, 3 * (a.index0 + i) + w)) : f32_to_bf16_dev(x);
+    return a.stochastic == BK_SROUND_HASH3 ? bk_sround_bits3(a.key, a.index0 + i, w) : bk_sround_field(r, w);
+}
+
+/* The AdamW store of state w of element i (r as for sround_r). */
+__device__ __forceinline__ void st_adamw(float *p, int64_t i, float x, const adamw_args_t &, uint64_t, int) { p[i] = x; }
+__device__ __forceinline__ void st_adamw(uint16_t *p, int64_t i, float x, const adamw_args_t &a, uint64_t r, int w)
+{
+    p[i] = a.stochastic == BK_ROUND_NEAREST ? f32_to_bf16_dev(x) : bk_sround_bf16(x, sround_r(a, i, r, w));
 }
 
 /* The stores of K elements of state w from i (stk for a whole group: 16-byte accesses). */
 template <int K>
-__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, int)
+__device__ __forceinline__ void stk_adamw(float *p, int64_t i, const float *x, const adamw_args_t &, const uint64_t *,
+                                          int)
 {
     stk<K>(p, i, x);
 }
 template <int K>
-__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a, int w)
+__device__ __forceinline__ void stk_adamw(uint16_t *p, int64_t i, const float *x, const adamw_args_t &a,
+                                          const uint64_t *r, int w)
 {
-    if (!a.stochastic) {
+    if (a.stochastic == BK_ROUND_NEAREST) {
         stk<K>(p, i, x);
     } else if (K == VEC) {
         uint32_t q[4];
         for (int k = 0; k < 4; k++) {
-            uint32_t lo = bk_sround_bf16(x[2 * k], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k) + w));
-            uint32_t hi = bk_sround_bf16(x[2 * k + 1], bk_sround_bits(a.key, 3 * (a.index0 + i + 2 * k + 1) + w));
+            uint32_t lo = bk_sround_bf16(x[2 * k], sround_r(a, i + 2 * k, r[2 * k], w));
+            uint32_t hi = bk_sround_bf16(x[2 * k + 1], sround_r(a, i + 2 * k + 1, r[2 * k + 1], w));
             q[k] = lo | hi << 16;
         }
         *(uint4 *)(p + i) = make_uint4(q[0], q[1], q[2], q[3]);
     } else {
         for (int k = 0; k < K; k++)
-            st_adamw(p, i + k, x[k], a, w);
+            st_adamw(p, i + k, x[k], a, r[k], w);
     }
 }
 
@@ -185,15 +194,37 @@ __device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, cons
         float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(W[k]), a.bc2s), a.eps);
         P[k] = __fsub_rn(__fmul_rn(P[k], a.decay), __fdiv_rn(__fmul_rn(a.step, M[k]), den));
     }
-    stk_adamw<K>(p, i, P, a, 0);
-    stk_adamw<K>(m, i, M, a, 1);
-    stk_adamw<K>(v, i, W, a, 2);
+    /* one hash an element for its three stores (unused, and so not computed, in fp32) */
+    uint64_t R[K];
+    for (int k = 0; k < K; k++)
+        R[k] = a.stochastic == BK_SROUND ? bk_sround_hash(a.key, a.index0 + i + k) : 0;
+    stk_adamw<K>(p, i, P, a, R, 0);
+    stk_adamw<K>(m, i, M, a, R, 1);
+    stk_adamw<K>(v, i, W, a, R, 2);
 }
 
-template <typename TP, typename TG>
+/* R: the rounding, a.stochastic as a constant (on_rounding) */
+template <int R, typename TP, typename TG>
 __global__ void adamw_kernel(TP *p, const TG *g_, TP *m, TP *v, int64_t n, adamw_args_t a, int vec)
 {
+    a.stochastic = R;
     ELEMENTWISE(n, vec, adamw_at, p, g_, m, v, a);
+}
+
+/* Calls f with h's rounding as a constant, to be the kernel's R: each instance's loop is
+ * compiled for one rule (a loop that tested the rule at each store would be a few
+ * instructions an element longer, and its three-hash path would not be the code it
+ * replaced, which is what it is kept to time). fp32 states have nothing to round. */
+template <typename TP, typename F> static inline void on_rounding(int r, F &&f)
+{
+    if constexpr (sizeof(TP) == sizeof(float))
+        f(std::integral_constant<int, BK_ROUND_NEAREST>());
+    else if (r == BK_SROUND)
+        f(std::integral_constant<int, BK_SROUND>());
+    else if (r == BK_SROUND_HASH3)
+        f(std::integral_constant<int, BK_SROUND_HASH3>());
+    else
+        f(std::integral_constant<int, BK_ROUND_NEAREST>());
 }
 
 /* One segment of adamw_multi as the kernel reads it: the per-tensor arguments (decay
@@ -216,10 +247,11 @@ static_assert(sizeof(adamw_seg_dev_t) <= 128, "bk_cuda_scratch counts 128 bytes 
 /* Block b works on elements [(b − block0)·CHUNK, +CHUNK) of segment map[b] (the block map,
  * made on the host once for the layout); without a map, of the segment whose block0 is the
  * largest not above b (a binary search of the table: block0 grows with the segment). */
-template <typename TP, typename TG>
+template <int R, typename TP, typename TG>
 __global__ void adamw_multi_kernel(TP *, const TG *, const adamw_seg_dev_t *segs, const int32_t *map, int n_segs,
                                    adamw_args_t a)
 {
+    a.stochastic = R;
     int64_t b = blockIdx.x;
     int lo = 0;
     if (map) {
@@ -330,6 +362,15 @@ void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
     add_parts(c, acc, part, nb, "add_sumsq sum");
 }
 
+/* h's rounding is one of sround.h's (the error kept otherwise). */
+static int rounding_ok(cuda_t *c, const char *op, const bk_adamw_t *h)
+{
+    if (h->stochastic == BK_ROUND_NEAREST || h->stochastic == BK_SROUND || h->stochastic == BK_SROUND_HASH3)
+        return 1;
+    note_err(c, op, "rounding unknown");
+    return 0;
+}
+
 static adamw_args_t adamw_args_of(const bk_adamw_t *h)
 {
     adamw_args_t a;
@@ -352,14 +393,16 @@ void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, in
 {
     cuda_t *c = enter(be);
     if (n == 0 || failed(c) || !same_dt(c, "adamw", m.dt, p.dt) || !same_dt(c, "adamw", v.dt, p.dt) ||
-        !dt_ok(c, "adamw", g_.dt))
+        !dt_ok(c, "adamw", g_.dt) || !rounding_ok(c, "adamw", h))
         return;
     adamw_args_t a = adamw_args_of(h);
     on_dt(p.dt, [&](auto tp) {
         on_dt(g_.dt, [&](auto tg) {
             int vec = vec_ok(c, {p.p, g_.p, m.p, v.p});
-            adamw_kernel<<<ew_blocks(n, vec), 256, 0, c->cur>>>(AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a,
-                                                                vec);
+            on_rounding<std::remove_pointer_t<decltype(tp)>>(a.stochastic, [&](auto R) {
+                adamw_kernel<decltype(R)::value><<<ew_blocks(n, vec), 256, 0, c->cur>>>(
+                    AS(tp, p), AS(tg, g_), AS(tp, m), AS(tp, v), n, a, vec);
+            });
         });
     });
     launched(c, "adamw");
@@ -385,7 +428,8 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
                     const bk_adamw_t *h)
 {
     cuda_t *c = enter(be);
-    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt))
+    if (n_segs <= 0 || failed(c) || !dt_ok(c, "adamw_multi", sdt) || !dt_ok(c, "adamw_multi", gdt) ||
+        !rounding_ok(c, "adamw_multi", h))
         return;
     /* the layout: the kept segments (blocks > 0: block0 must grow strictly for the search)
      * and their blocks, against the map's */
@@ -475,7 +519,9 @@ void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype
     const int32_t *map = use_map ? (const int32_t *)c->am_map : NULL;
     on_dt(sdt, [&](auto tp) {
         on_dt(gdt, [&](auto tg) {
-            adamw_multi_kernel<<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, map, k, a);
+            on_rounding<std::remove_pointer_t<decltype(tp)>>(a.stochastic, [&](auto R) {
+                adamw_multi_kernel<decltype(R)::value><<<(unsigned)blocks, 256, 0, c->cur>>>(tp, tg, dt, map, k, a);
+            });
         });
     });
     launched(c, "adamw_multi");

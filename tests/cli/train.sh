@@ -10,7 +10,8 @@
 #    bf16-mixed and bf16-true, on tiny's shape; resuming in another --precision refused
 #    (exit 2, naming --precision and ftk-reshard --precision), accepted after ftk-reshard
 #    --precision fp32; --rounding nearest on a stochastic bf16-true run resumes with a
-#    warning naming --rounding;
+#    warning naming --rounding; a run stopped under FTK_SROUND_HASHES=3 (other bits)
+#    resumes under the default rule, and other values are refused;
 #  - the thread count changes the speed only: -j 1 and -j 3 give the same shard bytes and
 #    metrics in each precision (fp32 only in quick), and a run stopped on -j 2 resumes on
 #    -j 0 to the same bits;
@@ -221,6 +222,17 @@ for prec in bf16-mixed bf16-true; do
             ok "warning names --rounding" || notok "warning names --rounding"
         check "bf16-true: nearest rounding gave other weights than stochastic" \
             sh -c "! cmp -s '$W-n/step-00000012/$SH' '$W-a/step-00000012/$SH'"
+        # FTK_SROUND_HASHES=3, the rounding rule before 2026-11-28 (a hash per stored state,
+        # kept for timing): other bits, the same state, so a run stopped under it resumes
+        # under the default rule; a value other than 1 or 3 is refused.
+        expect "bf16-true, FTK_SROUND_HASHES=3: stop after 5 steps: exit 75" 75 env FTK_SROUND_HASHES=3 $P \
+            -o "$W-h" --stop-after 5
+        check "bf16-true: the 3-hash rule gave other weights than one hash" \
+            sh -c "! cmp -s '$W-h/step-00000005/$SH' '$W-b/step-00000005/$SH'"
+        expect "bf16-true: the 3-hash run resumes under the default rule" 0 $P -o "$W-h" --resume auto
+        expect "bf16-true, FTK_SROUND_HASHES=2: refused" 2 env FTK_SROUND_HASHES=2 $P -o "$W-h2"
+        grep -q "FTK_SROUND_HASHES=2: expected 1 .* or 3" "$WORK/err" && ok "message names FTK_SROUND_HASHES" ||
+            notok "message names FTK_SROUND_HASHES"
         # Converted to fp32 (widened exactly), the checkpoint resumes as an fp32 run.
         expect "ftk-reshard bf16-true-b/latest --ranks 1 --precision fp32" 0 "$BIN/ftk-reshard" -q "$W-b/latest" \
             -o "$W-f" --ranks 1 --precision fp32

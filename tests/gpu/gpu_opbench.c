@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../../kernels/backend.h"
+#include "../../kernels/sround.h"
 #include "../../libcommon/log.h"
 #include "../../libcommon/timer.h"
 #include "../ops/ops_table.h"
@@ -454,8 +455,18 @@ int main(void)
         rows_bw("add_sumsq (fused)", op_add_sumsq, 3.0 * nf);
     rows_bw("add, then sumsq of the sum", op_add_then_sumsq, 3.0 * nf);
     const ops_perf_t *adamw = &OPS_DESC(OP_ADAMW)->perf[0];
-    S[1].h.stochastic = 1;
+    S[1].h.stochastic = BK_SROUND;
     row_bw("adamw (stochastic) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));
+    /* the rule before 2026-11-28, a hash per stored state: what one hash an element saved */
+    S[1].h.stochastic = BK_SROUND_HASH3;
+    row_bw("adamw (stochastic, 3 hashes) bf16", time_perf(adamw, &S[1]), perf_bytes(adamw, &S[1]));
+    if (G->adamw_multi) { /* the step's optimizer call in bf16-true, in both rules */
+        S[1].h.stochastic = BK_SROUND;
+        row_bw("adamw_multi (9 tensors, stochastic) bf16", time_op(S[1].be, op_adamw_multi, &S[1]), 7.0 * nf * 2);
+        S[1].h.stochastic = BK_SROUND_HASH3;
+        row_bw("adamw_multi (9 tensors, 3 hashes) bf16", time_op(S[1].be, op_adamw_multi, &S[1]), 7.0 * nf * 2);
+    }
+    S[1].h.stochastic = BK_SROUND;
     char xent_label[64];
     snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32", XC);
     row_bw(xent_label, time_op(G, op_xent, &S[0]), 2.0 * XC * V * 4);

@@ -555,10 +555,10 @@ static void test_adamw_multi(void)
     }
     const ops_adamw_cfg_t *cfg = ops_adamw_cfgs;
     for (int k = 0; k < 4; k++)
-        for (int sr = 0; sr < 2; sr++) {
+        for (int sr = BK_ROUND_NEAREST; sr <= BK_SROUND_HASH3; sr++) {
             int64_t d = ops_adamw_multi_diff(C, G, cfg[k].st, cfg[k].gt, sr, 3 + k, seed ^ (uint64_t)(16 * k + sr));
             verdict(d == 0, "adamw_multi %-6s %-10s against adamw per segment on the CPU: %lld bytes differ%s%s",
-                    cfg[k].name, sr ? "stochastic" : "nearest", (long long)d, d < 0 ? ": " : "",
+                    cfg[k].name, ops_sround_name(sr), (long long)d, d < 0 ? ": " : "",
                     d < 0 ? ftk_err_msg() : "");
         }
 }

@@ -1155,7 +1155,8 @@ static void run_adamw(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
 
 static void shape_adamw(const ops_case_t *c, char *out, size_t size)
 {
-    snprintf(out, size, "n=%lld t=%d wd=%g%s", (long long)c->n, c->step, c->wd, c->stochastic ? " stochastic" : "");
+    snprintf(out, size, "n=%lld t=%d wd=%g%s", (long long)c->n, c->step, c->wd,
+             c->stochastic == BK_SROUND_HASH3 ? " stochastic, 3 hashes" : c->stochastic ? " stochastic" : "");
 }
 
 /* CPU: nearest rounding as the default (one rounding of the same fp32 arithmetic); with
@@ -1172,6 +1173,9 @@ static const ops_case_t cases_adamw[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
+    /* the rule before 2026-11-28, kept for timing against the one-hash rule */
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = BK_SROUND_HASH3, .index0 = 12345},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = BK_SROUND_HASH3, .offset = 1},
 };
 static const ops_case_t large_adamw[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},
@@ -1186,7 +1190,7 @@ static const ops_perf_t perf_adamw_rows[] = {
 /* CUDA: fp32 arithmetic operation for operation the CPU's with correctly rounded operations
  * only (no contraction, sqrt and quotients correctly rounded), so nearest and stochastic
  * rounding give the CPU's bits — a bound of a bf16 ulp would let a wrong stochastic-rounding
- * index (3·(index0 + i) + w) through. */
+ * index (index0 + i) or field through. */
 static const ops_desc_t desc_adamw = {
     .name = "adamw",
     CASES(cases_adamw),

@@ -603,6 +603,11 @@ static const struct {
 const ops_adamw_cfg_t ops_adamw_cfgs[4] = {
     {DT_F32, DT_F32, "f32"}, {DT_BF16, DT_BF16, "bf16"}, {DT_F32, DT_BF16, "mixed"}, {DT_BF16, DT_F32, "narrow"}};
 
+const char *ops_sround_name(int stochastic)
+{
+    return stochastic == BK_SROUND_HASH3 ? "stochastic3" : stochastic == BK_SROUND ? "stochastic" : "nearest";
+}
+
 int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
                              uint64_t seed)
 {

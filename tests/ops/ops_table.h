@@ -94,7 +94,7 @@ typedef struct {
     int inverse;
     int32_t pos_step;       /* rope: pos[i] = (i * pos_step) % 4096 (0: i) */
     float grad_scale;       /* xent (0: loss only, logits untouched) */
-    int step, stochastic;   /* adamw: optimizer step t, stochastic rounding of bf16 states */
+    int step, stochastic;   /* adamw: optimizer step t, bk_adamw_t's rounding of bf16 states */
     float wd, gscale;       /* adamw: weight decay, gradient scale (0 means 1) */
     int64_t index0;         /* adamw */
     int64_t offset;         /* every buffer a view this many elements into its allocation, as
@@ -215,12 +215,14 @@ float ops_round_bf16(float x);
 /* adamw_multi on be against adamw segment by segment on ref (ref may be be) over one
  * fixed layout of segments in one buffer (odd lengths, index0 offsets, an empty segment,
  * gaps no segment covers), the inputs made from seed, states in st and gradients in gt,
- * with nearest (stochastic = 0) or stochastic rounding at optimizer steps `step` and
+ * with bk_adamw_t's rounding `stochastic` (sround.h) at optimizer steps `step` and
  * `step` + 1, called back to back (nothing waited for between them). Returns
  * the bytes of p, m, v (whole buffers, gaps included) that differ, or -1 when a backend
  * reported a failure (ftk_err_msg()). */
 int64_t ops_adamw_multi_diff(backend_t *ref, backend_t *be, dtype_t st, dtype_t gt, int stochastic, int step,
                              uint64_t seed);
+/* bk_adamw_t's rounding `stochastic` in words: "nearest", "stochastic", "stochastic3". */
+const char *ops_sround_name(int stochastic);
 /* The dtype configurations adamw runs in (states, gradients): f32, bf16, mixed, narrow. */
 typedef struct {
     dtype_t st, gt;

@@ -6,7 +6,8 @@
  *  - every op's gradient check (its descriptor's: backward ops against finite differences
  *    of their forward);
  *  - adamw against the header's formula in double, its bf16 rounding (nearest, and
- *    stochastic: unbiased, two neighbours only, slicing- and thread-independent);
+ *    stochastic in both rules: sround.h's bits exactly, unbiased, independent fields,
+ *    slicing- and thread-independent);
  *  - convert round trips; add, scale, sumsq in mixed dtypes against the host;
  *  - xent and sumsq add into their device accumulator; adamw_multi = adamw per segment;
  *  - streams and events; bk_alloc() accounting and its error; the planning backend.
@@ -334,66 +335,102 @@ static void neighbours(float x, float *lo, float *hi)
     *hi = bf16_to_f32((uint16_t)((u >> 16) + 1));
 }
 
-/* Stochastic rounding: for inputs whose fp32 results x fall between two bf16 neighbours,
- * the states over 1024 elements (each its own bits) × 16 keys are only those neighbours, and
- * their mean is within 4 standard errors (ulp·√(f(1−f)/N), f the fraction of an ulp cut)
- * of x; the result does not depend on splitting the call or the thread count. */
+/* A statistic's distance from its expectation q (a probability) over N draws, in
+ * standard errors √(q(1−q)/N). */
+static double z_of(double count, double q, double N) { return fabs(count / N - q) / sqrt(q * (1 - q) / N); }
+
+/* Stochastic rounding, in both rules (sround.h: one hash an element cut in three 16-bit
+ * fields, and BK_SROUND_HASH3's hash per state): for inputs whose fp32 results x fall
+ * between two bf16 neighbours, over 1024 elements (each its own bits) × 16 keys,
+ *  - every state is bk_sround_bf16(x, its rule's bits) — the documented rule bit for bit,
+ *    so only the two neighbours occur;
+ *  - each state rounds away from zero in a fraction within 4 standard errors
+ *    (√(f(1−f)/N)) of f, the fraction of an ulp cut: the stored mean is x (unbiased);
+ *  - under the one-hash rule, two states of one element (their fields of one hash) round
+ *    away together in a fraction within 4 standard errors of f_a·f_b: independent, as
+ *    separate hashes were;
+ * and the result does not depend on splitting the call or the thread count. */
 static void test_adamw_stochastic(backend_t *be)
 {
     ops_rng_t rng;
     ops_rng_seed(&rng, SEED ^ 0x5e);
     const int64_t n = 1024;
     const int keys = 16;
-    double worst_z = 0;
-    int64_t outside = 0, tested = 0;
-    for (int set = 0; set < 4; set++) {
-        adam_in_t one = adam_inputs(&rng, 1, 1), a = adam_inputs(&rng, n, 1);
-        for (int64_t i = 0; i < n; i++)
-            a.p[i] = one.p[0], a.g[i] = one.g[0], a.m[i] = one.m[0], a.v[i] = one.v[0];
-        bk_adamw_t h = adam_h(3, 0.1f, 1.0f);
-        float *x[3];
-        adam_run(be, &one, DT_F32, DT_F32, &h, x);
-        double sum[3] = {0};
-        h.stochastic = 1;
-        for (int k = 0; k < keys; k++) {
-            h.key = bk_sround_key(SEED, k, set);
-            float *out[3];
-            adam_run(be, &a, DT_BF16, DT_BF16, &h, out);
-            for (int w = 0; w < 3; w++) {
-                float lo, hi;
-                neighbours(x[w][0], &lo, &hi);
+    const double N = (double)n * keys;
+    for (int rule = BK_SROUND; rule <= BK_SROUND_HASH3; rule++) {
+        double worst_z = 0, worst_pair = 0;
+        int64_t not_rule = 0, tested = 0, pairs = 0;
+        for (int set = 0; set < 4; set++) {
+            adam_in_t one = adam_inputs(&rng, 1, 1), a = adam_inputs(&rng, n, 1);
+            for (int64_t i = 0; i < n; i++)
+                a.p[i] = one.p[0], a.g[i] = one.g[0], a.m[i] = one.m[0], a.v[i] = one.v[0];
+            bk_adamw_t h = adam_h(3, 0.1f, 1.0f);
+            float *x[3];
+            adam_run(be, &one, DT_F32, DT_F32, &h, x);
+            double up[3] = {0}, both[3] = {0}; /* away from zero: per state; per pair (p m, p v, m v) */
+            h.stochastic = rule;
+            for (int k = 0; k < keys; k++) {
+                h.key = bk_sround_key(SEED, k, set);
+                float *out[3];
+                adam_run(be, &a, DT_BF16, DT_BF16, &h, out);
                 for (int64_t i = 0; i < n; i++) {
-                    outside += out[w][i] != lo && out[w][i] != hi;
-                    sum[w] += out[w][i];
+                    int u[3];
+                    for (int w = 0; w < 3; w++) {
+                        uint32_t r = rule == BK_SROUND ? bk_sround_field(bk_sround_hash(h.key, i), w)
+                                                       : bk_sround_bits3(h.key, i, w);
+                        float want = bf16_to_f32(bk_sround_bf16(x[w][0], r)), lo, hi;
+                        not_rule += memcmp(&out[w][i], &want, 4) != 0;
+                        neighbours(x[w][0], &lo, &hi);
+                        u[w] = out[w][i] == hi && hi != lo;
+                        up[w] += u[w];
+                    }
+                    both[0] += u[0] && u[1], both[1] += u[0] && u[2], both[2] += u[1] && u[2];
                 }
-                free(out[w]);
+                for (int w = 0; w < 3; w++)
+                    free(out[w]);
             }
+            double f[3];
+            for (int w = 0; w < 3; w++) {
+                float lo, hi, xv = x[w][0];
+                neighbours(xv, &lo, &hi);
+                f[w] = ((double)xv - lo) / ((double)hi - lo);
+                if (f[w] <= 0) /* exactly representable: nothing to round */
+                    continue;
+                double z = z_of(up[w], f[w], N);
+                worst_z = z > worst_z ? z : worst_z;
+                tested++;
+            }
+            const int pa[3] = {0, 0, 1}, pb[3] = {1, 2, 2};
+            for (int q = 0; q < 3 && rule == BK_SROUND; q++) {
+                double fab = f[pa[q]] * f[pb[q]];
+                if (fab <= 0)
+                    continue;
+                double z = z_of(both[q], fab, N);
+                worst_pair = z > worst_pair ? z : worst_pair;
+                pairs++;
+            }
+            for (int w = 0; w < 3; w++)
+                free(x[w]);
+            adam_free(&one);
+            adam_free(&a);
         }
-        for (int w = 0; w < 3; w++) {
-            float lo, hi, xv = x[w][0];
-            neighbours(xv, &lo, &hi);
-            double f = ((double)xv - lo) / ((double)hi - lo), N = (double)n * keys;
-            if (f <= 0) /* exactly representable: nothing to round */
-                continue;
-            double se = fabs((double)hi - lo) * sqrt(f * (1 - f) / N), z = fabs(sum[w] / N - xv) / se;
-            worst_z = z > worst_z ? z : worst_z;
-            tested++;
+        CHECK(not_rule == 0);
+        CHECK(tested >= 8 && worst_z <= 4);
+        printf("adamw stochastic rounding (%s): %lld states x %d draws, %lld not the rule's bits (bk_sround_bf16 of "
+               "the fp32 result), rounded away from zero within %.2f standard errors of the fraction cut (bound 4)\n",
+               ops_sround_name(rule), (long long)tested, (int)N, (long long)not_rule, worst_z);
+        if (rule == BK_SROUND) {
+            CHECK(pairs >= 8 && worst_pair <= 4);
+            printf("adamw stochastic rounding (%s): %lld pairs of states of one element (p m, p v, m v) round away "
+                   "together within %.2f standard errors of f_a*f_b (bound 4): independent fields\n",
+                   ops_sround_name(rule), (long long)pairs, worst_pair);
         }
-        for (int w = 0; w < 3; w++)
-            free(x[w]);
-        adam_free(&one);
-        adam_free(&a);
     }
-    CHECK(outside == 0);
-    CHECK(tested >= 8 && worst_z <= 4);
-    printf("adamw stochastic rounding: %lld states x %d draws, none outside the two neighbours (%lld), mean within "
-           "%.2f standard errors (bound 4)\n",
-           (long long)tested, (int)(n * keys), (long long)outside, worst_z);
 
     /* slicing and threads */
     adam_in_t a = adam_inputs(&rng, 1001, 1);
     bk_adamw_t h = adam_h(7, 0.1f, 1.0f);
-    h.stochastic = 1;
+    h.stochastic = BK_SROUND;
     h.key = bk_sround_key(SEED, 7, 5);
     h.index0 = 500;
     float *whole[3], *one_thread[3];
@@ -428,6 +465,24 @@ static void test_adamw_stochastic(backend_t *be)
     printf("adamw stochastic rounding: one call and two with index0 offsets %s, 1 and 2 threads %s\n",
            same_split ? "same bits" : "DIFFERENT", same_threads ? "same bits" : "DIFFERENT");
     adam_free(&a);
+
+    /* a rounding that is none of sround.h's is an error (on a fresh instance: errors stick) */
+    backend_t *fresh = backend_cpu_new();
+    CHECK(fresh != NULL);
+    if (fresh) {
+        adam_in_t b = adam_inputs(&rng, 8, 1);
+        bk_adamw_t hb = adam_h(1, 0.0f, 1.0f);
+        hb.stochastic = BK_SROUND_HASH3 + 1;
+        float *o[3];
+        adam_run(fresh, &b, DT_BF16, DT_BF16, &hb, o);
+        int refused = fresh->sync(fresh) < 0 && strstr(ftk_err_msg(), "rounding");
+        CHECK(refused);
+        printf("adamw with rounding %d: %s\n", hb.stochastic, refused ? ftk_err_msg() : "NOT refused");
+        for (int w = 0; w < 3; w++)
+            free(o[w]);
+        adam_free(&b);
+        backend_free(fresh);
+    }
 }
 
 /* ---- convert, add, scale, sumsq ---------------------------------------------------------------- */
@@ -599,7 +654,7 @@ static void test_accumulate(backend_t *be)
 }
 
 /* adamw_multi against adamw segment by segment: the same bits in every dtype
- * configuration the table's adamw runs in, with nearest and stochastic rounding. */
+ * configuration the table's adamw runs in, with nearest and both stochastic roundings. */
 static void test_adamw_multi(void)
 {
     setenv("FTK_FUSED", "adamw_multi", 1); /* off by default on the CPU, like every fused op */
@@ -611,16 +666,16 @@ static void test_adamw_multi(void)
     const ops_adamw_cfg_t *cfg = ops_adamw_cfgs;
     int64_t worst = 0;
     for (int k = 0; k < 4; k++)
-        for (int sr = 0; sr < 2; sr++) {
+        for (int sr = BK_ROUND_NEAREST; sr <= BK_SROUND_HASH3; sr++) {
             int64_t d = ops_adamw_multi_diff(be, be, cfg[k].st, cfg[k].gt, sr, 3 + k, SEED ^ (uint64_t)(16 * k + sr));
             if (d != 0)
-                printf("  adamw_multi %s %s: %lld bytes differ\n", cfg[k].name, sr ? "stochastic" : "nearest",
+                printf("  adamw_multi %s %s: %lld bytes differ\n", cfg[k].name, ops_sround_name(sr),
                        (long long)d);
             CHECK(d == 0);
             worst = d > worst || d < 0 ? d : worst;
         }
     printf("adamw_multi = adamw per segment (11 segments: odd lengths, index0 offsets, an empty one, gaps, 8-element "
-           "multiples), f32/bf16/mixed/narrow x nearest/stochastic: %s\n",
+           "multiples), f32/bf16/mixed/narrow x nearest/stochastic/stochastic3: %s\n",
            worst == 0 ? "same bits" : "DIFFERENT");
     backend_free(be);
 }
