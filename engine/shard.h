@@ -170,8 +170,21 @@ int shard_sumsq_folded(const shard_t *s, int u);
 /* *v (this rank's share of a sum over the owned slices) summed over the shard group, so
  * that every rank holds the sum over whole units; under none nothing to do. Collective. */
 void shard_sum_owned(shard_t *s, double *v);
-/* After the update: clears the owned gradients and refreshes bf16-mixed's working copy. */
+/* Whether shard_sum_owned communicates: 0 where this rank's slices are whole units or its
+ * group is itself alone (one GPU, none, a group of one), so the norm is known on the device. */
+int shard_sum_needed(const shard_t *s);
+/* After the update: refreshes bf16-mixed's working copy; the owned gradients are cleared
+ * (first_write off) or marked to be written, not added into, by the next step's first
+ * pass. */
 void shard_step_done(shard_t *s);
+/* on (the default): no memset of the gradients — the step's first pass writes each owned
+ * gradient (model_io_t grads_first: the model's first products with beta = 0 where it
+ * writes the owned buffer itself, one shard or none; the first reduce-scatter's slice
+ * converted into it, not added, where the pass writes whole-unit buffers, which are then
+ * zeroed only in their padding). off: every step zeroes the owned gradients and every
+ * whole-unit buffer, and the passes add (FTK_STEP's first_write, engine/trainer.c).
+ * Call between steps. */
+void shard_set_first_write(shard_t *s, int on);
 
 /* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */
 void shard_drop(shard_t *s);

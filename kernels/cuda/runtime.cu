@@ -141,6 +141,16 @@ void cu_download(backend_t *be, void *dst, const void *src, size_t bytes)
         memset(dst, 0xff, bytes); /* NaN where floats: a failed run cannot look healthy */
 }
 
+/* Queued on the current stream; dst is pinned (host_alloc), so the copy does not drain it. */
+void cu_download_async(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_t *c = enter(be);
+    if (!bytes)
+        return;
+    if (failed(c) || ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->cur), "download") < 0)
+        memset(dst, 0xff, bytes); /* NaN where floats, as download */
+}
+
 void cu_zero(backend_t *be, void *p, size_t bytes)
 {
     cuda_t *c = enter(be);
