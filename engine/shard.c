@@ -61,6 +61,10 @@ struct shard {
     double *sq;            /* shard_set_sumsq: a Σg² slot per unit (backend memory), or NULL */
     int *folded;           /* sq[u] holds Σg[u]² of the gradient as it is (shard_sumsq_folded) */
     int first_write;       /* shard_set_first_write: gradients written by the step's first pass */
+    /* shard_set_sumsq_side: Σg² of a finished unit on a stream of its own */
+    bk_stream_t *side;
+    bk_event_t *ev_done, *ev_side; /* the unit's gradient is done (compute stream); the side's last sumsq */
+    int side_used;                 /* a sumsq is queued on side since the last join */
     int *gfresh;           /* the owned gradient of u holds nothing of this step yet */
     model_io_t io;
     comm_stats_t stats;
@@ -386,11 +390,32 @@ static int io_grads_first(void *ctx, int u)
     return s->first_write && (!direct(s) || s->gfresh[u]);
 }
 
+/* Where the model writes the owned gradient itself and nothing writes it after the step's
+ * last pass (one shard: not none's or hybrid's all-reduces across ranks). */
+static int side_ok(const shard_t *s)
+{
+    return s->side && s->sq && direct(s) && !(!sharded(s) && comm_size(s->world) > 1) &&
+           !(s->cross && comm_size(s->cross) > 1);
+}
+
 static void io_grads_done(void *ctx, int u)
 {
     shard_t *s = ctx;
     if (direct(s))
         s->gfresh[u] = 0;
+    if (s->last_pass && !s->reserving && side_ok(s)) {
+        /* the unit's gradient is final: its Σg² on the side stream, beside the backward
+         * pass of the units before it (shard_grads_complete joins it) */
+        backend_t *be = s->be;
+        be->event_record(be, s->ev_done);
+        be->set_stream(be, s->side);
+        be->event_wait(be, s->ev_done);
+        be->sumsq(be, bk_buf(s->g[u], s->dt.grad), s->len[u], &s->sq[u]);
+        be->event_record(be, s->ev_side);
+        be->set_stream(be, NULL);
+        s->folded[u] = 1;
+        s->side_used = 1;
+    }
     if (!sharded(s)) { /* a group's whole units lie side by side: one all-reduce when all are done */
         int f = cu_first(s, u), n = cu_count(s, u);
         if (n > 1 && ++s->gdone[f] < n)
@@ -656,6 +681,12 @@ void shard_free(shard_t *s)
     free(s->sched);
     free(s->folded);
     free(s->gfresh);
+    if (s->ev_done)
+        s->be->event_free(s->be, s->ev_done);
+    if (s->ev_side)
+        s->be->event_free(s->be, s->ev_side);
+    if (s->side)
+        s->be->stream_free(s->be, s->side);
     free(s->gdone);
     units_map_free(&s->cu);
     free(s->units);
@@ -1074,6 +1105,10 @@ int shard_set_state(shard_t *s, const ckpt_state_t *st)
 void shard_grads_complete(shard_t *s)
 {
     int n = s->n_units;
+    if (s->side_used) { /* Σg² taken beside the backward pass: done before the norm is read */
+        s->be->event_wait(s->be, s->ev_side);
+        s->side_used = 0;
+    }
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
@@ -1104,6 +1139,16 @@ void shard_step_done(shard_t *s)
         s->folded[u] = 0;
     }
     refresh_working_copy(s);
+}
+
+int shard_set_sumsq_side(shard_t *s, int on)
+{
+    backend_t *be = s->be;
+    if (!on || s->side)
+        return 0;
+    if (!(s->side = be->stream_new(be)) || !(s->ev_done = be->event_new(be)) || !(s->ev_side = be->event_new(be)))
+        return -1;
+    return 0;
 }
 
 void shard_set_first_write(shard_t *s, int on)

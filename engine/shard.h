@@ -185,6 +185,15 @@ void shard_step_done(shard_t *s);
  * whole-unit buffer, and the passes add (FTK_STEP's first_write, engine/trainer.c).
  * Call between steps. */
 void shard_set_first_write(shard_t *s, int on);
+/* on: where the model writes the owned gradient itself and nothing changes it after the
+ * step's last pass (one GPU, a group of one; not none or hybrid across ranks, not sharded
+ * strategies, which fold Σg² into the reduce-scatter's add instead), each unit's Σg² is
+ * taken as soon as that pass is done with the unit, on a stream of its own beside the
+ * backward pass of the units before it, instead of a pass after the backward; its sums
+ * and its order are sumsq's, so the same bits (FTK_STEP's sumsq_overlap,
+ * engine/trainer.h). Call once, after shard_set_sumsq: 0, or -1 with the message when
+ * the stream or its events cannot be made. Off by default. */
+int shard_set_sumsq_side(shard_t *s, int on);
 
 /* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */
 void shard_drop(shard_t *s);

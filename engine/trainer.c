@@ -257,7 +257,8 @@ int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
 
 int trainer_step_opts(unsigned *opts)
 {
-    static const char *const names[] = {"device_clip", "first_write", "prefetch"};
+    static const char *const names[] = {"device_clip", "first_write", "prefetch", "sumsq_overlap"};
+    const int n_names = (int)(sizeof names / sizeof *names);
     const char *e = getenv("FTK_STEP");
     *opts = TRAINER_STEP_ALL;
     if (!e || !*e || !strcmp(e, "all"))
@@ -268,11 +269,11 @@ int trainer_step_opts(unsigned *opts)
     for (const char *p = e; *p;) {
         size_t len = strcspn(p, ",");
         int k = 0;
-        while (k < 3 && (strlen(names[k]) != len || strncmp(p, names[k], len)))
+        while (k < n_names && (strlen(names[k]) != len || strncmp(p, names[k], len)))
             k++;
-        if (k == 3) {
+        if (k == n_names) {
             ftk_err_set("FTK_STEP=%s: unknown '%.*s' (all, none, or a comma list of device_clip, first_write, "
-                        "prefetch)",
+                        "prefetch, sumsq_overlap)",
                         e, (int)len, p);
             return -1;
         }
@@ -317,6 +318,15 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     model_set_loss_acc(*m, optim_loss_acc(*opt));
     shard_set_first_write(*sh, (so & TRAINER_STEP_FIRST_WRITE) != 0);
     optim_set_device_clip(*opt, (so & TRAINER_STEP_DEVICE_CLIP) != 0);
+    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0) {
+        model_free(*m);
+        *m = NULL;
+        optim_free(*opt);
+        *opt = NULL;
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_FAIL;
+    }
     return 0;
 }
 

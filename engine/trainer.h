@@ -131,8 +131,16 @@ int trainer_discard_new_run(trainer_t *t);
  *   device_clip  the clipping coefficient on the device, one host wait a step (optim.h)
  *   first_write  no memset of the gradients: the first pass writes them (shard.h)
  *   prefetch     the next step's rows read from the data file while the device works
+ *   sumsq_overlap  on one GPU, each unit's Σg² taken on a second stream as the backward
+ *                finishes the unit (shard.h shard_set_sumsq_side)
  * The bits (TRAINER_STEP_*) in *opts; -1 with the message for an unknown name. */
-enum { TRAINER_STEP_DEVICE_CLIP = 1, TRAINER_STEP_FIRST_WRITE = 2, TRAINER_STEP_PREFETCH = 4, TRAINER_STEP_ALL = 7 };
+enum {
+    TRAINER_STEP_DEVICE_CLIP = 1,
+    TRAINER_STEP_FIRST_WRITE = 2,
+    TRAINER_STEP_PREFETCH = 4,
+    TRAINER_STEP_SUMSQ_OVERLAP = 8,
+    TRAINER_STEP_ALL = 15
+};
 int trainer_step_opts(unsigned *opts);
 
 /* The allocations of a training job on be, in the order the trainer makes them: the

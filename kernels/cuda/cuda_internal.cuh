@@ -116,6 +116,11 @@ typedef struct {
     cudaEvent_t seg_ev; /* after the upload from seg_host */
     void *tmp;
     size_t tmp_cap;
+    /* sumsq's partial sums when it runs on a stream other than def (the sharding engine's
+     * Σg² beside the backward pass, engine/shard.c): its own, so that it does not take the
+     * shared scratch from the ops it overlaps; ordered by that stream alone */
+    void *side_part;
+    size_t side_part_cap;
     /* adamw_multi's segment table: built in pinned memory, copied into tmp on the stream;
      * am_ev follows that copy, so the host rewrites am_host only after it has run. */
     void *am_host;

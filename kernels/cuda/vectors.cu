@@ -287,8 +287,14 @@ void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     if (n == 0 || failed(c) || !dt_ok(c, "sumsq", x.dt))
         return;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
-    scratch_claim(c);
-    double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    double *part;
+    if (c->cur != c->def) {
+        part = (double *)scratch(c, &c->side_part, &c->side_part_cap, (size_t)nb * sizeof(double),
+                                 "sumsq's partial sums (side stream)");
+    } else {
+        scratch_claim(c);
+        part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    }
     if (!part)
         return;
     on_dt(x.dt, [&](auto t) {

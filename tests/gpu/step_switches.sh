@@ -1,15 +1,16 @@
 #!/bin/sh
 # step_switches.sh BIN WORK [emulated]: FTK_STEP's savings (engine/trainer.h: the clipping
 # coefficient on the device with one host wait a step, no gradient memset, the next rows
-# read while the device works) change no bit.
+# read while the device works, Σg² on a second stream) change no bit.
 #   BIN (bin/): on the CPU, fp32, bf16-mixed and bf16-true, 6 steps of 8 rows in
 #     micro-batches of 2 (gradient accumulation) across an epoch's end (36 rows: a short
 #     step, where the prefetch stops) with clipping in effect: every switch alone and all of
 #     them give the losses, gradient norms and checkpoint bytes of FTK_STEP=none; a run
 #     stopped after 3 steps and resumed gives the uninterrupted run's checkpoint bytes.
 #   emulated (BIN is build/tests/emu/bin: the CUDA backend on the host emulation, slow):
-#     bf16-true, 2 steps of 2 rows in micro-batches of 1, FTK_STEP=all against none (the
-#     same bits) and against the CPU (within 1e-3: the products' own rounding).
+#     bf16-true, 2 steps of 2 rows in micro-batches of 1, FTK_STEP=all and sumsq_overlap
+#     against none (the same bits), all against the CPU (within 1e-3: the products' own
+#     rounding).
 set -u
 BIN=$1 WORK=$2 MODE=${3:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,10 +21,10 @@ DEMO_TOOLS=$ROOT/bin # ftk-pack and ftk-init
 demo_pack "$WORK/demo.h5" 128 || exit 1
 demo_init "$WORK/init.h5" tiny 42 || exit 1
 if [ "$MODE" = emulated ]; then
-    SHAPE="--global-batch 2 --micro-batch 1" STEPS=2 PRECISIONS=bf16-true SWITCHES=all
+    SHAPE="--global-batch 2 --micro-batch 1" STEPS=2 PRECISIONS=bf16-true SWITCHES="all sumsq_overlap"
 else
     SHAPE="--global-batch 8 --micro-batch 2" STEPS=6 PRECISIONS="fp32 bf16-mixed bf16-true"
-    SWITCHES="all device_clip first_write prefetch"
+    SWITCHES="all device_clip first_write prefetch sumsq_overlap"
 fi
 # train DIR PRECISION DEVICE FTK_STEP [ARGS...]: "STEP LOSS NORM" lines in DIR.loss, the
 # last checkpoint's shard bytes' cksum in DIR.sum; the exit status
