@@ -441,10 +441,11 @@ static int grads_first(const model_t *m, int u)
     return m->io.grads_first && m->io.grads_first(m->io.ctx, u);
 }
 
-/* Zeroes a norm weight's gradient (d elements) before the first scatter-add into it. */
-static void zero_vec(model_t *m, bk_buf_t b, int64_t d)
+/* Zeroes n elements of a gradient that the pass adds into without writing it first (a norm
+ * weight's, the embedding table's scatter-add). */
+static void zero_vec(model_t *m, bk_buf_t b, int64_t n)
 {
-    m->be->zero(m->be, b.p, (size_t)d * dtype_size(b.dt));
+    m->be->zero(m->be, b.p, (size_t)n * dtype_size(b.dt));
 }
 
 /* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). first: the pass

@@ -97,7 +97,8 @@ int model_load_weights(model_t *m, hid_t file);
 void model_zero_grad(model_t *m);
 
 /* Issues the forward pass over a batch, and with grad_scale != 0 the backward pass, which
- * ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. Σ weight·loss over the batch's
+ * ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients (writes it into those whose
+ * model_io_t grads_first says so). Σ weight·loss over the batch's
  * targets is ADDED to the model's loss accumulator, a double on the device (backend.h
  * xent): the pass does not wait for the device (only the batch's uploads block, as
  * upload does). With logits != NULL (host, [n, vocab]) the logits of every position are
