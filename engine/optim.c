@@ -139,9 +139,9 @@ void optim_queue(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
     dtype_t gdt = shard_dtypes(s).grad;
     shard_grads_complete(s);
     /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
-     * Each unit's Σg² goes to a slot of its own, from the reduce-scatter's last add where
-     * the shard folded it there (units complete in the backward's order), else from sumsq
-     * here. The slots are added in unit order, on the host or by clip_coef (the same
+     * Each unit's Σg² goes to a slot of its own, taken by the shard where it could (the
+     * reduce-scatter's last add, or on one GPU a sumsq on a second stream as the backward
+     * finished the unit: shard_sumsq_folded), else by sumsq here. The slots are added in unit order, on the host or by clip_coef (the same
      * arithmetic): one running sum ((0 + Σ_0) + Σ_1) + …, each Σ_u summed in sumsq's fixed
      * order (add_sumsq's too), so the norm's bits do not depend on where Σ_u was taken. */
     for (int u = 0; u < n; u++) {

@@ -163,8 +163,10 @@ void shard_grads_complete(shard_t *s);
  * pass ends with the add of a reduce-scatter's slice into the owned gradient — full,
  * grad-op and hybrid of one replica with two or more ranks a group — that add also adds
  * Σg[u]² into sq[u], and shard_sumsq_folded(s, u) is 1 until the next training pass or
- * shard_step_done. Elsewhere (none, one shard, hybrid's cross-group all-reduce, which
- * writes g after that add) it is 0 and the caller takes Σg² itself. NULL: never folded. */
+ * shard_step_done; so it is where shard_set_sumsq_side took it on a second stream. Elsewhere
+ * (none across ranks, hybrid's cross-group all-reduce, which writes g after that add; one
+ * shard without the side stream) it is 0 and the caller takes Σg² itself. NULL: never
+ * folded. */
 void shard_set_sumsq(shard_t *s, double *sq);
 int shard_sumsq_folded(const shard_t *s, int u);
 /* *v (this rank's share of a sum over the owned slices) summed over the shard group, so
