@@ -40,6 +40,7 @@ struct model {
     int32_t *d_ids, *d_pos, *d_tgt_at, *d_tgt;
     float *d_tgt_w;
     double *d_loss; /* Σ weight·loss of the passes since the last model_loss_take() */
+    double *own_loss; /* the model's own accumulator (d_loss unless model_set_loss_acc) */
     /* activations */
     bk_buf_t *x; /* L+1 block inputs (x[L]: the last block's output) */
     acts_t *a;   /* L of them, or 1 shared when recomputing */
@@ -228,7 +229,7 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
     } else {
         if (ckpt_units(c, 1, &m->units, &m->n_units) < 0)
             goto fail;
-        m->io = (model_io_t){m, own_params, own_nothing, own_grads, own_nothing};
+        m->io = (model_io_t){m, own_params, own_nothing, own_grads, own_nothing, NULL};
         m->w = calloc((size_t)m->n_units, sizeof *m->w);
         m->g = training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
         if (!m->w || (training && !m->g)) {
@@ -260,7 +261,8 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         !(m->d_tgt_at = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
         !(m->d_tgt = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
         !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_loss = m_alloc(m, sizeof(double) / sizeof(float), DT_F32, BK_MEM_OTHER, "the loss accumulator")))
+        !(m->d_loss = m->own_loss = m_alloc(m, sizeof(double) / sizeof(float), DT_F32, BK_MEM_OTHER,
+                                            "the loss accumulator")))
         goto fail;
     for (int64_t l = 0; l <= m->L; l++)
         if (act_alloc(m, &m->x[l], n * m->D, BK_MEM_ACTS, "activations") < 0)
@@ -433,14 +435,33 @@ static void block_fwd(model_t *m, const layer_w_t *w, int64_t n, const int64_t *
     be->matmul(be, 0, 1, n, m->D, m->F, 1, a->h, w->wd, 1, y);
 }
 
-/* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). */
+/* The unit's gradient buffer is to be written, not added into (model_io_t grads_first). */
+static int grads_first(const model_t *m, int u)
+{
+    return m->io.grads_first && m->io.grads_first(m->io.ctx, u);
+}
+
+/* Zeroes n elements of a gradient that the pass adds into without writing it first (a norm
+ * weight's, the embedding table's scatter-add). */
+static void zero_vec(model_t *m, bk_buf_t b, int64_t n)
+{
+    m->be->zero(m->be, b.p, (size_t)n * dtype_size(b.dt));
+}
+
+/* dx: on entry ∂loss/∂(block output), on return ∂loss/∂(block input). first: the pass
+ * writes dw (beta 0, norms zeroed first) instead of adding into it. */
 static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t *dw, int64_t n, const int64_t *seg,
-                      int64_t n_seg, bk_buf_t dx)
+                      int64_t n_seg, bk_buf_t dx, int first)
 {
     backend_t *be = m->be;
     acts_t *a = &m->a[l];
     float theta = (float)m->c.rope_theta;
     float eps = (float)m->c.rms_norm_eps;
+    float gb = first ? 0.0f : 1.0f; /* beta of the weight-gradient products */
+    if (first) {
+        zero_vec(m, dw->ln1, m->D);
+        zero_vec(m, dw->ln2, m->D);
+    }
     if (m->recompute == MODEL_RECOMPUTE_BLOCK) {
         block_fwd(m, w, n, seg, n_seg, m->x[l], a, m->trash);
     } else if (m->recompute == MODEL_RECOMPUTE_NORMS) {
@@ -458,29 +479,29 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
      * residual path's sum with no copy. */
     /* MLP */
     be->matmul(be, 0, 0, n, m->F, m->D, 1, dx, w->wd, 0, m->dh);
-    be->matmul(be, 1, 0, m->D, m->F, n, 1, dx, a->h, 1, dw->wd);
+    be->matmul(be, 1, 0, m->D, m->F, n, 1, dx, a->h, gb, dw->wd);
     if (m->glu) { /* K = 2F: one product for dxn, one for d[Wg; Wu] */
         be->glu_bwd(be, m->dgu, m->dh, a->gu, n, m->F);
         be->matmul(be, 0, 0, n, m->D, 2 * m->F, 1, m->dgu, w->wg, 0, m->dxn);
-        be->matmul(be, 1, 0, 2 * m->F, m->D, n, 1, m->dgu, a->xn2, 1, dw->wg);
+        be->matmul(be, 1, 0, 2 * m->F, m->D, n, 1, m->dgu, a->xn2, gb, dw->wg);
     } else {
         be->swiglu_bwd(be, m->dg, m->du, m->dh, a->g, a->u, n * m->F);
         be->matmul(be, 0, 0, n, m->D, m->F, 1, m->dg, w->wg, 0, m->dxn);
         be->matmul(be, 0, 0, n, m->D, m->F, 1, m->du, w->wu, 1, m->dxn);
-        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, 1, dw->wg);
-        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, 1, dw->wu);
+        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->dg, a->xn2, gb, dw->wg);
+        be->matmul(be, 1, 0, m->F, m->D, n, 1, m->du, a->xn2, gb, dw->wu);
     }
     be->rmsnorm_bwd(be, dx, dw->ln2, m->dxn, a->xmid, w->ln2, a->rstd2, n, m->D);
     /* attention: dx is now ∂loss/∂xmid */
     be->matmul(be, 0, 0, n, m->Hq, m->D, 1, dx, w->wo, 0, m->datt);
-    be->matmul(be, 1, 0, m->D, m->Hq, n, 1, dx, a->att, 1, dw->wo);
+    be->matmul(be, 1, 0, m->D, m->Hq, n, 1, dx, a->att, gb, dw->wo);
     be->attn_bwd(be, m->dq, m->dk, m->dv, m->datt, a->q, a->k, a->v, a->att, a->lse, seg, n_seg, (int)m->H,
                  (int)m->KV, (int)m->hd);
     if (m->fqkv) { /* dqkv, then K = Hq + 2·Hk: one product for dxn, one for d[Wq; Wk; Wv] */
         int64_t W = m->Hq + 2 * m->Hk;
         be->qkv_rope(be, m->qkv, m->dq, m->dk, m->dv, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
         be->matmul(be, 0, 0, n, m->D, W, 1, m->qkv, w->wq, 0, m->dxn);
-        be->matmul(be, 1, 0, W, m->D, n, 1, m->qkv, a->xn1, 1, dw->wq);
+        be->matmul(be, 1, 0, W, m->D, n, 1, m->qkv, a->xn1, gb, dw->wq);
     } else {
         if (be->rope_qk) {
             be->rope_qk(be, m->dq, m->dk, m->d_pos, n, (int)m->H, (int)m->KV, (int)m->hd, theta, 1);
@@ -491,9 +512,9 @@ static void block_bwd(model_t *m, int64_t l, const layer_w_t *w, const layer_w_t
         be->matmul(be, 0, 0, n, m->D, m->Hq, 1, m->dq, w->wq, 0, m->dxn);
         be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dk, w->wk, 1, m->dxn);
         be->matmul(be, 0, 0, n, m->D, m->Hk, 1, m->dv, w->wv, 1, m->dxn);
-        be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, 1, dw->wq);
-        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, 1, dw->wk);
-        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, 1, dw->wv);
+        be->matmul(be, 1, 0, m->Hq, m->D, n, 1, m->dq, a->xn1, gb, dw->wq);
+        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dk, a->xn1, gb, dw->wk);
+        be->matmul(be, 1, 0, m->Hk, m->D, n, 1, m->dv, a->xn1, gb, dw->wv);
     }
     be->rmsnorm_bwd(be, dx, dw->ln1, m->dxn, m->x[l], w->ln1, a->rstd1, n, m->D);
 }
@@ -544,9 +565,16 @@ int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits)
      * gradient in place, then back through the head. Its forward and backward run here
      * back to back, so the head unit is asked for once per pass. The chunks' losses add
      * into the device accumulator: nothing here waits for the device. */
+    int first_h = 0, first_e = 0; /* the head's gradient, the embedding's: written, not added */
     if (train) {
         head_view(m, io->grads(io->ctx, H), tie ? io->grads(io->ctx, 0) : NULL, gdt, &dnormf, &dhead);
+        first_h = grads_first(m, H);
+        first_e = tie ? grads_first(m, 0) : 0;
         be->zero(be, m->dxnf.p, (size_t)(n * m->D) * dtype_size(m->dxnf.dt));
+        if (first_h)
+            zero_vec(m, dnormf, m->D);
+        if ((tie ? first_e : first_h) && b->n_tgt == 0) /* no chunk writes the head matrix */
+            zero_vec(m, dhead, m->V * m->D);
     }
     for (int64_t r0 = 0; r0 < b->n_tgt; r0 += m->head_chunk) {
         int64_t c = b->n_tgt - r0 < m->head_chunk ? b->n_tgt - r0 : m->head_chunk;
@@ -558,7 +586,8 @@ int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits)
                 be->convert(be, m->dlog, lg, c * m->V);
             be->matmul(be, 0, 0, c, m->D, m->V, 1, m->dlog, head, 0, m->dxc);
             be->rows_scatter(be, m->dxnf, m->d_tgt_at + r0, m->dxc, c, m->D);
-            be->matmul(be, 1, 0, m->V, m->D, c, 1, m->dlog, m->xc, 1, dhead);
+            int w0 = r0 == 0 && (tie ? first_e : first_h); /* the first chunk writes */
+            be->matmul(be, 1, 0, m->V, m->D, c, 1, m->dlog, m->xc, w0 ? 0.0f : 1.0f, dhead);
         }
     }
     if (train) {
@@ -575,12 +604,15 @@ int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits)
     for (int64_t l = m->L - 1; l >= 0; l--) {
         layer_w_t w = layer_view(m, io->params(io->ctx, 1 + (int)l), wdt, l);
         layer_w_t dw = layer_view(m, io->grads(io->ctx, 1 + (int)l), gdt, l);
-        block_bwd(m, l, &w, &dw, n, b->seg, b->n_seg, m->dx);
+        block_bwd(m, l, &w, &dw, n, b->seg, b->n_seg, m->dx, grads_first(m, 1 + (int)l));
         io->release(io->ctx, 1 + (int)l);
         io->grads_done(io->ctx, 1 + (int)l);
     }
     /* The embedding's backward reads only the ids: its parameters are not needed. */
-    be->embed_bwd(be, bk_at(bk_buf(io->grads(io->ctx, 0), gdt), m->units[0].t[0].offset), m->d_ids, m->dx, n, m->D);
+    bk_buf_t demb = bk_at(bk_buf(io->grads(io->ctx, 0), gdt), m->units[0].t[0].offset);
+    if (!tie && grads_first(m, 0)) /* a scatter-add: the rows no token names must be zero */
+        zero_vec(m, demb, m->V * m->D);
+    be->embed_bwd(be, demb, m->d_ids, m->dx, n, m->D);
     io->grads_done(io->ctx, 0);
     return 0;
 }
@@ -595,6 +627,8 @@ double model_loss_take(model_t *m)
     m->be->zero(m->be, m->d_loss, sizeof loss);
     return loss;
 }
+
+void model_set_loss_acc(model_t *m, double *acc) { m->d_loss = acc ? acc : m->own_loss; }
 
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits)
 {

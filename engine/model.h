@@ -45,13 +45,20 @@ typedef struct model model_t;
  * (H = the head unit, n_units − 1; a forward-only pass stops after release(H)).
  * params() returns the unit's whole parameter vector, valid until release(); grads()
  * returns a whole-unit buffer the pass ADDS its gradient into, the same buffer until
- * grads_done(), after which the model does not touch it. */
+ * grads_done(), after which the model does not touch it.
+ * grads_first (optional; NULL: never), asked after grads(u): 1 when the buffer holds
+ * nothing of the step yet, so the pass WRITES the unit's gradient instead of adding into
+ * it — its first product into each tensor with beta = 0, the embedding and norm weights
+ * zeroed before their scatter-adds (a tied head's product writes the table) — which
+ * spares the whole-model memset of the gradients at every step. The unit's padding is
+ * never written: the buffer's owner keeps it zero. */
 typedef struct {
     void *ctx;
     void *(*params)(void *ctx, int unit); /* compute dtype */
     void (*release)(void *ctx, int unit);
     void *(*grads)(void *ctx, int unit);  /* gradient dtype */
     void (*grads_done)(void *ctx, int unit);
+    int (*grads_first)(void *ctx, int unit);
 } model_io_t;
 
 /* How much of a block's forward pass the backward pass runs again instead of keeping
@@ -90,7 +97,8 @@ int model_load_weights(model_t *m, hid_t file);
 void model_zero_grad(model_t *m);
 
 /* Issues the forward pass over a batch, and with grad_scale != 0 the backward pass, which
- * ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients. Σ weight·loss over the batch's
+ * ADDS grad_scale·∂(Σ weight·loss)/∂θ to the gradients (writes it into those whose
+ * model_io_t grads_first says so). Σ weight·loss over the batch's
  * targets is ADDED to the model's loss accumulator, a double on the device (backend.h
  * xent): the pass does not wait for the device (only the batch's uploads block, as
  * upload does). With logits != NULL (host, [n, vocab]) the logits of every position are
@@ -103,6 +111,11 @@ int model_pass(model_t *m, const batch_t *b, float grad_scale, float *logits);
  * the value is that of one running sum over the step's chunks. NaN for a model made for
  * inference, or when the backend has failed (its sync() says why). */
 double model_loss_take(model_t *m);
+/* The passes add their loss into acc (one double in the backend's memory, zero; the
+ * caller keeps it so and owns it) instead of the model's own accumulator: the trainer
+ * brings the loss back with the step's Σg² in one download (engine/optim.h). NULL: the
+ * model's own again. model_loss_take() then takes from acc. */
+void model_set_loss_acc(model_t *m, double *acc);
 /* model_pass, then model_loss_take: the batch's Σ weight·loss (when nothing was pending),
  * or NaN with ftk_err_msg() set. For callers that want one pass's loss (tests, probes). */
 double model_step(model_t *m, const batch_t *b, float grad_scale, float *logits);

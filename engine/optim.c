@@ -12,15 +12,18 @@ struct optim {
     backend_t *be;
     shard_t *sh;
     int stochastic;
-    double *d_sq;         /* Σg² of each unit's owned gradient, a slot each, on the device */
-    double *h_sq;         /* the slots downloaded */
+    int device_clip;      /* optim_set_device_clip */
+    double *d_stat;       /* the step's numbers on the device: [0] the loss, [1 + u] Σg² of unit u */
+    double *h_stat;       /* their copy on the host (host_alloc: page-locked on a GPU) */
+    int h_pinned;         /* h_stat from host_alloc, else malloc */
+    float *d_coef;        /* clip_coef's result, adamw's gscale_dev */
     bk_adamw_seg_t *segs; /* adamw_multi's table: every owned tensor slice */
     int n_segs;
 };
 
 optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
 {
-    /* FTK_SROUND_HASHES=3: the rounding before 2026-11-28 (a hash per stored state, other
+    /* FTK_SROUND_HASHES=3: the three-hash rounding (a hash per stored state, other
      * bits), so a GPU can time the step with both; a checkpoint does not record it */
     const char *e = getenv("FTK_SROUND_HASHES");
     if (e && strcmp(e, "1") && strcmp(e, "3")) {
@@ -35,21 +38,27 @@ optim_t *optim_new(backend_t *be, shard_t *sh, int stochastic)
     o->be = be;
     o->sh = sh;
     o->stochastic = !stochastic ? BK_ROUND_NEAREST : e && !strcmp(e, "3") ? BK_SROUND_HASH3 : BK_SROUND;
+    o->device_clip = 1;
     int n_units, n_tensors = 0;
     const ckpt_unit_t *units = shard_units(sh, &n_units);
-    if (!(o->d_sq = bk_alloc(be, (size_t)n_units * sizeof(double), BK_MEM_OTHER, "the gradient norm's accumulators"))) {
+    size_t sb = (size_t)(1 + n_units) * sizeof(double);
+    if (!(o->d_stat = bk_alloc(be, sb, BK_MEM_OTHER, "the step's loss and gradient norm accumulators")) ||
+        !(o->d_coef = bk_alloc(be, sizeof(float), BK_MEM_OTHER, "the gradient clipping coefficient"))) {
         optim_free(o);
         return NULL;
     }
     for (int u = 0; u < n_units; u++)
         n_tensors += units[u].n_tensors;
-    if (!(o->segs = calloc((size_t)n_tensors, sizeof *o->segs)) ||
-        !(o->h_sq = calloc((size_t)n_units, sizeof *o->h_sq))) {
+    if (be->host_alloc && (o->h_stat = be->host_alloc(be, sb)))
+        o->h_pinned = 1;
+    if (!o->h_stat)
+        o->h_stat = calloc(1 + (size_t)n_units, sizeof *o->h_stat);
+    if (!(o->segs = calloc((size_t)n_tensors, sizeof *o->segs)) || !o->h_stat) {
         ftk_err_set("out of memory");
         optim_free(o);
         return NULL;
     }
-    shard_set_sumsq(sh, o->d_sq); /* zero now (bk_alloc), and after each step's download */
+    shard_set_sumsq(sh, o->d_stat + 1); /* zero now (bk_alloc), and after each step's download */
     return o;
 }
 
@@ -57,13 +66,25 @@ void optim_free(optim_t *o)
 {
     if (!o)
         return;
-    bk_free(o->be, o->d_sq);
-    free(o->h_sq);
+    bk_free(o->be, o->d_stat);
+    bk_free(o->be, o->d_coef);
+    if (o->h_pinned)
+        o->be->host_free(o->be, o->h_stat);
+    else
+        free(o->h_stat);
     free(o->segs);
     free(o);
 }
 
-double optim_step(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
+double *optim_loss_acc(optim_t *o) { return o->d_stat; }
+
+void optim_set_device_clip(optim_t *o, int on) { o->device_clip = on; }
+
+int optim_device_clip(const optim_t *o) { return o->device_clip && !shard_sum_needed(o->sh); }
+
+/* AdamW on every owned tensor slice, with h's gscale or gscale_dev: one adamw_multi call
+ * when the backend has it, else an adamw call each (the same bits, backend.h). */
+static void adamw_all(optim_t *o, const ckpt_train_t *t, int64_t step, bk_adamw_t *h)
 {
     backend_t *be = o->be;
     shard_t *s = o->sh;
@@ -71,40 +92,6 @@ double optim_step(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
     const ckpt_unit_t *units = shard_units(s, &n);
     precision_dtypes_t dt = shard_dtypes(s);
     dtype_t gdt = dt.grad, sdt = dt.state;
-    shard_grads_complete(s);
-    /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
-     * Each unit's Σg² goes to a slot of its own, from the reduce-scatter's last add where
-     * the shard folded it there (units complete in the backward's order), else from sumsq
-     * here; the slots come back in one download and are added in unit order on the host.
-     * The association is that of one running sum: ((0 + Σ_0) + Σ_1) + …, each Σ_u summed
-     * in sumsq's fixed order (add_sumsq's too), so the norm's bits do not depend on where
-     * Σ_u was taken. */
-    for (int u = 0; u < n; u++) {
-        shard_slice_t sl = shard_owned(s, u);
-        if (!shard_sumsq_folded(s, u))
-            be->sumsq(be, bk_buf(sl.g, gdt), sl.len, &o->d_sq[u]);
-    }
-    for (int u = 0; u < n; u++)
-        o->h_sq[u] = NAN; /* stays NaN when a failed backend skips the download */
-    be->download(be, o->h_sq, o->d_sq, (size_t)n * sizeof(double));
-    be->zero(be, o->d_sq, (size_t)n * sizeof(double)); /* the next step's slots start at zero */
-    double sq = 0;
-    for (int u = 0; u < n; u++)
-        sq += o->h_sq[u];
-    shard_sum_owned(s, &sq);
-    double norm = sqrt(sq);
-    float gscale = 1.0f;
-    if (t->clip > 0) {
-        double coef = t->clip / (norm + 1e-6);
-        if (coef < 1.0)
-            gscale = (float)coef;
-    }
-    shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
-    bk_adamw_t h = {.lr = (float)lr, .b1 = (float)t->beta1, .b2 = (float)t->beta2, .eps = (float)t->eps,
-                    .gscale = gscale, .bc1 = 1.0 - pow(t->beta1, (double)step),
-                    .bc2 = 1.0 - pow(t->beta2, (double)step), .stochastic = o->stochastic};
-    /* Every owned tensor slice: one adamw_multi call when the backend has it, else an adamw
-     * call each (the same bits, backend.h). */
     o->n_segs = 0;
     for (int u = 0; u < n; u++) {
         shard_slice_t sl = shard_owned(s, u);
@@ -130,17 +117,88 @@ double optim_step(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
         }
     }
     if (be->adamw_multi) {
-        be->adamw_multi(be, o->segs, o->n_segs, sdt, gdt, &h);
+        be->adamw_multi(be, o->segs, o->n_segs, sdt, gdt, h);
     } else {
         for (int i = 0; i < o->n_segs; i++) {
             const bk_adamw_seg_t *sg = &o->segs[i];
-            h.wd = sg->wd;
-            h.key = sg->key;
-            h.index0 = sg->index0;
+            h->wd = sg->wd;
+            h->key = sg->key;
+            h->index0 = sg->index0;
             be->adamw(be, bk_buf(sg->p, sdt), bk_buf((void *)sg->g, gdt), bk_buf(sg->m, sdt), bk_buf(sg->v, sdt),
-                      sg->n, &h);
+                      sg->n, h);
         }
     }
     shard_step_done(s);
+}
+
+static bk_adamw_t adamw_h(const optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
+{
+    return (bk_adamw_t){.lr = (float)lr, .b1 = (float)t->beta1, .b2 = (float)t->beta2, .eps = (float)t->eps,
+                        .gscale = 1.0f, .bc1 = 1.0 - pow(t->beta1, (double)step),
+                        .bc2 = 1.0 - pow(t->beta2, (double)step), .stochastic = o->stochastic};
+}
+
+void optim_queue(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
+{
+    backend_t *be = o->be;
+    shard_t *s = o->sh;
+    int n;
+    shard_units(s, &n);
+    dtype_t gdt = shard_dtypes(s).grad;
+    shard_grads_complete(s);
+    /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
+     * Each unit's Σg² goes to a slot of its own, taken by the shard where it could (the
+     * reduce-scatter's last add, or on one GPU a sumsq on a second stream as the backward
+     * finished the unit: shard_sumsq_folded), else by sumsq here. The slots are added in unit order, on the host or by clip_coef (the same
+     * arithmetic): one running sum ((0 + Σ_0) + Σ_1) + …, each Σ_u summed in sumsq's fixed
+     * order (add_sumsq's too), so the norm's bits do not depend on where Σ_u was taken. */
+    for (int u = 0; u < n; u++) {
+        shard_slice_t sl = shard_owned(s, u);
+        if (!shard_sumsq_folded(s, u))
+            be->sumsq(be, bk_buf(sl.g, gdt), sl.len, &o->d_stat[1 + u]);
+    }
+    if (optim_device_clip(o)) {
+        /* The coefficient and AdamW queued behind Σg²: the host waits once, after the
+         * update (the trainer's sync), not for the norm before it. */
+        be->clip_coef(be, o->d_coef, o->d_stat + 1, n, t->clip);
+        shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
+        bk_adamw_t h = adamw_h(o, t, step, lr);
+        h.gscale_dev = o->d_coef;
+        adamw_all(o, t, step, &h);
+    }
+    for (int u = 0; u <= n; u++)
+        o->h_stat[u] = NAN; /* stays NaN when a failed backend skips the download */
+    if (be->download_async)
+        be->download_async(be, o->h_stat, o->d_stat, (size_t)(1 + n) * sizeof(double));
+    else
+        be->download(be, o->h_stat, o->d_stat, (size_t)(1 + n) * sizeof(double));
+    be->zero(be, o->d_stat, (size_t)(1 + n) * sizeof(double)); /* the next step's start at zero */
+}
+
+double optim_finish(optim_t *o, const ckpt_train_t *t, int64_t step, double lr, double *loss)
+{
+    shard_t *s = o->sh;
+    int n;
+    shard_units(s, &n);
+    *loss = o->h_stat[0];
+    double sq = 0;
+    for (int u = 0; u < n; u++)
+        sq += o->h_stat[1 + u];
+    int dev = optim_device_clip(o);
+    if (!dev)
+        shard_sum_owned(s, &sq);
+    double norm = sqrt(sq);
+    if (!dev) {
+        float gscale = 1.0f;
+        if (t->clip > 0) {
+            double coef = t->clip / (norm + 1e-6);
+            if (coef < 1.0)
+                gscale = (float)coef;
+        }
+        shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
+        bk_adamw_t h = adamw_h(o, t, step, lr);
+        h.gscale = gscale;
+        adamw_all(o, t, step, &h);
+    }
     return norm;
 }

@@ -60,6 +60,12 @@ struct shard {
     int reserving, failed; /* shard_reserve(): no communication; a buffer could not be had */
     double *sq;            /* shard_set_sumsq: a Σg² slot per unit (backend memory), or NULL */
     int *folded;           /* sq[u] holds Σg[u]² of the gradient as it is (shard_sumsq_folded) */
+    int first_write;       /* shard_set_first_write: gradients written by the step's first pass */
+    /* shard_set_sumsq_side: Σg² of a finished unit on a stream of its own */
+    bk_stream_t *side;
+    bk_event_t *ev_done, *ev_side; /* the unit's gradient is done (compute stream); the side's last sumsq */
+    int side_used;                 /* a sumsq is queued on side since the last join */
+    int *gfresh;           /* the owned gradient of u holds nothing of this step yet */
     model_io_t io;
     comm_stats_t stats;
     hpz_t *hpz; /* hpz: the node groups' secondary copy (hpz.h); else NULL */
@@ -242,6 +248,26 @@ static int fold_ok(const shard_t *s)
     return s->sq && s->be->add_sumsq && !direct(s) && !(s->strat == STRAT_HYBRID && comm_size(s->cross) > 1);
 }
 
+/* The owned gradient of unit u gets a reduce-scatter's slice: added, or written where it
+ * holds nothing of the step yet (the same values: 0 + x rounded once is x converted), on
+ * the step's last pass with Σg² of the result where it can be folded. */
+static void owned_take(shard_t *s, int u, bk_buf_t part, int64_t n)
+{
+    bk_buf_t g = bk_buf(s->g[u], s->dt.grad);
+    int fold = s->last_pass && fold_ok(s);
+    if (s->first_write && s->gfresh[u]) {
+        s->be->convert(s->be, g, part, n);
+        if (fold)
+            s->be->sumsq(s->be, g, n, &s->sq[u]);
+    } else if (fold) {
+        s->be->add_sumsq(s->be, g, part, n, &s->sq[u]);
+    } else {
+        s->be->add(s->be, g, part, n);
+    }
+    s->gfresh[u] = 0;
+    s->folded[u] = s->folded[u] || fold;
+}
+
 /* Completes the oldest reduce-scatter in flight: its slice is added to the owned gradient
  * (on the step's last pass, with Σg² of the sum where it can be folded). */
 static void rs_finish_oldest(shard_t *s)
@@ -254,16 +280,9 @@ static void rs_finish_oldest(shard_t *s)
     if (n > 1) {
         if (!s->reserving) {
             comm_wait(s->group, &s->rs[u]);
-            for (int k = 0; k < n; k++) {
-                bk_buf_t g = bk_buf(s->g[u + k], s->dt.grad),
-                         part = bk_buf((char *)s->rsbuf[u] + gbytes(s, k * s->len[u]), s->dt.grad);
-                if (s->last_pass && fold_ok(s)) {
-                    s->be->add_sumsq(s->be, g, part, s->len[u], &s->sq[u + k]);
-                    s->folded[u + k] = 1;
-                } else {
-                    s->be->add(s->be, g, part, s->len[u]);
-                }
-            }
+            for (int k = 0; k < n; k++)
+                owned_take(s, u + k, bk_buf((char *)s->rsbuf[u] + gbytes(s, k * s->len[u]), s->dt.grad),
+                           s->len[u]);
         }
         pool_put(s, s->rsstage[u], gbytes(s, n * s->units[u].padded), BK_MEM_GRADS);
         pool_put(s, s->rsbuf[u], gbytes(s, n * s->len[u]), BK_MEM_GRADS);
@@ -272,13 +291,7 @@ static void rs_finish_oldest(shard_t *s)
     }
     if (!s->reserving) {
         comm_wait(s->group, &s->rs[u]);
-        bk_buf_t g = bk_buf(s->g[u], s->dt.grad), part = bk_buf(s->rsbuf[u], rs_dt(s));
-        if (s->last_pass && fold_ok(s)) {
-            s->be->add_sumsq(s->be, g, part, s->len[u], &s->sq[u]);
-            s->folded[u] = 1;
-        } else {
-            s->be->add(s->be, g, part, s->len[u]);
-        }
+        owned_take(s, u, bk_buf(s->rsbuf[u], rs_dt(s)), s->len[u]);
     }
     pool_put(s, s->gbuf[u], gbytes(s, s->units[u].padded), BK_MEM_GRADS);
     pool_put(s, s->rsbuf[u], rsbytes(s, s->len[u]), BK_MEM_GRADS);
@@ -334,6 +347,20 @@ static void io_release(void *ctx, int u)
         drop_unit(s, u);
 }
 
+/* Clears a whole-unit gradient buffer from the pool before the pass writes into it: all
+ * of it where the pass adds, its padding alone where the pass writes (first_write). */
+static void gbuf_clear(shard_t *s, int u, char *buf)
+{
+    if (s->reserving || !buf)
+        return;
+    int64_t end = 0;
+    for (int k = 0; s->first_write && k < s->units[u].n_tensors; k++)
+        if (s->units[u].t[k].offset + s->units[u].t[k].numel > end)
+            end = s->units[u].t[k].offset + s->units[u].t[k].numel;
+    if (end < s->units[u].padded)
+        s->be->zero(s->be, buf + gbytes(s, end), gbytes(s, s->units[u].padded - end));
+}
+
 static void *io_grads(void *ctx, int u)
 {
     shard_t *s = ctx;
@@ -343,23 +370,52 @@ static void *io_grads(void *ctx, int u)
     if (n > 1 && !s->gbuf[u]) {
         size_t bytes = gbytes(s, n * s->units[f].padded);
         char *whole = pool_get(s, bytes, BK_MEM_GRADS, "a unit group's gradient");
-        if (!s->reserving && whole)
-            s->be->zero(s->be, whole, bytes);
-        for (int k = 0; k < n; k++)
+        for (int k = 0; k < n; k++) {
             s->gbuf[f + k] = whole ? whole + gbytes(s, k * s->units[f].padded) : NULL;
+            gbuf_clear(s, f + k, s->gbuf[f + k]);
+        }
     }
     if (!s->gbuf[u]) {
-        size_t bytes = gbytes(s, s->units[u].padded);
-        s->gbuf[u] = pool_get(s, bytes, BK_MEM_GRADS, "a unit's gradient");
-        if (!s->reserving)
-            s->be->zero(s->be, s->gbuf[u], bytes);
+        s->gbuf[u] = pool_get(s, gbytes(s, s->units[u].padded), BK_MEM_GRADS, "a unit's gradient");
+        gbuf_clear(s, u, s->gbuf[u]);
     }
     return s->gbuf[u];
+}
+
+/* A whole-unit buffer from the pool is new to every pass; the owned gradient the model
+ * writes itself (direct) is new until the step's first pass is done with it. */
+static int io_grads_first(void *ctx, int u)
+{
+    shard_t *s = ctx;
+    return s->first_write && (!direct(s) || s->gfresh[u]);
+}
+
+/* Where the model writes the owned gradient itself and nothing writes it after the step's
+ * last pass (one shard: not none's or hybrid's all-reduces across ranks). */
+static int side_ok(const shard_t *s)
+{
+    return s->side && s->sq && direct(s) && !(!sharded(s) && comm_size(s->world) > 1) &&
+           !(s->cross && comm_size(s->cross) > 1);
 }
 
 static void io_grads_done(void *ctx, int u)
 {
     shard_t *s = ctx;
+    if (direct(s))
+        s->gfresh[u] = 0;
+    if (s->last_pass && !s->reserving && side_ok(s)) {
+        /* the unit's gradient is final: its Σg² on the side stream, beside the backward
+         * pass of the units before it (shard_grads_complete joins it) */
+        backend_t *be = s->be;
+        be->event_record(be, s->ev_done);
+        be->set_stream(be, s->side);
+        be->event_wait(be, s->ev_done);
+        be->sumsq(be, bk_buf(s->g[u], s->dt.grad), s->len[u], &s->sq[u]);
+        be->event_record(be, s->ev_side);
+        be->set_stream(be, NULL);
+        s->folded[u] = 1;
+        s->side_used = 1;
+    }
     if (!sharded(s)) { /* a group's whole units lie side by side: one all-reduce when all are done */
         int f = cu_first(s, u), n = cu_count(s, u);
         if (n > 1 && ++s->gdone[f] < n)
@@ -558,8 +614,13 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->sched = calloc((size_t)(2 * n + 2), sizeof *s->sched);
     s->folded = calloc((size_t)n, sizeof *s->folded);
     s->gdone = calloc((size_t)n, sizeof *s->gdone);
-    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched || !s->folded || !s->gdone)
+    s->gfresh = calloc((size_t)n, sizeof *s->gfresh);
+    if (!s->lo || !s->len || !s->ag_state || !s->ag || !s->rs || !s->ar || !s->sched || !s->folded || !s->gdone ||
+        !s->gfresh)
         goto oom;
+    s->first_write = 1;
+    for (int u = 0; u < n; u++)
+        s->gfresh[u] = 1;
     if (units_map(&(units_policy_t){CKPT_UNITS_BLOCK, 1}, s->units, n, dtype_size(s->dt.compute), s->S, &s->cu) < 0)
         goto fail;
     for (int u = 0; u < n; u++) {
@@ -576,7 +637,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     if (strat == STRAT_HPZ && !direct(s) &&
         !(s->hpz = hpz_new(be, world, s->node_size, &s->stats, s->units, n, s->dt.compute)))
         goto fail;
-    s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done};
+    s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done, io_grads_first};
     return s;
 oom:
     ftk_err_set("out of memory");
@@ -619,6 +680,13 @@ void shard_free(shard_t *s)
     free(s->ar);
     free(s->sched);
     free(s->folded);
+    free(s->gfresh);
+    if (s->ev_done)
+        s->be->event_free(s->be, s->ev_done);
+    if (s->ev_side)
+        s->be->event_free(s->be, s->ev_side);
+    if (s->side)
+        s->be->stream_free(s->be, s->side);
     free(s->gdone);
     units_map_free(&s->cu);
     free(s->units);
@@ -1037,6 +1105,10 @@ int shard_set_state(shard_t *s, const ckpt_state_t *st)
 void shard_grads_complete(shard_t *s)
 {
     int n = s->n_units;
+    if (s->side_used) { /* Σg² taken beside the backward pass: done before the norm is read */
+        s->be->event_wait(s->be, s->ev_side);
+        s->side_used = 0;
+    }
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
     if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
@@ -1050,6 +1122,8 @@ void shard_grads_complete(shard_t *s)
 void shard_set_sumsq(shard_t *s, double *sq) { s->sq = sq; }
 int shard_sumsq_folded(const shard_t *s, int u) { return s->folded[u]; }
 
+int shard_sum_needed(const shard_t *s) { return sharded(s) && comm_size(s->group) > 1; }
+
 void shard_sum_owned(shard_t *s, double *v)
 {
     if (sharded(s))
@@ -1059,8 +1133,27 @@ void shard_sum_owned(shard_t *s, double *v)
 void shard_step_done(shard_t *s)
 {
     for (int u = 0; u < s->n_units; u++) {
-        s->be->zero(s->be, s->g[u], gbytes(s, s->len[u]));
+        if (!s->first_write)
+            s->be->zero(s->be, s->g[u], gbytes(s, s->len[u]));
+        s->gfresh[u] = 1; /* never read as it is: the next step's first pass writes it */
         s->folded[u] = 0;
     }
     refresh_working_copy(s);
+}
+
+int shard_set_sumsq_side(shard_t *s, int on)
+{
+    backend_t *be = s->be;
+    if (!on || s->side)
+        return 0;
+    if (!(s->side = be->stream_new(be)) || !(s->ev_done = be->event_new(be)) || !(s->ev_side = be->event_new(be)))
+        return -1;
+    return 0;
+}
+
+void shard_set_first_write(shard_t *s, int on)
+{
+    s->first_write = on;
+    for (int u = 0; u < s->n_units; u++)
+        s->gfresh[u] = 1;
 }

@@ -163,15 +163,39 @@ void shard_grads_complete(shard_t *s);
  * pass ends with the add of a reduce-scatter's slice into the owned gradient — full,
  * grad-op and hybrid of one replica with two or more ranks a group — that add also adds
  * Σg[u]² into sq[u], and shard_sumsq_folded(s, u) is 1 until the next training pass or
- * shard_step_done. Elsewhere (none, one shard, hybrid's cross-group all-reduce, which
- * writes g after that add) it is 0 and the caller takes Σg² itself. NULL: never folded. */
+ * shard_step_done; so it is where shard_set_sumsq_side took it on a second stream. Elsewhere
+ * (none across ranks, hybrid's cross-group all-reduce, which writes g after that add; one
+ * shard without the side stream) it is 0 and the caller takes Σg² itself. NULL: never
+ * folded. */
 void shard_set_sumsq(shard_t *s, double *sq);
 int shard_sumsq_folded(const shard_t *s, int u);
 /* *v (this rank's share of a sum over the owned slices) summed over the shard group, so
  * that every rank holds the sum over whole units; under none nothing to do. Collective. */
 void shard_sum_owned(shard_t *s, double *v);
-/* After the update: clears the owned gradients and refreshes bf16-mixed's working copy. */
+/* Whether shard_sum_owned communicates: 0 where this rank's slices are whole units or its
+ * group is itself alone (one GPU, none, a group of one), so the norm is known on the device. */
+int shard_sum_needed(const shard_t *s);
+/* After the update: refreshes bf16-mixed's working copy; the owned gradients are cleared
+ * (first_write off) or marked to be written, not added into, by the next step's first
+ * pass. */
 void shard_step_done(shard_t *s);
+/* on (the default): no memset of the gradients — the step's first pass writes each owned
+ * gradient (model_io_t grads_first: the model's first products with beta = 0 where it
+ * writes the owned buffer itself, one shard or none; the first reduce-scatter's slice
+ * converted into it, not added, where the pass writes whole-unit buffers, which are then
+ * zeroed only in their padding). off: every step zeroes the owned gradients and every
+ * whole-unit buffer, and the passes add (FTK_STEP's first_write, engine/trainer.c).
+ * Call between steps. */
+void shard_set_first_write(shard_t *s, int on);
+/* on: where the model writes the owned gradient itself and nothing changes it after the
+ * step's last pass (one GPU, a group of one; not none or hybrid across ranks, not sharded
+ * strategies, which fold Σg² into the reduce-scatter's add instead), each unit's Σg² is
+ * taken as soon as that pass is done with the unit, on a stream of its own beside the
+ * backward pass of the units before it, instead of a pass after the backward; its sums
+ * and its order are sumsq's, so the same bits (FTK_STEP's sumsq_overlap,
+ * engine/trainer.h). Call once, after shard_set_sumsq: 0, or -1 with the message when
+ * the stream or its events cannot be made. Off by default. */
+int shard_set_sumsq_side(shard_t *s, int on);
 
 /* Drops gathered parameters (grad-op keeps them through a step; call after evaluating). */
 void shard_drop(shard_t *s);

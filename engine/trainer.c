@@ -271,11 +271,43 @@ static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg
     return be->reserve(be, &r);
 }
 
+int trainer_step_opts(unsigned *opts)
+{
+    static const char *const names[] = {"device_clip", "first_write", "prefetch", "sumsq_overlap"};
+    const int n_names = (int)(sizeof names / sizeof *names);
+    const char *e = getenv("FTK_STEP");
+    *opts = TRAINER_STEP_ALL;
+    if (!e || !*e || !strcmp(e, "all"))
+        return 0;
+    *opts = 0;
+    if (!strcmp(e, "none"))
+        return 0;
+    for (const char *p = e; *p;) {
+        size_t len = strcspn(p, ",");
+        int k = 0;
+        while (k < n_names && (strlen(names[k]) != len || strncmp(p, names[k], len)))
+            k++;
+        if (k == n_names) {
+            ftk_err_set("FTK_STEP=%s: unknown '%.*s' (all, none, or a comma list of device_clip, first_write, "
+                        "prefetch, sumsq_overlap)",
+                        e, (int)len, p);
+            return -1;
+        }
+        *opts |= 1u << k;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
 {
     *m = NULL;
     *opt = NULL;
+    *sh = NULL;
+    unsigned so;
+    if (trainer_step_opts(&so) < 0)
+        return FTK_EXIT_USAGE;
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
     if (shard_set_units(*sh, &o->units) < 0 ||
@@ -309,6 +341,18 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
         be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb, (int)cfg->num_attention_heads,
                          (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
                          precision_dtypes(o->precision).act) < 0) {
+        model_free(*m);
+        *m = NULL;
+        optim_free(*opt);
+        *opt = NULL;
+        shard_free(*sh);
+        *sh = NULL;
+        return FTK_EXIT_FAIL;
+    }
+    model_set_loss_acc(*m, optim_loss_acc(*opt));
+    shard_set_first_write(*sh, (so & TRAINER_STEP_FIRST_WRITE) != 0);
+    optim_set_device_clip(*opt, (so & TRAINER_STEP_DEVICE_CLIP) != 0);
+    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0) {
         model_free(*m);
         *m = NULL;
         optim_free(*opt);
@@ -435,6 +479,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);
     c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
+    trainer_step_opts(&t->step_opts); /* trainer_build has checked it */
     meta->shard_count = shard_count(t->sh);
     if (shard_compress_grads(t->sh))
         snprintf(meta->compress_grads, sizeof meta->compress_grads, "bf16");
@@ -501,6 +546,7 @@ void trainer_free(trainer_t *t)
     optim_free(t->opt);
     shard_free(t->sh);
     tokens_split_free(&t->data.step);
+    tokens_split_free(&t->data.next);
     tokens_split_free(&t->data.eval);
     tokens_set_close(t->data.set);
     if (t->wf >= 0)
@@ -607,6 +653,27 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
     return agree(t, v[2] ? fail(t, FTK_EXIT_FAIL, "validation failed: %s", err[0] ? err : "on another rank") : 0);
 }
 
+/* FTK_STEP's prefetch: the rows of the step after this one (which consumes k) into
+ * data.next, while the device works. Not past the epoch's end (the next order is made at
+ * the next step) nor after a failed read (the next step reads its rows itself and says
+ * why): the data order is the same either way. */
+static void prefetch(trainer_t *t, int64_t k)
+{
+    const ckpt_meta_t *meta = &t->meta;
+    int64_t at = meta->rows_consumed + k, G = meta->train.global_batch;
+    t->data.next_ok = 0;
+    if (at >= t->R)
+        return;
+    int64_t kn = t->R - at < G ? t->R - at : G;
+    int64_t lo = kn * t->rank / t->nranks, hi = kn * (t->rank + 1) / t->nranks;
+    tokens_split_free(&t->data.next);
+    if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->perm + at + lo, hi - lo, &t->data.next) < 0)
+        return;
+    t->data.next_ok = 1;
+    t->data.next_epoch = meta->epoch;
+    t->data.next_at = at;
+}
+
 /* Ends a phase of trainer_step at now: its time less the waits in it goes to *acc. */
 static void step_phase(const comm_stats_t *s, double *t, double *w, double *acc)
 {
@@ -645,11 +712,19 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     double c3[3], *c = micro ? t->micro_n : c3; /* targets, tokens, a rank could not read its rows */
     memset(c, 0, (size_t)(3 + J) * sizeof *c);
     char err[1024] = "";
-    tokens_split_free(tr);
-    if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
-        snprintf(err, sizeof err, "%s", ftk_err_msg());
-        c[2] = 1;
+    if (t->data.next_ok && t->data.next_epoch == meta->epoch && t->data.next_at == meta->rows_consumed) {
+        tokens_split_t read = t->data.next; /* read during the previous step (prefetch) */
+        t->data.next = *tr;
+        *tr = read;
+        tokens_split_free(&t->data.next);
+    } else {
+        tokens_split_free(tr);
+        if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
+            snprintf(err, sizeof err, "%s", ftk_err_msg());
+            c[2] = 1;
+        }
     }
+    t->data.next_ok = 0;
     for (int64_t i = 0; i < tr->n_rows; i++) {
         int64_t n = loader_row_targets(tr, i);
         c[0] += (double)n;
@@ -685,11 +760,28 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
             lost = NAN;
         shard_pass_end(t->sh);
     }
-    /* The micro-batches' losses stayed on the device (no host wait inside the step's
-     * passes): one download for the step, summed as one running sum over every chunk of
-     * every micro-batch (before: a sum per micro-batch, then their sum on the host). */
-    v[0] = model_loss_take(t->m) + lost;
     step_phase(stats, &ph_t, &ph_w, &ph[1]);
+    int64_t step = meta->step + 1;
+    double lr = schedule_lr(tc, step);
+    /* The optimizer queued behind the passes (with the device's clipping: all of it), then
+     * the next step's rows read while the device works, then the step's one wait. */
+    optim_queue(t->opt, tc, step, lr);
+    if ((t->step_opts & TRAINER_STEP_PREFETCH) && step < tc->total_steps)
+        prefetch(t, k);
+    step_phase(stats, &ph_t, &ph_w, &ph[0]);
+    /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
+     * take NaN from it. */
+    int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
+    /* The micro-batches' losses stayed on the device (no host wait inside the step's
+     * passes) and came back with Σg²: one running sum over every chunk of every
+     * micro-batch. With the host's clipping (ranks that sum Σg²), AdamW is queued now and
+     * waited for again. */
+    double lsum;
+    double gnorm = optim_finish(t->opt, tc, step, lr, &lsum);
+    if (!bad && !optim_device_clip(t->opt))
+        bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
+    step_phase(stats, &ph_t, &ph_w, &ph[1]);
+    v[0] = lsum + lost;
     v[1] = v[1] || (stop && *stop);
     /* The background write, learned at no cost: this all-reduce happens every step. */
     if (t->pend.active && !bgsave_done(t->bg))
@@ -702,14 +794,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         return agree(t, fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1,
                              err[0] ? err : "a batch could not be built on another rank"));
     double loss = micro ? v[0] : v[0] / (double)(n_tgt > 0 ? n_tgt : 1);
-    int64_t step = meta->step + 1;
-    double lr = schedule_lr(tc, step);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
-    double gnorm = optim_step(t->opt, tc, step, lr);
-    /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
-     * take NaN from it. */
-    int cs = 0, bad = t->be->sync(t->be) < 0 || (cs = comm_status(t->world)) < 0;
-    step_phase(stats, &ph_t, &ph_w, &ph[1]);
     int code = agree_first(t, bad ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)step, ftk_err_msg()) : 0,
                            cs == -2);
     if (code)

@@ -128,6 +128,24 @@ void trainer_free(trainer_t *t);
  * directory (on rank 0), else 0. */
 int trainer_discard_new_run(trainer_t *t);
 
+/* FTK_STEP: which of the step's savings are on, for comparison with the plain step (every
+ * combination gives the same bits): "all" (unset or empty: the default), "none", or a comma
+ * list of
+ *   device_clip  the clipping coefficient on the device, one host wait a step (optim.h)
+ *   first_write  no memset of the gradients: the first pass writes them (shard.h)
+ *   prefetch     the next step's rows read from the data file while the device works
+ *   sumsq_overlap  on one GPU, each unit's Σg² taken on a second stream as the backward
+ *                finishes the unit (shard.h shard_set_sumsq_side)
+ * The bits (TRAINER_STEP_*) in *opts; -1 with the message for an unknown name. */
+enum {
+    TRAINER_STEP_DEVICE_CLIP = 1,
+    TRAINER_STEP_FIRST_WRITE = 2,
+    TRAINER_STEP_PREFETCH = 4,
+    TRAINER_STEP_SUMSQ_OVERLAP = 8,
+    TRAINER_STEP_ALL = 15
+};
+int trainer_step_opts(unsigned *opts);
+
 /* The allocations of a training job on be, in the order the trainer makes them: the
  * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool
  * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan

@@ -19,6 +19,11 @@
 typedef struct {
     tokens_set_t *set;
     tokens_split_t step, eval;
+    /* FTK_STEP's prefetch: the next step's rows, read while the device ran this step's work;
+     * valid for the data position (epoch, rows consumed) it was read for */
+    tokens_split_t next;
+    int next_ok;
+    int64_t next_epoch, next_at;
     int64_t max_len, vocab, rows[2], mask_prompt, packed;
     char set_xxh3[32];
 } data_t;
@@ -61,6 +66,7 @@ struct trainer {
     optim_t *opt;
     model_t *m;
     int64_t *perm, *rows;
+    unsigned step_opts; /* FTK_STEP (trainer_step_opts) */
     batch_t b;
     /* loss_mean "micro" (loader.h): per micro-batch of the global batch, the counts summed
      * over the ranks (3 + its targets each, as trainer_step's counts) and the weights */

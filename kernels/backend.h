@@ -180,6 +180,10 @@ typedef struct {
     int stochastic; /* BK_ROUND_NEAREST, BK_SROUND or BK_SROUND_HASH3 (sround.h) */
     uint64_t key;
     int64_t index0; /* the index in its tensor of element 0 of this call */
+    /* Not NULL: the gradient scale is *gscale_dev, one float in the backend's memory read by
+     * the op where it runs (clip_coef's result), and gscale is unused: the clipping
+     * coefficient needs no host wait. */
+    const float *gscale_dev;
 } bk_adamw_t;
 
 /* One tensor (slice) of an adamw_multi call: element 0 of p, g, m, v (dtypes given once
@@ -239,6 +243,11 @@ struct backend {
     /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
     void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);
     void (*download)(backend_t *be, void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: download): the copy queued on the current stream without the host
+     * waiting; host_dst (memory from host_alloc) holds the data once the next sync() returns.
+     * A step's numbers (loss and Σg²) come back this way, so the step's one sync is the
+     * only wait (engine/trainer.c). */
+    void (*download_async)(backend_t *be, void *host_dst, const void *src, size_t bytes);
     void (*zero)(backend_t *be, void *p, size_t bytes);
     void (*copy)(backend_t *be, void *dst, const void *src, size_t bytes);
     /* Waits for the ops issued so far on every stream; 0, or -1 with ftk_err_msg() set when
@@ -352,6 +361,13 @@ struct backend {
     void (*add)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
     void (*scale)(backend_t *be, bk_buf_t y, float a, int64_t n);
     void (*sumsq)(backend_t *be, bk_buf_t x, int64_t n, double *acc);
+
+    /* torch's clip_grad_norm_ coefficient from n per-unit Σg² slots, on the device (no host
+     * wait): norm = sqrt(((0 + sq[0]) + sq[1]) + … + sq[n−1]) in double, c = max_norm /
+     * (norm + 1e-6) in double, *coef = (float)c where max_norm > 0 and c < 1, else 1 —
+     * the host's arithmetic (engine/optim.c), so the same bits. sq and coef are backend
+     * memory; coef is what adamw's gscale_dev points at. */
+    void (*clip_coef)(backend_t *be, float *coef, const double *sq, int n, double max_norm);
 
     /* One AdamW step on n elements (bk_adamw_t). p, m, v of one dtype (f32 or bf16); g f32
      * or bf16, read only. */

@@ -891,6 +891,16 @@ static inline void st_state(bk_buf_t b, int64_t i, float v, const bk_adamw_t *h,
         ((uint16_t *)b.p)[i] = f32_to_bf16(v);
 }
 
+static void cpu_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm)
+{
+    (void)be;
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += sq[i];
+    double c = max_norm / (sqrt(total) + 1e-6);
+    *coef = max_norm > 0 && c < 1.0 ? (float)c : 1.0f;
+}
+
 static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
 {
     bk_buf_t pmv[3] = {p, m, v};
@@ -900,7 +910,7 @@ static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_
         bad(be, "internal: adamw: rounding %d unknown", h->stochastic);
         return;
     }
-    float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale;
+        float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale_dev ? *h->gscale_dev : h->gscale;
     float decay = 1.0f - h->lr * h->wd;
     float step = (float)(h->lr / h->bc1);
     float bc2s = (float)sqrt(h->bc2);
@@ -1111,6 +1121,7 @@ backend_t *backend_cpu_new(void)
     be->add = cpu_add;
     be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;
+    be->clip_coef = cpu_clip_coef;
     be->adamw = cpu_adamw;
     be->quant_i8 = cpu_quant_i8;
     be->dequant_i8 = cpu_dequant_i8;

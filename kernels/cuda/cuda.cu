@@ -191,6 +191,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->host_free = cu_host_free;
     be->upload = cu_upload;
     be->download = cu_download;
+    be->download_async = cu_download_async;
     be->zero = cu_zero;
     be->copy = cu_copy;
     be->sync = cu_sync;
@@ -223,6 +224,7 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->add = cu_add;
     be->scale = cu_scale;
     be->sumsq = cu_sumsq;
+    be->clip_coef = cu_clip_coef;
     be->adamw = cu_adamw;
     be->quant_i8 = cu_quant_i8;
     be->dequant_i8 = cu_dequant_i8;

@@ -118,6 +118,11 @@ typedef struct {
     cudaEvent_t seg_ev; /* after the upload from seg_host */
     void *tmp;
     size_t tmp_cap;
+    /* sumsq's partial sums when it runs on a stream other than def (the sharding engine's
+     * Σg² beside the backward pass, engine/shard.c): its own, so that it does not take the
+     * shared scratch from the ops it overlaps; ordered by that stream alone */
+    void *side_part;
+    size_t side_part_cap;
     /* adamw_multi's segment table: built in pinned memory, copied into tmp on the stream;
      * am_ev follows that copy, so the host rewrites am_host only after it has run. */
     void *am_host;
@@ -409,6 +414,7 @@ void cu_mem_free(backend_t *be, void *p);
 void *cu_host_alloc(backend_t *be, size_t bytes);
 void cu_host_free(backend_t *be, void *p);
 void cu_upload(backend_t *be, void *dst, const void *src, size_t bytes);
+void cu_download_async(backend_t *be, void *dst, const void *src, size_t bytes);
 void cu_download(backend_t *be, void *dst, const void *src, size_t bytes);
 void cu_zero(backend_t *be, void *p, size_t bytes);
 void cu_copy(backend_t *be, void *dst, const void *src, size_t bytes);
@@ -494,6 +500,7 @@ void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc);
 void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc);
 void cu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
 void cu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block);
+void cu_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm);
 void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
 void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
                     const bk_adamw_t *h);

@@ -172,6 +172,16 @@ void cu_download(backend_t *be, void *dst, const void *src, size_t bytes)
         memset(dst, 0xff, bytes); /* NaN where floats: a failed run cannot look healthy */
 }
 
+/* Queued on the current stream; dst is pinned (host_alloc), so the copy does not drain it. */
+void cu_download_async(backend_t *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_t *c = enter(be);
+    if (!bytes)
+        return;
+    if (failed(c) || ck(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->cur), "download") < 0)
+        memset(dst, 0xff, bytes); /* NaN where floats, as download */
+}
+
 void cu_zero(backend_t *be, void *p, size_t bytes)
 {
     cuda_t *c = enter(be);
@@ -216,8 +226,11 @@ int cu_sync(backend_t *be)
 {
     cuda_t *c = enter(be);
     ck(c, host_wait(c, c->def, NULL), "synchronize");
+    /* a stream whose work the default stream has already waited for (an event) is idle
+     * now: asked, not waited for */
     for (bk_stream *s = c->streams; s; s = s->next)
-        ck(c, host_wait(c, s->s, NULL), "synchronize");
+        if (cudaStreamQuery(s->s) != cudaSuccess)
+            ck(c, host_wait(c, s->s, NULL), "synchronize");
     ck(c, last_error(), "a kernel");
     if (failed(c)) {
         ftk_err_set("%s", c->err);

@@ -130,6 +130,7 @@ __global__ void add_sumsq_part_kernel(double *part, TY *y, const TX *x, int64_t 
 /* bk_adamw_t's values as the kernel uses them (fp32, derived on the host as the CPU does). */
 typedef struct {
     float b1, b2, omb1, omb2, eps, decay, step, bc2s, gscale;
+    const float *gsp; /* bk_adamw_t gscale_dev: read here instead of gscale when not NULL */
     int stochastic;
     uint64_t key;
     int64_t index0;
@@ -187,8 +188,9 @@ __device__ __forceinline__ void adamw_at(TP *p, const TG *g_, TP *m, TP *v, cons
     ldk<K>(g_, i, G);
     ldk<K>(m, i, M);
     ldk<K>(v, i, W);
+    const float gs = a.gsp ? *a.gsp : a.gscale;
     for (int k = 0; k < K; k++) {
-        float gi = __fmul_rn(G[k], a.gscale);
+        float gi = __fmul_rn(G[k], gs);
         M[k] = __fadd_rn(__fmul_rn(a.b1, M[k]), __fmul_rn(a.omb1, gi));
         W[k] = __fadd_rn(__fmul_rn(a.b2, W[k]), __fmul_rn(__fmul_rn(a.omb2, gi), gi));
         float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(W[k]), a.bc2s), a.eps);
@@ -319,8 +321,14 @@ void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
     if (n == 0 || failed(c) || !dt_ok(c, "sumsq", x.dt))
         return;
     int64_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
-    scratch_claim(c);
-    double *part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    double *part;
+    if (c->cur != c->def) {
+        part = (double *)scratch(c, &c->side_part, &c->side_part_cap, (size_t)nb * sizeof(double),
+                                 "sumsq's partial sums (side stream)");
+    } else {
+        scratch_claim(c);
+        part = (double *)tmp_for(c, (size_t)nb * sizeof(double));
+    }
     if (!part)
         return;
     on_dt(x.dt, [&](auto t) {
@@ -383,10 +391,31 @@ static adamw_args_t adamw_args_of(const bk_adamw_t *h)
     a.step = (float)(h->lr / h->bc1);
     a.bc2s = (float)sqrt(h->bc2);
     a.gscale = h->gscale;
+    a.gsp = h->gscale_dev;
     a.stochastic = h->stochastic;
     a.key = h->key;
     a.index0 = h->index0;
     return a;
+}
+
+/* One thread: the host's sum, square root and division in double (correctly rounded on
+ * the device, and nothing to contract into an FMA: the same bits as engine/optim.c's). */
+__global__ void clip_coef_kernel(float *coef, const double *sq, int n, double max_norm)
+{
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += sq[i];
+    double c = max_norm / (sqrt(total) + 1e-6);
+    *coef = max_norm > 0 && c < 1.0 ? (float)c : 1.0f;
+}
+
+void cu_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm)
+{
+    cuda_t *c = enter(be);
+    if (failed(c))
+        return;
+    clip_coef_kernel<<<1, 1, 0, c->cur>>>(coef, sq, n, max_norm);
+    launched(c, "clip_coef");
 }
 
 void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)

@@ -115,6 +115,10 @@ static void plan_xent(backend_t *be, float *logits, const int32_t *t, const floa
 static void plan_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n) { (void)be, (void)y, (void)x, (void)n; }
 static void plan_scale(backend_t *be, bk_buf_t y, float a, int64_t n) { (void)be, (void)y, (void)a, (void)n; }
 static void plan_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc) { (void)be, (void)x, (void)n, (void)acc; }
+static void plan_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm)
+{
+    (void)be, (void)coef, (void)sq, (void)n, (void)max_norm;
+}
 static void plan_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
 {
     (void)be, (void)p, (void)g, (void)m, (void)v, (void)n, (void)h;
@@ -232,6 +236,7 @@ backend_t *backend_plan_new(const char *device)
     be->add = plan_add;
     be->scale = plan_scale;
     be->sumsq = plan_sumsq;
+    be->clip_coef = plan_clip_coef;
     be->adamw = plan_adamw;
     be->quant_i8 = plan_quant_i8;
     be->dequant_i8 = plan_dequant_i8;

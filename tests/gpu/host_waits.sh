@@ -4,8 +4,10 @@
 # build/tests/emu/bin). A stream synchronize drains the queue: the device then idles until
 # the host issues more. The step's drains must not grow with its micro-batches (no host
 # wait inside the micro-batch loop: the arrays a micro-batch uploads are staged and queued),
-# and there are at most 3 a step: Σg² before the optimizer (the clip factor), the loss, and
-# the step's end. No step allocates or frees page-locked host memory either (cudaMallocHost
+# and there is one a step: the step's end, after the optimizer is queued (the clipping
+# coefficient is computed on the device and the loss and Σg² come back in one copy queued
+# before it; FTK_STEP, engine/trainer.h); FTK_STEP=none, the host's clipping, takes two
+# (Σg² and the loss before AdamW, then the step's end). No step allocates or frees page-locked host memory either (cudaMallocHost
 # and cudaFreeHost wait for the whole device): the upload slots are made once, whole. Runs
 # of 2 and 3 steps (the first step also grows scratch buffers) with 1 and 2 micro-batches a
 # step (rows of 64 tokens); the difference is what a step costs.
@@ -34,7 +36,11 @@ echo "     stream synchronizes: 1 micro-batch a step: $a in 2 steps, $b in 3; 2 
 one=$((b - a)) two=$((d - c))
 echo "     a step: $one with 1 micro-batch, $two with 2"
 check "no drain inside the micro-batch loop (the same a step for 1 and 2 micro-batches)" [ "$one" -eq "$two" ]
-check "at most 3 a step" [ "$two" -le 3 ]
+check "one a step" sh -c "[ $one -eq 1 ] && [ $two -eq 1 ]"
 echo "     pinned host allocations and frees: $pa in 2 steps, $pb in 3; 2 micro-batches: $pc, $pd"
 check "no pinned host memory allocated or freed in a step after the first" sh -c "[ $pa -eq $pb ] && [ $pc -eq $pd ]"
+# the plain step (FTK_STEP=none): the host's clipping waits for Σg² before AdamW
+set -- $(FTK_STEP=none waits 2 2) $(FTK_STEP=none waits 2 3)
+echo "     FTK_STEP=none: ${1:-?} in 2 steps, ${3:-?} in 3"
+check "two a step with FTK_STEP=none" [ $(( ${3:-0} - ${1:-0} )) -eq 2 ]
 finish

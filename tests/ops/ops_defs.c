@@ -1147,7 +1147,17 @@ static void run_adamw(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
                     .gscale = c->gscale != 0.0f ? c->gscale : 1.0f,
                     .bc1 = 1.0 - pow(0.9, c->step), .bc2 = 1.0 - pow(0.95, c->step),
                     .stochastic = c->stochastic, .key = bk_sround_key(7, c->step, 3), .index0 = c->index0};
+    float *coef = NULL;
+    if (c->clip != 0.0f) { /* the coefficient from the device's slots: 1 / (2 + 1e-6) at clip 1 */
+        double *sq = put_raw(R, (double[]){2.25, 1.75}, 2 * sizeof(double));
+        coef = put_raw(R, (float[]){NAN}, sizeof(float));
+        R->be->clip_coef(R->be, coef, sq, 2, c->clip > 0 ? c->clip : 0.0);
+        h.gscale = NAN; /* unused */
+        h.gscale_dev = coef;
+    }
     R->be->adamw(R->be, p, g, m, v, n, &h);
+    if (coef)
+        output(R, "coef", bk_buf(coef, DT_F32), 1, 1);
     output(R, "p", p, n, 1);
     output(R, "m", m, n, 1);
     output(R, "v", v, n, 1);
@@ -1155,8 +1165,10 @@ static void run_adamw(ops_ctx_t *R, const ops_case_t *c, ops_cfg_t cfg)
 
 static void shape_adamw(const ops_case_t *c, char *out, size_t size)
 {
-    snprintf(out, size, "n=%lld t=%d wd=%g%s", (long long)c->n, c->step, c->wd,
-             c->stochastic == BK_SROUND_HASH3 ? " stochastic, 3 hashes" : c->stochastic ? " stochastic" : "");
+    int k = snprintf(out, size, "n=%lld t=%d wd=%g%s", (long long)c->n, c->step, c->wd,
+                     c->stochastic == BK_SROUND_HASH3 ? " stochastic, 3 hashes" : c->stochastic ? " stochastic" : "");
+    if (c->clip != 0.0f && k >= 0 && (size_t)k < size)
+        snprintf(out + k, size - (size_t)k, " clip_coef(max %g)", c->clip > 0 ? c->clip : 0.0);
 }
 
 /* CPU: nearest rounding as the default (one rounding of the same fp32 arithmetic); with
@@ -1173,9 +1185,13 @@ static const ops_case_t cases_adamw[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = 1, .index0 = 12345},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 1},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = 1, .offset = 4},
-    /* the rule before 2026-11-28, kept for timing against the one-hash rule */
+    /* the three-hash rule (FTK_SROUND_HASHES=3), kept for timing against the one-hash rule */
     {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .wd = 0.1f, .stochastic = BK_SROUND_HASH3, .index0 = 12345},
     {.op = OP_ADAMW, .cfgs = ALL, .n = 999, .step = 2, .stochastic = BK_SROUND_HASH3, .offset = 1},
+    /* the scale on the device (clip_coef, gscale_dev): clipping, no clipping (c ≥ 1), off */
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 4097, .step = 10, .clip = 1.0f},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 1001, .step = 3, .stochastic = 1, .clip = 3.0f},
+    {.op = OP_ADAMW, .cfgs = ALL, .n = 1000, .step = 2, .clip = -1.0f},
 };
 static const ops_case_t large_adamw[] = {
     {.op = OP_ADAMW, .cfgs = ALL, .n = 5000017, .step = 7, .wd = 0.1f, .stochastic = 1},

@@ -96,6 +96,9 @@ typedef struct {
     float grad_scale;       /* xent (0: loss only, logits untouched) */
     int step, stochastic;   /* adamw: optimizer step t, bk_adamw_t's rounding of bf16 states */
     float wd, gscale;       /* adamw: weight decay, gradient scale (0 means 1) */
+    float clip;             /* adamw: not 0, the scale is clip_coef's on the device (gscale_dev)
+                             * from Σg² slots summing to 4, max_norm clip (below 0: max_norm 0,
+                             * off); the coefficient is an output too */
     int64_t index0;         /* adamw */
     int64_t offset;         /* every buffer a view this many elements into its allocation, as
                              * tensors inside a unit are: pointers only 2- or 4-byte aligned */

@@ -303,6 +303,32 @@ static void test_adamw_formula(backend_t *be)
 
 /* bf16 states, nearest: each state is f32_to_bf16 of the fp32 result on the same inputs
  * (g bf16 or f32). */
+/* clip_coef against engine/optim.c's host arithmetic (the trainer's two ways of clipping
+ * must give the same bits): slots summed in order, sqrt, division, all in double. */
+static void test_clip_coef(backend_t *be)
+{
+    static const double sq[][3] = {{2.25, 1.75, 0}, {1e-3, 3e-7, 0.5}, {0, 0, 0}, {1e6, 2.5, 1e-9}};
+    static const double maxn[] = {1.0, 0.05, 0.0, 3.0, 1e9};
+    int same = 1;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++) {
+            double *d = ops_put_raw(be, sq[i], sizeof sq[i]);
+            float *coef = ops_put_raw(be, (float[]){NAN}, sizeof(float)), got;
+            be->clip_coef(be, coef, d, 3, maxn[j]);
+            be->download(be, &got, coef, sizeof got);
+            double total = 0;
+            for (int k = 0; k < 3; k++)
+                total += sq[i][k];
+            double c = maxn[j] / (sqrt(total) + 1e-6);
+            float want = maxn[j] > 0 && c < 1.0 ? (float)c : 1.0f;
+            same &= !memcmp(&got, &want, sizeof got);
+            bk_free(be, d);
+            bk_free(be, coef);
+        }
+    CHECK(same);
+    printf("clip_coef = the host's clipping coefficient (20 cases): %s\n", same ? "same bits" : "DIFFERENT");
+}
+
 static void test_adamw_nearest(backend_t *be)
 {
     ops_rng_t rng;
@@ -914,6 +940,7 @@ int main(int argc, char **argv)
     test_fd(be);
     test_adamw_formula(be);
     test_adamw_nearest(be);
+    test_clip_coef(be);
     test_adamw_stochastic(be);
     test_convert(be);
     test_pointwise_mixed(be);
