@@ -267,6 +267,8 @@ static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg
     for (int u = 0; u < n_units; u++) { /* the optimizer's one adamw_multi call: every owned slice */
         r.adamw_elems += shard_owned(sh, u).len;
         r.adamw_segs += units[u].n_tensors;
+        if (shard_owned(sh, u).len > r.unit_elems)
+            r.unit_elems = shard_owned(sh, u).len;
     }
     return be->reserve(be, &r);
 }

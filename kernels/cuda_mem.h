@@ -38,6 +38,8 @@
  * an adamw_multi thread block (vectors.cu): the scratch they need follows from them. */
 #define BK_CUDA_COL_CHUNKS 64
 #define BK_CUDA_ADAMW_CHUNK 4096
+/* Elements of a sumsq thread block (vectors.cu): a double of partial sums each. */
+#define BK_CUDA_SUMSQ_BLOCK 65536
 
 /* Device memory held by live allocations: whole pages, and the small allocations' bytes. */
 typedef struct {
@@ -91,15 +93,17 @@ typedef struct {
     int64_t heads;       /* query heads */
     int64_t adamw_elems; /* elements of one adamw_multi call (the owned parameters) */
     int64_t adamw_segs;  /* its tensor slices */
+    int64_t unit_elems;  /* the largest unit's owned gradient (one sumsq beside the backward) */
 } bk_reserve_t;
 
 /* The CUDA backend's scratch for r: tmp (every op's partial sums and staging; at least the
  * cuBLASLt workspace's size, which the fp32-operand products and overlapping copies take in
- * blocks of), the segment list (n_seg + 1 offsets, a segment at least a token), and
- * adamw_multi's block map (one int32 a thread block; only where the backend runs 8 elements
- * a thread, vec). ws_bytes: BK_CUDA_WORKSPACE_BYTES. */
+ * blocks of), the segment list (n_seg + 1 offsets, a segment at least a token), adamw_multi's
+ * block map (one int32 a thread block; only where the backend runs 8 elements a thread,
+ * vec), and the partial sums of a sumsq on a stream of its own (Σg² beside the backward,
+ * engine/shard.c). ws_bytes: BK_CUDA_WORKSPACE_BYTES. */
 static inline void bk_cuda_scratch(const bk_reserve_t *r, int64_t ws_bytes, int vec, int64_t *tmp, int64_t *seg,
-                                   int64_t *map)
+                                   int64_t *map, int64_t *side)
 {
     int64_t t = ws_bytes, n = r->tokens > 0 ? r->tokens : 1;
     int64_t need[] = {
@@ -115,6 +119,7 @@ static inline void bk_cuda_scratch(const bk_reserve_t *r, int64_t ws_bytes, int 
     *tmp = t;
     *seg = (n + 1) * 8;
     *map = vec && r->adamw_elems > 0 ? (r->adamw_elems / BK_CUDA_ADAMW_CHUNK + r->adamw_segs) * 4 : 0;
+    *side = r->unit_elems > 0 ? (r->unit_elems + BK_CUDA_SUMSQ_BLOCK - 1) / BK_CUDA_SUMSQ_BLOCK * 8 : 0;
 }
 
 #endif

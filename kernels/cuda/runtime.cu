@@ -82,12 +82,13 @@ int64_t cu_mem_used(backend_t *be)
 int cu_reserve(backend_t *be, const bk_reserve_t *r)
 {
     cuda_t *c = enter(be);
-    int64_t tmp, seg, map;
-    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &tmp, &seg, &map);
+    int64_t tmp, seg, map, side;
+    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &tmp, &seg, &map, &side);
     scratch_claim(c);
     if (!scratch(c, &c->tmp, &c->tmp_cap, (size_t)tmp, "CUDA scratch") ||
         !scratch(c, (void **)&c->seg, &c->seg_cap, (size_t)seg, "attention segments") ||
-        (map > 0 && !scratch(c, &c->am_map, &c->am_map_cap, (size_t)map, "adamw_multi block map"))) {
+        (map > 0 && !scratch(c, &c->am_map, &c->am_map_cap, (size_t)map, "adamw_multi block map")) ||
+        (side > 0 && !scratch(c, &c->side_part, &c->side_part_cap, (size_t)side, "sumsq's partial sums (side stream)"))) {
         ftk_err_set("%s", c->err);
         return -1;
     }

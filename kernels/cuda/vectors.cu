@@ -67,7 +67,7 @@ template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *
 }
 
 /* Σx² in fixed blocks of SUMSQ_BLOCK elements (a thread block each), then add_parts. */
-enum { SUMSQ_BLOCK = 65536 };
+enum { SUMSQ_BLOCK = BK_CUDA_SUMSQ_BLOCK }; /* cuda_mem.h sizes the side stream's scratch from it */
 template <int K, typename T> __global__ void sumsq_part_kernel(double *part, const T *x, int64_t n)
 {
     __shared__ double sh[32];

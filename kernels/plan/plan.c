@@ -177,10 +177,11 @@ static void plan_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, dou
 static int plan_reserve_cuda(backend_t *be, const bk_reserve_t *r)
 {
     plan_ctx_t *c = be->ctx;
-    int64_t b[3];
-    static const char *const what[3] = {"CUDA scratch", "attention segments", "adamw_multi block map"};
-    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &b[0], &b[1], &b[2]);
-    for (int i = 0; i < 3; i++)
+    int64_t b[4];
+    static const char *const what[4] = {"CUDA scratch", "attention segments", "adamw_multi block map",
+                                        "sumsq's partial sums (side stream)"};
+    bk_cuda_scratch(r, (int64_t)BK_CUDA_WORKSPACE_BYTES, c->vec, &b[0], &b[1], &b[2], &b[3]);
+    for (int i = 0; i < 4; i++)
         if (b[i] > 0 && !bk_alloc(be, (size_t)b[i], BK_MEM_WORKSPACE, what[i]))
             return -1;
     return 0;

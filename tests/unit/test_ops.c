@@ -785,12 +785,15 @@ static void test_cuda_mem(void)
     bk_cuda_mem_add(&m, BK_CUDA_SMALL, -1);
     bk_cuda_mem_add(&m, 0, -1);
     CHECK(m.large == 0 && m.small == 0 && bk_cuda_mem_total(&m) == 0);
-    int64_t tmp, seg, map;
+    int64_t tmp, seg, map, side;
     bk_reserve_t r = {.tokens = 4096, .width = 4096, .heads = 32, .adamw_elems = 1 << 20, .adamw_segs = 3};
-    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 1, &tmp, &seg, &map);
-    CHECK(tmp == (int64_t)BK_CUDA_WORKSPACE_BYTES && seg == 4097 * 8 && map == (256 + 3) * 4);
+    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 1, &tmp, &seg, &map, &side);
+    CHECK(tmp == (int64_t)BK_CUDA_WORKSPACE_BYTES && seg == 4097 * 8 && map == (256 + 3) * 4 && side == 0);
+    r.unit_elems = BK_CUDA_SUMSQ_BLOCK + 1; /* two blocks of sumsq beside the backward */
+    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 1, &tmp, &seg, &map, &side);
+    CHECK(side == 2 * 8);
     r.heads = 4096; /* attention's D (a float per token and head) over the workspace's size */
-    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 0, &tmp, &seg, &map);
+    bk_cuda_scratch(&r, (int64_t)BK_CUDA_WORKSPACE_BYTES, 0, &tmp, &seg, &map, &side);
     CHECK(tmp == (int64_t)4096 * 4096 * 4 && tmp > (int64_t)BK_CUDA_WORKSPACE_BYTES && map == 0);
 }
 
