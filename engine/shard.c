@@ -746,10 +746,11 @@ static void refresh_working_copy(shard_t *s)
         s->be->convert(s->be, bk_buf(s->w[u], s->dt.compute), bk_buf(s->p[u], s->dt.state), s->len[u]);
 }
 
-/* The weights of this rank's slices, from a weights file (weights.h). The host side is one
- * buffer of the largest slice in the state's dtype (page-locked where the backend has it,
- * so the upload runs at the bus's speed) and one read buffer of the largest partial read,
- * both reused for every unit. Whole rows stored in the state's dtype (a bf16 file for
+/* The weights of this rank's slices, from a weights file (weights.h). Without host_ptr
+ * (a GPU) the host side is two buffers of the largest slice in the state's dtype
+ * (page-locked where the backend has it, so the upload runs at the bus's speed), and each
+ * reading thread has one read buffer of its largest converted read, all reused for every
+ * unit. Whole rows stored in the state's dtype (a bf16 file for
  * bf16-true, the whole model on one GPU) are read straight into place; anything else is
  * read in the file's dtype and converted once into place (libcommon/dtype.h: bf16 → f32 is
  * exact, and a direct narrowing rounds as the way through f32 did, so the bits are those
@@ -790,10 +791,10 @@ static int read_room(char **buf, size_t *cap, size_t need)
  * (backend.h host_ptr: the CPU) the destination is that memory and the items are every
  * unit's, all at once; else the readers fill unit u + 1 into one host buffer (page-locked
  * on a GPU) while unit u is uploaded from the other (double buffering: the file is read
- * while the bus moves the last unit). Only the readers call HDF5 while the load runs,
- * and HDF5 only for a tensor's metadata and the tensors pread cannot read: one thread at
- * a time (a mutex). Within a unit the largest tensors go first, so that the readers
- * finish it together. */
+ * while the bus moves the last unit; the uploading thread then reads beside them). Only
+ * the readers call HDF5 while the load runs, and HDF5 only for a tensor's metadata and
+ * the tensors pread cannot read: one thread at a time (a mutex). Within a unit the
+ * largest tensors go first, so that the readers finish it together. */
 
 enum { LOAD_PIECE = 1 << 20, LOAD_READERS_MAX = 8 };
 
@@ -823,10 +824,10 @@ struct load_job {
     atomic_int next, failed;
     pthread_mutex_t err_lock;
     char err[1024]; /* the first failure's message (ftk_err_msg is a thread's own) */
-    load_reader_t r[LOAD_READERS_MAX];
-    int n_readers;
-    pthread_t th[LOAD_READERS_MAX];
-    int started[LOAD_READERS_MAX], self;
+    load_reader_t r[LOAD_READERS_MAX + 1]; /* r[0]: the calling thread's */
+    int n_readers; /* the CPU: threads and the caller; a GPU: threads (the caller joins after its upload) */
+    pthread_t th[LOAD_READERS_MAX + 1];
+    int started[LOAD_READERS_MAX + 1];
 };
 
 /* n bytes at off of fd into dst, in pieces, each hashed into h (may be NULL). */
@@ -973,27 +974,25 @@ static int load_add_unit(load_job_t *j, int u, char *dst)
     return 0;
 }
 
-/* Starts the round's readers: with self, the calling thread is reader 0 (it reads in
- * load_join); a reader that cannot be started leaves its share to the others. */
-static void load_start(load_job_t *j, int self)
+/* Starts the round's reading threads, r[1 .. n]; a thread that cannot be started leaves
+ * its share to the others and to the calling thread (load_join). */
+static void load_start(load_job_t *j, int n)
 {
     atomic_store(&j->next, 0);
-    j->self = self;
-    for (int i = self; i < j->n_readers; i++)
+    for (int i = 1; i <= n; i++)
         j->started[i] = pthread_create(&j->th[i], NULL, load_read, &j->r[i]) == 0;
 }
 
-/* Finishes the round: 0, or -1 with the first failure's message. */
+/* Finishes the round, the calling thread reading what is left beside the threads: 0, or
+ * -1 with the first failure's message. */
 static int load_join(load_job_t *j)
 {
-    if (j->self)
-        load_read(&j->r[0]);
-    for (int i = 0; i < j->n_readers; i++)
+    load_read(&j->r[0]);
+    for (int i = 1; i <= LOAD_READERS_MAX; i++)
         if (j->started[i]) {
             pthread_join(j->th[i], NULL);
             j->started[i] = 0;
         }
-    load_read(&j->r[0]); /* what is left where no thread started (every reader is done) */
     j->n_items = 0;
     if (atomic_load(&j->failed)) {
         ftk_err_set("%s", j->err);
@@ -1014,7 +1013,7 @@ int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st)
     pthread_mutex_init(&j->err_lock, NULL);
     int n = omp_get_max_threads();
     j->n_readers = n < 2 ? 2 : n > LOAD_READERS_MAX ? LOAD_READERS_MAX : n;
-    for (int i = 0; i < j->n_readers; i++)
+    for (int i = 0; i <= LOAD_READERS_MAX; i++)
         j->r[i].job = j;
     char *host[2] = {NULL, NULL};
     int pinned = be->host_alloc != NULL, rc = 0;
@@ -1023,7 +1022,7 @@ int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st)
         for (int u = 0; u < s->n_units && rc == 0; u++)
             rc = load_add_unit(j, u, be->host_ptr(be, s->p[u]));
         if (rc == 0) {
-            load_start(j, 1);
+            load_start(j, j->n_readers - 1);
             rc = load_join(j);
         }
     } else {
@@ -1036,16 +1035,17 @@ int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st)
                 rc = -1;
             }
         if (rc == 0 && s->n_units > 0 && (rc = load_add_unit(j, 0, host[0])) == 0) {
-            load_start(j, 1);
+            load_start(j, j->n_readers - 1);
             rc = load_join(j);
         }
         for (int u = 0; u < s->n_units && rc == 0; u++) {
-            /* unit u is in host[u % 2]: the readers fill the other with unit u + 1 while u goes up */
+            /* unit u is in host[u % 2]: the readers fill the other with unit u + 1 while u
+             * goes up, and this thread joins them once it is up */
             int more = u + 1 < s->n_units;
             if (more && (rc = load_add_unit(j, u + 1, host[(u + 1) % 2])) < 0)
                 break;
             if (more)
-                load_start(j, 0);
+                load_start(j, j->n_readers);
             double t0 = time_now();
             be->upload(be, s->p[u], host[u % 2], sbytes(s, s->len[u]));
             double t1 = time_now();
@@ -1055,7 +1055,7 @@ int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st)
         }
     }
     shard_load_stats_t got = {.readers = j->n_readers, .upload_s = upload_s, .wait_s = wait_s};
-    for (int i = 0; i < j->n_readers; i++) {
+    for (int i = 0; i <= LOAD_READERS_MAX; i++) {
         got.bytes += j->r[i].bytes;
         got.read_cpu += j->r[i].cpu;
         free(j->r[i].rd);

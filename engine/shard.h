@@ -142,7 +142,7 @@ typedef struct {
     int readers;     /* reading threads */
     double read_cpu; /* CPU seconds the readers spent reading (their threads' clocks, summed) */
     double upload_s; /* without host_ptr (a GPU): seconds in the uploads, */
-    double wait_s;   /* and seconds the uploading thread then waited for the readers */
+    double wait_s;   /* and seconds the uploading thread then took finishing the next unit with the readers */
 } shard_load_stats_t;
 int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st);
 /* This rank's slice [r·P/S, (r+1)·P/S) of one unit's array (kind 0 parameters, 1 and 2

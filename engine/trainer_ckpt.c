@@ -543,11 +543,11 @@ int trainer_resume(trainer_t *t)
         /* A 7B file is 13.5 GB: say how long it took (rank 0's part, before the ranks
          * agreed), and where the time went: the readers' CPU time (against the wall time:
          * how busy they were) and, where the weights go up to a device, the uploads and the
-         * wait for the readers after them (the slower side of the two). */
+         * time after them until the next unit was read (the slower side of the two). */
         if (t->rank == 0) {
             char up[128] = "";
             if (!t->be->host_ptr)
-                snprintf(up, sizeof up, "; uploads %.2f s, then waiting for the readers %.2f s", st.upload_s,
+                snprintf(up, sizeof up, "; uploads %.2f s, then reading %.2f s", st.upload_s,
                          st.wait_s);
             ftk_info("%s: weights loaded in %.2f s: %.2f GB read, %.2f GB/s (%d reading threads, %.2f s of CPU%s)",
                      t->o.model_path, dt, (double)st.bytes / 1e9, (double)st.bytes / 1e9 / (dt > 0 ? dt : 1e-9),
