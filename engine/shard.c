@@ -875,14 +875,17 @@ static int load_tensor(load_reader_t *f, const ckpt_tensor_t *t, int64_t a, int6
             return -1;
         }
         size_t n = (size_t)(b - a) * fs;
-        char *to = dst;
+        int64_t at = off + (a - t->offset) * (int64_t)fs;
         int rc = 0;
-        if (!same) {
-            rc = read_room(&f->rd, &f->rd_cap, n);
-            to = f->rd;
-        }
-        if (rc == 0)
-            rc = pread_all(fd, off + (a - t->offset) * (int64_t)fs, to, n, h, t->name);
+        if (same)
+            rc = pread_all(fd, at, dst, n, h, t->name);
+        else /* a piece at a time through a piece of scratch, converted while it is in the cache */
+            for (size_t done = 0; done < n && rc == 0; done += LOAD_PIECE) {
+                size_t k = n - done < LOAD_PIECE ? n - done : LOAD_PIECE;
+                if ((rc = read_room(&f->rd, &f->rd_cap, k)) == 0 &&
+                    (rc = pread_all(fd, at + (int64_t)done, f->rd, k, h, t->name)) == 0)
+                    dtype_convert(dst + done / fs * dtype_size(s->dt.state), s->dt.state, f->rd, dt, k / fs);
+            }
         if (rc == 0 && h && hash_digest(h) != sum) {
             ftk_err_set("tensor %s: checksum mismatch (xxh3_64 %016llx stored, %016llx read): the weights file is "
                         "damaged",
@@ -890,8 +893,6 @@ static int load_tensor(load_reader_t *f, const ckpt_tensor_t *t, int64_t a, int6
             rc = -1;
         }
         hash_free(h);
-        if (rc == 0 && !same)
-            dtype_convert(dst, s->dt.state, f->rd, dt, (size_t)(b - a));
         f->bytes += rc == 0 ? (int64_t)n : 0;
         return rc;
     }
