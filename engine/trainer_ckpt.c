@@ -535,15 +535,24 @@ int trainer_resume(trainer_t *t)
         return code;
     if (!found) {
         double t0 = time_now();
-        int64_t bytes = 0;
-        int rc = shard_load_weights(t->sh, t->wf, &bytes) < 0 ? -1 : t->be->sync(t->be);
+        shard_load_stats_t st = {0};
+        int rc = shard_load_weights(t->sh, t->wf, &st) < 0 ? -1 : t->be->sync(t->be);
         double dt = time_now() - t0;
         if ((code = agree(t, rc < 0 ? fail(t, FTK_EXIT_USAGE, "%s: %s", t->o.model_path, ftk_err_msg()) : 0)))
             return code;
-        /* a 7B file is 13.5 GB: say how long it took (rank 0's part, before the ranks agreed) */
-        if (t->rank == 0)
-            ftk_info("%s: weights loaded in %.2f s: %.2f GB read, %.2f GB/s", t->o.model_path, dt,
-                     (double)bytes / 1e9, (double)bytes / 1e9 / (dt > 0 ? dt : 1e-9));
+        /* A 7B file is 13.5 GB: say how long it took (rank 0's part, before the ranks
+         * agreed), and where the time went: the readers' CPU time (against the wall time:
+         * how busy they were) and, where the weights go up to a device, the uploads and the
+         * time after them until the next unit was read (the slower side of the two). */
+        if (t->rank == 0) {
+            char up[128] = "";
+            if (!t->be->host_ptr)
+                snprintf(up, sizeof up, "; uploads %.2f s, then reading %.2f s", st.upload_s,
+                         st.wait_s);
+            ftk_info("%s: weights loaded in %.2f s: %.2f GB read, %.2f GB/s (%d reading threads, %.2f s of CPU%s)",
+                     t->o.model_path, dt, (double)st.bytes / 1e9, (double)st.bytes / 1e9 / (dt > 0 ? dt : 1e-9),
+                     st.readers, st.read_cpu, up);
+        }
         if ((code = agree(t, fault_point("train.weights-loaded") < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)))
             return code;
     }

@@ -77,7 +77,10 @@ void dtype_convert(void *dst, dtype_t to, const void *src, dtype_t from, size_t 
     const float *s32 = src;
     uint16_t *d16 = dst;
     float *d32 = dst;
-    if (to == DT_F32) {
+    if (to == DT_F32 && from == DT_BF16) { /* the weights load's widening: a loop the compiler vectorises */
+        for (size_t i = 0; i < n; i++)
+            d32[i] = bf16_to_f32(s16[i]);
+    } else if (to == DT_F32) {
         for (size_t i = 0; i < n; i++)
             d32[i] = from == DT_BF16 ? bf16_to_f32(s16[i]) : f16_to_f32(s16[i]);
     } else if (from == DT_F32) {
