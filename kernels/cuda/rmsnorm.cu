@@ -44,15 +44,11 @@ __global__ void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *
     rms_row_end<K>(out, rstd, xi, w, i, d, s, eps, sh);
 }
 
-/* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
-template <int K, typename TDX, typename TG, typename TX, typename TW>
-__global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, const TW *w, const float *rstd,
-                                      int64_t d)
+/* Σ_j dy·w·x of row i over the block, each thread K columns at a time: one function for the
+ * dx kernel and the fused pass, so both give the same dx. */
+template <int K, typename TG, typename TX, typename TW>
+__device__ __forceinline__ float row_dyw_x(const TG *gi, const TW *w, const TX *xi, int64_t d, float *sh)
 {
-    __shared__ float sh[32];
-    int64_t i = blockIdx.x;
-    const TX *xi = x + i * d;
-    const TG *gi = dout + i * d;
     float s = 0;
     for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
         float g[K], b[K], a[K];
@@ -62,7 +58,19 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
         for (int k = 0; k < K; k++)
             s += g[k] * b[k] * a[k];
     }
-    s = block_sum(s, sh);
+    return block_sum(s, sh);
+}
+
+/* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
+template <int K, typename TDX, typename TG, typename TX, typename TW>
+__global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, const TW *w, const float *rstd,
+                                      int64_t d)
+{
+    __shared__ float sh[32];
+    int64_t i = blockIdx.x;
+    const TX *xi = x + i * d;
+    const TG *gi = dout + i * d;
+    float s = row_dyw_x<K>(gi, w, xi, d, sh);
     float r = rstd[i], c = s * r * r * r / (float)d;
     for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
         float y[K], g[K], b[K], a[K];
@@ -171,16 +179,7 @@ __global__ void rmsnorm_bwd_fused_kernel(TDX *dx, float *part, const TG *dout, c
     for (int64_t i = i0; i < i1; i++) {
         const TX *xi = x + i * d;
         const TG *gi = dout + i * d;
-        float s = 0;
-        for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
-            float g[K], b[K], a[K];
-            ldk<K>(gi, j, g);
-            ldk<K>(w, j, b);
-            ldk<K>(xi, j, a);
-            for (int k = 0; k < K; k++)
-                s += g[k] * b[k] * a[k];
-        }
-        s = block_sum(s, sh);
+        float s = row_dyw_x<K>(gi, w, xi, d, sh);
         float r = rstd[i], c = s * r * r * r / (float)d;
 #pragma unroll
         for (int m = 0; m < DW_GROUPS; m++) {
