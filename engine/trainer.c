@@ -301,6 +301,18 @@ int trainer_step_opts(unsigned *opts)
     return 0;
 }
 
+/* trainer_build's undo: what it made, freed, and the pointers cleared. */
+static int build_undo(shard_t **sh, optim_t **opt, model_t **m, int code)
+{
+    model_free(*m);
+    *m = NULL;
+    optim_free(*opt);
+    *opt = NULL;
+    shard_free(*sh);
+    *sh = NULL;
+    return code;
+}
+
 int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
                   int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
 {
@@ -313,56 +325,27 @@ int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const
     if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
         return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
     if (shard_set_units(*sh, &o->units) < 0 ||
-        shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0) {
-        shard_free(*sh);
-        *sh = NULL;
-        return FTK_EXIT_USAGE;
-    }
-    if (!(*opt = optim_new(be, *sh, o->stochastic))) {
-        shard_free(*sh);
-        *sh = NULL;
-        return FTK_EXIT_USAGE;
-    }
+        shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0 ||
+        !(*opt = optim_new(be, *sh, o->stochastic)))
+        return build_undo(sh, opt, m, FTK_EXIT_USAGE);
     int n_units;
     const ckpt_unit_t *units = shard_units(*sh, &n_units);
-    if (shard_reserve(*sh) < 0 ||
-        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh))) ||
-        reserve_scratch(be, *sh, cfg, max_tokens) < 0) {
-        model_free(*m);
-        *m = NULL;
-        optim_free(*opt);
-        *opt = NULL;
-        shard_free(*sh);
-        *sh = NULL;
-        return FTK_EXIT_FAIL;
-    }
     /* the attention shapes of every micro-batch, so that a backend that plans per shape
      * (cuDNN) plans and allocates before the first step, not during the run */
     int64_t mb = o->train.micro_batch > 0 ? o->train.micro_batch : 1;
-    if (be->attn_prepare &&
-        be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb, (int)cfg->num_attention_heads,
-                         (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
-                         precision_dtypes(o->precision).act) < 0) {
-        model_free(*m);
-        *m = NULL;
-        optim_free(*opt);
-        *opt = NULL;
-        shard_free(*sh);
-        *sh = NULL;
-        return FTK_EXIT_FAIL;
-    }
+    if (shard_reserve(*sh) < 0 ||
+        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh))) ||
+        reserve_scratch(be, *sh, cfg, max_tokens) < 0 ||
+        (be->attn_prepare &&
+         be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb,
+                          (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
+                          precision_dtypes(o->precision).act) < 0))
+        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
     model_set_loss_acc(*m, optim_loss_acc(*opt));
     shard_set_first_write(*sh, (so & TRAINER_STEP_FIRST_WRITE) != 0);
     optim_set_device_clip(*opt, (so & TRAINER_STEP_DEVICE_CLIP) != 0);
-    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0) {
-        model_free(*m);
-        *m = NULL;
-        optim_free(*opt);
-        *opt = NULL;
-        shard_free(*sh);
-        *sh = NULL;
-        return FTK_EXIT_FAIL;
-    }
+    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0)
+        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
     return 0;
 }
 
