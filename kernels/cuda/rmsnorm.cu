@@ -61,6 +61,22 @@ __device__ __forceinline__ float row_dyw_x(const TG *gi, const TW *w, const TX *
     return block_sum(s, sh);
 }
 
+/* dx[i, j..j+K) += r·dy·w − c·x; dy and x are left in g and a (the fused pass sums dw
+ * from them). One function for both kernels: the same dx. */
+template <int K, typename TDX, typename TG, typename TX, typename TW>
+__device__ __forceinline__ void row_dx_at(TDX *dx, const TG *gi, const TW *w, const TX *xi, int64_t i, int64_t d,
+                                          int64_t j, float r, float c, float *g, float *a)
+{
+    float y[K], b[K];
+    ldk<K>(dx, i * d + j, y);
+    ldk<K>(gi, j, g);
+    ldk<K>(w, j, b);
+    ldk<K>(xi, j, a);
+    for (int k = 0; k < K; k++)
+        y[k] = y[k] + (r * g[k] * b[k] - c * a[k]);
+    stk<K>(dx, i * d + j, y);
+}
+
 /* dx = r·(dy·w) − r³/d · x · Σ(dy·w·x), added. */
 template <int K, typename TDX, typename TG, typename TX, typename TW>
 __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, const TW *w, const float *rstd,
@@ -73,14 +89,8 @@ __global__ void rmsnorm_bwd_dx_kernel(TDX *dx, const TG *dout, const TX *x, cons
     float s = row_dyw_x<K>(gi, w, xi, d, sh);
     float r = rstd[i], c = s * r * r * r / (float)d;
     for (int64_t j = K * threadIdx.x; j < d; j += K * blockDim.x) {
-        float y[K], g[K], b[K], a[K];
-        ldk<K>(dx, i * d + j, y);
-        ldk<K>(gi, j, g);
-        ldk<K>(w, j, b);
-        ldk<K>(xi, j, a);
-        for (int k = 0; k < K; k++)
-            y[k] = y[k] + (r * g[k] * b[k] - c * a[k]);
-        stk<K>(dx, i * d + j, y);
+        float g[K], a[K];
+        row_dx_at<K>(dx, gi, w, xi, i, d, j, r, c, g, a);
     }
 }
 
@@ -186,14 +196,8 @@ __global__ void rmsnorm_bwd_fused_kernel(TDX *dx, float *part, const TG *dout, c
             int64_t j = K * (threadIdx.x + (int64_t)m * blockDim.x);
             if (j >= d)
                 break;
-            float y[K], g[K], b[K], a[K];
-            ldk<K>(dx, i * d + j, y);
-            ldk<K>(gi, j, g);
-            ldk<K>(w, j, b);
-            ldk<K>(xi, j, a);
-            for (int k = 0; k < K; k++)
-                y[k] = y[k] + (r * g[k] * b[k] - c * a[k]);
-            stk<K>(dx, i * d + j, y);
+            float g[K], a[K];
+            row_dx_at<K>(dx, gi, w, xi, i, d, j, r, c, g, a);
             for (int k = 0; k < K; k++)
                 acc[m][k] = __fadd_rn(acc[m][k], __fmul_rn(__fmul_rn(g[k], a[k]), r));
         }
