@@ -163,17 +163,6 @@ check "the export has config.json and safetensors" test -f "$WORK/hf/config.json
 MK="$BIN/../tests/bench_make_ckpt" # the sanitizer build's, beside its bin/
 [ -x "$MK" ] || MK="$ROOT/build/tests/bench_make_ckpt"
 CP="$PY $ROOT/tests/ref/ckpt_precision.py"
-# flip FILE DATASET: one bit of the dataset's stored bytes
-flip() {
-    $PY - "$1" "$2" <<'PYEOF'
-import sys, h5py
-path, ds = sys.argv[1], sys.argv[2]
-with h5py.File(path, "r") as f:
-    off = f[ds].id.get_offset() + 5
-with open(path, "r+b") as g:
-    g.seek(off); b = g.read(1); g.seek(off); g.write(bytes([b[0] ^ 0x10]))
-PYEOF
-}
 for p in fp32 bf16-mixed bf16-true; do
     P="$WORK/p-$p/step-00000001"
     expect "$p: a 2-shard checkpoint by the library's writer" 0 "$MK" "$WORK/init.h5" "$WORK/p-$p" 2 $p
@@ -289,13 +278,13 @@ if [ $HAVE_H5PY = 1 ] && $PY -c 'import torch' 2>/dev/null; then
     expect "h5py: merge of bf16-true = the shards' bf16 values widened (weights and moments)" 0 $CP merged "$PT" \
         "$WORK/mptopt.h5"
     cp -r "$WORK/pt" "$WORK/ptbad"
-    flip "$WORK/ptbad/step-00000016/shard-00002-of-00004.h5" param/layer.1
+    flip_bit "$WORK/ptbad/step-00000016/shard-00002-of-00004.h5" param/layer.1
     expect "bf16-true, a bit flipped in /param/layer.1: ftk-verify exit 3" 3 "$BIN/ftk-verify" "$WORK/ptbad"
     grep -q "shard-00002-of-00004.h5: dataset /param/layer.1: checksum mismatch" "$WORK/err" && ok "... named" ||
         notok "... named"
     expect "... ftk-reshard refuses it (exit 2)" 2 "$BIN/ftk-reshard" "$WORK/ptbad" -o "$WORK/y" -n 2
     rm -rf "$WORK/ptbad" && cp -r "$WORK/pt" "$WORK/ptbad"
-    flip "$WORK/ptbad/step-00000016/shard-00001-of-00004.h5" adam_v/embed
+    flip_bit "$WORK/ptbad/step-00000016/shard-00001-of-00004.h5" adam_v/embed
     expect "bf16-true, a bit flipped in /adam_v/embed: ftk-merge --with-optimizer refuses it (exit 2)" 2 \
         "$BIN/ftk-merge" "$WORK/ptbad" -o "$WORK/y.h5" --with-optimizer
     grep -q "shard-00001-of-00004.h5: file checksum" "$WORK/err" && ok "... named (the file, checked first)" ||
@@ -327,14 +316,7 @@ if [ $HAVE_H5PY = 1 ]; then
         fresh
         f="$D/shard-00001-of-00004.h5"
         [ "$ds" = tokenizer/tokenizer.model ] || f=$S2
-        $PY - "$f" "$ds" <<'EOF'
-import sys, h5py
-path, ds = sys.argv[1], sys.argv[2]
-with h5py.File(path, "r") as f:
-    off = f[ds].id.get_offset() + 5
-with open(path, "r+b") as g:
-    g.seek(off); b = g.read(1); g.seek(off); g.write(bytes([b[0] ^ 0x10]))
-EOF
+        flip_bit "$f" "$ds"
         corrupt "bit flipped in /$ds" "dataset /$ds: checksum mismatch"
     done
 else

@@ -47,6 +47,19 @@ demo_pack() {
 # demo_init OUT PRESET SEED: random weights of an ftk-init preset with the demo tokenizer
 demo_init() { "${DEMO_TOOLS:-$BIN}/ftk-init" -q --preset "$2" --seed "$3" -t "$ROOT/examples/demo/tokenizer.model" -o "$1"; }
 
+# flip_bit FILE DATASET [BYTE [MASK]]: the dataset's stored byte at BYTE (default 5) XOR MASK
+# (default 0x10), in place (h5py: /usr/bin/python3)
+flip_bit() {
+    /usr/bin/python3 - "$1" "$2" "${3:-5}" "${4:-0x10}" <<'PYEOF'
+import sys, h5py
+path, ds, at, mask = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4], 0)
+with h5py.File(path, "r") as f:
+    off = f[ds].id.get_offset() + at
+with open(path, "r+b") as g:
+    g.seek(off); b = g.read(1); g.seek(off); g.write(bytes([b[0] ^ mask]))
+PYEOF
+}
+
 # loss_steps RUN: "STEP LOSS" for every step of RUN/metrics.jsonl
 loss_steps() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\).*/\1 \2/'; }
 # close_losses NAME RUN_GOT RUN_WANT REL [N]: every step's loss within REL relative of the

@@ -110,16 +110,7 @@ grep -q -- "--recompute bogus: need none, norms, block or auto" "$WORK/err" && o
 # A weights file damaged where the loader reads it (pread, not HDF5): a byte of a tensor
 # flipped fails its checksum; exit 2 naming the tensor, no run directory.
 cp "$WORK/init.h5" "$WORK/bad.h5"
-/usr/bin/python3 - "$WORK/bad.h5" <<'PY'
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    off = f["tensors/model.layers.0.mlp.down_proj.weight"].id.get_offset()
-with open(sys.argv[1], "r+b") as g:
-    g.seek(off + 10)
-    b = g.read(1)
-    g.seek(off + 10)
-    g.write(bytes([b[0] ^ 0x40]))
-PY
+flip_bit "$WORK/bad.h5" tensors/model.layers.0.mlp.down_proj.weight 10 0x40
 expect "damaged weights file: exit 2" 2 $BIN/ftk-train -m "$WORK/bad.h5" -d "$WORK/demo.h5" -o "$WORK/bad" --steps 1 -q
 grep -q "model.layers.0.mlp.down_proj.weight: checksum mismatch" "$WORK/err" &&
     ok "damaged weights file: the message names the tensor and the checksum" ||

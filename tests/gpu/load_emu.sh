@@ -39,16 +39,7 @@ loaded "$WORK/wz.h5" bf16-true 4 >"$WORK/got"
 same "zstd-compressed tensors (through HDF5), -j 4: the file's weights" "$WORK/got" "$WORK/want"
 
 cp "$WORK/w.h5" "$WORK/bad.h5"
-/usr/bin/python3 - "$WORK/bad.h5" <<'PY' || exit 1
-import sys, h5py
-with h5py.File(sys.argv[1], "r") as f:
-    off = f["tensors/model.layers.1.self_attn.v_proj.weight"].id.get_offset()
-with open(sys.argv[1], "r+b") as g:
-    g.seek(off + 6)
-    b = g.read(1)
-    g.seek(off + 6)
-    g.write(bytes([b[0] ^ 0x10]))
-PY
+flip_bit "$WORK/bad.h5" tensors/model.layers.1.self_attn.v_proj.weight 6 0x10 || exit 1
 for j in 1 4; do
     rm -rf "$WORK/bad"
     expect "damaged weights file, -j $j: exit 2" 2 "$BIN/ftk-train" -q -m "$WORK/bad.h5" -d "$WORK/demo.h5" \
