@@ -51,29 +51,31 @@ void *scratch(cuda_t *c, void **p, size_t *cap, size_t bytes, const char *what)
 
 /* ---- memory, copies, streams, events ------------------------------------------------------ */
 
-/* The device's free memory now (what --recompute auto plans against), or -1. */
-int64_t cu_mem_avail(backend_t *be)
+/* cudaMemGetInfo: free and total bytes of the device now, 0 or -1. */
+static int mem_info(backend_t *be, size_t *f, size_t *t)
 {
     enter(be);
-    size_t f = 0, t = 0;
-    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    *f = *t = 0;
+    if (cudaMemGetInfo(f, t) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
-    return (int64_t)f;
+    return 0;
+}
+
+/* The device's free memory now (what --recompute auto plans against), or -1. */
+int64_t cu_mem_avail(backend_t *be)
+{
+    size_t f, t;
+    return mem_info(be, &f, &t) < 0 ? -1 : (int64_t)f;
 }
 
 /* Everything the device holds now (every context and process): what a GPU measures of the
  * plan's total (bk_mem_t used_peak), or -1. */
 int64_t cu_mem_used(backend_t *be)
 {
-    enter(be);
-    size_t f = 0, t = 0;
-    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return (int64_t)(t - f);
+    size_t f, t;
+    return mem_info(be, &f, &t) < 0 ? -1 : (int64_t)(t - f);
 }
 
 /* The scratch for shapes up to r's, allocated now in the order the planning backend counts
