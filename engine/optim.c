@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/clip.h"
 #include "../kernels/sround.h"
 #include "../libcommon/log.h"
 
@@ -149,9 +150,10 @@ void optim_queue(optim_t *o, const ckpt_train_t *t, int64_t step, double lr)
     /* torch: total = ‖(‖g_1‖, …, ‖g_k‖)‖; coef = max / (total + 1e-6), clamped to 1.
      * Each unit's Σg² goes to a slot of its own, taken by the shard where it could (the
      * reduce-scatter's last add, or on one GPU a sumsq on a second stream as the backward
-     * finished the unit: shard_sumsq_folded), else by sumsq here. The slots are added in unit order, on the host or by clip_coef (the same
-     * arithmetic): one running sum ((0 + Σ_0) + Σ_1) + …, each Σ_u summed in sumsq's fixed
-     * order (add_sumsq's too), so the norm's bits do not depend on where Σ_u was taken. */
+     * finished the unit: shard_sumsq_folded), else by sumsq here. The slots are added in
+     * unit order, on the host or by clip_coef (the same arithmetic): one running sum
+     * ((0 + Σ_0) + Σ_1) + …, each Σ_u summed in sumsq's fixed order (add_sumsq's too), so
+     * the norm's bits do not depend on where Σ_u was taken. */
     for (int u = 0; u < n; u++) {
         shard_slice_t sl = shard_owned(s, u);
         if (!shard_sumsq_folded(s, u))
@@ -184,21 +186,12 @@ double optim_finish(optim_t *o, const ckpt_train_t *t, int64_t step, double lr, 
     double sq = 0;
     for (int u = 0; u < n; u++)
         sq += o->h_stat[1 + u];
-    int dev = optim_device_clip(o);
-    if (!dev)
+    if (!optim_device_clip(o)) {
         shard_sum_owned(s, &sq);
-    double norm = sqrt(sq);
-    if (!dev) {
-        float gscale = 1.0f;
-        if (t->clip > 0) {
-            double coef = t->clip / (norm + 1e-6);
-            if (coef < 1.0)
-                gscale = (float)coef;
-        }
         shard_drop(s); /* nothing may still read or gather the slices AdamW updates */
         bk_adamw_t h = adamw_h(o, t, step, lr);
-        h.gscale = gscale;
+        h.gscale = bk_clip_coef(sq, t->clip);
         adamw_all(o, t, step, &h);
     }
-    return norm;
+    return sqrt(sq);
 }

@@ -28,6 +28,7 @@
 
 #include "../../libcommon/log.h"
 #include "../backend.h"
+#include "../clip.h"
 #include "../sround.h"
 
 /* OpenBLAS's own (declared here too: another cblas.h may lack them); ftk links OpenBLAS. */
@@ -897,8 +898,7 @@ static void cpu_clip_coef(backend_t *be, float *coef, const double *sq, int n, d
     double total = 0;
     for (int i = 0; i < n; i++)
         total += sq[i];
-    double c = max_norm / (sqrt(total) + 1e-6);
-    *coef = max_norm > 0 && c < 1.0 ? (float)c : 1.0f;
+    *coef = bk_clip_coef(total, max_norm);
 }
 
 static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
@@ -910,7 +910,7 @@ static void cpu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_
         bad(be, "internal: adamw: rounding %d unknown", h->stochastic);
         return;
     }
-        float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale_dev ? *h->gscale_dev : h->gscale;
+    float b1 = h->b1, b2 = h->b2, eps = h->eps, gs = h->gscale_dev ? *h->gscale_dev : h->gscale;
     float decay = 1.0f - h->lr * h->wd;
     float step = (float)(h->lr / h->bc1);
     float bc2s = (float)sqrt(h->bc2);

@@ -40,6 +40,7 @@ extern "C" {
 #include "../../libcommon/log.h"
 #include "../backend.h"
 }
+#include "../clip.h"
 #include "../sround.h"
 
 /* ---- state and errors ------------------------------------------------------------------ */

@@ -90,7 +90,8 @@ int cu_reserve(backend_t *be, const bk_reserve_t *r)
     if (!scratch(c, &c->tmp, &c->tmp_cap, (size_t)tmp, "CUDA scratch") ||
         !scratch(c, (void **)&c->seg, &c->seg_cap, (size_t)seg, "attention segments") ||
         (map > 0 && !scratch(c, &c->am_map, &c->am_map_cap, (size_t)map, "adamw_multi block map")) ||
-        (side > 0 && !scratch(c, &c->side_part, &c->side_part_cap, (size_t)side, "sumsq's partial sums (side stream)"))) {
+        (side > 0 &&
+         !scratch(c, &c->side_part, &c->side_part_cap, (size_t)side, "sumsq's partial sums (side stream)"))) {
         ftk_err_set("%s", c->err);
         return -1;
     }

@@ -398,15 +398,14 @@ static adamw_args_t adamw_args_of(const bk_adamw_t *h)
     return a;
 }
 
-/* One thread: the host's sum, square root and division in double (correctly rounded on
- * the device, and nothing to contract into an FMA: the same bits as engine/optim.c's). */
+/* One thread: the host's sum in unit order, then clip.h's coefficient (double, correctly
+ * rounded on the device: the same bits as engine/optim.c's). */
 __global__ void clip_coef_kernel(float *coef, const double *sq, int n, double max_norm)
 {
     double total = 0;
     for (int i = 0; i < n; i++)
         total += sq[i];
-    double c = max_norm / (sqrt(total) + 1e-6);
-    *coef = max_norm > 0 && c < 1.0 ? (float)c : 1.0f;
+    *coef = bk_clip_coef(total, max_norm);
 }
 
 void cu_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm)
