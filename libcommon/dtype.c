@@ -80,9 +80,9 @@ void dtype_convert(void *dst, dtype_t to, const void *src, dtype_t from, size_t 
     if (to == DT_F32 && from == DT_BF16) { /* the weights load's widening: a loop the compiler vectorises */
         for (size_t i = 0; i < n; i++)
             d32[i] = bf16_to_f32(s16[i]);
-    } else if (to == DT_F32) {
+    } else if (to == DT_F32) { /* from f16 (to == from is the copy above) */
         for (size_t i = 0; i < n; i++)
-            d32[i] = from == DT_BF16 ? bf16_to_f32(s16[i]) : f16_to_f32(s16[i]);
+            d32[i] = f16_to_f32(s16[i]);
     } else if (from == DT_F32) {
         for (size_t i = 0; i < n; i++)
             d16[i] = to == DT_BF16 ? f32_to_bf16(s32[i]) : f32_to_f16(s32[i]);
