@@ -273,6 +273,13 @@ static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg
     return be->reserve(be, &r);
 }
 
+int64_t trainer_attn_max_seg(const tokens_set_t *data, int64_t micro_batch)
+{
+    int64_t tr = tokens_set_max_segments(data, TOKENS_TRAIN, micro_batch);
+    int64_t val = tokens_set_max_segments(data, TOKENS_VAL, micro_batch);
+    return val > tr ? val : tr;
+}
+
 int trainer_step_opts(unsigned *opts)
 {
     static const char *const names[] = {"device_clip", "first_write", "prefetch", "sumsq_overlap"};
@@ -453,12 +460,8 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     units_name(&o->units, meta->units_policy);
     meta->data_rows = t->R;
     meta->world_size = t->nranks;
-    /* what a micro-batch of either split can hold, for the attention's plans (and their
-     * memory in --recompute auto's plan) */
-    t->o.attn_max_seg = tokens_set_max_segments(t->data.set, TOKENS_TRAIN, o->train.micro_batch);
-    int64_t val_seg = tokens_set_max_segments(t->data.set, TOKENS_VAL, o->train.micro_batch);
-    if (val_seg > t->o.attn_max_seg)
-        t->o.attn_max_seg = val_seg;
+    /* for the attention's plans (and their memory in --recompute auto's plan) */
+    t->o.attn_max_seg = trainer_attn_max_seg(t->data.set, o->train.micro_batch);
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);

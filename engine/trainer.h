@@ -146,6 +146,11 @@ enum {
 };
 int trainer_step_opts(unsigned *opts);
 
+/* attn_max_seg for a run on data: the most segments a micro-batch of micro_batch rows of
+ * either split can hold (tokens_set_max_segments); trainer_new's, and --plan's. */
+struct tokens_set;
+int64_t trainer_attn_max_seg(const struct tokens_set *data, int64_t micro_batch);
+
 /* The allocations of a training job on be, in the order the trainer makes them: the
  * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool
  * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan

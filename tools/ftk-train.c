@@ -783,10 +783,7 @@ static int run_plan(const trainer_opts_t *o)
         }
         if (!p.max_len)
             p.max_len = tokens_set_info(ds)->max_len;
-        /* as trainer_new: the segments a micro-batch of either split can hold */
-        p.o.attn_max_seg = tokens_set_max_segments(ds, TOKENS_TRAIN, o->train.micro_batch);
-        int64_t v = tokens_set_max_segments(ds, TOKENS_VAL, o->train.micro_batch);
-        p.o.attn_max_seg = v > p.o.attn_max_seg ? v : p.o.attn_max_seg;
+        p.o.attn_max_seg = trainer_attn_max_seg(ds, o->train.micro_batch); /* as trainer_new */
         tokens_set_close(ds);
     }
     /* --recompute auto fits --device-memory, else this machine's device's free memory */
