@@ -300,7 +300,8 @@ gpu-bundle:
 	@$(BUILD) all
 	@sh scripts/gpu-bundle.sh $(GPU_BUNDLE)
 
-# The long fuzz run of the safetensors header parser (make test runs 10 s of it).
+# The long fuzz run of the safetensors header parser (make test runs 10 s of it, from the seeds
+# alone); build/fuzz/corpus keeps what each run found for the next.
 FUZZ_SECONDS ?= 600
 fuzz: deps
 	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) build/fuzz
@@ -317,6 +318,8 @@ endif
 clean:
 	rm -rf build bin lib
 
-# the compilers' dependency files, not what the tests leave in build/test-work* (the bundle
-# rehearsal's empty.d is a folder: make stopped on it after a make test)
--include $(shell find $(O) -path '*/test-work*' -prune -o -name '*.d' -type f -print 2>/dev/null)
+# The compilers' dependency files (-MMD: each object's .d beside it), read from the object
+# folders only: build/ also holds what the tests, the demo and the benchmarks leave (their
+# scratch, a namespace test's empty folders, Python packages), and none of it is a makefile.
+OBJ_DIRS := libcommon formats kernels engine tools tests plugin
+-include $(shell find $(addprefix $(O)/,$(OBJ_DIRS)) -name '*.d' -type f 2>/dev/null)

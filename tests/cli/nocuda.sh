@@ -31,10 +31,10 @@ SO=$BIN/../lib/libftk-cuda.so
 . "$ROOT/tests/cli/ns.sh"
 hidden=0
 # the files first: a folder mounted over hides what is in it from the file loop
-hide_paths "$WORK/empty.d" $(ldconfig -p 2>/dev/null | awk '$1 ~ /^lib(cudart|cublas)/ {print $NF}') \
+hide_paths "$WORK/hidden-by" $(ldconfig -p 2>/dev/null | awk '$1 ~ /^lib(cudart|cublas)/ {print $NF}') \
     /usr/local/cuda*/lib64/libcudart* /usr/local/cuda*/lib64/libcublas* \
     /usr/local/cuda*/targets/*/lib/libcudart* /usr/local/cuda*/targets/*/lib/libcublas*
-hide_paths "$WORK/empty.d" /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets/*/lib
+hide_paths "$WORK/hidden-by" /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets/*/lib
 echo "hidden: $hidden files and folders"
 check "libftk-cuda.so no longer finds libcudart" sh -c "ldd '$SO' 2>&1 | grep -q 'libcudart.*not found\|libcudart.*too short' ||
     ! ldd '$SO' >/dev/null 2>&1"

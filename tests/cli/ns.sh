@@ -14,18 +14,19 @@ need_unshare() {
     fi
 }
 
-# hide_paths EMPTY_DIR PATH...: inside the namespace, every existing PATH is mounted over
-# by an empty file (a non-empty regular file) or by EMPTY_DIR (a folder); $hidden counts them.
+# hide_paths SPARE PATH...: inside the namespace, every existing PATH is mounted over by an
+# empty file (a non-empty regular file) or an empty folder (a folder), both kept in the
+# folder SPARE (SPARE/file, SPARE/folder: names no build rule takes for its own); $hidden
+# counts them.
 hide_paths() {
-    hp_empty=$1
+    hp_spare=$1
     shift
-    [ -d "$hp_empty" ] || mkdir -p "$hp_empty" || return 1
-    [ -f "$hp_empty.f" ] || : >"$hp_empty.f" || return 1
+    mkdir -p "$hp_spare/folder" && : >"$hp_spare/file" || return 1
     for hp in "$@"; do
         if [ -d "$hp" ]; then
-            mount --bind "$hp_empty" "$hp" 2>/dev/null && hidden=$((${hidden:-0} + 1))
+            mount --bind "$hp_spare/folder" "$hp" 2>/dev/null && hidden=$((${hidden:-0} + 1))
         elif [ -f "$hp" ] && [ -s "$hp" ]; then
-            mount --bind "$hp_empty.f" "$hp" 2>/dev/null && hidden=$((${hidden:-0} + 1))
+            mount --bind "$hp_spare/file" "$hp" 2>/dev/null && hidden=$((${hidden:-0} + 1))
         fi
     done
 }

@@ -63,10 +63,10 @@ fails=${2:-0}
 L=/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 . "$ROOT/tests/cli/ns.sh"
 hidden=0
-hide_paths "$WORK/empty.d" $L/libhdf5* $L/libmpi* $L/libopen-rte* $L/libopen-pal* $L/liboshmem* $L/libpmix* \
+hide_paths "$WORK/hidden-by" $L/libhdf5* $L/libmpi* $L/libopen-rte* $L/libopen-pal* $L/liboshmem* $L/libpmix* \
     $L/libhwloc* $L/libevent* $L/libzstd* $L/libxxhash* $L/libopenblas* $L/libblas* $L/liblapack* $L/libgfortran* \
     $L/libsz* $L/libaec* /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info
-hide_paths "$WORK/empty.d" $L/hdf5 $L/openmpi $L/pmix2 $L/openblas-openmp $L/openblas-pthread $L/blas $L/lapack \
+hide_paths "$WORK/hidden-by" $L/hdf5 $L/openmpi $L/pmix2 $L/openblas-openmp $L/openblas-pthread $L/blas $L/lapack \
     /etc/openmpi /usr/share/openmpi
 echo "hidden: $hidden files and folders"
 check "the system's zstd is hidden" [ ! -s $L/libzstd.so.1 ]
