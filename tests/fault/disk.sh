@@ -16,8 +16,15 @@ set -u
 BIN=$1 WORK=$2 DATA=${3:-}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 M=$WORK/disk
-umount "$M" 2>/dev/null # a mount left by an interrupted earlier run
-rm -rf "$WORK" && mkdir -p "$M"
+# The tmpfs is mounted in a mount namespace of this test's own where there is one: it goes
+# with the test's last process, however that ends (a kill -9, an interrupted make test),
+# and never stands in the way of the next run's rm -rf of the work folder.
+if [ -z "${FTK_DISK_NS:-}" ]; then
+    umount "$M" 2>/dev/null # a mount an earlier run left where there was no namespace
+    rm -rf "$WORK" && mkdir -p "$M" || exit 1
+    [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && unshare -m true 2>/dev/null &&
+        FTK_DISK_NS=1 exec unshare -m sh "$0" "$@"
+fi
 . "$ROOT/tests/cli/lib.sh"
 if [ "$(id -u)" != 0 ] || ! mount -t tmpfs -o size=64m tmpfs "$M" 2>/dev/null; then
     echo "skipped (cannot mount a tmpfs at $M: a full disk is simulated with a small tmpfs, which needs root and a system that permits mounting)"
