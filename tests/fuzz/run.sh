@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds the libFuzzer harness (clang, -fsanitize=fuzzer,address,undefined) and runs it for
-# SECONDS seconds, seeded with the malformed corpus and valid files. Exit 77 when clang's
-# libFuzzer is not installed (scripts/install-deps.sh test installs it).
+# SECONDS seconds, seeded with the malformed corpus and valid files, and with what earlier
+# runs into the same OUT_DIR found (its corpus/: make fuzz keeps build/fuzz between runs;
+# make test gives a fresh folder, so that its verdict depends on the tree alone). Exit 77
+# when clang's libFuzzer is not installed (scripts/install-deps.sh test installs it).
 # Usage: tests/fuzz/run.sh SECONDS [OUT_DIR]
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,5 +30,6 @@ if ! "$CLANG" -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=u
 fi
 cp tests/corpus/safetensors-bad/*.safetensors tests/corpus/config-bad/model.safetensors "$out/seeds/"
 [ -f ../shared/data/tiny-random-llama/model.safetensors ] && head -c 65536 ../shared/data/tiny-random-llama/model.safetensors >"$out/seeds/tiny-head"
+# a crash's input is written into OUT_DIR (libFuzzer's default is the current folder: the tree)
 "$out/fuzz_safetensors" -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 "$out/corpus" "$out/seeds"
+    -artifact_prefix="$out/" -print_final_stats=1 "$out/corpus" "$out/seeds"
