@@ -23,6 +23,8 @@ export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 # The tests run on the CPU wherever they do not say --device cuda, also on a GPU machine
 # (where ftk-train's default would be cuda)
 export FTK_DEVICE=cpu
+# no bytecode caches written beside the Python tests and benchmarks in the tree
+export PYTHONDONTWRITEBYTECODE=1
 pass=0 fail=0 skip=0
 failed_names=""
 
@@ -65,25 +67,31 @@ finish() {
 SAN_ENV="export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=86 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86;"
 MPI_SAN_ENV="export ASAN_OPTIONS=\$ASAN_OPTIONS:fast_unwind_on_malloc=0 LSAN_OPTIONS=suppressions=$ROOT/tests/lsan-mpi.supp;"
 
+. "$ROOT/tests/extras.sh"
 has_tag() { case ",$1," in *",$2,"*) return 0 ;; esac; return 1; }
 
 # Whether the reference implementations are there; the test-only extras from PyPI (the
 # product has no Python): the safetensors reference library, transformers to load our exports
 # (and jinja2 for its apply_chat_template), pinned to versions that work with Debian 12's
-# torch 1.13, installed once into build/pylib.
+# torch 1.13, installed into build/pylib once for each pin list (tests/extras.sh).
 ref_ready=
+REF_PINS="transformers==4.38.2 tokenizers==0.15.2 huggingface_hub==0.21.4 safetensors==0.4.2 \
+regex==2023.12.25 tqdm==4.66.2 filelock==3.13.1 packaging==23.2 fsspec==2024.2.0 jinja2==3.1.3 MarkupSafe==2.1.5"
 ref_prepare() {
     [ -n "$ref_ready" ] && return
     ref_ready=no
     [ -x "$PY" ] && "$PY" -c 'import sentencepiece, h5py, numpy' 2>/dev/null || return
     ref_ready=yes
     export PYTHONPATH="$ROOT/build/pylib"
-    if ! "$PY" -c 'import safetensors, transformers, jinja2' 2>/dev/null; then
-        "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/build/pylib" \
-            transformers==4.38.2 tokenizers==0.15.2 huggingface_hub==0.21.4 safetensors==0.4.2 \
-            regex==2023.12.25 tqdm==4.66.2 filelock==3.13.1 packaging==23.2 fsspec==2024.2.0 \
-            jinja2==3.1.3 MarkupSafe==2.1.5 \
-            >"$WORK/pip.log" 2>&1 || echo "note: pip install of the test extras failed (see $WORK/pip.log)"
+    # where the folder is not what REF_PINS says, the system's packages if they have all, else the pins
+    if ! extras_kept "$ROOT/build/pylib" $REF_PINS && ! "$PY" -c 'import safetensors, transformers, jinja2' 2>/dev/null
+    then
+        if "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$ROOT/build/pylib" $REF_PINS \
+            >"$WORK/pip.log" 2>&1; then
+            extras_done "$ROOT/build/pylib" $REF_PINS
+        else
+            echo "note: pip install of the test extras failed (see $WORK/pip.log)"
+        fi
     fi
 }
 

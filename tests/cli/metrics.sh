@@ -137,10 +137,11 @@ check "... to its 8 steps' records and the 300 001 lines without a step of its o
 
 # --- TensorBoard ------------------------------------------------------------------------------
 TB=$ROOT/build/pylib-tb
-if [ -x "$PY" ] && ! PYTHONPATH=$TB "$PY" -c 'import tensorboard.backend.event_processing.event_accumulator' 2>/dev/null
-then
-    "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$TB" tensorboard==2.15.2 \
-        protobuf==4.25.3 six==1.16.0 absl-py==2.1.0 >"$WORK/pip.log" 2>&1
+TB_PINS="tensorboard==2.15.2 protobuf==4.25.3 six==1.16.0 absl-py==2.1.0"
+. "$ROOT/tests/extras.sh"
+if [ -x "$PY" ] && ! extras_kept "$TB" $TB_PINS; then
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$TB" $TB_PINS >"$WORK/pip.log" 2>&1 &&
+        extras_done "$TB" $TB_PINS
 fi
 if [ -x "$PY" ] && PYTHONPATH=$TB "$PY" -c 'import tensorboard.backend.event_processing.event_accumulator' 2>/dev/null
 then

@@ -13,7 +13,9 @@ VENV=$ROOT/build/litgpt-venv
 unset PYTHONPATH
 PINS="litgpt==0.5.13 sentencepiece==0.2.0 h5py==3.12.1"
 mkdir -p "$WORK"
-if ! "$VENV/bin/python" -c 'import litgpt, sentencepiece, h5py' 2>/dev/null; then
+. "$ROOT/tests/extras.sh"
+if ! extras_kept "$VENV" $PINS || ! "$VENV/bin/python" -c 'import litgpt, sentencepiece, h5py' 2>/dev/null; then
+    rm -rf "$VENV"
     echo "installing $PINS into $VENV (once; gigabytes)"
     if ! /usr/bin/python3 -m venv "$VENV" >"$WORK/venv.log" 2>&1 ||
         ! "$VENV/bin/pip" install -q --disable-pip-version-check $PINS >>"$WORK/venv.log" 2>&1 ||
@@ -21,5 +23,6 @@ if ! "$VENV/bin/python" -c 'import litgpt, sentencepiece, h5py' 2>/dev/null; the
         echo "skipped (LitGPT could not be installed into $VENV: $(tail -n 1 "$WORK/venv.log"))"
         exit 77
     fi
+    extras_done "$VENV" $PINS
 fi
 exec "$VENV/bin/python" "$ROOT/tests/slow/litgpt_ref.py" "$BIN" "$ROOT" "$WORK"
