@@ -179,7 +179,7 @@ cp tests/gpu/bundle/run.sh "$stage/run.sh"
 cp tests/gpu/train_vs_cpu.sh tests/gpu/nccl_vs_mpi.sh tests/gpu/attn_e2e.sh tests/gpu/demo_vs_cpu.sh \
     "$stage/tests/gpu/"
 cp tests/cli/lib.sh "$stage/tests/cli/"
-cp tests/bench/gpu_bench.py "$stage/tests/bench/"
+cp tests/bench/gpu_bench.py tests/bench/reuse.py "$stage/tests/bench/"
 cp examples/demo/tokenizer.model examples/demo/alpaca-demo.json "$stage/examples/demo/"
 chmod 755 "$stage/run.sh"
 # The data: the tokenizer and the Alpaca files (a few MB), if this machine has them.

@@ -20,6 +20,7 @@ LAYERS: the same shape with fewer blocks (default 22, the preset's), for a machi
 memory or disk of the whole one.
 """
 import json, os, re, shutil, subprocess, sys
+from reuse import reuse  # tests/bench/reuse.py, beside this script
 
 BIN, DATA, WORK = sys.argv[1:4]
 LAYERS = int(sys.argv[4]) if len(sys.argv) > 4 else 22
@@ -46,7 +47,7 @@ CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_siz
        "initializer_range": 0.02}
 cpath, w, d = (os.path.join(WORK, x) for x in ("config.json", f"w{LAYERS}.h5", "d.h5"))
 json.dump(CFG, open(cpath, "w"))
-if not os.path.exists(w):
+if not reuse(w, os.path.join(BIN, "ftk-init"), tok):
     shape = ["--preset", "llama-1b"] if LAYERS == 22 else ["--config", cpath]
     sh(os.path.join(BIN, "ftk-init"), "-q", *shape, "--dtype", "bfloat16", "-t", tok, "-o", w)
 plan = sh(os.path.join(BIN, "ftk-train"), "--plan", "-m", w, "--max-len", "128", "--async-save", *OPTS,
@@ -64,7 +65,7 @@ if free < 2.2 * snap_bytes:  # two checkpoints on disk at a commit (--keep 1 pru
     print(f"async-save bench: skipped (needs {2.2 * snap_bytes / 1e9:.0f} GB of disk for two checkpoints; "
           f"{free / 1e9:.0f} GB free)")
     sys.exit(0)
-if not os.path.exists(d):
+if not reuse(d, os.path.join(BIN, "ftk-pack"), tok, alpaca):
     sh(os.path.join(BIN, "ftk-pack"), "-q", "-t", tok, alpaca, "-o", d, "--pack", "--max-len", "128",
        "--val-count", "0")
 

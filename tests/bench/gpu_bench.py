@@ -61,6 +61,7 @@ No run writes a checkpoint (--no-save: a 7B checkpoint would not fit the GPU mac
 DATA holds llama2-tokenizer/tokenizer.model and alpaca/*.json (../shared/data's layout).
 """
 import argparse, contextlib, glob, json, os, re, subprocess, sys, threading, time
+from reuse import reuse  # tests/bench/reuse.py, beside this script
 
 ap = argparse.ArgumentParser()
 ap.add_argument("bin")
@@ -189,7 +190,7 @@ alp = sorted(glob.glob(os.path.join(a.data, "alpaca", "*1k*.json")) or glob.glob
 if not os.path.exists(tok) or not alp:
     skip(f"{a.data} has no llama2-tokenizer/tokenizer.model or alpaca/*.json")
 packed = os.path.join(a.work, f"alpaca-{maxlen}.h5")
-if not os.path.exists(packed):
+if not reuse(packed, os.path.join(a.bin, "ftk-pack"), tok, alp[0]):
     sh(os.path.join(a.bin, "ftk-pack"), "-q", "-t", tok, alp[0], "-o", packed, "--pack", "--max-len", maxlen,
        "--val-count", "0")
 
@@ -432,7 +433,7 @@ def ftk_row(name, attn, profiled=False, recompute=None):
 def ftk_weights(name):
     """ftk-init weights of the shape PyTorch runs (random: speed does not depend on values)."""
     w = os.path.join(a.work, f"{name}.h5")
-    if not os.path.exists(w):
+    if not reuse(w, os.path.join(a.bin, "ftk-init"), tok):
         c = os.path.join(a.work, f"{name}.json")
         json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
                        max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,

@@ -23,8 +23,12 @@ if [ ! -f "$tok" ] || [ ! -f "$alpaca" ]; then
     exit 0
 fi
 mkdir -p "$W"
-[ -f "$W/init.h5" ] || bin/ftk-init -q --preset llama-1b --dtype bfloat16 -t "$tok" -o "$W/init.h5"
-[ -f "$W/d.h5" ] || bin/ftk-pack -q -t "$tok" "$alpaca" -o "$W/d.h5" --pack --max-len 128 --val-count 0
+# what an earlier run kept (FTK_BENCH_KEEP) is used only where newer than the tool and the
+# inputs that made it, as make would judge
+[ "$W/init.h5" -nt bin/ftk-init ] && [ "$W/init.h5" -nt "$tok" ] ||
+    bin/ftk-init -q --preset llama-1b --dtype bfloat16 -t "$tok" -o "$W/init.h5" --force
+[ "$W/d.h5" -nt bin/ftk-pack ] && [ "$W/d.h5" -nt "$tok" ] && [ "$W/d.h5" -nt "$alpaca" ] ||
+    bin/ftk-pack -q -t "$tok" "$alpaca" -o "$W/d.h5" --pack --max-len 128 --val-count 0 --force
 OPTS="-m $W/init.h5 -d $W/d.h5 --precision bf16-true --micro-batch 1 --global-batch 1 --eval-every 0 --no-save"
 total=$(bin/ftk-train --plan $OPTS | sed -n 's/^  total .*(\([0-9]*\) bytes,.*/\1/p')
 avail=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo)
