@@ -138,6 +138,21 @@ __device__ __forceinline__ void rope_pack(const uint16_t *, const float *x, uint
     w[0] = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
+/* Pairs j … j + VEC of heads h0 … h0 + ROPE_HEADS (those below nh) of one token, loaded
+ * from x's row, every load issued before any is used: a, the first halves; b, the second. */
+template <typename T>
+__device__ __forceinline__ void heads_ld(const T *x, int h0, int nh, int hd, int j, int half,
+                                         uint4 (&a)[ROPE_HEADS][rope_w<T>::n], uint4 (&b)[ROPE_HEADS][rope_w<T>::n])
+{
+#pragma unroll
+    for (int u = 0; u < ROPE_HEADS; u++)
+        if (h0 + u < nh) {
+            const T *r = x + (int64_t)(h0 + u) * hd;
+            rope_ld(r + j, a[u]);
+            rope_ld(r + j + half, b[u]);
+        }
+}
+
 /* Pairs j … j + VEC of heads h0 … h0 + ROPE_HEADS (those below nh) of one token, rotated
  * from x's row into y's (which may be x's); c, s: the VEC pairs' cosines and sines. */
 template <typename TD, typename TS>
@@ -145,13 +160,7 @@ __device__ __forceinline__ void rope_heads(TD *y, const TS *x, int h0, int nh, i
                                            const float *s)
 {
     uint4 a[ROPE_HEADS][rope_w<TS>::n], b[ROPE_HEADS][rope_w<TS>::n];
-#pragma unroll
-    for (int u = 0; u < ROPE_HEADS; u++)
-        if (h0 + u < nh) {
-            const TS *r = x + (int64_t)(h0 + u) * hd;
-            rope_ld(r + j, a[u]);
-            rope_ld(r + j + half, b[u]);
-        }
+    heads_ld(x, h0, nh, hd, j, half, a, b);
 #pragma unroll
     for (int u = 0; u < ROPE_HEADS; u++)
         if (h0 + u < nh) {
@@ -177,13 +186,7 @@ template <typename T>
 __device__ __forceinline__ void copy_heads(T *y, const T *x, int h0, int nh, int hd, int j, int half)
 {
     uint4 a[ROPE_HEADS][rope_w<T>::n], b[ROPE_HEADS][rope_w<T>::n];
-#pragma unroll
-    for (int u = 0; u < ROPE_HEADS; u++)
-        if (h0 + u < nh) {
-            const T *r = x + (int64_t)(h0 + u) * hd;
-            rope_ld(r + j, a[u]);
-            rope_ld(r + j + half, b[u]);
-        }
+    heads_ld(x, h0, nh, hd, j, half, a, b);
 #pragma unroll
     for (int u = 0; u < ROPE_HEADS; u++)
         if (h0 + u < nh) {
