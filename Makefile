@@ -158,8 +158,15 @@ $(O)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-# --version says what this build holds (libcommon/version.c).
-$(O)/libcommon/version.o: CFLAGS += -DFTK_BUILD_MPI=\"$(shell pkg-config --modversion ompi 2>/dev/null)\" \
+# --version says what this build holds (libcommon/version.c) and the commit it was built from:
+# $(O)/commit is rewritten only when HEAD moves, so a new commit rebuilds version.o (and
+# relinks) and nothing else; outside a git checkout it is empty and --version names none.
+FTK_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+$(O)/commit: FORCE
+	@mkdir -p $(dir $@); [ "$$(cat $@ 2>/dev/null)" = "$(FTK_COMMIT)" ] || echo "$(FTK_COMMIT)" >$@
+FORCE:
+$(O)/libcommon/version.o: $(O)/commit
+$(O)/libcommon/version.o: CFLAGS += -DFTK_COMMIT=\"$(FTK_COMMIT)\" -DFTK_BUILD_MPI=\"$(shell pkg-config --modversion ompi 2>/dev/null)\" \
     -DFTK_BUILD_NCCL=$(if $(NCCL_OBJ),1,0) \
     -DFTK_BUILD_CUDA=\"$(if $(CUDA_BINS),$(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p'),)\"
 

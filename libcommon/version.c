@@ -13,6 +13,9 @@
 #ifndef FTK_BUILD_NCCL
 #define FTK_BUILD_NCCL 0
 #endif
+#ifndef FTK_COMMIT
+#define FTK_COMMIT "" /* the commit built, empty outside a git checkout */
+#endif
 #ifndef FTK_BUILD_MPI
 #define FTK_BUILD_MPI "" /* Open MPI's version, empty when ftk-train was built without MPI */
 #endif
@@ -28,7 +31,10 @@ void ftk_version_print(FILE *out, const char *tool)
     for (int words = 0; blas && blas[blas_n] && words < 2; blas_n++)
         words += blas[blas_n + 1] == ' ' || blas[blas_n + 1] == 0;
     unsigned xx = XXH_versionNumber();
-    fprintf(out, "%s %s\n", tool, FTK_VERSION);
+    if (FTK_COMMIT[0])
+        fprintf(out, "%s %s (commit %s)\n", tool, FTK_VERSION, FTK_COMMIT);
+    else
+        fprintf(out, "%s %s\n", tool, FTK_VERSION);
     fprintf(out, "backends:      cpu (OpenMP, %.*s)", blas_n, blas ? blas : "");
     if (FTK_BUILD_CUDA[0])
         fprintf(out, ", cuda (built with CUDA %s; used by ftk-train and ftk-generate --device cuda)\n", FTK_BUILD_CUDA);

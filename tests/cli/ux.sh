@@ -38,7 +38,8 @@ json_get() { "$PY" -c 'import json, sys; j = json.loads(open(sys.argv[1]).readli
 
 for t in ftk ftk-info ftk-verify ftk-merge ftk-pack ftk-train ftk-generate ftk-import-hf ftk-export-hf; do
     "$BIN/$t" --version >"$WORK/v" 2>&1
-    if [ "$(head -n 1 "$WORK/v")" = "$t 0.1.0" ] && grep -q '^backends: .*cpu (OpenMP, OpenBLAS [0-9.]*)' "$WORK/v" &&
+    # the commit where the build was a git checkout (make test runs in one)
+    if head -n 1 "$WORK/v" | grep -Eq "^$t 0\.2\.0( \(commit [0-9a-f]{7,40}\))?\$" && grep -q '^backends: .*cpu (OpenMP, OpenBLAS [0-9.]*)' "$WORK/v" &&
         grep -Eq '^backends: .*(cuda \(built with CUDA [0-9.]+|cuda not built in)' "$WORK/v" &&
         grep -Eq '^communication: +(MPI \(Open MPI [0-9.]+|MPI not built in).*NCCL (built in|not built in)' "$WORK/v" &&
         grep -Eq '^libraries: +HDF5 [0-9]+\.[0-9]+\.[0-9]+, zstd [0-9.]+, xxHash [0-9.]+$' "$WORK/v"; then
