@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""The house's size rules, checked: no tool over 600 lines, no function over 120.
+"""The house's rules, checked: no tool over 600 lines, no function over 120, no circle of calls.
 
-Usage: house.py ROOT [--list]
+Usage: house.py ROOT [--list] [--objects DIR]
 
 Reads the product's C and CUDA sources (libcommon/ formats/ kernels/ engine/ tools/) as text:
 comments, strings and character literals are blanked, then every brace at depth 0 that follows a
 closing parenthesis opens a function body; its length counts from the line of the function's name
 to its closing brace. Prints every offender as FILE:LINE: NAME N lines and exits 1 if any;
 --list prints the ten longest functions and the tools' line counts as well.
+
+--objects DIR (the build's object folder, e.g. build): the library's objects under DIR
+(libcommon/ formats/ kernels/ engine/) are read with nm, and a file that calls (or reads) a
+symbol another file defines depends on it; a circle of such files is an offender (the floors
+rule one way between folders, this one within a folder too).
 """
+import collections
+import glob
 import os
 import re
+import subprocess
 import sys
 
 MAX_TOOL_LINES = 600
@@ -103,9 +111,71 @@ def functions(path):
     return found
 
 
+def circles(objdir):
+    """Lists of objects (relative to objdir) that depend on each other in a circle."""
+    objs = []
+    for folder in FOLDERS:
+        if folder != "tools":
+            objs += sorted(glob.glob(os.path.join(objdir, folder, "**", "*.o"), recursive=True))
+    defined, used = {}, {}
+    for o in objs:
+        out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
+        used[o] = set()
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) == 3 and f[1] in "TDBRCVW":
+                defined.setdefault(f[2], set()).add(o)
+            elif len(f) == 2 and f[0] == "U":
+                used[o].add(f[1])
+    edges = {o: {d for s in used[o] for d in defined.get(s, ()) if d != o} for o in objs}
+    # Tarjan's strongly connected components, iteratively
+    index, low, stack, on, found = {}, {}, [], set(), []
+    for root in objs:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    ties = []
+                    for a in sorted(comp):
+                        for b in sorted(comp):
+                            if b in edges[a]:
+                                names = sorted(x for x in used[a] if b in defined.get(x, ()))
+                                ties.append("%s -> %s (%s)" % (os.path.relpath(a, objdir),
+                                                              os.path.relpath(b, objdir), ", ".join(names[:4])))
+                    found.append(ties)
+    return found, len(objs)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "."
     listing = "--list" in sys.argv
+    objdir = sys.argv[sys.argv.index("--objects") + 1] if "--objects" in sys.argv else None
     bad = []
     every = []
     tools = []
@@ -127,6 +197,13 @@ def main():
                     if lines > MAX_TOOL_LINES:
                         bad.append("%s: the tool is %d lines (at most %d: its work belongs in "
                                    "the library folders)" % (rel, lines, MAX_TOOL_LINES))
+    n_objs = 0
+    if objdir:
+        found, n_objs = circles(objdir)
+        if not n_objs:
+            bad.append("%s: no object files (build first)" % objdir)
+        for ties in found:
+            bad.append("a circle of calls between files: " + "; ".join(ties))
     if listing:
         for n, rel, line, name in sorted(every, reverse=True)[:10]:
             print("%5d  %s:%d %s" % (n, rel, line, name))
@@ -137,8 +214,9 @@ def main():
     if not every:
         print("house: no function found under %s" % root)
         return 1
-    print("house: %d functions, %d tools: %s" % (len(every), len(tools),
-                                              "%d offenders" % len(bad) if bad else "within the rules"))
+    print("house: %d functions, %d tools%s: %s" % (len(every), len(tools),
+                                                ", %d objects" % n_objs if objdir else "",
+                                                "%d offenders" % len(bad) if bad else "within the rules"))
     return 1 if bad else 0
 
 
