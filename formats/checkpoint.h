@@ -11,7 +11,7 @@
  *                                 checkpoint ("step-00000200\n"), replaced by rename;
  *                                 never a symbolic link (a reader refuses one)
  *   RUN/metrics.jsonl             the trainer's metrics (not part of a checkpoint)
- *   RUN/.lock                     the writers' lock ("HOST PID TOOL", ckpt_lock_run)
+ *   RUN/.lock                     the writers' lock (rundir.h: the run directory)
  *
  * A checkpoint is written under a hidden temporary name (".step-00000200.tmp.PID"), every
  * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
@@ -267,24 +267,9 @@ char **ckpt_list(const char *run_dir, size_t *n);
 
 /* Removes the hidden directories of checkpoints whose writers died before committing
  * (".step-*.tmp.PID"); returns how many. Call it only when no writer is running: while
- * holding the run's lock (ckpt_lock_run), which every writer takes. Even then, one whose
+ * holding the run's lock (rundir_lock), which every writer takes. Even then, one whose
  * PID is a live process on this host is kept (a writer that took no lock). */
 int ckpt_remove_stale(const char *run_dir);
-
-/* One writer per run directory: takes an exclusive POSIX record lock on RUN/.lock (fcntl
- * F_SETLK, which NFS serves through its lock manager and Lustre when mounted with
- * -o flock) and writes "HOST PID" into it. Returns the descriptor, which holds the lock
- * until it is closed or the process ends (kill -9 included: the kernel drops it); -1 when
- * another process holds it (ftk_err_msg() names its host and process id from the file);
- * -2 when the file system keeps no locks (ENOLCK, ENOSYS, EOPNOTSUPP: the caller may warn
- * and go on); -3 on any other error; -4 when RUN/.lock is not a regular file (a symbolic
- * link, FIFO, device or directory: it is opened without following a link and without
- * blocking, and nothing is written through it). The file holds "HOST PID TOOL\n" (ftk_tool();
- * a file of an older ftk has no TOOL: ftk-train). Every tool that creates or removes
- * checkpoint directories in RUN takes it: ftk-train and ftk-reshard. A lock won on a file that is no longer at the path
- * (the directory's creator failed and removed it meanwhile) is not taken: it opens again.
- * A caller that made RUN but gets -1 must leave RUN alone: it is the other writer's. */
-int ckpt_lock_run(const char *run_dir);
 
 /* ---- reading ----
  * The functions that read arrays into the caller's memory take the type it wants, dt:
