@@ -15,23 +15,27 @@
 
 static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...) FTK_PRINTF(3, 4);
 
-/* One line to the caller, formatted whole (a path may be as long as PATH_MAX). */
-static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...)
+void ckpt_report_vsay(ckpt_report_fn report, void *ctx, ckpt_report_t kind, const char *fmt, va_list ap)
 {
     char small[1024], *line = small;
-    va_list ap;
-    va_start(ap, fmt);
+    va_list again;
+    va_copy(again, ap);
     int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof small && (line = malloc((size_t)n + 1))) {
-        va_start(ap, fmt);
-        vsnprintf(line, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-    }
-    if (o->report)
-        o->report(o->ctx, kind, line ? line : small);
+    if (n >= (int)sizeof small && (line = malloc((size_t)n + 1)))
+        vsnprintf(line, (size_t)n + 1, fmt, again);
+    va_end(again);
+    if (report)
+        report(ctx, kind, line ? line : small);
     if (line != small)
         free(line);
+}
+
+static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ckpt_report_vsay(o->report, o->ctx, kind, fmt, ap);
+    va_end(ap);
 }
 
 #define BAD(...)                                                                                        \
