@@ -2,7 +2,6 @@
  * checkpoints (save, asynchronous save, resume) are trainer_ckpt.c. */
 #include "trainer_internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "../formats/h5.h"
+#include "../formats/rundir.h"
 #include "../formats/tokens.h"
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
@@ -165,20 +165,6 @@ static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int
     return 0;
 }
 
-/* Whether DIR holds nothing but the lock file. */
-static int holds_only_lock(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    struct dirent *e;
-    int only = 1;
-    while (only && (e = readdir(d)))
-        only = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, ".lock");
-    closedir(d);
-    return only;
-}
-
 /* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
  * of checkpoints whose writers died. */
 static int prepare_out_dir(trainer_t *t)
@@ -197,16 +183,14 @@ static int prepare_out_dir(trainer_t *t)
     }
     /* one writer per run directory, for the life of the job; only then may temporaries
      * be taken for a dead run's */
-    int fd = ckpt_lock_run(out);
-    if (fd == -1) {
-        /* Another writer holds it: even if our mkdir made the directory, it is that
-         * writer's run now (two started together), so a failure must not remove it. */
-        t->made_dir = t->made_parents = 0;
+    int fd = rundir_claim(out, &t->made_dir);
+    if (fd == RUNDIR_BUSY) {
+        t->made_parents = 0; /* the other writer's, as the directory is */
         return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     }
-    if (fd == -2)
+    if (fd == RUNDIR_NO_LOCKS)
         ftk_warn("%s; going on without the lock: make sure no other ftk-train writes to %s", ftk_err_msg(), out);
-    else if (fd == -4) /* .lock is a link, FIFO, …: bad input, and nothing was written through it */
+    else if (fd == RUNDIR_REFUSED) /* .lock is a link, FIFO, …: bad input, and nothing was written through it */
         return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     else if (fd < 0)
         return fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
@@ -214,7 +198,7 @@ static int prepare_out_dir(trainer_t *t)
     /* Our mkdir made it, but another writer started at the same moment may have locked it
      * first and run to its end meanwhile: then what it holds is that writer's, and a
      * failure of ours (the run exists) must leave it. */
-    if (t->made_dir && !holds_only_lock(out))
+    if (t->made_dir && !rundir_holds_only_lock(out))
         t->made_dir = t->made_parents = 0;
     char latest[4096];
     snprintf(latest, sizeof latest, "%.*s/latest", path_dir_len(out), out);

@@ -11,7 +11,7 @@
  *                                 checkpoint ("step-00000200\n"), replaced by rename;
  *                                 never a symbolic link (a reader refuses one)
  *   RUN/metrics.jsonl             the trainer's metrics (not part of a checkpoint)
- *   RUN/.lock                     the writers' lock ("HOST PID TOOL", ckpt_lock_run)
+ *   RUN/.lock                     the writers' lock (rundir.h: the run directory)
  *
  * A checkpoint is written under a hidden temporary name (".step-00000200.tmp.PID"), every
  * file fsynced, renamed into place, the run directory fsynced, then `latest` is replaced
@@ -267,24 +267,9 @@ char **ckpt_list(const char *run_dir, size_t *n);
 
 /* Removes the hidden directories of checkpoints whose writers died before committing
  * (".step-*.tmp.PID"); returns how many. Call it only when no writer is running: while
- * holding the run's lock (ckpt_lock_run), which every writer takes. Even then, one whose
+ * holding the run's lock (rundir_lock), which every writer takes. Even then, one whose
  * PID is a live process on this host is kept (a writer that took no lock). */
 int ckpt_remove_stale(const char *run_dir);
-
-/* One writer per run directory: takes an exclusive POSIX record lock on RUN/.lock (fcntl
- * F_SETLK, which NFS serves through its lock manager and Lustre when mounted with
- * -o flock) and writes "HOST PID" into it. Returns the descriptor, which holds the lock
- * until it is closed or the process ends (kill -9 included: the kernel drops it); -1 when
- * another process holds it (ftk_err_msg() names its host and process id from the file);
- * -2 when the file system keeps no locks (ENOLCK, ENOSYS, EOPNOTSUPP: the caller may warn
- * and go on); -3 on any other error; -4 when RUN/.lock is not a regular file (a symbolic
- * link, FIFO, device or directory: it is opened without following a link and without
- * blocking, and nothing is written through it). The file holds "HOST PID TOOL\n" (ftk_tool();
- * a file of an older ftk has no TOOL: ftk-train). Every tool that creates or removes
- * checkpoint directories in RUN takes it: ftk-train and ftk-reshard. A lock won on a file that is no longer at the path
- * (the directory's creator failed and removed it meanwhile) is not taken: it opens again.
- * A caller that made RUN but gets -1 must leave RUN alone: it is the other writer's. */
-int ckpt_lock_run(const char *run_dir);
 
 /* ---- reading ----
  * The functions that read arrays into the caller's memory take the type it wants, dt:
@@ -338,6 +323,16 @@ int ckpt_shard_read_residual(hid_t f, const ckpt_manifest_t *man, int unit, floa
 /* The unit whose residual a dataset path names ("/grad_residual/layer.0"), or -1 (not a
  * residual, or the manifest has no compress_grads). */
 int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path);
+/* What a dataset of shard `index` is (path as h5_each_dataset() gives it): one of the unit
+ * arrays, a residual (compress_grads), a tokenizer file (shard 1 only) or none of these. */
+typedef enum { CKPT_DS_ARRAY, CKPT_DS_RESIDUAL, CKPT_DS_TOKENIZER, CKPT_DS_UNEXPECTED } ckpt_dataset_t;
+ckpt_dataset_t ckpt_shard_dataset(const ckpt_manifest_t *man, int64_t index, const char *path);
+/* A dataset of an open shard checked as ckpt_shard_open(…, 1) and ftk-verify check it, by
+ * what ckpt_shard_dataset() says it is: a unit array passes (it is checked where it is
+ * read), a residual as ckpt_shard_read_residual() checks it, a tokenizer file against its
+ * checksum, anything else is refused. 0, or -1 with the message (which does not name the
+ * file). */
+int ckpt_shard_check_dataset(hid_t f, const ckpt_manifest_t *man, ckpt_dataset_t what, const char *path);
 /* A whole unit of one kind (units[unit].padded elements of dt into out) from the S open
  * shards files[0 … S−1], every dataset checked against its xxh3_64. */
 int ckpt_read_unit(const hid_t *files, const ckpt_manifest_t *man, int kind, int unit, dtype_t dt, void *out);
@@ -361,6 +356,15 @@ void ckpt_shard_cache_free(ckpt_shard_cache_t *c); /* NULL: nothing */
  * is checked to be zero as stored; a shard's dataset read whole is also checked against its
  * xxh3_64 (a part of one is not: verify the files first, ckpt_shard_open(…, 1)). */
 int ckpt_read_range(ckpt_shard_cache_t *c, int kind, int unit, int64_t start, int64_t n, dtype_t dt, void *out);
+/* Reslicing, the rule ftk-reshard and ckpt_read_resliced() share: elements [a, b) of
+ * /KIND/UNIT's flat vector in another shard count's layout, whose padded length b may pass
+ * this checkpoint's, as dt into out. What this checkpoint holds of them is read
+ * (ckpt_read_range: the old padding read is checked to be zero); elements past its padded
+ * length are zero. last: [a, b) ends the new layout, and the old padding past b (which a
+ * smaller new padding drops) is read too, into out after the b − a elements, to be checked:
+ * out then holds max(b, padded) − a elements, else b − a. */
+int ckpt_read_reslice(ckpt_shard_cache_t *c, int kind, int unit, int64_t a, int64_t b, int last, dtype_t dt,
+                      void *out);
 /* Reshard on load: the slices that shard index2 of a layout of S2 shards holds (the shard
  * map of ckpt_units(cfg, S2)), in the stored type (st->dt), read from only the element
  * ranges of this checkpoint's shards that overlap them (ckpt_read_range, through a cache of

@@ -149,9 +149,10 @@ int ckpt_check_meta(const ckpt_meta_t *m)
     return 0;
 }
 
-static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_t **shards, uint64_t *config_sum)
+/* The manifest's format and version: an ftk checkpoint manifest this ftk reads. */
+static int parse_format(const json_value_t *r)
 {
-    char fmt[32], hex[32];
+    char fmt[32];
     int64_t ver;
     if (!r || r->type != JSON_OBJECT || get_str(r, "ftk_format", fmt, sizeof fmt) < 0 || strcmp(fmt, CKPT_FORMAT)) {
         ftk_err_set("manifest.json: not an ftk checkpoint manifest (ftk_format is not \"checkpoint\")");
@@ -164,13 +165,15 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
                     CKPT_VERSION);
         return -1;
     }
-    const json_value_t *d = json_get(r, "data"), *t = json_get(r, "train"), *c = json_get(r, "config"),
-                       *sh = json_get(r, "shards"), *in = json_get(r, "init");
-    if (!d || !t || !c || !sh || !in || d->type != JSON_OBJECT || t->type != JSON_OBJECT ||
-        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY) {
-        ftk_err_set("manifest.json: \"data\", \"init\", \"train\", \"config\" or \"shards\" missing or malformed");
-        return -1;
-    }
+    return 0;
+}
+
+/* The members every version-1 manifest has: the data order, the initial weights, the
+ * training options, the layout, config.json's checksum. */
+static int parse_required(const json_value_t *r, const json_value_t *d, const json_value_t *t,
+                          const json_value_t *c, const json_value_t *in, ckpt_meta_t *m, uint64_t *config_sum)
+{
+    char hex[32];
     ckpt_train_t *tr = &m->train;
     const json_value_t *dn = json_get(t, "decay_norms");
     if (get_i64(r, "step", &m->step) < 0 || get_i64(r, "tokens_seen", &m->tokens_seen) < 0 ||
@@ -196,6 +199,15 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         return -1;
     }
     tr->decay_norms = dn->u.boolean;
+    return 0;
+}
+
+/* The members added after version 1's first manifests: absent, they are what those runs
+ * did (no compressed gradients, nearest rounding, ftk's warmup, the global mean, ftk's
+ * recipe, block units). */
+static int parse_later(const json_value_t *r, const json_value_t *t, ckpt_meta_t *m)
+{
+    ckpt_train_t *tr = &m->train;
     m->compress_grads[0] = 0;
     if (json_get(r, "compress_grads")) {
         if (get_str(r, "compress_grads", m->compress_grads, sizeof m->compress_grads) < 0)
@@ -213,7 +225,6 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         ftk_err_set("manifest.json: \"rounding\" is \"%s\" (need stochastic or nearest)", tr->rounding);
         return -1;
     }
-    /* Options added after version 1's first manifests: absent, they are what those runs did. */
     static const struct {
         const char *key, *dflt, *a, *b;
         size_t off;
@@ -242,15 +253,14 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         ftk_err_set("manifest.json: \"units_policy\" is \"\" (block, group:M or size:BYTES)");
         return -1;
     }
-    if (ckpt_state_dtype(m->precision) == DT_INVALID) {
-        ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
-                    m->precision);
-        return -1;
-    }
-    if (ckpt_check_meta(m) < 0) {
-        ftk_err_prefix("manifest.json: ");
-        return -1;
-    }
+    return 0;
+}
+
+/* The "shards" array: one entry per shard, in order, each named as ckpt_shard_name() names
+ * it. *shards is allocated here (the caller frees it, on failure too). */
+static int parse_shards(const json_value_t *sh, const ckpt_meta_t *m, ckpt_shard_sum_t **shards)
+{
+    char hex[32];
     if (m->shard_count < 1 || m->shard_count > 99999 || sh->u.arr.n != (size_t)m->shard_count) {
         ftk_err_set("manifest.json: %zu entries in \"shards\" for a shard_count of %lld", sh->u.arr.n,
                     (long long)m->shard_count);
@@ -276,6 +286,31 @@ static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_
         (*shards)[i].bytes = (uint64_t)bytes;
     }
     return 0;
+}
+
+static int parse_manifest(const json_value_t *r, ckpt_meta_t *m, ckpt_shard_sum_t **shards, uint64_t *config_sum)
+{
+    if (parse_format(r) < 0)
+        return -1;
+    const json_value_t *d = json_get(r, "data"), *t = json_get(r, "train"), *c = json_get(r, "config"),
+                       *sh = json_get(r, "shards"), *in = json_get(r, "init");
+    if (!d || !t || !c || !sh || !in || d->type != JSON_OBJECT || t->type != JSON_OBJECT ||
+        c->type != JSON_OBJECT || in->type != JSON_OBJECT || sh->type != JSON_ARRAY) {
+        ftk_err_set("manifest.json: \"data\", \"init\", \"train\", \"config\" or \"shards\" missing or malformed");
+        return -1;
+    }
+    if (parse_required(r, d, t, c, in, m, config_sum) < 0 || parse_later(r, t, m) < 0)
+        return -1;
+    if (ckpt_state_dtype(m->precision) == DT_INVALID) {
+        ftk_err_set("manifest.json: precision \"%s\" is not one this ftk knows (fp32, bf16-mixed or bf16-true)",
+                    m->precision);
+        return -1;
+    }
+    if (ckpt_check_meta(m) < 0) {
+        ftk_err_prefix("manifest.json: ");
+        return -1;
+    }
+    return parse_shards(sh, m, shards);
 }
 
 /* 1 when the manifest ends with its seal and the seal holds, 0 when it has none (written
@@ -332,6 +367,95 @@ static int check_model_size(const model_config_t *c)
     return 0;
 }
 
+/* The shard map the manifest records ("units") against the one config.json's model gives
+ * (man->units): every unit's name, length and padding, every tensor's name, shape and
+ * offset. */
+static int check_units(const json_value_t *root, const ckpt_manifest_t *man, const char *dir, const char *mpath)
+{
+    const json_value_t *ju = json_get(root, "units");
+    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)man->n_units) {
+        ftk_err_set("%s: \"units\" does not match config.json's model", mpath);
+        return -1;
+    }
+    for (int u = 0; u < man->n_units; u++) {
+        const json_value_t *x = &ju->u.arr.items[u];
+        const ckpt_unit_t *w = &man->units[u];
+        char nm[32];
+        int64_t len, pad;
+        if (get_str(x, "name", nm, sizeof nm) < 0 || get_i64(x, "length", &len) < 0 ||
+            get_i64(x, "padded", &pad) < 0) {
+            ftk_err_prefix("%s: ", dir);
+            return -1;
+        }
+        if (strcmp(nm, w->name) || len != w->length || pad != w->padded) {
+            ftk_err_set("%s: unit %d (%s, %lld elements) does not match config.json's model (%s, %lld)", mpath, u, nm,
+                        (long long)len, w->name, (long long)w->length);
+            return -1;
+        }
+        const json_value_t *jt = json_get(x, "tensors");
+        if (!jt || jt->type != JSON_ARRAY || jt->u.arr.n != (size_t)w->n_tensors) {
+            ftk_err_set("%s: unit %s: \"tensors\" missing or not the %d of config.json's model", mpath, w->name,
+                        w->n_tensors);
+            return -1;
+        }
+        for (int i = 0; i < w->n_tensors; i++) {
+            const json_value_t *y = &jt->u.arr.items[i], *js = json_get(y, "shape");
+            const ckpt_tensor_t *t = &w->t[i];
+            char tn[WEIGHTS_NAME_MAX];
+            int64_t off, d0 = -1, d1 = 1;
+            if (get_str(y, "name", tn, sizeof tn) < 0 || get_i64(y, "offset", &off) < 0 || !js ||
+                js->type != JSON_ARRAY || js->u.arr.n != (size_t)t->rank ||
+                json_get_i64(&js->u.arr.items[0], &d0) < 0 || (t->rank == 2 && json_get_i64(&js->u.arr.items[1], &d1) < 0) ||
+                strcmp(tn, t->name) || off != t->offset || d0 != t->shape[0] || d1 != t->shape[1]) {
+                ftk_err_set("%s: unit %s, tensor %d: name, shape or offset differs from config.json's model (%s %lldx%lld "
+                            "at %lld)",
+                            mpath, w->name, i, t->name, (long long)t->shape[0], (long long)t->shape[1],
+                            (long long)t->offset);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Each shard holds its slice of every unit, three times, uncompressed: the shard map
+ * must fit in the bytes the manifest records (and the file has), which also bounds what
+ * a reader allocates by what is on disk. Counted at 2 bytes an element whatever the
+ * precision, so that a dataset of the wrong type is named as such when it is read. */
+static int check_shard_files(const char *dir, const ckpt_manifest_t *man)
+{
+    uint64_t slice_bytes = 0;
+    for (int u = 0; u < man->n_units; u++)
+        slice_bytes += (uint64_t)(man->units[u].padded / man->meta.shard_count);
+    slice_bytes *= CKPT_KINDS * 2;
+    for (int64_t i = 0; i < man->meta.shard_count; i++) {
+        char name[32];
+        ckpt_shard_name(name, i, man->meta.shard_count);
+        char *sp = ckpt_join(dir, name);
+        struct stat sb;
+        if (!sp)
+            return -1;
+        int st = stat(sp, &sb);
+        if (st < 0)
+            ftk_err_set("%s: %s", sp, strerror(errno));
+        else if (!S_ISREG(sb.st_mode))
+            ftk_err_set("%s: not a regular file", sp);
+        else if ((uint64_t)sb.st_size != man->shards[i].bytes)
+            ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
+                        (unsigned long long)man->shards[i].bytes);
+        else if (man->shards[i].bytes < slice_bytes)
+            ftk_err_set("%s: %llu bytes, too few for the shard map's %llu bytes of arrays (config.json's model)", sp,
+                        (unsigned long long)man->shards[i].bytes, (unsigned long long)slice_bytes);
+        if (st < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != man->shards[i].bytes ||
+            man->shards[i].bytes < slice_bytes) {
+            free(sp);
+            return -1;
+        }
+        free(sp);
+    }
+    return 0;
+}
+
 int ckpt_open(const char *dir, ckpt_manifest_t *man)
 {
     int rc = -1;
@@ -373,83 +497,8 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
     }
     if (ckpt_units(&man->cfg, man->meta.shard_count, &man->units, &man->n_units) < 0)
         goto out;
-    /* The shard map written must be the one this config gives. */
-    const json_value_t *ju = json_get(root, "units");
-    if (!ju || ju->type != JSON_ARRAY || ju->u.arr.n != (size_t)man->n_units) {
-        ftk_err_set("%s: \"units\" does not match config.json's model", mpath);
+    if (check_units(root, man, dir, mpath) < 0 || check_shard_files(dir, man) < 0)
         goto out;
-    }
-    for (int u = 0; u < man->n_units; u++) {
-        const json_value_t *x = &ju->u.arr.items[u];
-        const ckpt_unit_t *w = &man->units[u];
-        char nm[32];
-        int64_t len, pad;
-        if (get_str(x, "name", nm, sizeof nm) < 0 || get_i64(x, "length", &len) < 0 ||
-            get_i64(x, "padded", &pad) < 0) {
-            ftk_err_prefix("%s: ", dir);
-            goto out;
-        }
-        if (strcmp(nm, w->name) || len != w->length || pad != w->padded) {
-            ftk_err_set("%s: unit %d (%s, %lld elements) does not match config.json's model (%s, %lld)", mpath, u, nm,
-                        (long long)len, w->name, (long long)w->length);
-            goto out;
-        }
-        const json_value_t *jt = json_get(x, "tensors");
-        if (!jt || jt->type != JSON_ARRAY || jt->u.arr.n != (size_t)w->n_tensors) {
-            ftk_err_set("%s: unit %s: \"tensors\" missing or not the %d of config.json's model", mpath, w->name,
-                        w->n_tensors);
-            goto out;
-        }
-        for (int i = 0; i < w->n_tensors; i++) {
-            const json_value_t *y = &jt->u.arr.items[i], *js = json_get(y, "shape");
-            const ckpt_tensor_t *t = &w->t[i];
-            char tn[WEIGHTS_NAME_MAX];
-            int64_t off, d0 = -1, d1 = 1;
-            if (get_str(y, "name", tn, sizeof tn) < 0 || get_i64(y, "offset", &off) < 0 || !js ||
-                js->type != JSON_ARRAY || js->u.arr.n != (size_t)t->rank ||
-                json_get_i64(&js->u.arr.items[0], &d0) < 0 || (t->rank == 2 && json_get_i64(&js->u.arr.items[1], &d1) < 0) ||
-                strcmp(tn, t->name) || off != t->offset || d0 != t->shape[0] || d1 != t->shape[1]) {
-                ftk_err_set("%s: unit %s, tensor %d: name, shape or offset differs from config.json's model (%s %lldx%lld "
-                            "at %lld)",
-                            mpath, w->name, i, t->name, (long long)t->shape[0], (long long)t->shape[1],
-                            (long long)t->offset);
-                goto out;
-            }
-        }
-    }
-    /* Each shard holds its slice of every unit, three times, uncompressed: the shard map
-     * must fit in the bytes the manifest records (and the file has), which also bounds what
-     * a reader allocates by what is on disk. Counted at 2 bytes an element whatever the
-     * precision, so that a dataset of the wrong type is named as such when it is read. */
-    uint64_t slice_bytes = 0;
-    for (int u = 0; u < man->n_units; u++)
-        slice_bytes += (uint64_t)(man->units[u].padded / man->meta.shard_count);
-    slice_bytes *= CKPT_KINDS * 2;
-    for (int64_t i = 0; i < man->meta.shard_count; i++) {
-        char name[32];
-        ckpt_shard_name(name, i, man->meta.shard_count);
-        char *sp = ckpt_join(dir, name);
-        struct stat sb;
-        if (!sp)
-            goto out;
-        int st = stat(sp, &sb);
-        if (st < 0)
-            ftk_err_set("%s: %s", sp, strerror(errno));
-        else if (!S_ISREG(sb.st_mode))
-            ftk_err_set("%s: not a regular file", sp);
-        else if ((uint64_t)sb.st_size != man->shards[i].bytes)
-            ftk_err_set("%s: %lld bytes, the manifest says %llu", sp, (long long)sb.st_size,
-                        (unsigned long long)man->shards[i].bytes);
-        else if (man->shards[i].bytes < slice_bytes)
-            ftk_err_set("%s: %llu bytes, too few for the shard map's %llu bytes of arrays (config.json's model)", sp,
-                        (unsigned long long)man->shards[i].bytes, (unsigned long long)slice_bytes);
-        if (st < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != man->shards[i].bytes ||
-            man->shards[i].bytes < slice_bytes) {
-            free(sp);
-            goto out;
-        }
-        free(sp);
-    }
     rc = 0;
 out:
     if (rc < 0)
@@ -479,32 +528,28 @@ void ckpt_manifest_free(ckpt_manifest_t *man)
     memset(man, 0, sizeof *man);
 }
 
-typedef struct {
-    const ckpt_manifest_t *man;
-    int64_t index;
-    int residuals; /* /grad_residual datasets seen */
-} extra_t;
-
-/* Datasets other than the unit arrays: shard 1's tokenizer files, their checksums
- * verified, with compress_grads the residuals (ckpt_shard_read_residual's checks), and
- * nothing else (ftk-verify's rule). */
-static int check_extra(hid_t f, const char *path, void *p)
+ckpt_dataset_t ckpt_shard_dataset(const ckpt_manifest_t *man, int64_t index, const char *path)
 {
-    extra_t *c = p;
     const char *rest = path[0] == '/' ? path + 1 : path;
     for (int k = 0; k < CKPT_KINDS; k++) {
         size_t l = strlen(ckpt_kind_names[k]);
         if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
-            for (int u = 0; u < c->man->n_units; u++)
-                if (!strcmp(rest + l + 1, c->man->units[u].name))
-                    return 0; /* checked as it is read */
+            for (int u = 0; u < man->n_units; u++)
+                if (!strcmp(rest + l + 1, man->units[u].name))
+                    return CKPT_DS_ARRAY;
     }
-    int residual = ckpt_residual_unit(c->man, path);
-    if (residual >= 0) {
-        c->residuals++;
-        return ckpt_shard_read_residual(f, c->man, residual, NULL) < 0 ? -1 : 0;
-    }
-    if (strncmp(rest, "tokenizer/", 10) || c->index != 0) {
+    if (ckpt_residual_unit(man, path) >= 0)
+        return CKPT_DS_RESIDUAL;
+    return !strncmp(rest, "tokenizer/", 10) && index == 0 ? CKPT_DS_TOKENIZER : CKPT_DS_UNEXPECTED;
+}
+
+int ckpt_shard_check_dataset(hid_t f, const ckpt_manifest_t *man, ckpt_dataset_t what, const char *path)
+{
+    if (what == CKPT_DS_ARRAY)
+        return 0;
+    if (what == CKPT_DS_RESIDUAL)
+        return ckpt_shard_read_residual(f, man, ckpt_residual_unit(man, path), NULL);
+    if (what == CKPT_DS_UNEXPECTED) {
         ftk_err_set("unexpected dataset %s (not in the shard map)", path);
         return -1;
     }
@@ -514,6 +559,21 @@ static int check_extra(hid_t f, const char *path, void *p)
         ftk_err_set("dataset %s: checksum mismatch (stored %016llx, computed %016llx)", path,
                     (unsigned long long)stored, (unsigned long long)computed);
     return r ? -1 : 0;
+}
+
+typedef struct {
+    const ckpt_manifest_t *man;
+    int64_t index;
+    int residuals; /* /grad_residual datasets seen */
+} extra_t;
+
+/* ckpt_shard_open()'s walk over a shard's datasets: the first one refused ends it. */
+static int check_extra(hid_t f, const char *path, void *p)
+{
+    extra_t *c = p;
+    ckpt_dataset_t what = ckpt_shard_dataset(c->man, c->index, path);
+    c->residuals += what == CKPT_DS_RESIDUAL;
+    return ckpt_shard_check_dataset(f, c->man, what, path);
 }
 
 int ckpt_residual_unit(const ckpt_manifest_t *man, const char *path)
@@ -1035,6 +1095,21 @@ int ckpt_read_range(ckpt_shard_cache_t *c, int kind, int unit, int64_t start, in
     return 0;
 }
 
+int ckpt_read_reslice(ckpt_shard_cache_t *c, int kind, int unit, int64_t a, int64_t b, int last, dtype_t dt,
+                      void *out)
+{
+    int64_t old = c->man->units[unit].padded;
+    size_t es = dtype_size(dt);
+    /* what this checkpoint holds of [a, b); with last also its padding past b */
+    int64_t end = last && old > b ? old : b < old ? b : old;
+    if (end > a && ckpt_read_range(c, kind, unit, a, end - a, dt, out) < 0)
+        return -1;
+    int64_t z = old > a ? old : a; /* past the old padding: zero */
+    if (b > z)
+        memset((char *)out + (size_t)(z - a) * es, 0, (size_t)(b - z) * es);
+    return 0;
+}
+
 /* Shards open at once while a rank reads its new slices (ckpt_read_resliced): a few
  * descriptors whatever the old shard count. */
 #define RESLICE_OPEN 16
@@ -1056,13 +1131,13 @@ int ckpt_read_resliced(const char *dir, const ckpt_manifest_t *man, int64_t S2, 
     void ***arrays[CKPT_KINDS] = {&st->param, &st->m, &st->v};
     int kinds = params_only ? 1 : CKPT_KINDS;
     dtype_t dt = ckpt_state_dtype(man->meta.precision);
-    if (state_alloc(st, u2, n_units, S2, kinds, dt) < 0) /* zeros: past the old padding stays 0 */
+    if (state_alloc(st, u2, n_units, S2, kinds, dt) < 0)
         goto out;
     for (int k = 0; k < kinds; k++) {
         for (int u = 0; u < n_units; u++) {
-            int64_t part2 = u2[u].padded / S2, a = index2 * part2, b = a + part2; /* this slice, in unit coordinates */
+            int64_t part2 = u2[u].padded / S2, a = index2 * part2; /* this slice, in unit coordinates */
             int64_t old = man->units[u].padded, len = man->units[u].length;
-            if (a < old && ckpt_read_range(c, k, u, a, (b < old ? b : old) - a, dt, (*arrays[k])[u]) < 0)
+            if (ckpt_read_reslice(c, k, u, a, a + part2, 0, dt, (*arrays[k])[u]) < 0)
                 goto out;
             /* the old padding, which the new slices may not cover: zero, as ftk-verify requires */
             if (old > len && ckpt_read_range(c, k, u, len, old - len, dt, pad) < 0)

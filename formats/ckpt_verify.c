@@ -15,23 +15,27 @@
 
 static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...) FTK_PRINTF(3, 4);
 
-/* One line to the caller, formatted whole (a path may be as long as PATH_MAX). */
-static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...)
+void ckpt_report_vsay(ckpt_report_fn report, void *ctx, ckpt_report_t kind, const char *fmt, va_list ap)
 {
     char small[1024], *line = small;
-    va_list ap;
-    va_start(ap, fmt);
+    va_list again;
+    va_copy(again, ap);
     int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof small && (line = malloc((size_t)n + 1))) {
-        va_start(ap, fmt);
-        vsnprintf(line, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-    }
-    if (o->report)
-        o->report(o->ctx, kind, line ? line : small);
+    if (n >= (int)sizeof small && (line = malloc((size_t)n + 1)))
+        vsnprintf(line, (size_t)n + 1, fmt, again);
+    va_end(again);
+    if (report)
+        report(ctx, kind, line ? line : small);
     if (line != small)
         free(line);
+}
+
+static void say(const ckpt_verify_opts_t *o, ckpt_report_t kind, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ckpt_report_vsay(o->report, o->ctx, kind, fmt, ap);
+    va_end(ap);
 }
 
 #define BAD(...)                                                                                        \
@@ -95,39 +99,18 @@ typedef struct {
     int bad, n, residuals;
 } extra_ctx_t;
 
-/* Datasets other than the unit arrays: the tokenizer files (shard 1 only), with
- * compress_grads the residuals (/grad_residual/UNIT), nothing else. */
+/* Datasets other than the unit arrays (checked with them): every one checked and each
+ * finding reported, where ckpt_shard_open() stops at the first. */
 static int check_extra(hid_t f, const char *path, void *p)
 {
     extra_ctx_t *c = p;
     const ckpt_verify_opts_t *o = c->o;
     int bad = 0;
-    const char *rest = path[0] == '/' ? path + 1 : path;
-    for (int k = 0; k < CKPT_KINDS; k++) {
-        size_t l = strlen(ckpt_kind_names[k]);
-        if (!strncmp(rest, ckpt_kind_names[k], l) && rest[l] == '/')
-            for (int u = 0; u < c->man->n_units; u++)
-                if (!strcmp(rest + l + 1, c->man->units[u].name))
-                    return 0; /* checked with the unit arrays */
-    }
-    int residual = ckpt_residual_unit(c->man, path);
-    if (residual >= 0) { /* compress_grads: the rank's residuals, whole units */
-        c->n++;
-        c->residuals++;
-        if (ckpt_shard_read_residual(f, c->man, residual, NULL) < 0)
-            BAD("%s: %s", c->spath, ftk_err_msg());
-    } else if (!strncmp(rest, "tokenizer/", 10) && c->index == 0) { /* shard 1: the tokenizer's files */
-        uint64_t stored, computed;
-        int has, r = h5_verify_dataset(f, path, &stored, &computed, &has);
-        c->n++;
-        if (r < 0)
-            BAD("%s: %s", c->spath, ftk_err_msg());
-        else if (r > 0)
-            BAD("%s: dataset %s: checksum mismatch (stored %016llx, computed %016llx)", c->spath, path,
-                (unsigned long long)stored, (unsigned long long)computed);
-    } else {
-        BAD("%s: unexpected dataset %s (not in the shard map)", c->spath, path);
-    }
+    ckpt_dataset_t what = ckpt_shard_dataset(c->man, c->index, path);
+    c->n += what == CKPT_DS_RESIDUAL || what == CKPT_DS_TOKENIZER;
+    c->residuals += what == CKPT_DS_RESIDUAL;
+    if (ckpt_shard_check_dataset(f, c->man, what, path) < 0)
+        BAD("%s: %s", c->spath, ftk_err_msg());
     c->bad += bad;
     return 0;
 }

@@ -17,6 +17,7 @@
 #ifndef FTK_CKPT_VERIFY_H
 #define FTK_CKPT_VERIFY_H
 
+#include <stdarg.h>
 #include <sys/types.h>
 
 typedef enum {
@@ -27,13 +28,17 @@ typedef enum {
 } ckpt_verdict_t;
 
 typedef enum {
-    CKPT_REPORT_OK,    /* the checkpoint's summary line: it verifies */
+    CKPT_REPORT_OK,    /* the checkpoint's summary line: it verifies (compare.h: a line of its report) */
     CKPT_REPORT_WARN,  /* worth saying, not damage */
     CKPT_REPORT_ERROR, /* damage, or why it cannot be verified */
 } ckpt_report_t;
 
 /* line is valid only during the call. */
 typedef void (*ckpt_report_fn)(void *ctx, ckpt_report_t kind, const char *line);
+
+/* One line formatted whole (a path may be as long as PATH_MAX) and handed to report (NULL:
+ * dropped); for the modules that report through it. */
+void ckpt_report_vsay(ckpt_report_fn report, void *ctx, ckpt_report_t kind, const char *fmt, va_list ap);
 
 typedef struct {
     int deep;              /* also scan weights and moments for NaN and Inf */

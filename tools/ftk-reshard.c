@@ -14,6 +14,7 @@
 #include "../engine/strategy.h"
 #include "../formats/checkpoint.h"
 #include "../formats/metrics.h"
+#include "../formats/rundir.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
@@ -192,6 +193,325 @@ static void carried_done(int remove)
     }
 }
 
+/* One reshard: the input checkpoint, the new layout, the output run directory and what
+ * writing it holds. */
+typedef struct {
+    ckpt_manifest_t man; /* the input's */
+    char *dir;           /* the input checkpoint's directory */
+    ckpt_meta_t meta;    /* the output's */
+    int64_t S2;          /* its shard count */
+    dtype_t dt2;         /* its arrays' type */
+    size_t es;
+    ckpt_unit_t *units2;
+    int n2;
+    char *run; /* the output's run directory */
+    int made_run, lock_fd;
+    char *lock_path; /* registered for the signal handler while made_run */
+    int64_t B;       /* output shards written together */
+    ckpt_shard_cache_t *in;
+    ckpt_shard_writer_t **out;
+    ckpt_shard_sum_t *sums;
+    char *buf;
+    uint64_t in_bytes, out_bytes;
+    ckpt_writer_t w;
+} reshard_t;
+
+/* The new layout from the options and the input's: strategy, shard count, precision and
+ * units policy into r->meta and r->S2. 0, or FTK_EXIT_USAGE with the error printed. */
+static int new_layout(reshard_t *r)
+{
+    const ckpt_meta_t *in = &r->man.meta;
+    ckpt_meta_t *meta = &r->meta;
+    *meta = *in;
+    if (meta->compress_grads[0]) { /* residuals are whole units per rank: no slice of them is another layout's */
+        ftk_warn("%s: the ranks' --compress-grads residuals are not carried over (the resumed run starts them at zero)",
+                 r->dir);
+        meta->compress_grads[0] = 0;
+    }
+    strategy_t strat;
+    if (strategy_parse(strategy_opt ? strategy_opt : in->strategy, &strat) < 0) {
+        ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : in->strategy);
+        return FTK_EXIT_USAGE;
+    }
+    r->S2 = ranks;
+    if (strat == STRAT_HYBRID) {
+        int64_t g = group_size ? group_size : !strcmp(in->strategy, "hybrid") ? in->shard_count : 0;
+        if (g < 1 || ranks % g) {
+            ftk_error("hybrid on %lld ranks: %s", (long long)ranks,
+                      g < 1 ? "give --shard-group-size (the input is not hybrid)"
+                            : "--shard-group-size must divide --ranks");
+            return FTK_EXIT_USAGE;
+        }
+        r->S2 = g;
+    } else if (group_size) {
+        ftk_error("--shard-group-size is for --strategy hybrid");
+        return FTK_EXIT_USAGE;
+    }
+    snprintf(meta->strategy, sizeof meta->strategy, "%s", strategy_name(strat));
+    meta->world_size = ranks;
+    meta->shard_count = r->S2;
+    precision_t prec;
+    if (precision_opt && precision_parse(precision_opt, &prec) < 0) {
+        ftk_error("--precision %s: expected fp32, bf16-mixed or bf16-true", precision_opt);
+        return FTK_EXIT_USAGE;
+    }
+    if (precision_opt)
+        snprintf(meta->precision, sizeof meta->precision, "%s", precision_name(prec));
+    if (units_opt) {
+        int uk, n_units = r->man.n_units;
+        int64_t ua;
+        if (ckpt_units_policy_parse(units_opt, &uk, &ua) < 0) {
+            ftk_error("--units %s: %s", units_opt, ftk_err_msg());
+            return FTK_EXIT_USAGE;
+        }
+        if (uk == CKPT_UNITS_GROUP && ua > n_units - 2) {
+            ftk_error("--units %s: the model has %d block%s", units_opt, n_units - 2, n_units == 3 ? "" : "s");
+            return FTK_EXIT_USAGE;
+        }
+        ckpt_units_policy_name(uk, ua, meta->units_policy);
+    }
+    /* Each unit is read as the output's type: ckpt_read_range converts (exactly when widening). */
+    r->dt2 = ckpt_state_dtype(meta->precision);
+    r->es = dtype_size(r->dt2);
+    return 0;
+}
+
+/* The input cache, the output writers and sums, one buffer for the largest unit of either
+ * layout. 0, or FTK_EXIT_FAIL with the error printed. */
+static int alloc_buffers(reshard_t *r)
+{
+    r->B = r->S2 < RESHARD_BATCH ? r->S2 : RESHARD_BATCH;
+    r->in = ckpt_shard_cache_new(r->dir, &r->man, RESHARD_OPEN_IN);
+    r->out = calloc((size_t)r->B, sizeof *r->out);
+    r->sums = calloc((size_t)r->S2, sizeof *r->sums);
+    int64_t maxpad = 0;
+    for (int u = 0; u < r->man.n_units; u++) {
+        maxpad = r->man.units[u].padded > maxpad ? r->man.units[u].padded : maxpad;
+        maxpad = r->units2[u].padded > maxpad ? r->units2[u].padded : maxpad;
+    }
+    r->buf = malloc((size_t)maxpad * r->es);
+    if (!r->in || !r->out || !r->sums || !r->buf) {
+        ftk_error("out of memory");
+        return FTK_EXIT_FAIL;
+    }
+    return 0;
+}
+
+/* Verify before trusting: every input file's checksum, size and attributes, one file open
+ * at a time (then every dataset's checksum where it is read whole, its padding). 0, or
+ * FTK_EXIT_USAGE with the error printed. */
+static int verify_input(reshard_t *r)
+{
+    progress_t p;
+    int64_t S = r->man.meta.shard_count;
+    for (int64_t i = 0; i < S; i++)
+        r->in_bytes += r->man.shards[i].bytes;
+    progress_start(&p, "verifying", (int64_t)r->in_bytes, "bytes");
+    uint64_t seen = 0;
+    for (int64_t i = 0; i < S; i++) {
+        hid_t f = ckpt_shard_open(r->dir, &r->man, i, 1);
+        if (f < 0) {
+            progress_done(&p);
+            ftk_error("%s", ftk_err_msg());
+            return FTK_EXIT_USAGE;
+        }
+        h5_close(f);
+        seen += r->man.shards[i].bytes;
+        progress_update(&p, (int64_t)seen);
+    }
+    progress_done(&p);
+    return 0;
+}
+
+/* The output run directory made where it is missing (only now: a refused input leaves
+ * nothing) and its lock taken, as ftk-train takes it: a trainer of this run must neither
+ * write beside us nor take our temporary for a dead writer's and remove it. 0, or an exit
+ * status with the error printed. */
+static int take_run_dir(reshard_t *r)
+{
+    struct stat sb;
+    if (stat(r->run, &sb) < 0) {
+        if (mkdir(r->run, 0777) < 0) {
+            ftk_error("%s: %s", r->run, strerror(errno));
+            return FTK_EXIT_FAIL;
+        }
+        r->made_run = 1; /* removed again on failure or a signal, unless a checkpoint got into it */
+        atomic_register_dir(r->run);
+        if ((r->lock_path = rundir_lock_path(r->run))) /* the lock file goes with it */
+            atomic_register_file(r->lock_path);
+    }
+    int made = r->made_run;
+    r->lock_fd = rundir_claim(r->run, &r->made_run);
+    if (r->lock_fd == RUNDIR_NO_LOCKS) {
+        ftk_warn("%s; going on without the lock: make sure no ftk-train writes to %s", ftk_err_msg(), r->run);
+        return 0;
+    }
+    if (r->lock_fd >= 0)
+        return 0;
+    ftk_error("%s", ftk_err_msg());
+    if (made && !r->made_run) { /* the other writer's run now, even if our mkdir made it */
+        atomic_unregister_dir(r->run);
+        if (r->lock_path)
+            atomic_unregister_file(r->lock_path);
+    }
+    return r->lock_fd == RUNDIR_BUSY || r->lock_fd == RUNDIR_REFUSED ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
+}
+
+/* The new shards [j0, j0 + nb) written whole: each unit of each array is read for the
+ * batch's slices only (ckpt_read_reslice), so every input element is read once in all.
+ * 0, or an exit status with the error printed (the caller releases the writers). */
+static int write_batch(reshard_t *r, int64_t j0, int64_t nb, progress_t *p, int64_t *done_arrays)
+{
+    for (int64_t j = 0; j < nb; j++)
+        if (!(r->out[j] = ckpt_shard_create(r->w.dir, &r->meta, r->units2, r->n2, j0 + j))) {
+            progress_done(p);
+            ftk_error("%s", ftk_err_msg());
+            return FTK_EXIT_FAIL;
+        }
+    for (int k = 0; k < CKPT_KINDS; k++) {
+        for (int u = 0; u < r->man.n_units; u++) {
+            int64_t part = r->units2[u].padded / r->S2;
+            if (ckpt_read_reslice(r->in, k, u, j0 * part, (j0 + nb) * part, j0 + nb == r->S2, r->dt2, r->buf) < 0) {
+                progress_done(p);
+                ftk_error("%s: %s", r->dir, ftk_err_msg());
+                return FTK_EXIT_USAGE;
+            }
+            for (int64_t j = 0; j < nb; j++)
+                if (ckpt_shard_put(r->out[j], k, u, r->buf + (size_t)(j * part) * r->es) < 0) {
+                    progress_done(p);
+                    ftk_error("%s", ftk_err_msg());
+                    return FTK_EXIT_FAIL;
+                }
+            progress_update(p, ++*done_arrays);
+        }
+    }
+    hid_t tok = j0 == 0 ? ckpt_shard_cache_get(r->in, 0) : -1;
+    if ((j0 == 0 && tok < 0) || ckpt_shard_finish_many(r->out, nb, tok, r->sums + j0) < 0) {
+        progress_done(p);
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_FAIL; /* the caller releases out[] where the tokenizer could not be had */
+    }
+    for (int64_t j = 0; j < nb; j++)
+        r->out_bytes += r->sums[j0 + j].bytes;
+    return 0;
+}
+
+/* Every new shard, in batches of B files. */
+static int write_shards(reshard_t *r)
+{
+    progress_t p;
+    progress_start(&p, "resharding", (int64_t)CKPT_KINDS * r->man.n_units * ((r->S2 + r->B - 1) / r->B), "arrays");
+    int64_t done_arrays = 0;
+    for (int64_t j0 = 0; j0 < r->S2; j0 += r->B) {
+        int rc = write_batch(r, j0, r->S2 - j0 < r->B ? r->S2 - j0 : r->B, &p, &done_arrays);
+        if (rc)
+            return rc;
+    }
+    progress_done(&p);
+    return 0;
+}
+
+/* The writers of a failed batch released, the hidden directory removed. */
+static void abort_shards(reshard_t *r)
+{
+    for (int64_t j = 0; j < r->B; j++)
+        if (r->out[j]) {
+            ckpt_shard_sum_t dummy;
+            ckpt_shard_finish(r->out[j], -1, &dummy);
+            r->out[j] = NULL;
+        }
+    ckpt_abort(&r->w);
+}
+
+/* The run's history, then the manifest and `latest`: 0, FTK_EXIT_FAIL with the writer
+ * still to abort (abort_shards), or -1 when the commit itself failed (nothing left to
+ * abort). *final_name: the checkpoint's name (malloc'd, or NULL). */
+static int commit(reshard_t *r, char **final_name)
+{
+    *final_name = NULL;
+    if (carry_history(r->dir, r->run, r->meta.step) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        carried_done(1);
+        return FTK_EXIT_FAIL;
+    }
+    *final_name = strdup(r->w.name);
+    if (ckpt_commit(&r->w, &r->meta, &r->man.cfg, r->units2, r->n2, r->sums, 0) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        /* committed all the same when only `latest` failed: the history stays with it */
+        char committed[8192];
+        struct stat csb;
+        snprintf(committed, sizeof committed, "%s/%s", r->run, *final_name ? *final_name : "");
+        carried_done(!*final_name || stat(committed, &csb) != 0);
+        return -1;
+    }
+    carried_done(0);
+    return 0;
+}
+
+static void report(const reshard_t *r, const char *final_name, double t0)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int64_t big = 0, S = r->man.meta.shard_count;
+    for (int u = 0; u < r->man.n_units; u++)
+        big = r->man.units[u].length > big ? r->man.units[u].length : big;
+    double secs = time_now() - t0;
+    const ckpt_meta_t *a = &r->man.meta, *b = &r->meta;
+    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s, %s) -> %lld (%s, %lld rank%s, %s); %.1f MB read, "
+             "%.1f MB written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
+             r->run, final_name ? final_name : "", (long long)b->step, (long long)S, S == 1 ? "" : "s", a->strategy,
+             (long long)a->world_size, a->world_size == 1 ? "" : "s", a->precision, (long long)r->S2, b->strategy,
+             (long long)ranks, ranks == 1 ? "" : "s", b->precision, (double)r->in_bytes / 1e6,
+             (double)r->out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3, (double)big * (double)r->es / 1e6);
+}
+
+/* Everything released; a run directory we made is removed again after a failure, only
+ * when nothing but our lock is left: a committed checkpoint whose `latest` failed stays
+ * (the lock file is removed while it is held, as ftk-train does). */
+static void release(reshard_t *r, int rc)
+{
+    if (r->made_run) {
+        atomic_unregister_dir(r->run);
+        if (r->lock_path)
+            atomic_unregister_file(r->lock_path);
+        if (rc != FTK_EXIT_OK)
+            rundir_remove_bare(r->run);
+    }
+    if (r->lock_fd >= 0)
+        close(r->lock_fd);
+    free(r->lock_path);
+    ckpt_shard_cache_free(r->in);
+    free(r->out);
+    free(r->sums);
+    free(r->buf);
+    free(r->units2);
+    free(r->run);
+}
+
+/* Writes the new checkpoint once the input is verified and the run directory is ours. */
+static int reshard(reshard_t *r, double t0)
+{
+    int rc;
+    if ((rc = alloc_buffers(r)) || (rc = verify_input(r)) || (rc = take_run_dir(r)))
+        return rc;
+    if (ckpt_begin(&r->w, r->run, r->meta.step) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_FAIL;
+    }
+    char *final_name = NULL;
+    if (!(rc = write_shards(r)) && (rc = commit(r, &final_name)) < 0) {
+        free(final_name);
+        return FTK_EXIT_FAIL;
+    }
+    if (rc) {
+        abort_shards(r);
+        return rc;
+    }
+    report(r, final_name, t0);
+    free(final_name);
+    return FTK_EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-reshard");
@@ -204,284 +524,23 @@ int main(int argc, char **argv)
         ftk_error("%s", !output ? "--output is required" : "need --ranks 1..99999 (and --shard-group-size >= 1)");
         return FTK_EXIT_USAGE;
     }
-    ckpt_manifest_t man;
-    char *dir = ckpt_open_path(pos[0], &man);
-    if (!dir) {
+    reshard_t r = {.lock_fd = -1};
+    if (!(r.dir = ckpt_open_path(pos[0], &r.man))) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
-
-    /* The new layout. */
-    ckpt_meta_t meta = man.meta;
-    if (meta.compress_grads[0]) { /* residuals are whole units per rank: no slice of them is another layout's */
-        ftk_warn("%s: the ranks' --compress-grads residuals are not carried over (the resumed run starts them at zero)",
-                 dir);
-        meta.compress_grads[0] = 0;
-    }
-    strategy_t strat;
-    if (strategy_parse(strategy_opt ? strategy_opt : man.meta.strategy, &strat) < 0) {
-        ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : man.meta.strategy);
-        goto usage;
-    }
-    int64_t S2 = ranks;
-    if (strat == STRAT_HYBRID) {
-        int64_t g = group_size ? group_size : !strcmp(man.meta.strategy, "hybrid") ? man.meta.shard_count : 0;
-        if (g < 1 || ranks % g) {
-            ftk_error("hybrid on %lld ranks: %s", (long long)ranks,
-                      g < 1 ? "give --shard-group-size (the input is not hybrid)"
-                            : "--shard-group-size must divide --ranks");
-            goto usage;
-        }
-        S2 = g;
-    } else if (group_size) {
-        ftk_error("--shard-group-size is for --strategy hybrid");
-        goto usage;
-    }
-    snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
-    meta.world_size = ranks;
-    meta.shard_count = S2;
-    precision_t prec;
-    if (precision_opt && precision_parse(precision_opt, &prec) < 0) {
-        ftk_error("--precision %s: expected fp32, bf16-mixed or bf16-true", precision_opt);
-        goto usage;
-    }
-    if (precision_opt)
-        snprintf(meta.precision, sizeof meta.precision, "%s", precision_name(prec));
-    if (units_opt) {
-        int uk;
-        int64_t ua;
-        if (ckpt_units_policy_parse(units_opt, &uk, &ua) < 0) {
-            ftk_error("--units %s: %s", units_opt, ftk_err_msg());
-            goto usage;
-        }
-        if (uk == CKPT_UNITS_GROUP && ua > man.n_units - 2) {
-            ftk_error("--units %s: the model has %d block%s", units_opt, man.n_units - 2, man.n_units == 3 ? "" : "s");
-            goto usage;
-        }
-        ckpt_units_policy_name(uk, ua, meta.units_policy);
-    }
-    /* Each unit is read as the output's type: ckpt_read_unit converts (exactly when widening). */
-    dtype_t dt2 = ckpt_state_dtype(meta.precision);
-    size_t es = dtype_size(dt2);
-    ckpt_unit_t *units2 = NULL;
-    int n2;
-    if (ckpt_units(&man.cfg, S2, &units2, &n2) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        goto fail_early;
-    }
-    char *run = run_dir_of(output, meta.step);
-    if (!run) {
-        free(units2);
-        goto usage;
-    }
-    atomic_install_signal_cleanup();
-    int made_run = 0, lock_fd = -1;
-    char *lock_path = NULL;
-    double t0 = time_now();
-    int64_t S = man.meta.shard_count;
-    int64_t B = S2 < RESHARD_BATCH ? S2 : RESHARD_BATCH;
-    ckpt_shard_cache_t *in = ckpt_shard_cache_new(dir, &man, RESHARD_OPEN_IN);
-    ckpt_shard_writer_t **out = calloc((size_t)B, sizeof *out);
-    ckpt_shard_sum_t *sums = calloc((size_t)S2, sizeof *sums);
-    int64_t maxpad = 0;
-    for (int u = 0; u < man.n_units; u++) {
-        maxpad = man.units[u].padded > maxpad ? man.units[u].padded : maxpad;
-        maxpad = units2[u].padded > maxpad ? units2[u].padded : maxpad;
-    }
-    char *buf = malloc((size_t)maxpad * es);
-    if (!in || !out || !sums || !buf) {
-        ftk_error("out of memory");
-        rc = FTK_EXIT_FAIL;
-        goto done;
-    }
-
-    /* Verify before trusting: every input file's checksum, size and attributes, one file
-     * open at a time (then every dataset's checksum where it is read whole, its padding). */
-    progress_t p;
-    uint64_t in_bytes = 0;
-    for (int64_t i = 0; i < S; i++)
-        in_bytes += man.shards[i].bytes;
-    progress_start(&p, "verifying", (int64_t)in_bytes, "bytes");
-    uint64_t seen = 0;
-    for (int64_t i = 0; i < S; i++) {
-        hid_t f = ckpt_shard_open(dir, &man, i, 1);
-        if (f < 0) {
-            progress_done(&p);
-            ftk_error("%s", ftk_err_msg());
-            rc = FTK_EXIT_USAGE;
-            goto done;
-        }
-        h5_close(f);
-        seen += man.shards[i].bytes;
-        progress_update(&p, (int64_t)seen);
-    }
-    progress_done(&p);
-
-    ckpt_writer_t w;
-    struct stat sb;
-    if (stat(run, &sb) < 0) { /* only now: a refused input leaves nothing */
-        if (mkdir(run, 0777) < 0) {
-            ftk_error("%s: %s", run, strerror(errno));
-            rc = FTK_EXIT_FAIL;
-            goto done;
-        }
-        made_run = 1; /* removed again on failure or a signal, unless a checkpoint got into it */
-        atomic_register_dir(run);
-        if ((lock_path = malloc(strlen(run) + 8))) { /* the lock file goes with it */
-            sprintf(lock_path, "%s/.lock", run);
-            atomic_register_file(lock_path);
-        }
-    }
-    /* One writer per run directory, as ftk-train: a trainer of this run must neither
-     * write beside us nor take our temporary for a dead writer's and remove it. */
-    lock_fd = ckpt_lock_run(run);
-    if (lock_fd == -2) {
-        ftk_warn("%s; going on without the lock: make sure no ftk-train writes to %s", ftk_err_msg(), run);
-    } else if (lock_fd < 0) {
-        ftk_error("%s", ftk_err_msg());
-        rc = lock_fd == -1 || lock_fd == -4 ? FTK_EXIT_USAGE : FTK_EXIT_FAIL;
-        if (lock_fd == -1 && made_run) { /* another writer holds it: its run now, even if our mkdir made it */
-            atomic_unregister_dir(run);
-            if (lock_path)
-                atomic_unregister_file(lock_path);
-            made_run = 0;
-        }
-        goto done;
-    }
-    if (ckpt_begin(&w, run, meta.step) < 0) {
+    if ((rc = new_layout(&r)) == 0 && ckpt_units(&r.man.cfg, r.S2, &r.units2, &r.n2) < 0) {
         ftk_error("%s", ftk_err_msg());
         rc = FTK_EXIT_FAIL;
-        goto done;
     }
-    rc = FTK_EXIT_FAIL;
-    /* The new shards in batches of B files [j0, j0 + nb): each unit of each array is read
-     * for the batch's slices only, so every input element is still read once in all. */
-    progress_start(&p, "resharding", (int64_t)CKPT_KINDS * man.n_units * ((S2 + B - 1) / B), "arrays");
-    uint64_t out_bytes = 0;
-    int64_t done_arrays = 0;
-    for (int64_t j0 = 0; j0 < S2; j0 += B) {
-        int64_t nb = S2 - j0 < B ? S2 - j0 : B;
-        for (int64_t j = 0; j < nb; j++)
-            if (!(out[j] = ckpt_shard_create(w.dir, &meta, units2, n2, j0 + j))) {
-                progress_done(&p);
-                ftk_error("%s", ftk_err_msg());
-                goto abort;
-            }
-        for (int k = 0; k < CKPT_KINDS; k++) {
-            for (int u = 0; u < man.n_units; u++) {
-                int64_t part = units2[u].padded / S2, old = man.units[u].padded;
-                int64_t a = j0 * part, b = (j0 + nb) * part, last = j0 + nb == S2;
-                /* The batch's elements that the input holds; the last batch also reads the
-                 * old padding past the new one, to check that it is zero. */
-                int64_t end = last && old > b ? old : b < old ? b : old;
-                if (end > a && ckpt_read_range(in, k, u, a, end - a, dt2, buf) < 0) {
-                    progress_done(&p);
-                    ftk_error("%s: %s", dir, ftk_err_msg());
-                    rc = FTK_EXIT_USAGE;
-                    goto abort;
-                }
-                /* Elements past the old padding (a larger new padding) are zero. */
-                if (b > old)
-                    memset(buf + (size_t)((old > a ? old : a) - a) * es, 0, (size_t)(b - (old > a ? old : a)) * es);
-                for (int64_t j = 0; j < nb; j++)
-                    if (ckpt_shard_put(out[j], k, u, buf + (size_t)(j * part) * es) < 0) {
-                        progress_done(&p);
-                        ftk_error("%s", ftk_err_msg());
-                        goto abort;
-                    }
-                progress_update(&p, ++done_arrays);
-            }
-        }
-        hid_t tok = j0 == 0 ? ckpt_shard_cache_get(in, 0) : -1;
-        if ((j0 == 0 && tok < 0) || ckpt_shard_finish_many(out, nb, tok, sums + j0) < 0) {
-            progress_done(&p);
-            ftk_error("%s", ftk_err_msg());
-            goto abort; /* releases out[] where the tokenizer could not be had */
-        }
-        for (int64_t j = 0; j < nb; j++)
-            out_bytes += sums[j0 + j].bytes;
+    if (rc == 0 && !(r.run = run_dir_of(output, r.meta.step)))
+        rc = FTK_EXIT_USAGE;
+    if (rc == 0) {
+        atomic_install_signal_cleanup();
+        rc = reshard(&r, time_now());
     }
-    progress_done(&p);
-    if (carry_history(dir, run, meta.step) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        carried_done(1);
-        goto abort;
-    }
-    char *final_name = strdup(w.name);
-    if (ckpt_commit(&w, &meta, &man.cfg, units2, n2, sums, 0) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        /* committed all the same when only `latest` failed: the history stays with it */
-        char committed[8192];
-        struct stat csb;
-        snprintf(committed, sizeof committed, "%s/%s", run, final_name ? final_name : "");
-        carried_done(!final_name || stat(committed, &csb) != 0);
-        free(final_name);
-        goto done;
-    }
-    carried_done(0);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    int64_t big = 0;
-    for (int u = 0; u < man.n_units; u++)
-        big = man.units[u].length > big ? man.units[u].length : big;
-    double secs = time_now() - t0;
-    ftk_info("%s/%s: step %lld, %lld shard%s (%s, %lld rank%s, %s) -> %lld (%s, %lld rank%s, %s); %.1f MB read, "
-             "%.1f MB written in %.2f s; peak memory %.1f MB (largest unit %.1f MB)",
-             run, final_name ? final_name : "", (long long)meta.step, (long long)S, S == 1 ? "" : "s",
-             man.meta.strategy, (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s",
-             man.meta.precision, (long long)S2, meta.strategy, (long long)ranks, ranks == 1 ? "" : "s",
-             meta.precision, (double)in_bytes / 1e6, (double)out_bytes / 1e6, secs, (double)ru.ru_maxrss / 1e3,
-             (double)big * (double)es / 1e6);
-    free(final_name);
-    rc = FTK_EXIT_OK;
-    goto done;
-abort:
-    for (int64_t j = 0; j < B; j++)
-        if (out[j]) {
-            ckpt_shard_sum_t dummy;
-            ckpt_shard_finish(out[j], -1, &dummy);
-            out[j] = NULL;
-        }
-    ckpt_abort(&w);
-done:
-    if (made_run) {
-        atomic_unregister_dir(run);
-        if (lock_path)
-            atomic_unregister_file(lock_path);
-        /* only when nothing but our lock is left: a committed checkpoint whose `latest`
-         * failed stays (the lock file is removed while it is held, as ftk-train does) */
-        if (rc != FTK_EXIT_OK && lock_path) {
-            int only_lock = 1;
-            DIR *d = opendir(run);
-            struct dirent *e;
-            while (d && (e = readdir(d)))
-                only_lock &= !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, ".lock");
-            if (d)
-                closedir(d);
-            if (d && only_lock)
-                unlink(lock_path);
-        }
-        if (rc != FTK_EXIT_OK)
-            rmdir(run);
-    }
-    if (lock_fd >= 0)
-        close(lock_fd);
-    free(lock_path);
-    ckpt_shard_cache_free(in);
-    free(out);
-    free(sums);
-    free(buf);
-    free(units2);
-    free(run);
-    ckpt_manifest_free(&man);
-    free(dir);
+    release(&r, rc);
+    ckpt_manifest_free(&r.man);
+    free(r.dir);
     return rc;
-usage:
-    ckpt_manifest_free(&man);
-    free(dir);
-    return FTK_EXIT_USAGE;
-fail_early:
-    ckpt_manifest_free(&man);
-    free(dir);
-    return FTK_EXIT_FAIL;
 }

@@ -2,7 +2,6 @@
  * its format checked. */
 #include <dirent.h>
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,7 @@
 
 #include "../formats/checkpoint.h"
 #include "../formats/ckpt_verify.h"
+#include "../formats/compare.h"
 #include "../formats/h5.h"
 #include "../formats/json.h"
 #include "../formats/tokens.h"
@@ -339,7 +339,7 @@ static int verify_token_set(const char *path)
     return rc;
 }
 
-/* ---- checkpoints (ckpt_verify.h) ------------------------------------------------------------ */
+/* ---- checkpoints (ckpt_verify.h) and --compare (compare.h) ---------------------------------- */
 
 static void print_line(void *ctx, ckpt_report_t kind, const char *line)
 {
@@ -352,11 +352,9 @@ static void print_line(void *ctx, ckpt_report_t kind, const char *line)
         printf("%s\n", line);
 }
 
-/* A checkpoint directory, RUN/latest, or a run directory. */
-static int verify_path_ckpt(const char *path)
+static int exit_status(ckpt_verdict_t v)
 {
-    ckpt_verify_opts_t o = {.deep = deep, .report = print_line};
-    switch (ckpt_verify_path(path, &o)) {
+    switch (v) {
     case CKPT_VERIFY_OK:
         return FTK_EXIT_OK;
     case CKPT_VERIFY_REFUSED:
@@ -368,260 +366,11 @@ static int verify_path_ckpt(const char *path)
     }
 }
 
-/* ---- --compare ------------------------------------------------------------------------------ */
-
-typedef struct {
-    double max_abs, max_rel;
-    uint64_t n, differ, over;
-} diff_t;
-
-static void diff_one(diff_t *d, double x, double y)
+/* A checkpoint directory, RUN/latest, or a run directory. */
+static int verify_path_ckpt(const char *path)
 {
-    d->n++;
-    if (x == y || (isnan(x) && isnan(y)))
-        return;
-    d->differ++;
-    double ad = fabs(x - y), rel = y != 0 ? ad / fabs(y) : INFINITY;
-    if (isnan(ad))
-        ad = rel = INFINITY;
-    d->max_abs = ad > d->max_abs ? ad : d->max_abs;
-    d->max_rel = rel > d->max_rel ? rel : d->max_rel;
-    if (!(ad <= cmp_atol + cmp_rtol * fabs(y)))
-        d->over++;
-}
-
-static uint64_t values_differing; /* over every tensor compared */
-
-/* One line for a tensor; returns 1 when it is outside the tolerances. */
-static int diff_report(const char *what, const diff_t *d)
-{
-    values_differing += d->differ;
-    if (!d->differ)
-        printf("%s: identical (%llu values)\n", what, (unsigned long long)d->n);
-    else
-        printf("%s: %llu of %llu values differ; max abs difference %.3g, max relative %.3g%s\n", what,
-               (unsigned long long)d->differ, (unsigned long long)d->n, d->max_abs, d->max_rel,
-               d->over ? "" : " (within tolerance)");
-    return d->over ? 1 : 0;
-}
-
-static int compare_ckpt(const char *pa, const char *pb)
-{
-    ckpt_manifest_t ma = {0}, mb = {0};
-    char *da = ckpt_open_path(pa, &ma), *db = da ? ckpt_open_path(pb, &mb) : NULL;
-    int rc = FTK_EXIT_USAGE, diff = 0;
-    hid_t *fa = NULL, *fb = NULL;
-    float *ba = NULL, *bb = NULL;
-    if (!da || !db) {
-        ftk_error("%s", ftk_err_msg());
-        goto out;
-    }
-    if (ma.n_units != mb.n_units || model_n_params(&ma.cfg) != model_n_params(&mb.cfg)) {
-        ftk_error("%s and %s are checkpoints of different models", da, db);
-        goto out;
-    }
-    for (int u = 0; u < ma.n_units; u++)
-        if (ma.units[u].length != mb.units[u].length || ma.units[u].n_tensors != mb.units[u].n_tensors) {
-            ftk_error("%s and %s are checkpoints of different models (unit %s)", da, db, ma.units[u].name);
-            goto out;
-        }
-    const ckpt_meta_t *a = &ma.meta, *b = &mb.meta;
-    const char *names[] = {"step", "tokens_seen", "data.epoch", "data.rows_consumed"};
-    int64_t va[] = {a->step, a->tokens_seen, a->epoch, a->rows_consumed},
-            vb[] = {b->step, b->tokens_seen, b->epoch, b->rows_consumed};
-    for (int i = 0; i < 4; i++)
-        if (va[i] != vb[i]) {
-            printf("%s: %lld vs %lld\n", names[i], (long long)va[i], (long long)vb[i]);
-            diff++;
-        }
-    if (strcmp(a->data_set_xxh3, b->data_set_xxh3) || strcmp(a->init_xxh3, b->init_xxh3)) {
-        printf("data set or initial weights differ (%s/%s vs %s/%s)\n", a->data_set_xxh3, a->init_xxh3,
-               b->data_set_xxh3, b->init_xxh3);
-        diff++;
-    }
-    if (strcmp(a->precision, b->precision))
-        printf("precision: %s is %s, %s is %s; compared by value, each widened to float32\n", da, a->precision, db,
-               b->precision);
-    int64_t maxpad = 0;
-    for (int u = 0; u < ma.n_units; u++) {
-        maxpad = ma.units[u].padded > maxpad ? ma.units[u].padded : maxpad;
-        maxpad = mb.units[u].padded > maxpad ? mb.units[u].padded : maxpad;
-    }
-    ba = malloc((size_t)maxpad * sizeof *ba);
-    bb = malloc((size_t)maxpad * sizeof *bb);
-    if (!ba || !bb) {
-        ftk_error("out of memory");
-        rc = FTK_EXIT_FAIL;
-        goto out;
-    }
-    if (!(fa = ckpt_open_shards(da, &ma, 1)) || !(fb = ckpt_open_shards(db, &mb, 1))) {
-        ftk_error("%s", ftk_err_msg());
-        rc = FTK_EXIT_VERIFY;
-        goto out;
-    }
-    for (int k = 0; k < CKPT_KINDS; k++)
-        for (int u = 0; u < ma.n_units; u++) {
-            if (ckpt_read_unit(fa, &ma, k, u, DT_F32, ba) < 0 || ckpt_read_unit(fb, &mb, k, u, DT_F32, bb) < 0) {
-                ftk_error("%s", ftk_err_msg());
-                rc = FTK_EXIT_VERIFY;
-                goto out;
-            }
-            const ckpt_unit_t *x = &ma.units[u];
-            for (int i = 0; i < x->n_tensors; i++) {
-                diff_t d = {0};
-                for (int64_t e = x->t[i].offset; e < x->t[i].offset + x->t[i].numel; e++)
-                    diff_one(&d, ba[e], bb[e]);
-                char what[160];
-                snprintf(what, sizeof what, "%s %s", ckpt_kind_names[k], x->t[i].name);
-                diff += diff_report(what, &d);
-            }
-        }
-    printf("%s vs %s: %s\n", da, db, diff ? "DIFFERENT" : values_differing ? "equal within tolerance" : "identical");
-    rc = diff ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
-out:
-    ckpt_close_shards(fa, &ma);
-    ckpt_close_shards(fb, &mb);
-    free(ba);
-    free(bb);
-    ckpt_manifest_free(&ma);
-    ckpt_manifest_free(&mb);
-    free(da);
-    free(db);
-    return rc;
-}
-
-typedef struct {
-    hid_t b;
-    const char *pa, *pb;
-    int diff, failed;
-} cmp_ctx_t;
-
-/* Reads rows [r0, r0+n) of a dataset as doubles (bfloat16 converted by hand). */
-static int read_rows_d(hid_t f, const char *path, int bf16, hsize_t r0, hsize_t n, size_t per_row, double *out)
-{
-    if (!bf16)
-        return h5r_read_rows(f, path, H5T_NATIVE_DOUBLE, r0, n, out);
-    uint16_t *tmp = (uint16_t *)out; /* converted backwards in place: 2 bytes -> 8 */
-    if (h5r_read_rows(f, path, H5T_NATIVE_UINT16, r0, n, tmp) < 0)
-        return -1;
-    for (size_t i = (size_t)n * per_row; i-- > 0;)
-        out[i] = bf16_to_f32(tmp[i]);
-    return 0;
-}
-
-static int is_bf16(hid_t f, const char *path)
-{
-    char tn[32];
-    hid_t d = H5Dopen2(f, path, H5P_DEFAULT);
-    if (d < 0)
-        return 0;
-    h5_type_name(d, tn, sizeof tn);
-    H5Dclose(d);
-    return !strcmp(tn, "bfloat16");
-}
-
-static int compare_dataset(hid_t fa, const char *path, void *p)
-{
-    cmp_ctx_t *c = p;
-    hsize_t da[8], db[8];
-    int ra = h5r_shape(fa, path, da), rb = H5Lexists(c->b, path + (path[0] == '/'), H5P_DEFAULT) > 0
-                                                ? h5r_shape(c->b, path, db)
-                                                : -2;
-    if (rb == -2) {
-        printf("%s: only in %s\n", path, c->pa);
-        c->diff++;
-        return 0;
-    }
-    int same = ra == rb && ra >= 0;
-    for (int i = 0; same && i < ra; i++)
-        same = da[i] == db[i];
-    if (!same) {
-        printf("%s: shapes differ\n", path);
-        c->diff++;
-        return 0;
-    }
-    if (ra == 0) { /* a scalar */
-        double x, y;
-        if (h5r_read(fa, path, H5T_NATIVE_DOUBLE, &x, 1) < 0 || h5r_read(c->b, path, H5T_NATIVE_DOUBLE, &y, 1) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            c->failed = 1;
-            return 1;
-        }
-        diff_t d = {0};
-        diff_one(&d, x, y);
-        c->diff += diff_report(path, &d);
-        return 0;
-    }
-    size_t per_row = 1;
-    for (int i = 1; i < ra; i++)
-        per_row *= da[i];
-    hsize_t block = per_row >= (1u << 20) ? 1 : (hsize_t)((1u << 20) / (per_row ? per_row : 1));
-    double *x = malloc(block * per_row * sizeof *x + 1), *y = malloc(block * per_row * sizeof *y + 1);
-    int bfa = is_bf16(fa, path), bfb = is_bf16(c->b, path);
-    diff_t d = {0};
-    for (hsize_t r = 0; x && y && r < da[0]; r += block) {
-        hsize_t n = da[0] - r < block ? da[0] - r : block;
-        if (read_rows_d(fa, path, bfa, r, n, per_row, x) < 0 || read_rows_d(c->b, path, bfb, r, n, per_row, y) < 0) {
-            ftk_error("%s: %s", path, ftk_err_msg());
-            c->failed = 1;
-            break;
-        }
-        for (size_t i = 0; i < (size_t)n * per_row; i++)
-            diff_one(&d, x[i], y[i]);
-    }
-    if (!x || !y) {
-        ftk_error("out of memory");
-        c->failed = 1;
-    }
-    free(x);
-    free(y);
-    if (c->failed)
-        return 1;
-    c->diff += diff_report(path, &d);
-    return 0;
-}
-
-static int only_in_b(hid_t fb, const char *path, void *p)
-{
-    cmp_ctx_t *c = p; /* here c->b is file A */
-    if (H5Lexists(c->b, path + (path[0] == '/'), H5P_DEFAULT) <= 0) {
-        printf("%s: only in %s\n", path, c->pb);
-        c->diff++;
-    }
-    (void)fb;
-    return 0;
-}
-
-static int compare_files(const char *pa, const char *pb)
-{
-    char *fmta = NULL, *fmtb = NULL;
-    hid_t a = h5_open(pa, NULL, 0, &fmta, NULL), b = a >= 0 ? h5_open(pb, NULL, 0, &fmtb, NULL) : -1;
-    int rc = FTK_EXIT_USAGE;
-    if (a < 0 || b < 0) {
-        ftk_error("%s", ftk_err_msg());
-    } else if (strcmp(fmta, fmtb)) {
-        ftk_error("%s is a %s file, %s a %s file: --compare needs two of the same kind", pa, fmta, pb, fmtb);
-    } else {
-        cmp_ctx_t c = {.b = b, .pa = pa, .pb = pb};
-        if (h5_each_dataset(a, compare_dataset, &c) < 0 || c.failed) {
-            if (!c.failed)
-                ftk_error("%s: %s", pa, ftk_err_msg());
-            rc = FTK_EXIT_VERIFY;
-        } else {
-            cmp_ctx_t c2 = {.b = a, .pa = pa, .pb = pb};
-            h5_each_dataset(b, only_in_b, &c2);
-            c.diff += c2.diff;
-            printf("%s vs %s: %s\n", pa, pb, c.diff ? "DIFFERENT" : values_differing ? "equal within tolerance" : "identical");
-            rc = c.diff ? FTK_EXIT_VERIFY : FTK_EXIT_OK;
-        }
-    }
-    if (a >= 0)
-        h5_close(a);
-    if (b >= 0)
-        h5_close(b);
-    free(fmta);
-    free(fmtb);
-    return rc;
+    ckpt_verify_opts_t o = {.deep = deep, .report = print_line};
+    return exit_status(ckpt_verify_path(path, &o));
 }
 
 /* Neither a regular file nor a directory (a FIFO would stall the open, a device be read
@@ -636,16 +385,13 @@ static int special(const char *p)
     return 0;
 }
 
+/* --compare (compare.h). */
 static int compare(const char *a, const char *b)
 {
     if (special(a) || special(b))
         return FTK_EXIT_USAGE;
-    int ca = ckpt_verify_is_checkpoint(a), cb = ckpt_verify_is_checkpoint(b);
-    if (ca != cb) {
-        ftk_error("%s and %s are not of the same kind (a checkpoint and a file)", a, b);
-        return FTK_EXIT_USAGE;
-    }
-    return ca ? compare_ckpt(a, b) : compare_files(a, b);
+    compare_opts_t o = {.rtol = cmp_rtol, .atol = cmp_atol, .report = print_line};
+    return exit_status(compare_paths(a, b, &o));
 }
 
 /* --json: the text report goes to a temporary file instead of stdout; after each path it is

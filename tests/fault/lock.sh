@@ -1,5 +1,5 @@
 #!/bin/sh
-# One writer per run directory (formats/checkpoint.h ckpt_lock_run): a second ftk-train on
+# One writer per run directory (formats/rundir.h rundir_lock): a second ftk-train on
 # a live run's --out exits 2 naming the first one's host and process id, with or without
 # --resume, and touches nothing (the first run's metrics stay one line per step, in
 # order); two started together: exactly one runs, and the one that fails never removes

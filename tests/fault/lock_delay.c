@@ -1,5 +1,5 @@
 /* lock_delay.so: an LD_PRELOAD shim for tests/fault/lock.sh that holds ftk-train at the
- * run-directory lock (formats/checkpoint.c ckpt_lock_run) until the test lets it go, so
+ * run-directory lock (formats/rundir.c rundir_lock) until the test lets it go, so
  * that the races between two ftk-train started together happen in a chosen order:
  *   FTK_TEST_LOCK_BEFORE=F  before each fcntl(F_SETLK) (after mkdir and open): create
  *                           F.waiting, then wait until F exists
