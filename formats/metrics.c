@@ -1,4 +1,4 @@
-/* metrics.c — metrics.jsonl into series (metrics.h). */
+/* metrics.c — metrics.jsonl into series, and its writer (metrics.h). */
 #include "metrics.h"
 
 #include <errno.h>
@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
+#include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "json.h"
@@ -173,4 +175,179 @@ int metrics_trim(buf_t *out, const buf_t *in, int64_t step, double *elapsed0)
             return -1;
     }
     return 0;
+}
+
+/* ---- the writer ---------------------------------------------------------------------------- */
+
+void metrics_writer_init(metrics_writer_t *w, const char *path)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->path, sizeof w->path, "%s", path);
+}
+
+int metrics_trim_file(const char *path, int64_t step, double *elapsed0)
+{
+    buf_t in = {0}, out = {0};
+    *elapsed0 = 0;
+    /* a regular file of the run (a FIFO would stall the resume, /dev/zero fill memory):
+     * 1 GiB is a million steps' lines */
+    if (buf_read_small(&in, path, (size_t)1 << 30, BUF_NOFOLLOW) < 0) {
+        int e = errno;
+        buf_free(&in);
+        errno = e;
+        return e == ENOENT ? 0 : -1; /* ENOENT: none yet */
+    }
+    int rc = metrics_trim(&out, &in, step, elapsed0);
+    if (rc == 0)
+        rc = atomic_write_file(path, out.data, out.len);
+    buf_free(&in);
+    buf_free(&out);
+    return rc < 0 ? -1 : 1;
+}
+
+int metrics_writer_open(metrics_writer_t *w, int64_t step, const char *events_dir, double *elapsed0, int *refused)
+{
+    int r = 0;
+    /* The event files are trimmed like metrics.jsonl when there is a history to continue;
+     * a new run leaves the directory's files as they are (its START record, which has
+     * TensorBoard drop what it shows from that step on, is omitted too). */
+    int history = metrics_trim_file(w->path, step, elapsed0);
+    if (history < 0)
+        w->err_sink = METRICS_SINK_FILE, r = errno == ELOOP || errno == EINVAL || errno == EFBIG;
+    else if (!(w->f = fopen(w->path, "a")))
+        w->err_sink = METRICS_SINK_FILE, ftk_err_set("%s: %s", w->path, strerror(errno));
+    else if (events_dir && history && tfevents_trim(events_dir, step) < 0)
+        w->err_sink = METRICS_SINK_EVENTS, r = errno == EFBIG;
+    else if (events_dir && !(w->tb = tfevents_open(events_dir, history ? step + 1 : -1)))
+        w->err_sink = METRICS_SINK_EVENTS;
+    if (refused)
+        *refused = r;
+    return w->err_sink ? -1 : 0;
+}
+
+void metrics_writer_fail(metrics_writer_t *w, int e)
+{
+    if (!w->err[0])
+        snprintf(w->err, sizeof w->err, "%s: %s", w->path, strerror(e ? e : EIO)), w->err_sink = METRICS_SINK_FILE;
+}
+
+/* The wall-clock time of a record, ISO 8601 UTC to the millisecond */
+static const char *iso_now(char out[32])
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
+    return out;
+}
+
+static void tb_scalar(metrics_writer_t *w, const char *tag, int64_t step, double v)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (w->tb && tfevents_scalar(w->tb, tag, step, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, (float)v) < 0 &&
+        !w->err[0])
+        snprintf(w->err, sizeof w->err, "%s", ftk_err_msg()), w->err_sink = METRICS_SINK_EVENTS;
+}
+
+static void flush(metrics_writer_t *w)
+{
+    if (fflush(w->f) != 0 || ferror(w->f))
+        metrics_writer_fail(w, errno);
+}
+
+void metrics_write_step(metrics_writer_t *w, const metrics_step_rec_t *r, const char *extra)
+{
+    if (!w->f)
+        return;
+    char now[32], dev[192] = "";
+    if (r->device_mem)
+        snprintf(dev, sizeof dev,
+                 ", \"mem_device_peak_bytes\": %lld, \"mem_device_used_bytes\": %lld, \"mem_device_other_bytes\": %lld",
+                 (long long)r->mem_device_peak, (long long)r->mem_device_used, (long long)r->mem_device_other);
+    fprintf(w->f,
+            "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
+            "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
+            "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
+            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s%s, "
+            "\"mem_peak_bytes\": %lld}\n",
+            (long long)r->step, r->loss, r->lr, r->grad_norm, (long long)r->tokens, (long long)r->tokens_seen,
+            r->tokens_per_s, r->elapsed_s, iso_now(now), (long long)r->epoch, r->ranks, (long long)r->micro_batches,
+            r->allgather_bytes, r->reduce_scatter_bytes, r->allreduce_bytes, r->wait_s, extra ? extra : "", dev,
+            (long long)r->mem_peak);
+    flush(w);
+    tb_scalar(w, "train/loss", r->step, r->loss);
+    tb_scalar(w, "train/learning_rate", r->step, r->lr);
+    tb_scalar(w, "train/grad_norm", r->step, r->grad_norm);
+    tb_scalar(w, "train/tokens_per_s", r->step, r->tokens_per_s);
+}
+
+void metrics_write_eval(metrics_writer_t *w, int64_t step, double val_loss, int64_t val_tokens)
+{
+    if (!w->f)
+        return;
+    char now[32];
+    fprintf(w->f, "{\"kind\": \"eval\", \"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld, \"time\": \"%s\"}\n",
+            (long long)step, val_loss, (long long)val_tokens, iso_now(now));
+    flush(w);
+    tb_scalar(w, "eval/val_loss", step, val_loss);
+}
+
+void metrics_write_checkpoint(metrics_writer_t *w, const metrics_ckpt_rec_t *r)
+{
+    if (!w->f)
+        return;
+    char now[32];
+    fprintf(w->f,
+            "{\"kind\": \"checkpoint\", \"step\": %lld, \"checkpoint\": \"step-%08lld\", \"async\": %s, "
+            "\"stall_s\": %.4f, \"write_s\": %.4f, \"bytes\": %lld, \"time\": \"%s\"}\n",
+            (long long)r->step, (long long)r->step, r->async ? "true" : "false", r->stall_s, r->write_s,
+            (long long)r->bytes, iso_now(now));
+    fflush(w->f);
+}
+
+void metrics_write_extend(metrics_writer_t *w, int64_t step, const char *changed)
+{
+    if (!w->f)
+        return;
+    char now[32];
+    fprintf(w->f, "{\"kind\": \"extend\", \"step\": %lld, \"changed\": ", (long long)step);
+    buf_t j = {0};
+    json_write_string(&j, changed, strlen(changed));
+    fprintf(w->f, "%s, \"bit_exact\": false, \"time\": \"%s\"}\n", j.data ? j.data : "\"\"", iso_now(now));
+    buf_free(&j);
+    flush(w);
+}
+
+void metrics_write_stderr_lost(metrics_writer_t *w, int64_t step)
+{
+    int e = ftk_stderr_errno();
+    if (!w->f || !e || w->stderr_said)
+        return;
+    w->stderr_said = 1;
+    char now[32], text[256];
+    buf_t j = {0};
+    snprintf(text, sizeof text, "standard error failed by this step (%s): its messages are lost; the metrics go on",
+             strerror(e));
+    json_write_string(&j, text, strlen(text));
+    fprintf(w->f, "{\"kind\": \"warning\", \"step\": %lld, \"message\": %s, \"time\": \"%s\"}\n", (long long)step,
+            j.data ? j.data : "\"\"", iso_now(now));
+    buf_free(&j);
+    flush(w);
+}
+
+void metrics_writer_close(metrics_writer_t *w)
+{
+    if (w->f)
+        fclose(w->f);
+    w->f = NULL;
+}
+
+int metrics_writer_close_events(metrics_writer_t *w, int discard)
+{
+    int rc = discard ? tfevents_discard(w->tb) : tfevents_close(w->tb);
+    w->tb = NULL;
+    return rc;
 }

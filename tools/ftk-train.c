@@ -1,47 +1,38 @@
 /* ftk-train — full-parameter finetuning, one process or many (mpirun/srun): options,
- * signals and metrics output around the training job (engine/trainer.h), and the memory
- * plan (--plan, engine/plan.h). */
+ * signals and messages around the training job (engine/trainer.h; its metrics:
+ * formats/metrics.h), and the memory plan (--plan, engine/plan_print.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
-#include <omp.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "../engine/comm.h"
 #include "../engine/compress.h"
 #include "../engine/plan.h"
+#include "../engine/plan_print.h"
 #include "../engine/report.h"
+#include "../engine/train_args.h"
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
-#include "../formats/json.h"
 #include "../formats/metrics.h"
-#include "../formats/tfevents.h"
-#include "../formats/tokens.h"
-#include "../formats/tokens_set.h"
-#include "../formats/weights.h"
 #include "../kernels/prof.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
-#include "../libcommon/config.h"
 #include "../libcommon/fault.h"
-#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
 #include "../libcommon/output.h"
 #include "../libcommon/path.h"
 #include "../libcommon/plural.h"
 #include "../libcommon/timer.h"
+#include "../libcommon/watchdog.h"
 
 /* device: NULL until given or resolved (default_device; device_from_env: it took FTK_DEVICE) */
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
@@ -373,153 +364,64 @@ static int agree_msg(int code, const char *msg)
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 
-/* Keeps the metrics records of steps <= step (a resumed run rewrites what came after);
- * *elapsed0: the run's elapsed_s at that step (the last kept step line's), from which a
- * resumed run's clock continues, so elapsed_s counts the run's whole history. Returns 1
- * (the run had a history), 0 (no metrics.jsonl yet: a new run) or -1. */
-static int trim_metrics(const char *path, int64_t step, double *elapsed0)
+/* metrics.jsonl and --tensorboard DIR (formats/metrics.h): written by rank 0; any rank may
+ * record an error, which the run reports at the next step's end: a full disk stops the run
+ * rather than losing its metrics silently. */
+static metrics_writer_t mw;
+
+/* The first write error of the metrics, as the run reports it ("" while none). */
+static const char *metrics_failure(void)
 {
-    buf_t in = {0}, out = {0};
-    *elapsed0 = 0;
-    /* a regular file of the run (a FIFO would stall the resume, /dev/zero fill memory):
-     * 1 GiB is a million steps' lines */
-    if (buf_read_small(&in, path, (size_t)1 << 30, BUF_NOFOLLOW) < 0) {
-        int e = errno;
-        buf_free(&in);
-        errno = e;
-        return e == ENOENT ? 0 : -1; /* ENOENT: none yet */
-    }
-    int rc = metrics_trim(&out, &in, step, elapsed0);
-    if (rc == 0)
-        rc = atomic_write_file(path, out.data, out.len);
-    buf_free(&in);
-    buf_free(&out);
-    return rc < 0 ? -1 : 1;
-}
-
-/* The first write error of metrics.jsonl or the TensorBoard file (rank 0), naming the file,
- * reported at the next step's end: a full disk stops the run rather than losing its
- * metrics silently. */
-static char metrics_path[4096], metrics_err[4096 + 256];
-
-static void metrics_fail(int e)
-{
-    if (!metrics_err[0])
-        snprintf(metrics_err, sizeof metrics_err, "%s: %s", metrics_path, strerror(e ? e : EIO));
-}
-
-/* The wall-clock time of a record, ISO 8601 UTC to the millisecond */
-static const char *iso_now(char out[32])
-{
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
-    size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
-    return out;
-}
-
-/* --tensorboard DIR (rank 0): the step's and evaluations' scalars, or NULL */
-static tfevents_t *tb;
-
-static void tb_scalar(const char *tag, int64_t step, double v)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (tb && tfevents_scalar(tb, tag, step, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, (float)v) < 0 &&
-        !metrics_err[0])
-        snprintf(metrics_err, sizeof metrics_err, "--tensorboard %s", ftk_err_msg());
-}
-
-static void metrics_flush(FILE *mf)
-{
-    if (fflush(mf) != 0 || ferror(mf))
-        metrics_fail(errno);
-}
-
-/* Once, when stderr stopped taking messages (its pipe's reader gone, as in `ftk-train …
- * 2>&1 | head`; a closed ssh session's terminal): the run goes on, and its metrics say from
- * which step on the messages are missing. */
-static void metrics_stderr_lost(FILE *mf, int64_t step)
-{
-    static int said;
-    int e = ftk_stderr_errno();
-    if (!mf || !e || said)
-        return;
-    said = 1;
-    char now[32], text[256];
-    buf_t j = {0};
-    snprintf(text, sizeof text, "standard error failed by this step (%s): its messages are lost; the metrics go on",
-             strerror(e));
-    json_write_string(&j, text, strlen(text));
-    fprintf(mf, "{\"kind\": \"warning\", \"step\": %lld, \"message\": %s, \"time\": \"%s\"}\n", (long long)step,
-            j.data ? j.data : "\"\"", iso_now(now));
-    buf_free(&j);
-    metrics_flush(mf);
-}
-
-static void metrics_step(FILE *mf, const trainer_step_t *s, double dt, double elapsed, const backend_t *be,
-                         const char *extra)
-{
-    char now[32], dev[192] = "";
-    const bk_mem_t *mem = bk_mem(be);
-    if (be->mem_pages) /* the device's pages, and what the device measured in use (0, -1: not measured) */
-        snprintf(dev, sizeof dev,
-                 ", \"mem_device_peak_bytes\": %lld, \"mem_device_used_bytes\": %lld, \"mem_device_other_bytes\": %lld",
-                 (long long)mem->dev_peak, (long long)mem->used_peak, (long long)mem->used_other);
-    fprintf(mf,
-            "{\"kind\": \"step\", \"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, "
-            "\"tokens\": %lld, \"tokens_seen\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"time\": \"%s\", "
-            "\"epoch\": %lld, \"ranks\": %d, \"micro_batches\": %lld, \"comm\": {\"allgather_bytes\": %.17g, "
-            "\"reduce_scatter_bytes\": %.17g, \"allreduce_bytes\": %.17g, \"wait_s\": %.4f}%s%s, "
-            "\"mem_peak_bytes\": %lld}\n",
-            (long long)s->step, s->loss, s->lr, s->grad_norm, (long long)s->tokens, (long long)s->tokens_seen,
-            s->tokens / dt, elapsed, iso_now(now), (long long)s->epoch, nranks, (long long)s->micro_batches,
-            s->comm.ag_bytes, s->comm.rs_bytes, s->comm.ar_bytes, s->comm.wait_s, extra ? extra : "", dev,
-            (long long)mem->peak);
-    metrics_flush(mf);
-    tb_scalar("train/loss", s->step, s->loss);
-    tb_scalar("train/learning_rate", s->step, s->lr);
-    tb_scalar("train/grad_norm", s->step, s->grad_norm);
-    tb_scalar("train/tokens_per_s", s->step, s->tokens / dt);
+    static char m[sizeof mw.err + 16];
+    snprintf(m, sizeof m, "%s%s", mw.err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "", mw.err);
+    return m;
 }
 
 /* The checkpoints committed since the last call: a metrics line and a note each. */
-static void metrics_ckpts(trainer_t *t, FILE *mf)
+static void metrics_ckpts(trainer_t *t)
 {
     trainer_ckpt_t r[8];
     int n = trainer_ckpt_reports(t, r, 8);
     for (int i = 0; i < n; i++) {
-        if (mf) {
-            char now[32];
-            fprintf(mf,
-                    "{\"kind\": \"checkpoint\", \"step\": %lld, \"checkpoint\": \"step-%08lld\", \"async\": %s, "
-                    "\"stall_s\": %.4f, \"write_s\": %.4f, \"bytes\": %lld, \"time\": \"%s\"}\n",
-                    (long long)r[i].step, (long long)r[i].step, r[i].async ? "true" : "false", r[i].stall_s,
-                    r[i].write_s, (long long)r[i].bytes, iso_now(now));
-            fflush(mf);
-        }
+        metrics_write_checkpoint(&mw, &(metrics_ckpt_rec_t){.step = r[i].step, .bytes = r[i].bytes, .async = r[i].async,
+                                                            .stall_s = r[i].stall_s, .write_s = r[i].write_s});
         ftk_info("checkpoint %s/step-%08lld committed (%s; training blocked %.2f s, write %.2f s, %.1f MB)", out_dir,
                  (long long)r[i].step, r[i].async ? "written in the background" : "synchronous", r[i].stall_s,
                  r[i].write_s, (double)r[i].bytes / 1e6);
     }
 }
 
-static int evaluate(trainer_t *t, FILE *mf, int64_t step)
+/* The step's metrics line (rank 0), with the report's figures (every rank counts them). */
+static void metrics_step(report_t *rep, buf_t *step_json, const trainer_step_t *s, double dt, double elapsed,
+                         backend_t *be)
+{
+    step_json->len = 0;
+    if (report_step(rep, s, dt, mw.f ? step_json : NULL) < 0)
+        metrics_writer_fail(&mw, ENOMEM);
+    bk_mem_sample(be); /* the step's end: what the device holds now, scratch growth included */
+    if (!mw.f)
+        return;
+    const bk_mem_t *mem = bk_mem(be);
+    metrics_step_rec_t r = {
+        .step = s->step, .tokens = s->tokens, .tokens_seen = s->tokens_seen, .epoch = s->epoch,
+        .micro_batches = s->micro_batches, .loss = s->loss, .lr = s->lr, .grad_norm = s->grad_norm,
+        .tokens_per_s = s->tokens / dt, .elapsed_s = elapsed, .ranks = nranks, .allgather_bytes = s->comm.ag_bytes,
+        .reduce_scatter_bytes = s->comm.rs_bytes, .allreduce_bytes = s->comm.ar_bytes, .wait_s = s->comm.wait_s,
+        .mem_peak = mem->peak,
+        /* the device's pages, and what the device measured in use (0, -1: not measured) */
+        .device_mem = be->mem_pages != 0, .mem_device_peak = mem->dev_peak, .mem_device_used = mem->used_peak,
+        .mem_device_other = mem->used_other};
+    metrics_write_step(&mw, &r, step_json->data);
+}
+
+static int evaluate(trainer_t *t, int64_t step)
 {
     int64_t vt;
     double vl;
     int code = trainer_evaluate(t, &vl, &vt);
     if (code)
         return report(code);
-    if (mf) {
-        char now[32];
-        fprintf(mf, "{\"kind\": \"eval\", \"step\": %lld, \"val_loss\": %.17g, \"val_tokens\": %lld, \"time\": \"%s\"}\n",
-                (long long)step, vl, (long long)vt, iso_now(now));
-        metrics_flush(mf);
-        tb_scalar("eval/val_loss", step, vl);
-    }
+    metrics_write_eval(&mw, step, vl, vt);
     ftk_info("step %lld: validation loss %.4f (%lld targets)", (long long)step, vl, (long long)vt);
     return 0;
 }
@@ -554,19 +456,6 @@ static int parse_args(int argc, char **argv)
             dup2(saved_err, 2), close(saved_err);
     }
     return rc;
-}
-
-/* Every rank must have been given the same arguments: compares a hash of argv. */
-static int same_args(int argc, char **argv)
-{
-    buf_t b = {0};
-    for (int i = 1; i < argc; i++)
-        if (buf_append(&b, argv[i], strlen(argv[i]) + 1) < 0)
-            abort(); /* a few hundred bytes */
-    int64_t h = (int64_t)(hash_bytes(b.data ? b.data : "", b.len) >> 1), v[2] = {h, -h};
-    buf_free(&b);
-    comm_allreduce_i64(world, v, 2, COMM_MAX);
-    return v[0] == -v[1];
 }
 
 /* Whether option --name was on the command line (before a `--`; --min_lr too). */
@@ -750,176 +639,23 @@ static int check_values(trainer_opts_t *o)
 
 /* ---- --plan ------------------------------------------------------------------------------------ */
 
-static void gb(char *out, size_t n, int64_t bytes)
-{
-    if (bytes >= 1000000000)
-        snprintf(out, n, "%9.2f GB", (double)bytes / 1e9);
-    else
-        snprintf(out, n, "%9.2f MB", (double)bytes / 1e6);
-}
-
+/* Rank 0's table on stdout (engine/plan_print.h); --recompute auto with no level that
+ * fits is refused after it. */
 static int run_plan(const trainer_opts_t *o)
 {
-    plan_opts_t p = {.o = *o, .ranks = plan_ranks, .device = device, .max_len = plan_max_len};
-    const char *what = preset ? preset : model_path;
-    if (preset) {
-        if (model_preset(preset, &p.cfg) < 0) {
-            ftk_error("--preset: %s", ftk_err_msg());
-            return FTK_EXIT_USAGE;
-        }
-    } else {
-        hid_t wf = weights_open(model_path, &p.cfg);
-        if (wf < 0) {
-            ftk_error("%s", ftk_err_msg());
-            return FTK_EXIT_USAGE;
-        }
-        h5_close(wf);
+    plan_request_t rq = {.o = *o, .preset = preset, .model_path = model_path, .data_path = data_path,
+                         .max_len = plan_max_len, .ranks = plan_ranks, .device = device,
+                         .strategy_name = strategy_arg, .precision_name = precision_arg};
+    plan_table_t tab;
+    char why_not[4096];
+    if (plan_table_make(&rq, &tab) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
     }
-    if (data_path) {
-        tokens_set_t *ds = tokens_set_open(data_path); /* a file or a set of shards */
-        if (!ds) {
-            ftk_error("%s", ftk_err_msg());
-            return FTK_EXIT_USAGE;
-        }
-        if (!p.max_len)
-            p.max_len = tokens_set_info(ds)->max_len;
-        p.o.attn_max_seg = trainer_attn_max_seg(ds, o->train.micro_batch); /* as trainer_new */
-        tokens_set_close(ds);
-    }
-    /* --recompute auto fits --device-memory, else this machine's device's free memory */
-    int64_t budget = o->device_bytes;
-    if (o->recompute == PLAN_RECOMPUTE_AUTO && !budget) {
-        backend_t *real = !strcmp(device, "cuda") ? (backend_cuda_devices() > 0 ? backend_cuda_new(0) : NULL)
-                                                  : backend_cpu_new();
-        budget = real ? plan_device_bytes(real) : -1;
-        backend_free(real);
-        if (budget < 0) {
-            ftk_error("--recompute auto: %s; give --device-memory",
-                      real ? ftk_err_msg() : "no such device here to ask its free memory");
-            return FTK_EXIT_USAGE;
-        }
-    }
-    /* Ranks differ only by padding; the table is rank 0's, the largest total is named.
-     * auto: every rank fits, or the first that does not is the verdict's. */
-    plan_t pl = {0}, most = {0}, unfit = {0};
-    int fits = 1;
-    for (int r = 0; r < plan_ranks; r++) {
-        plan_t x;
-        if (plan_memory(&p, r, budget, &x) < 0) {
-            ftk_error("%s", ftk_err_msg());
-            return FTK_EXIT_USAGE;
-        }
-        if (r == 0)
-            pl = x;
-        if (x.total > most.total)
-            most = x;
-        if (fits && !x.fits)
-            fits = 0, unfit = x;
-    }
-    const int64_t *c = pl.mem.at_peak;
-    char a[32], b2[32];
-    double np = (double)model_n_params(&p.cfg);
-    int autofit = o->recompute == PLAN_RECOMPUTE_AUTO;
-    char rec[128] = "";
-    if (autofit && fits)
-        snprintf(rec, sizeof rec, ", --recompute auto: %s fits %.2f GB", plan_recompute_name(pl.recompute),
-                 (double)budget / 1e9);
-    else if (autofit)
-        snprintf(rec, sizeof rec, ", --recompute auto: no level fits %.2f GB (block shown)", (double)budget / 1e9);
-    else if (pl.recompute != MODEL_RECOMPUTE_NONE)
-        snprintf(rec, sizeof rec, ", --recompute %s", plan_recompute_name(pl.recompute));
-    if (o->units.kind != CKPT_UNITS_BLOCK) { /* block: the header as before policies */
-        char un[32];
-        units_name(&o->units, un);
-        snprintf(rec + strlen(rec), sizeof rec - strlen(rec), ", --units %s", un);
-    }
-    printf("memory plan: %s (%.3f %s parameters), %d rank%s, strategy %s (%lld shard%s), precision %s, micro-batch %lld "
-           "x %lld tokens%s, device %s\n",
-           what, np >= 1e9 ? np / 1e9 : np / 1e6, np >= 1e9 ? "B" : "M", plan_ranks, plan_ranks == 1 ? "" : "s", strategy_arg,
-           (long long)pl.shard_count, plural_s(pl.shard_count), precision_arg, (long long)micro_batch, (long long)p.max_len,
-           rec, device);
-    printf("per rank (rank 0):\n");
-    gb(a, sizeof a, c[BK_MEM_WEIGHTS]);
-    printf("  weights            %s\n", a);
-    gb(a, sizeof a, c[BK_MEM_GRADS]);
-    printf("  gradients          %s\n", a);
-    gb(a, sizeof a, c[BK_MEM_OPTIM]);
-    printf("  optimizer state    %s\n", a);
-    gb(a, sizeof a, c[BK_MEM_GATHER]);
-    printf("  gathered units     %s   (in use and prefetched)\n", a);
-    gb(a, sizeof a, c[BK_MEM_ACTS]);
-    printf("  activations        %s   (--recompute", a);
-    for (int lv = 0; lv < 3; lv++) { /* none, norms, block: least recompute first */
-        int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
-        gb(b2, sizeof b2, pl.acts[k]);
-        printf(" %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : ")\n");
-    }
-    int cuda = !strcmp(device, "cuda");
-    gb(a, sizeof a, c[BK_MEM_WORKSPACE]);
-    int64_t dnn_seg = p.o.attn_max_seg > 0 ? p.o.attn_max_seg : o->train.micro_batch;
-    int64_t dnn = bk_cudnn_plan_bytes(device, precision_dtypes(o->precision).act, dnn_seg, p.max_len,
-                                      (int)p.cfg.num_attention_heads, (int)p.cfg.num_key_value_heads,
-                                      (int)model_head_dim(&p.cfg));
-    if (cuda) {
-        gb(b2, sizeof b2, (int64_t)BK_CUDA_WORKSPACE_BYTES);
-        char s3[32];
-        gb(s3, sizeof s3, c[BK_MEM_WORKSPACE] - (int64_t)BK_CUDA_WORKSPACE_BYTES - (dnn > 0 ? dnn : 0));
-        printf("  workspaces         %s   (cuBLASLt %s, the CUDA backend's scratch for these shapes %s)\n", a,
-               b2 + strspn(b2, " "), s3 + strspn(s3, " "));
-    } else {
-        printf("  workspaces         %s\n", a);
-    }
-    if (dnn > 0) {
-        gb(a, sizeof a, dnn);
-        printf("    cuDNN attention  %s   (FTK_CUDA_ATTN=cudnn: %lld segments x %lld tokens%s, in the workspaces)\n", a,
-               (long long)dnn_seg, (long long)p.max_len, p.o.attn_max_seg > 0 ? "" : ", one a row: no --data");
-    }
-    gb(a, sizeof a, c[BK_MEM_OTHER]);
-    printf("  other              %s   (batch inputs, the head's logits chunk)\n", a);
-    if (cuda) { /* what the GPU holds beyond the allocations (kernels/cuda_mem.h) */
-        gb(a, sizeof a, pl.mem.peak);
-        printf("  allocations        %s   (%lld bytes: the rows above, metrics.jsonl's mem_peak_bytes)\n", a,
-               (long long)pl.mem.peak);
-        gb(a, sizeof a, pl.rounding);
-        printf("  page rounding      %s   (%lld bytes: cudaMalloc's 2 MiB pages; with the allocations, "
-               "mem_device_peak_bytes)\n",
-               a, (long long)pl.rounding);
-        gb(a, sizeof a, pl.context);
-        printf("  CUDA context       %s   (%lld bytes: an estimate; a GPU measures the total, mem_device_used_bytes)\n",
-               a, (long long)pl.context);
-    }
-    gb(a, sizeof a, pl.total);
-    printf("  total              %s   (%lld bytes, %.2f GiB)\n", a, (long long)pl.total, (double)pl.total / (1 << 30));
-    printf("  total by level    ");
-    for (int lv = 0; lv < 3; lv++) {
-        int k = lv == 0 ? MODEL_RECOMPUTE_NONE : lv == 1 ? MODEL_RECOMPUTE_NORMS : MODEL_RECOMPUTE_BLOCK;
-        gb(b2, sizeof b2, pl.peak[k]);
-        printf(" --recompute %s %s%s", plan_recompute_name(k), b2 + strspn(b2, " "), lv < 2 ? "," : "\n");
-    }
-    /* host memory beside the backend's: on the CPU the same RAM, on a GPU page-locked */
-    gb(a, sizeof a, pl.snapshot);
-    printf("  snapshot           %s   (%s: a host copy of this rank's shard%s)\n", a,
-           o->async_save ? "--async-save" : "with --async-save", strcmp(device, "cuda") ? "" : ", page-locked");
-    if (o->async_save && strcmp(device, "cuda")) {
-        gb(a, sizeof a, pl.total + pl.snapshot);
-        printf("  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl.total + pl.snapshot),
-               (double)(pl.total + pl.snapshot) / (1 << 30));
-    }
-    if (most.rank != 0) {
-        gb(a, sizeof a, most.total);
-        printf("largest rank: %d, total %s\n", most.rank, a);
-    }
-    /* --recompute auto asked for a fit: none is a refusal, with what would fit */
-    if (autofit && !fits) {
-        char advice[2048];
+    plan_table_print(stdout, &tab);
+    if (plan_table_refusal(&tab, why_not, sizeof why_not)) {
         fflush(stdout);
-        plan_advice(&p, budget, advice, sizeof advice);
-        char who[32] = "";
-        if (unfit.rank != 0)
-            snprintf(who, sizeof who, " on rank %d", unfit.rank);
-        ftk_error("--recompute auto: no level fits %.2f GB%s%s (the least, block, needs %.2f GB); %s",
-                  (double)budget / 1e9, o->device_bytes ? "" : " (the device's free memory)", who,
-                  (double)unfit.peak[MODEL_RECOMPUTE_BLOCK] / 1e9, advice);
+        ftk_error("%s", why_not);
         return FTK_EXIT_USAGE;
     }
     return FTK_EXIT_OK;
@@ -927,63 +663,36 @@ static int run_plan(const trainer_opts_t *o)
 
 /* ---- the hang watchdog (FTK_STEP_TIMEOUT) ------------------------------------------------------ */
 
-/* FTK_STEP_TIMEOUT=S (docs/design.md, "Hangs"): a thread ends the process (exit 1) when the
- * training loop has finished nothing — a step, an evaluation, a checkpoint — for S seconds.
- * A rank stopped or stuck, a node gone without an error, a collective that never completes
- * would otherwise hold every rank until the job's time limit; one rank's exit makes the
- * launcher end the others, and the job starts again with --resume auto (the committed
- * checkpoints survive a kill at any instant). 0 (the default): no watchdog. */
-static atomic_llong beat_ms; /* when the loop last finished something; 0: not armed */
-
-static long long now_ms(void) { return (long long)(time_now() * 1e3); }
-static void beat(void) { atomic_store(&beat_ms, now_ms()); }
-
-static void *watchdog(void *arg)
+/* FTK_STEP_TIMEOUT=S (docs/design.md, "Hangs"): the process ends (exit 1) when the training
+ * loop has finished nothing — a step, an evaluation, a checkpoint — for S seconds
+ * (libcommon/watchdog.h). A rank stopped or stuck, a node gone without an error, a
+ * collective that never completes would otherwise hold every rank until the job's time
+ * limit; one rank's exit makes the launcher end the others, and the job starts again with
+ * --resume auto (the committed checkpoints survive a kill at any instant). 0 (the
+ * default): no watchdog. */
+static void on_hang(void *unused)
 {
-    (void)arg;
-    long long limit = (long long)(step_timeout_s * 1e3);
-    struct timespec nap = {0, 100000000}; /* 0.1 s: the exit comes at most that late */
-    long long last = now_ms();
-    for (;;) {
-        nanosleep(&nap, NULL);
-        long long t = now_ms(), b = atomic_load(&beat_ms);
-        /* This thread itself did not run for a second: the process was stopped (SIGSTOP,
-         * the debugger) or starved, so its silence is not the loop's, nor evidence against
-         * the other ranks; the clock starts again. Without this, the rank that was stopped
-         * would, once continued, report itself as the one that found the hang. */
-        if (t - last > 1000 && b)
-            atomic_store(&beat_ms, b = t);
-        last = t;
-        if (b && t - b > limit) {
-            char m[512];
-            snprintf(m, sizeof m,
-                     "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is stopped, "
-                     "stuck or gone, or a collective never completes; exiting so that the job can be started again "
-                     "with --resume auto\n",
-                     rank, step_timeout_s);
-            /* write(2), not stdio: the stuck main thread may hold stderr's lock */
-            ssize_t w = write(STDERR_FILENO, m, strlen(m));
-            (void)w; /* nothing more to do if stderr is gone */
-            _exit(FTK_EXIT_FAIL);
-        }
-    }
-    return NULL;
+    (void)unused;
+    char m[512];
+    snprintf(m, sizeof m,
+             "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is stopped, stuck or "
+             "gone, or a collective never completes; exiting so that the job can be started again with --resume "
+             "auto\n",
+             rank, step_timeout_s);
+    /* write(2), not stdio: the stuck main thread may hold stderr's lock */
+    ssize_t w = write(STDERR_FILENO, m, strlen(m));
+    (void)w; /* nothing more to do if stderr is gone */
+    _exit(FTK_EXIT_FAIL);
 }
 
-/* Arms the watchdog (from the loop's start to the process's end), if FTK_STEP_TIMEOUT asks. */
-static int watchdog_start(void)
+/* Arms the watchdog (from the loop's start to the process's end), if FTK_STEP_TIMEOUT asks;
+ * every rank agrees. */
+static int arm_watchdog(void)
 {
-    if (!(step_timeout_s > 0))
-        return 0;
-    beat();
-    pthread_t t;
-    int e = pthread_create(&t, NULL, watchdog, NULL);
-    if (e) {
-        ftk_err_set("FTK_STEP_TIMEOUT: cannot start the watchdog thread: %s", strerror(e));
-        return -1;
-    }
-    pthread_detach(t);
-    return 0;
+    char msg[2048] = "";
+    if (step_timeout_s > 0 && watchdog_start(step_timeout_s, on_hang, NULL) < 0)
+        snprintf(msg, sizeof msg, "FTK_STEP_TIMEOUT: %s", ftk_err_msg());
+    return agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg);
 }
 
 /* ---- the run --------------------------------------------------------------------------------- */
@@ -997,212 +706,31 @@ static const char *default_device(void)
     return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
 }
 
-/* LitGPT's finetune/full.yaml, key by key (every config_hub/finetune/MODEL/full.yaml of litgpt
- * 0.5.11 to 0.5.13, the keys of its finetune_full setup() and the older TrainArgs'
- * learning_rate, weight_decay, beta1, beta2): what ftk sets from it, what does not change a
- * run (ignored, said), what ftk cannot honour (refused, saying how to get it). An empty
- * value (null) is LitGPT's default: the ftk value that default is, or refused where LitGPT
- * refuses it too (an int, a float, epochs: its finetune_full requires them). A LitGPT file
- * without max_norm does not clip (LitGPT's default, None), whatever ftk's default is. */
-static const config_alias_t litgpt_keys[] = {
-    /* null: LitGPT picks bf16-mixed on a device with bf16 (its get_default_supported_precision) */
-    {"precision", CONFIG_OPTION, "precision", "bf16-true=bf16-true|bf16-mixed=bf16-mixed|32-true=fp32|32=fp32",
-     "bf16-mixed", NULL},
-    {"out_dir", CONFIG_OPTION, "out", NULL, NULL, NULL},
-    {"seed", CONFIG_OPTION, "seed", NULL, NULL, NULL},
-    {"resume", CONFIG_OPTION, "resume", "false=none|False=none|true=auto|True=auto|auto=auto", NULL, NULL},
-    {"train.global_batch_size", CONFIG_OPTION, "global-batch", NULL, NULL, NULL},
-    {"train.micro_batch_size", CONFIG_OPTION, "micro-batch", NULL, NULL, NULL},
-    {"train.lr_warmup_steps", CONFIG_OPTION, "warmup", NULL, NULL, NULL},
-    {"train.epochs", CONFIG_OPTION, "epochs", NULL, NULL, NULL},
-    {"train.max_steps", CONFIG_OPTION, "steps", NULL, "0", NULL}, /* null: no limit but the epochs */
-    {"train.min_lr", CONFIG_OPTION, "min-lr", NULL, NULL, NULL},
-    /* null or left out: LitGPT does not clip (its finetune_full refuses a value; ftk clips to it) */
-    {"train.max_norm", CONFIG_OPTION, "clip", NULL, "0", "0"},
-    {"train.save_interval", CONFIG_OPTION, "save-every", NULL, "0", NULL}, /* null: only the final save */
-    {"train.learning_rate", CONFIG_OPTION, "lr", NULL, NULL, NULL}, /* litgpt 0.3's TrainArgs */
-    {"train.weight_decay", CONFIG_OPTION, "weight-decay", NULL, NULL, NULL},
-    {"train.beta1", CONFIG_OPTION, "beta1", NULL, NULL, NULL},
-    {"train.beta2", CONFIG_OPTION, "beta2", NULL, NULL, NULL},
-    {"eval.interval", CONFIG_OPTION, "eval-every", NULL, NULL, NULL},
-    {"optimizer.class_path", CONFIG_OPTION, "", "torch.optim.AdamW=AdamW", NULL, NULL},
-    {"optimizer.init_args.lr", CONFIG_OPTION, "lr", NULL, NULL, NULL},
-    {"optimizer.init_args.weight_decay", CONFIG_OPTION, "weight-decay", NULL, NULL, NULL},
-    {"optimizer.init_args.betas", CONFIG_OPTION, "beta1 beta2", NULL, NULL, NULL},
-    {"optimizer.init_args.eps", CONFIG_OPTION, "eps", NULL, NULL, NULL},
-    {"optimizer", CONFIG_REFUSE, "a bare optimizer name: ftk runs AdamW; write optimizer.init_args", NULL, NULL, NULL},
-    {"train.log_interval", CONFIG_IGNORE, "ftk writes every step to metrics.jsonl", NULL, NULL, NULL},
-    {"train.max_seq_length", CONFIG_IGNORE, "the data's: ftk-pack --max-len made its rows", NULL, NULL, NULL},
-    {"train.tie_embeddings", CONFIG_IGNORE, "the model's config.json decides", NULL, NULL, NULL},
-    {"train.max_time", CONFIG_IGNORE,
-     "LitGPT's finetune_full does not read it either; a time limit: SIGTERM or SIGUSR1 (a checkpoint, exit 75)", NULL,
-     NULL, NULL},
-    {"train.max_tokens", CONFIG_REFUSE, "ftk stops by --steps or --epochs", NULL, "", NULL},
-    {"train.lr_warmup_fraction", CONFIG_REFUSE, "LitGPT's finetune_full does not take it either: give lr_warmup_steps",
-     NULL, "", NULL},
-    {"eval.max_iters", CONFIG_IGNORE, "ftk evaluates --eval-rows rows (the recipe's 100 micro-batches of 4 are its "
-                                      "default 400)", NULL, NULL, NULL},
-    {"eval.max_new_tokens", CONFIG_IGNORE, "ftk-train generates nothing; ftk-generate -n", NULL, NULL, NULL},
-    {"eval.initial_validation", CONFIG_IGNORE, "ftk evaluates at step 0 when --eval-every > 0", NULL, NULL, NULL},
-    {"eval.final_validation", CONFIG_IGNORE, "ftk evaluates at the end when --eval-every > 0", NULL, NULL, NULL},
-    {"eval.evaluate_example", CONFIG_IGNORE, "ftk-train generates nothing; ftk-generate", NULL, NULL, NULL},
-    {"checkpoint_dir", CONFIG_IGNORE, "a Hugging Face folder: import it with ftk-import-hf and give --model", NULL, NULL,
-     NULL},
-    {"data", CONFIG_IGNORE, "the data is --data's, as ftk-pack made it (template, mask, split, seed)", NULL, NULL,
-     NULL},
-    {"devices", CONFIG_IGNORE, "the launcher's: mpirun -np N or srun", NULL, NULL, NULL},
-    {"num_nodes", CONFIG_IGNORE, "the launcher's: mpirun or srun", NULL, NULL, NULL},
-    {"logger_name", CONFIG_IGNORE, "ftk writes metrics.jsonl (ftk-plot --csv) and --tensorboard DIR", NULL, NULL, NULL},
-    {"log", CONFIG_IGNORE, "no WandB or LitLogger: ftk writes metrics.jsonl and --tensorboard DIR", NULL, NULL, NULL},
-    {"quantize", CONFIG_REFUSE, "ftk trains full-precision weights (no bitsandbytes quantization)", NULL, "", NULL},
-    {"access_token", CONFIG_IGNORE, "ftk downloads nothing", NULL, NULL, NULL},
-    {0},
-};
-
-/* What a run keeps of its options (RUN/options.yaml): all but where and how this process
- * runs, and the requests of this invocation. */
-static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
-                                       "max-len", "stop-after", "device", "threads", "report", "device-memory", NULL};
-
-/* The words expand_args() made: allocated for the process's life (the options point into
- * them), reachable from here (volatile: stores the compiler would drop, as nothing reads
- * them, and LeakSanitizer would then report). */
-static char **volatile kept_words[2];
-static char **volatile kept_argv;
-
-/* Builds the argument list the options are parsed from: the run's kept options (with
- * --resume and neither the inputs nor --config on the command line: `ftk-train -o RUN
- * --resume auto [--steps N --extend]`; a full command line is taken as it is, and its
- * differences from the checkpoint refused as ever), or --config's; then the command line,
- * overriding them. Every rank reads the same files, so the same list (which same_args()
- * checks). Returns 0, or exit 2 after rank 0 said why. */
+/* The argument list with the run's kept options or --config's before the command line
+ * (engine/train_args.h). Returns 0, or exit 2 after rank 0 said why (1: out of memory). */
 static int expand_args(int *argc, char ***argv)
 {
-    const char *cfg = NULL, *out = NULL;
-    int resume = 0, inputs = 0, cli_tb = 0;
-    for (int i = 1; i < *argc; i++) {
-        const char *a = (*argv)[i], *next = i + 1 < *argc ? (*argv)[i + 1] : NULL;
-        if (!strcmp(a, "--"))
-            break;
-        inputs |= !strncmp(a, "-m", 2) || !strncmp(a, "-d", 2) || !strncmp(a, "--model", 7) || !strncmp(a, "--data", 6);
-        cli_tb |= !strncmp(a, "--tensorboard", 13);
-        if (!strcmp(a, "--config") && next)
-            cfg = next;
-        else if (!strncmp(a, "--config=", 9))
-            cfg = a + 9;
-        else if ((!strcmp(a, "-o") || !strcmp(a, "--out")) && next)
-            out = next;
-        else if (!strncmp(a, "--out=", 6))
-            out = a + 6;
-        else if (!strncmp(a, "-o", 2) && a[2])
-            out = a + 2;
-        else if (!strcmp(a, "--resume") && next)
-            resume = strcmp(next, "none") != 0;
-        else if (!strncmp(a, "--resume=", 9))
-            resume = strcmp(a + 9, "none") != 0;
-    }
-    char kept[4096] = "";
-    if (resume && out && !inputs && !cfg)
-        snprintf(kept, sizeof kept, "%.*s/options.yaml", path_dir_len(out), out);
-    struct stat sb;
-    if (kept[0] && lstat(kept, &sb) != 0) /* a link is there, and refused */
-        kept[0] = 0;
-    if (!kept[0] && !cfg)
-        return 0;
-    /* The run's file is ftk's own, in a directory that may be someone else's: it sets only
-     * what a run keeps (what keep_options() writes), names no output outside the run unless
-     * the command line does, is not read through a link and is never quoted. */
-    static const char *const tb_inside[] = {"tensorboard", NULL}, *const not_config[] = {"config", NULL};
-    const config_spec_t kspec = {.opts = options,
-                                 .skip = not_kept,
-                                 .skip_why = "not an option a run keeps (give it on the command line)",
-                                 .within = out,
-                                 .inside = cli_tb ? NULL : tb_inside,
-                                 .flags = CONFIG_CONTROL},
-                        cspec = {.opts = options,
-                                 .aliases = litgpt_keys,
-                                 .dialect = "LitGPT",
-                                 .skip = not_config,
-                                 .skip_why = "a configuration file cannot name another"};
-    config_args_t ka = {0}, ca = {0};
-    if ((kept[0] && config_load(kept, &kspec, &ka) < 0) || (cfg && config_load(cfg, &cspec, &ca) < 0)) {
-        if (rank == 0)
-            ftk_error("%s", ftk_err_msg());
-        config_args_free(&ka);
-        return FTK_EXIT_USAGE;
-    }
-    for (int i = 0; i < ca.n_notes && rank == 0; i++)
-        ftk_warn("%s", ca.notes[i]);
-    int n = *argc + ka.n_words + ca.n_words, k = 0;
-    char **v = calloc((size_t)n + 1, sizeof *v);
-    if (!v) {
-        ftk_error("out of memory");
-        return FTK_EXIT_FAIL;
-    }
-    v[k++] = (*argv)[0];
-    for (int i = 0; i < ka.n_words; i++)
-        v[k++] = ka.words[i];
-    for (int i = 0; i < ca.n_words; i++)
-        v[k++] = ca.words[i];
-    for (int i = 1; i < *argc; i++)
-        v[k++] = (*argv)[i];
-    v[k] = NULL;
-    kept_words[0] = ka.words;
-    kept_words[1] = ca.words;
-    for (int i = 0; i < ca.n_notes; i++)
-        free(ca.notes[i]);
-    free(ka.notes);
-    free(ca.notes);
-    kept_argv = v;
-    if (kept[0] && rank == 0)
-        ftk_info("options of the run from %s (the command line overrides them)", kept);
-    *argc = k;
-    *argv = v;
-    return 0;
+    train_args_t ta;
+    int code = train_args_expand(options, argc, argv, &ta);
+    for (int i = 0; i < ta.n_notes && rank == 0; i++)
+        ftk_warn("%s", ta.notes[i]);
+    if (code && (rank == 0 || code != FTK_EXIT_USAGE))
+        ftk_error("%s", ftk_err_msg());
+    else if (!code && ta.kept[0] && rank == 0)
+        ftk_info("options of the run from %s (the command line overrides them)", ta.kept);
+    train_args_free(&ta);
+    return code;
 }
 
-/* OUT/options.yaml: the options this run resolved (rank 0, after the resume). */
-static int keep_options(void)
-{
-    buf_t b = {0};
-    char path[4096], cwd[4096], m_abs[8192], d_abs[8192], t_rel[8192], run_r[PATH_MAX], tb_r[PATH_MAX];
-    snprintf(path, sizeof path, "%.*s/options.yaml", path_dir_len(out_dir), out_dir);
-    /* the inputs by absolute path: a resume may start in another directory; --tensorboard
-     * relative to the run where it is inside it (a resume reads it so, and refuses what
-     * leaves the run unless its command line names it), else absolute */
-    const char *m0 = model_path, *d0 = data_path, *t0 = tensorboard_dir;
-    if (getcwd(cwd, sizeof cwd)) {
-        if (model_path && model_path[0] != '/')
-            snprintf(m_abs, sizeof m_abs, "%s/%s", cwd, model_path), model_path = m_abs;
-        if (data_path && data_path[0] != '/')
-            snprintf(d_abs, sizeof d_abs, "%s/%s", cwd, data_path), data_path = d_abs;
-    }
-    if (tensorboard_dir && realpath(out_dir, run_r) && realpath(tensorboard_dir, tb_r)) {
-        int n = path_under(tb_r, run_r);
-        if (n >= 0)
-            snprintf(t_rel, sizeof t_rel, "%s", tb_r[n] && tb_r[n + 1] ? tb_r + n + 1 : "."), tensorboard_dir = t_rel;
-        else
-            tensorboard_dir = tb_r;
-    }
-    int rc = config_write(&b, options, not_kept,
-                          "# ftk-train's options for this run (ftk-train --resume auto -o RUN reads them; the command\n"
-                          "# line overrides them). Written at each start.\n");
-    model_path = m0;
-    data_path = d0;
-    tensorboard_dir = t0;
-    if (rc == 0)
-        rc = atomic_write_file(path, b.data, b.len);
-    buf_free(&b);
-    return rc;
-}
-
-static int run(int argc, char **argv)
+/* The options, parsed and checked on every rank, into o. Returns -1 to go on, or the exit
+ * status (0: --help or --version). */
+static int configure(int argc, char **argv, trainer_opts_t *o)
 {
     int xrc = expand_args(&argc, &argv);
     if (xrc)
         return xrc;
     int prc = parse_args(argc, argv);
-    if (!same_args(argc, argv)) {
+    if (!train_args_same(world, argc, argv)) {
         if (rank == 0)
             ftk_error("the %d ranks were started with different arguments; give every rank the same command line",
                       nranks);
@@ -1215,8 +743,7 @@ static int run(int argc, char **argv)
     apply_recipe(argc, argv);
     if (!device)
         device = default_device();
-    trainer_opts_t o = {0};
-    int code = check_values(&o);
+    int code = check_values(o);
     /* The same device on every rank: the command lines are the same, but FTK_DEVICE may not
      * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
      * other refusal: it is the cause of those that follow from it. Which device, not its
@@ -1234,131 +761,134 @@ static int run(int argc, char **argv)
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_FAIL;
     }
-    if (plan)
-        return rank == 0 ? run_plan(&o) : 0;
+    return -1;
+}
 
-    /* The backend before anything is written: a missing GPU leaves no run directory.
-     * static: reachable until exit on every path (LeakSanitizer). */
-    static backend_t *be;
+/* What a training run of this process holds, from its backend to its end. */
+typedef struct {
+    trainer_opts_t o;
+    backend_t *be;
+    trainer_t *t;
+    report_t *rep;
+    buf_t step_json;  /* the report's members of a step's metrics line */
+    const char *prof; /* FTK_PROFILE: where rank 0's op times go (prof_on) */
+    int prof_on;
+    double prof_t0;   /* when the timed part began */
+    double elapsed0;  /* the history's elapsed_s at the resumed step (rank 0) */
+    int discard;      /* a new run that stops before its first step is removed, as a failed one is */
+} job_t;
+
+/* The backend before anything is written: a missing GPU leaves no run directory. */
+static int open_backend(job_t *j)
+{
     if (!strcmp(device, "cuda")) {
         int gpu = comm_node_gpu(world, backend_cuda_devices());
-        be = gpu < 0 ? NULL : backend_cuda_new(gpu);
+        j->be = gpu < 0 ? NULL : backend_cuda_new(gpu);
     } else {
-        be = backend_cpu_new();
+        j->be = backend_cpu_new();
     }
     char msg[8192];
-    snprintf(msg, sizeof msg, "--device %s: %s", device, be ? "" : ftk_err_msg());
-    if ((code = agree_msg(be ? 0 : FTK_EXIT_USAGE, msg))) {
-        backend_free(be);
-        return code;
-    }
+    snprintf(msg, sizeof msg, "--device %s: %s", device, j->be ? "" : ftk_err_msg());
+    int code = agree_msg(j->be ? 0 : FTK_EXIT_USAGE, msg);
     /* GPU ranks: the tensor collectives through NCCL (control traffic stays on MPI); every
      * rank gets the same verdict, the message naming the rank that failed. Under mpirun
      * even one rank: MPI would be handed device memory. Alone, a process is a world of one
      * whose collectives copy through the backend (comm_enable_nccl leaves it as it is). */
-    if (!strcmp(device, "cuda") && comm_enable_nccl(world, be) < 0) {
+    if (!code && !strcmp(device, "cuda") && comm_enable_nccl(world, j->be) < 0) {
         ftk_err_prefix("--device cuda: ");
-        backend_free(be);
-        return report(FTK_EXIT_FAIL);
+        backend_free(j->be);
+        j->be = NULL;
+        code = report(FTK_EXIT_FAIL);
     }
+    return code;
+}
 
-    /* a stop asked for during the start-up: nothing is written yet */
-    if (stop_agreed()) {
-        backend_free(be);
-        return stopped_before(-1);
-    }
-
-    /* FTK_PROFILE: rank 0's op times (kernels/prof.h); the path checked now, so one that
-     * cannot be written fails before the run, not after it */
-    int prof_on = 0;
-    const char *prof = getenv("FTK_PROFILE");
-    double prof_t0 = 0; /* when the timed part began */
-    msg[0] = 0;
-    if (prof && *prof && rank == 0) { /* "-": stderr; else written at the end, replacing (output.h) */
-        if (strcmp(prof, "-") && output_check(prof, OUTPUT_FORCE) < 0)
+/* FTK_PROFILE: rank 0's op times (kernels/prof.h); the path checked now, so one that
+ * cannot be written fails before the run, not after it */
+static int profile_begin(job_t *j)
+{
+    char msg[8192] = "";
+    j->prof = getenv("FTK_PROFILE");
+    if (j->prof && *j->prof && rank == 0) { /* "-": stderr; else written at the end, replacing (output.h) */
+        if (strcmp(j->prof, "-") && output_check(j->prof, OUTPUT_FORCE) < 0)
             snprintf(msg, sizeof msg, "FTK_PROFILE=%s", ftk_err_msg());
-        else if (bk_prof_attach(be) < 0)
+        else if (bk_prof_attach(j->be) < 0)
             snprintf(msg, sizeof msg, "FTK_PROFILE: %s", ftk_err_msg());
         else
-            prof_on = 1;
+            j->prof_on = 1;
     }
-    if ((code = agree_msg(msg[0] ? FTK_EXIT_USAGE : 0, msg))) {
-        backend_free(be);
-        return code;
-    }
+    return agree_msg(msg[0] ? FTK_EXIT_USAGE : 0, msg);
+}
 
-    FILE *mf = NULL;
-    report_t *rep = NULL;
-    buf_t step_json = {0};
-    trainer_t *t = trainer_new(world, be, &o, &code);
-    if (!t) {
-        backend_free(be);
-        return report(code);
+static void profile_end(const job_t *j)
+{
+    if (!j->prof_on)
+        return;
+    double wall = time_now() - j->prof_t0;
+    output_t po;
+    FILE *pf;
+    int prc;
+    if (!strcmp(j->prof, "-"))
+        prc = bk_prof_write(j->be, stderr, wall);
+    else if ((prc = output_begin(&po, j->prof, OUTPUT_FORCE)) == 0) {
+        if (!(pf = output_stream(&po)) || bk_prof_write(j->be, pf, wall) < 0) {
+            output_abort(&po);
+            prc = -1;
+        } else
+            prc = output_commit(&po);
     }
-    int discard = 0; /* a new run that stops before its first step is removed, as a failed one is */
-    if ((code = report(trainer_resume(t))))
-        goto out;
-    const ckpt_meta_t *meta = trainer_meta(t);
-    if (!trainer_done(t) && stop_agreed()) {
-        code = stopped_before(meta->step);
-        discard = 1;
-        goto out;
-    }
-    double elapsed0 = 0; /* the history's elapsed_s at the resumed step (rank 0) */
-    snprintf(metrics_path, sizeof metrics_path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
-    msg[0] = 0;
-    code = 0;
+    if (prc < 0)
+        ftk_warn("FTK_PROFILE: %s", ftk_err_msg());
+}
+
+/* Rank 0 opens the metrics and event files on the history this process continues, and
+ * keeps the run's options; every rank agrees. */
+static int open_outputs(job_t *j, const ckpt_meta_t *meta)
+{
+    char path[4096], msg[8192] = "";
+    int code = 0;
+    snprintf(path, sizeof path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
+    metrics_writer_init(&mw, path);
     /* The history this process continues: up to its checkpoint's step, or none at all from
      * step 0 (a run killed before its first checkpoint starts again, step 0's validation
      * included). */
     int64_t kept = meta->step > 0 ? meta->step : -1;
     if (rank == 0) {
-        /* The TensorBoard files are trimmed like metrics.jsonl when there is a history to
-         * continue; a new run leaves the directory's files as they are (its START record,
-         * which has TensorBoard drop what it shows from that step on, is omitted too). */
-        int history = trim_metrics(metrics_path, kept, &elapsed0);
-        if (history < 0)
-            code = errno == ELOOP || errno == EINVAL || errno == EFBIG ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
-            snprintf(msg, sizeof msg, "%s", ftk_err_msg());
-        else if (!(mf = fopen(metrics_path, "a")))
-            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s: %s", metrics_path, strerror(errno));
-        else if (tensorboard_dir && history && tfevents_trim(tensorboard_dir, kept) < 0)
-            code = errno == EFBIG ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
-            snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
-        else if (tensorboard_dir && !(tb = tfevents_open(tensorboard_dir, history ? kept + 1 : -1)))
-            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "--tensorboard %s", ftk_err_msg());
-        else if (keep_options() < 0)
+        int refused;
+        if (metrics_writer_open(&mw, kept, tensorboard_dir, &j->elapsed0, &refused) < 0)
+            code = refused ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
+            snprintf(msg, sizeof msg, "%s%s", mw.err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "",
+                     ftk_err_msg());
+        else if (train_args_keep(options, out_dir, &model_path, &data_path, &tensorboard_dir) < 0)
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
-        if (!code && trainer_extended(t)[0]) {
-            char now[32];
+        if (!code && trainer_extended(j->t)[0]) {
             ftk_warn("--extend: %s; from step %lld on, the run is no longer bit-exact with an uninterrupted one",
-                     trainer_extended(t), (long long)meta->step);
-            fprintf(mf, "{\"kind\": \"extend\", \"step\": %lld, \"changed\": ", (long long)meta->step);
-            buf_t j = {0};
-            json_write_string(&j, trainer_extended(t), strlen(trainer_extended(t)));
-            fprintf(mf, "%s, \"bit_exact\": false, \"time\": \"%s\"}\n", j.data ? j.data : "\"\"", iso_now(now));
-            buf_free(&j);
-            metrics_flush(mf);
+                     trainer_extended(j->t), (long long)meta->step);
+            metrics_write_extend(&mw, meta->step, trainer_extended(j->t));
         }
     }
-    if ((code = agree_msg(code, msg)))
-        goto out;
-    snprintf(msg, sizeof msg, "%s", watchdog_start() < 0 ? ftk_err_msg() : "");
-    if ((code = agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg)))
-        goto out;
-    /* where the steps' time and bytes go (engine/report.h): every rank counts its own */
-    char header[8192];
+    return agree_msg(code, msg);
+}
+
+/* where the steps' time and bytes go (engine/report.h): every rank counts its own */
+static int open_report(job_t *j, const ckpt_meta_t *meta)
+{
+    char header[8192], msg[2048];
     char cz[96] = ""; /* the bytes of a compressed run are not those of its settings' formulas alone */
-    if (o.compress_weights || o.compress_grads)
+    if (j->o.compress_weights || j->o.compress_grads)
         snprintf(cz, sizeof cz, ", --compress-weights %s, --compress-grads %s",
-                 compress_weights_name(o.compress_weights), compress_grads_name(o.compress_grads));
+                 compress_weights_name(j->o.compress_weights), compress_grads_name(j->o.compress_grads));
     snprintf(header, sizeof header,
              "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld%s.", out_dir,
              meta->precision, device, (long long)meta->train.global_batch, (long long)meta->train.micro_batch, cz);
-    rep = report_new(world, trainer_shard(t), o.strategy, o.precision, &meta->train, header);
-    snprintf(msg, sizeof msg, "%s", rep ? "" : ftk_err_msg());
-    if ((code = agree_msg(rep ? 0 : FTK_EXIT_FAIL, msg)))
-        goto out;
+    j->rep = report_new(world, trainer_shard(j->t), j->o.strategy, j->o.precision, &meta->train, header);
+    snprintf(msg, sizeof msg, "%s", j->rep ? "" : ftk_err_msg());
+    return agree_msg(j->rep ? 0 : FTK_EXIT_FAIL, msg);
+}
+
+/* What the run is, where it stands, and what in its settings deserves a word. */
+static void announce(const trainer_t *t, const ckpt_meta_t *meta)
+{
     if (meta->step == 0)
         ftk_info("%lld parameters, %lld training row%s (%lld step%s of %lld row%s per epoch), %lld step%s on %d rank%s "
                  "(strategy %s, %lld shard%s, precision %s, device %s)",
@@ -1375,94 +905,131 @@ static int run(int argc, char **argv)
                  "and never decays",
                  (long long)meta->train.warmup, (long long)meta->train.total_steps,
                  plural_s(meta->train.total_steps));
-    if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, mf, 0)))
-        goto out;
-    if (!trainer_done(t) && stop_agreed()) {
-        code = stopped_before(meta->step);
-        discard = 1;
-        goto out;
-    }
-    beat();
+}
+
+/* The step's line on stderr, with the end estimated from this process's own steps so far
+ * (a resume's first steps included), not from the history's, which another machine may
+ * have made. */
+static void say_step(const trainer_step_t *st, double step_s, double elapsed, double run_s, int64_t run_steps)
+{
+    if (ftk_quiet)
+        return;
+    char eta[32];
+    double left = (double)(st->total_steps - st->step) * run_s / (double)run_steps;
+    if (left >= 3600)
+        snprintf(eta, sizeof eta, "%dh%02dm", (int)(left / 3600), (int)(left / 60) % 60);
+    else
+        snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
+    ftk_info("step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
+             "%.1f s  ETA %s",
+             (long long)st->step, (long long)st->total_steps, 100.0 * (double)st->step / (double)st->total_steps,
+             st->loss, st->lr, st->grad_norm, st->tokens / step_s, st->comm.wait_s, elapsed, eta);
+}
+
+/* A checkpoint where one is due. The last checkpoint of this process is synchronous: it is
+ * what the exit status promises (it first waits for the one in flight). */
+static int save_due(job_t *j, const trainer_step_t *st, int last, int stopping, double *last_save)
+{
+    if (no_save || !(last || stopping || st->save_due || (save_every > 0 && st->step % save_every == 0)))
+        return 0;
+    int bg = async_save && !last && !stopping;
+    int code = report(bg ? trainer_save_async(j->t) : trainer_save(j->t));
+    watchdog_beat();
+    metrics_ckpts(j->t);
+    if (code)
+        return code;
+    *last_save = time_now();
+    if (bg)
+        ftk_info("checkpoint %s/step-%08lld: state copied, written in the background", out_dir, (long long)st->step);
+    return 0;
+}
+
+/* The steps, with their metrics, evaluations and checkpoints, to the end of the run or a
+ * stop. Returns 0, 75 (stopped) or the agreed failure's code. */
+static int train(job_t *j)
+{
+    trainer_t *t = j->t;
     double t0 = time_now(), last_save = t0;
-    prof_t0 = t0;
+    j->prof_t0 = t0;
     int64_t run_steps = 0;
+    int code = 0;
     while (!trainer_done(t)) {
         double ts = time_now();
         trainer_step_t st;
         int clock_due = save_minutes > 0 && time_now() - last_save >= 60 * save_minutes;
         code = report(trainer_step(t, &stop_signal, clock_due, &st));
-        beat();
-        metrics_ckpts(t, mf);
+        watchdog_beat();
+        metrics_ckpts(t);
         if (code)
-            goto out;
+            return code;
         run_steps++;
-        if (prof_on && run_steps == 1 && !trainer_done(t)) { /* the first step warms up */
-            bk_prof_reset(be);
-            prof_t0 = time_now();
+        if (j->prof_on && run_steps == 1 && !trainer_done(t)) { /* the first step warms up */
+            bk_prof_reset(j->be);
+            j->prof_t0 = time_now();
         }
         double now = time_now();
-        step_json.len = 0;
-        if (report_step(rep, &st, now - ts, mf ? &step_json : NULL) < 0)
-            metrics_fail(ENOMEM);
-        bk_mem_sample(be); /* the step's end: what the device holds now, scratch growth included */
-        if (mf)
-            metrics_step(mf, &st, now - ts, elapsed0 + now - t0, be, step_json.data);
-        if ((code = agree_msg(metrics_err[0] ? FTK_EXIT_FAIL : 0, metrics_err)))
-            goto out;
-        if (!ftk_quiet) {
-            /* the end estimated from this process's own steps so far (a resume's first steps
-             * included), not from the history's, which another machine may have made */
-            char eta[32];
-            double left = (double)(st.total_steps - st.step) * (now - t0) / (double)run_steps;
-            if (left >= 3600)
-                snprintf(eta, sizeof eta, "%dh%02dm", (int)(left / 3600), (int)(left / 60) % 60);
-            else
-                snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
-            ftk_info("step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
-                     "%.1f s  ETA %s",
-                     (long long)st.step, (long long)st.total_steps, 100.0 * (double)st.step / (double)st.total_steps,
-                     st.loss, st.lr, st.grad_norm, st.tokens / (now - ts), st.comm.wait_s, elapsed0 + now - t0, eta);
-        }
-        metrics_stderr_lost(mf, st.step);
+        metrics_step(j->rep, &j->step_json, &st, now - ts, j->elapsed0 + now - t0, j->be);
+        if ((code = agree_msg(mw.err[0] ? FTK_EXIT_FAIL : 0, metrics_failure())))
+            return code;
+        say_step(&st, now - ts, j->elapsed0 + now - t0, now - t0, run_steps);
+        metrics_write_stderr_lost(&mw, st.step);
         fault_point("train.step-end");
         int last = trainer_done(t);
         if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
-            (code = evaluate(t, mf, st.step)))
-            goto out;
-        beat();
+            (code = evaluate(t, st.step)))
+            return code;
+        watchdog_beat();
         int stopping = st.stop || (stop_after > 0 && run_steps >= stop_after && !last);
         if (no_save && stopping) {
             ftk_info("stopped by a signal at step %lld; --no-save: no checkpoint, nothing to resume",
                      (long long)st.step);
-            code = FTK_EXIT_PREEMPTED;
-            break;
+            return FTK_EXIT_PREEMPTED;
         }
-        if (!no_save && (last || stopping || st.save_due || (save_every > 0 && st.step % save_every == 0))) {
-            /* The last checkpoint of this process is synchronous: it is what the exit
-             * status promises (it first waits for the one in flight). */
-            int bg = async_save && !last && !stopping;
-            code = report(bg ? trainer_save_async(t) : trainer_save(t));
-            beat();
-            metrics_ckpts(t, mf);
-            if (code)
-                goto out;
-            last_save = time_now();
-            if (bg)
-                ftk_info("checkpoint %s/step-%08lld: state copied, written in the background", out_dir,
-                         (long long)st.step);
-        }
+        if ((code = save_due(j, &st, last, stopping, &last_save)))
+            return code;
         if (stopping && !last) {
             ftk_info("%s at step %lld; continue with --resume auto", st.stop ? "stopped by a signal" : "stopped",
                      (long long)st.step);
-            code = FTK_EXIT_PREEMPTED;
-            break;
+            return FTK_EXIT_PREEMPTED;
         }
     }
-out:
-    beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
+    return code;
+}
+
+/* From the resume to the end of the steps. */
+static int start_and_train(job_t *j)
+{
+    trainer_t *t = j->t;
+    int code;
+    if ((code = report(trainer_resume(t))))
+        return code;
+    const ckpt_meta_t *meta = trainer_meta(t);
+    if (!trainer_done(t) && stop_agreed()) {
+        j->discard = 1;
+        return stopped_before(meta->step);
+    }
+    if ((code = open_outputs(j, meta)) || (code = arm_watchdog()) || (code = open_report(j, meta)))
+        return code;
+    announce(t, meta);
+    if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, 0)))
+        return code;
+    if (!trainer_done(t) && stop_agreed()) {
+        j->discard = 1;
+        return stopped_before(meta->step);
+    }
+    watchdog_beat();
+    return train(j);
+}
+
+/* The end of every run that made its trainer: the report, the outputs closed (a run that
+ * leaves nothing behind leaves no event file either), the profile. */
+static int finish(job_t *j, int code)
+{
+    watchdog_beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
     /* the report of the steps this process ran (collective: code is agreed on every path here) */
-    if (rep && report_path && (code == 0 || code == FTK_EXIT_PREEMPTED)) {
-        int rc = report_write(rep, world, report_path);
+    if (j->rep && report_path && (code == 0 || code == FTK_EXIT_PREEMPTED)) {
+        char msg[2048];
+        int rc = report_write(j->rep, world, report_path);
         snprintf(msg, sizeof msg, "%s", rc < 0 ? ftk_err_msg() : "");
         if (rc > 0)
             ftk_warn("--report %s: no step ran in this process; nothing written", report_path);
@@ -1471,35 +1038,39 @@ out:
         else if (rc == 0)
             ftk_info("report: %s", report_path);
     }
-    report_free(rep);
-    buf_free(&step_json);
-    if (mf)
-        fclose(mf);
-    /* a run that leaves nothing behind leaves no TensorBoard file either (its steps are gone) */
-    int discarded = ((code && code != FTK_EXIT_PREEMPTED) || discard) && trainer_discard_new_run(t);
-    if ((discarded ? tfevents_discard(tb) : tfevents_close(tb)) < 0)
+    report_free(j->rep);
+    buf_free(&j->step_json);
+    metrics_writer_close(&mw);
+    int discarded = ((code && code != FTK_EXIT_PREEMPTED) || j->discard) && trainer_discard_new_run(j->t);
+    if (metrics_writer_close_events(&mw, discarded) < 0)
         ftk_warn("--tensorboard %s", ftk_err_msg());
-    tb = NULL;
-    if (prof_on) {
-        double wall = time_now() - prof_t0;
-        output_t po;
-        FILE *pf;
-        int prc;
-        if (!strcmp(prof, "-"))
-            prc = bk_prof_write(be, stderr, wall);
-        else if ((prc = output_begin(&po, prof, OUTPUT_FORCE)) == 0) {
-            if (!(pf = output_stream(&po)) || bk_prof_write(be, pf, wall) < 0) {
-                output_abort(&po);
-                prc = -1;
-            } else
-                prc = output_commit(&po);
-        }
-        if (prc < 0)
-            ftk_warn("FTK_PROFILE: %s", ftk_err_msg());
-    }
-    trainer_free(t);
-    backend_free(be);
+    profile_end(j);
+    trainer_free(j->t);
+    backend_free(j->be);
     return code;
+}
+
+static int run(int argc, char **argv)
+{
+    /* static: the backend and the trainer reachable until exit on every path (LeakSanitizer) */
+    static job_t job;
+    job_t *j = &job;
+    int code = configure(argc, argv, &j->o);
+    if (code >= 0)
+        return code;
+    if (plan)
+        return rank == 0 ? run_plan(&j->o) : 0;
+    if ((code = open_backend(j)) == 0 && stop_agreed())
+        code = stopped_before(-1); /* a stop asked for during the start-up: nothing is written yet */
+    if (code || (code = profile_begin(j))) {
+        backend_free(j->be);
+        return code;
+    }
+    if (!(j->t = trainer_new(world, j->be, &j->o, &code))) {
+        backend_free(j->be);
+        return report(code);
+    }
+    return finish(j, start_and_train(j));
 }
 
 int main(int argc, char **argv)
