@@ -29,6 +29,22 @@ static int check_byte_pieces(const tok_t *t, const char *name, const char *what)
     return 0;
 }
 
+/* One field of a message: its number, wire type, and value (varint or fixed) or bytes. */
+typedef struct {
+    uint64_t num;
+    int wt;
+    uint64_t v;
+    pb_t sub;
+} sp_field_t;
+
+/* The next field of b into f: 1, 0 at the end, or -1 with the message set. */
+static int sp_next(pb_t *b, sp_field_t *f, const char *name)
+{
+    if (b->p >= b->end)
+        return 0;
+    return pb_field(b, &f->num, &f->wt, &f->v, &f->sub) < 0 ? sp_malformed(name) : 1;
+}
+
 /* ModelProto's fields outside the pieces that decide how text is read. */
 typedef struct {
     int model_type, suffix; /* TrainerSpec.model_type, treat_whitespace_as_suffix */
@@ -45,24 +61,21 @@ static int sp_read_piece(tok_t *t, pb_t sub, const char *name)
     const char *s = "";
     size_t sl = 0;
     float score = 0;
-    int type = PT_NORMAL;
-    while (sub.p < sub.end) {
-        uint64_t g;
-        int w2;
-        uint64_t x;
-        pb_t s2;
-        if (pb_field(&sub, &g, &w2, &x, &s2) < 0)
-            return sp_malformed(name);
-        if (g == 1 && w2 == 2) {
-            s = (const char *)s2.p;
-            sl = (size_t)(s2.end - s2.p);
-        } else if (g == 2 && w2 == 5) {
-            uint32_t u = (uint32_t)x;
+    int type = PT_NORMAL, more;
+    sp_field_t g;
+    while ((more = sp_next(&sub, &g, name)) > 0) {
+        if (g.num == 1 && g.wt == 2) {
+            s = (const char *)g.sub.p;
+            sl = (size_t)(g.sub.end - g.sub.p);
+        } else if (g.num == 2 && g.wt == 5) {
+            uint32_t u = (uint32_t)g.v;
             memcpy(&score, &u, 4);
-        } else if (g == 3 && w2 == 0) {
-            type = (int)x;
+        } else if (g.num == 3 && g.wt == 0) {
+            type = (int)g.v;
         }
     }
+    if (more < 0)
+        return -1;
     if (type == PT_USER_DEFINED || type == PT_UNUSED) {
         ftk_err_set("%s: piece %d ('%.*s') is %s, which ftk does not support", name, t->n_sym,
                     (int)(sl > 40 ? 40 : sl), s, type == PT_UNUSED ? "UNUSED" : "USER_DEFINED");
@@ -78,64 +91,56 @@ static int sp_read_piece(tok_t *t, pb_t sub, const char *name)
 /* TrainerSpec (field 2). */
 static int sp_read_trainer_spec(tok_t *t, pb_t sub, sp_spec_t *sp, const char *name)
 {
-    while (sub.p < sub.end) {
-        uint64_t g;
-        int w2;
-        uint64_t x;
-        pb_t s2;
-        if (pb_field(&sub, &g, &w2, &x, &s2) < 0)
-            return sp_malformed(name);
-        if (w2 == 0) {
-            if (g == 3)
-                sp->model_type = (int)x;
-            else if (g == 24)
-                sp->suffix = x != 0;
-            else if (g == 35)
-                t->byte_fallback = x != 0;
-            else if (g == 40)
-                sp->unk_id = (int32_t)x;
-            else if (g == 41)
-                sp->bos_id = (int32_t)x;
-            else if (g == 42)
-                sp->eos_id = (int32_t)x;
-        } else if (w2 == 2 && g == 44) {
-            size_t n = (size_t)(s2.end - s2.p);
+    sp_field_t g;
+    int more;
+    while ((more = sp_next(&sub, &g, name)) > 0) {
+        if (g.wt == 0) {
+            if (g.num == 3)
+                sp->model_type = (int)g.v;
+            else if (g.num == 24)
+                sp->suffix = g.v != 0;
+            else if (g.num == 35)
+                t->byte_fallback = g.v != 0;
+            else if (g.num == 40)
+                sp->unk_id = (int32_t)g.v;
+            else if (g.num == 41)
+                sp->bos_id = (int32_t)g.v;
+            else if (g.num == 42)
+                sp->eos_id = (int32_t)g.v;
+        } else if (g.wt == 2 && g.num == 44) {
+            size_t n = (size_t)(g.sub.end - g.sub.p);
             if (n >= sizeof t->unk_surface)
                 n = sizeof t->unk_surface - 1;
-            memcpy(t->unk_surface, s2.p, n);
+            memcpy(t->unk_surface, g.sub.p, n);
             t->unk_surface[n] = 0;
         }
     }
-    return 0;
+    return more;
 }
 
 /* NormalizerSpec (field 3). */
 static int sp_read_normalizer(tok_t *t, pb_t sub, sp_spec_t *sp, const char *name)
 {
-    while (sub.p < sub.end) {
-        uint64_t g;
-        int w2;
-        uint64_t x;
-        pb_t s2;
-        if (pb_field(&sub, &g, &w2, &x, &s2) < 0)
-            return sp_malformed(name);
-        if (g == 1 && w2 == 2) {
-            size_t n = (size_t)(s2.end - s2.p);
+    sp_field_t g;
+    int more;
+    while ((more = sp_next(&sub, &g, name)) > 0) {
+        if (g.num == 1 && g.wt == 2) {
+            size_t n = (size_t)(g.sub.end - g.sub.p);
             if (n >= sizeof sp->norm_name)
                 n = sizeof sp->norm_name - 1;
-            memcpy(sp->norm_name, s2.p, n);
+            memcpy(sp->norm_name, g.sub.p, n);
             sp->norm_name[n] = 0;
-        } else if (g == 2 && w2 == 2) {
-            sp->charsmap_len = (size_t)(s2.end - s2.p);
-        } else if (w2 == 0 && g == 3) {
-            t->add_dummy_prefix = x != 0;
-        } else if (w2 == 0 && g == 4) {
-            t->remove_extra_ws = x != 0;
-        } else if (w2 == 0 && g == 5) {
-            t->escape_ws = x != 0;
+        } else if (g.num == 2 && g.wt == 2) {
+            sp->charsmap_len = (size_t)(g.sub.end - g.sub.p);
+        } else if (g.wt == 0 && g.num == 3) {
+            t->add_dummy_prefix = g.v != 0;
+        } else if (g.wt == 0 && g.num == 4) {
+            t->remove_extra_ws = g.v != 0;
+        } else if (g.wt == 0 && g.num == 5) {
+            t->escape_ws = g.v != 0;
         }
     }
-    return 0;
+    return more;
 }
 
 /* Refuses what ftk does not implement (only BPE with identity normalization, Llama's),
@@ -174,23 +179,21 @@ static tok_t *load_sentencepiece(const char *data, size_t len, const char *name)
     pb_t b = {(const unsigned char *)data, (const unsigned char *)data + len};
     /* proto2 defaults: UNIGRAM, and the ids of a model trained without options */
     sp_spec_t sp = {.model_type = 1, .unk_id = 0, .bos_id = 1, .eos_id = 2};
-    while (b.p < b.end) {
-        uint64_t f;
-        int wt;
-        uint64_t v;
-        pb_t sub;
+    sp_field_t f;
+    int more;
+    while ((more = sp_next(&b, &f, name)) > 0) {
         int rc = 0;
-        if (pb_field(&b, &f, &wt, &v, &sub) < 0)
-            rc = sp_malformed(name);
-        else if (f == 1 && wt == 2)
-            rc = sp_read_piece(t, sub, name);
-        else if (f == 2 && wt == 2)
-            rc = sp_read_trainer_spec(t, sub, &sp, name);
-        else if (f == 3 && wt == 2)
-            rc = sp_read_normalizer(t, sub, &sp, name);
+        if (f.num == 1 && f.wt == 2)
+            rc = sp_read_piece(t, f.sub, name);
+        else if (f.num == 2 && f.wt == 2)
+            rc = sp_read_trainer_spec(t, f.sub, &sp, name);
+        else if (f.num == 3 && f.wt == 2)
+            rc = sp_read_normalizer(t, f.sub, &sp, name);
         if (rc < 0)
             goto fail;
     }
+    if (more < 0)
+        goto fail;
     t->n_vocab = t->n_sym;
     if (sp_check_spec(t, &sp, name) < 0 || tok_build_tables(t, 1) < 0 || check_byte_pieces(t, name, "piece") < 0)
         goto fail;
