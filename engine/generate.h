@@ -22,9 +22,10 @@
  * shard's whole units, widened to float32 whatever the checkpoint's precision). *m: a new
  * float32 inference model on be (the caller frees it); *tf: the HDF5 file holding the
  * tokenizer files (the weights file itself, or the checkpoint's; -1 when a checkpoint
- * stores none), which the caller closes. Returns 0, FTK_EXIT_USAGE or FTK_EXIT_FAIL
- * (a model that cannot be made, or a weights file's tensors that cannot be loaded: the
- * message then starts with path); nothing is left open on failure. */
+ * stores none), which the caller closes. Returns 0, FTK_EXIT_USAGE (a file or directory
+ * that cannot be read) or FTK_EXIT_FAIL (a model that cannot be made; for a weights file,
+ * or tensors that cannot be loaded, the message then starts with path); nothing is left
+ * open on failure. */
 int gen_load(backend_t *be, const char *path, model_config_t *cfg, model_t **m, hid_t *tf);
 
 /* The files stored with a model that generation reads. */
@@ -51,21 +52,20 @@ typedef struct {
     int greedy;                /* the most likely token (also when temperature is 0) */
     double temperature, top_p; /* otherwise: sampling from the smallest set of probability >= top_p */
     uint64_t seed;
-    int64_t max_new;          /* tokens to generate at most */
-    const int64_t *eos;       /* ids that end generation ... */
+    int64_t max_new;    /* tokens to generate at most */
+    const int64_t *eos; /* ids that end generation ... */
     int n_eos;
-    int ignore_eos;           /* ... unless this is set */
+    int ignore_eos; /* ... unless this is set */
 } gen_opts_t;
 
 /* Called with each new stretch of text; ctx is gen_run's emit_ctx. */
 typedef void (*gen_emit_fn)(void *ctx, const char *text, size_t len);
 
 /* Continues ids (gen_prompt's, ctx positions at most) with up to o->max_new tokens on m
- * (made for cfg),
- * stopping at an end-of-sequence id. The text the whole sequence decodes to beyond the
- * prompt's goes to emit as it grows, held back while a run of byte pieces may still be an
- * incomplete UTF-8 character; the rest at the end. ids holds the sequence on return.
- * Returns 0 or -1. */
+ * (made for cfg), stopping at an end-of-sequence id. The text the whole sequence decodes
+ * to beyond the prompt's goes to emit as it grows, held back while a run of byte pieces
+ * may still be an incomplete UTF-8 character; the rest at the end. ids holds the sequence
+ * on return. Returns 0 or -1. */
 int gen_run(model_t *m, const model_config_t *cfg, const tok_t *tok, tok_ids_t *ids, int64_t ctx,
             const gen_opts_t *o, gen_emit_fn emit, void *emit_ctx);
 
