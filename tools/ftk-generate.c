@@ -2,7 +2,6 @@
  * the file (tokenizer.model, tokenizer.json or llama2.c's tokenizer.bin), streaming the
  * text as it is produced. Decoding keeps a key/value cache (model_decode). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../engine/generate.h"
