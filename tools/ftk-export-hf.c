@@ -3,20 +3,17 @@
  * model.safetensors.index.json, and the tokenizer files the weights file carries. The
  * folder appears complete under its name or not at all (atomic_dir_*). */
 #include <dirent.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "../formats/ckpt_verify.h"
-#include "../formats/json.h"
-#include "../formats/safetensors.h"
+#include "../formats/hf_folder.h"
 #include "../formats/tokenizer.h"
 #include "../formats/tokfiles.h"
 #include "../formats/weights.h"
 #include "../libcommon/atomic.h"
-#include "../libcommon/fault.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/opts.h"
@@ -59,40 +56,6 @@ static const opt_spec_t spec = {
 };
 
 typedef struct {
-    weights_spec_t s;
-    dtype_t stored, out;
-    uint64_t bytes;
-    size_t shard;
-} item_t;
-
-static int write_all(FILE *f, const void *p, size_t n, const char *path)
-{
-    if (n && fwrite(p, 1, n, f) != n) {
-        ftk_err_set("%s: write: %s", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
-static int write_text_file(atomic_dir_t *ad, const char *name, const void *data, size_t len)
-{
-    char *p = atomic_dir_file(ad, name);
-    if (!p)
-        return -1;
-    FILE *f = fopen(p, "wb");
-    if (!f) {
-        ftk_err_set("%s: %s", p, strerror(errno));
-        return -1;
-    }
-    int rc = write_all(f, data, len, p);
-    if (fclose(f) != 0 && rc == 0) {
-        ftk_err_set("%s: close: %s", p, strerror(errno));
-        rc = -1;
-    }
-    return rc;
-}
-
-typedef struct {
     atomic_dir_t *ad;
     const tokfiles_t *given; /* --tokenizer's files, which replace the stored ones */
     int n_tok;               /* tokenizer files written */
@@ -105,7 +68,7 @@ static int put_tokenizer(const char *name, const void *data, size_t len, void *c
         return 0;
     p->n_tok += tokfiles_is_tokenizer_name(name) && strcmp(name, "tokenizer_config.json") &&
                 strcmp(name, "special_tokens_map.json");
-    return write_text_file(p->ad, name, data, len);
+    return hf_write_file(p->ad, name, data, len);
 }
 
 static int put_tokenizers(hid_t wf, atomic_dir_t *ad, const tokfiles_t *given, int *n_tok)
@@ -114,7 +77,7 @@ static int put_tokenizers(hid_t wf, atomic_dir_t *ad, const tokfiles_t *given, i
     if (weights_each_file(wf, put_tokenizer, &p) < 0)
         return -1;
     for (int i = 0; given && i < given->n; i++)
-        if (write_text_file(ad, given->f[i].name, given->f[i].data.data, given->f[i].data.len) < 0)
+        if (hf_write_file(ad, given->f[i].name, given->f[i].data.data, given->f[i].data.len) < 0)
             return -1;
     *n_tok = p.n_tok + (given ? 1 : 0);
     return 0;
@@ -181,25 +144,18 @@ static int model_folder(const char *dir)
     return yes;
 }
 
-int main(int argc, char **argv)
+/* The options' values: 0, or an exit code with the message printed. */
+static int check_options(dtype_t *want, uint64_t *shard_limit)
 {
-    ftk_set_tool("ftk-export-hf");
-    int npos;
-    char **pos;
-    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
-    if (rc)
-        return rc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
-    dtype_t want = DT_INVALID;
-    uint64_t shard_limit = 0;
     if (!output) {
         ftk_error("--output is required");
         return FTK_EXIT_USAGE;
     }
-    if (strcmp(dtype_opt, "keep") != 0 && (want = dtype_parse(dtype_opt)) == DT_INVALID) {
+    if (strcmp(dtype_opt, "keep") != 0 && (*want = dtype_parse(dtype_opt)) == DT_INVALID) {
         ftk_error("--dtype %s: expected keep, float32, float16 or bfloat16", dtype_opt);
         return FTK_EXIT_USAGE;
     }
-    if (opts_parse_size(max_shard, &shard_limit) < 0 || shard_limit == 0) {
+    if (opts_parse_size(max_shard, shard_limit) < 0 || *shard_limit == 0) {
         ftk_error("--max-shard-size %s: expected a size such as 5GB, 500MB or 2GiB", max_shard);
         return FTK_EXIT_USAGE;
     }
@@ -214,6 +170,51 @@ int main(int argc, char **argv)
         ftk_error("%s: holds files but no config.json: not a model folder, so --force does not replace it", output);
         return FTK_EXIT_USAGE;
     }
+    return 0;
+}
+
+/* The folder, complete under its name or not at all: 0, or an exit code with the message
+ * printed. */
+static int export(hf_export_t *ex, hid_t wf, const tokfiles_t *given, int *n_tok)
+{
+    atomic_dir_t ad = {0};
+    if (atomic_dir_begin(&ad, output) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_FAIL;
+    }
+    progress_t prog;
+    progress_start(&prog, "exporting", (int64_t)(ex->total >> 20), "MiB");
+    if (hf_export_shards(ex, &ad, &prog) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        progress_done(&prog);
+        atomic_dir_abort(&ad);
+        return FTK_EXIT_FAIL;
+    }
+    progress_done(&prog);
+    if (hf_export_config(ex, &ad) < 0 || put_tokenizers(wf, &ad, given, n_tok) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        atomic_dir_abort(&ad);
+        return FTK_EXIT_FAIL;
+    }
+    if (atomic_dir_commit(&ad, force) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_FAIL;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ftk_set_tool("ftk-export-hf");
+    int npos;
+    char **pos;
+    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
+    if (rc)
+        return rc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
+    dtype_t want = DT_INVALID;
+    uint64_t shard_limit = 0;
+    if ((rc = check_options(&want, &shard_limit)) != 0)
+        return rc;
     if (ckpt_verify_is_checkpoint(pos[0])) { /* a directory, or RUN/latest */
         ftk_error("%s: a checkpoint or run directory, not a weights file; merge it into one first: "
                   "ftk-merge %s -o W.h5, then ftk-export-hf W.h5 -o %s",
@@ -236,161 +237,26 @@ int main(int argc, char **argv)
     }
     warn_eos(wf, pos[0], &cfg);
     int n_tok = 0;
+    hf_export_t ex;
     rc = FTK_EXIT_USAGE;
-    size_t n = weights_n_tensors(&cfg), n_shards = 0;
-    item_t *it = calloc(n, sizeof *it);
-    atomic_dir_t ad = {0};
-    int dir_open = 0;
-    void *buf = NULL, *scratch = NULL;
-    buf_t hdr = {0}, text = {0};
-    uint64_t total = 0, done = 0, cur = 0;
-    dtype_t common = DT_INVALID;
-    if (!it)
-        goto fail;
-    /* Plan: types, sizes, and shards filled greedily in canonical order (a shard exceeds
-     * the limit only when one tensor alone does, as transformers does). */
-    for (size_t i = 0; i < n; i++) {
-        weights_tensor_spec(&cfg, i, &it[i].s);
-        if ((it[i].stored = weights_tensor_dtype(wf, it[i].s.name)) == DT_INVALID) {
-            ftk_error("%s: %s", pos[0], ftk_err_msg());
-            goto fail;
-        }
-        it[i].out = want != DT_INVALID ? want : it[i].stored;
-        it[i].bytes = (uint64_t)it[i].s.shape[0] * (uint64_t)(it[i].s.rank == 2 ? it[i].s.shape[1] : 1) *
-                      dtype_size(it[i].out);
-        if (i == 0 || (cur > 0 && cur + it[i].bytes > shard_limit)) {
-            n_shards++;
-            cur = 0;
-        }
-        cur += it[i].bytes;
-        it[i].shard = n_shards - 1;
-        total += it[i].bytes;
-        common = i == 0 ? it[i].out : common == it[i].out ? common : DT_INVALID;
-    }
-    if (n_shards > 99999) {
-        ftk_error("--max-shard-size %s gives %zu shards; at most 99999", max_shard, n_shards);
-        goto fail;
-    }
-    rc = FTK_EXIT_FAIL;
-    if (atomic_dir_begin(&ad, output) < 0) {
+    if (hf_export_plan(&ex, wf, pos[0], &cfg, want, shard_limit) < 0)
         ftk_error("%s", ftk_err_msg());
-        goto fail;
+    else if (ex.n_shards > 99999)
+        ftk_error("--max-shard-size %s gives %zu shards; at most 99999", max_shard, ex.n_shards);
+    else
+        rc = export(&ex, wf, tokenizer_opt ? &given : NULL, &n_tok);
+    if (rc == 0) {
+        if (!n_tok)
+            ftk_warn("%s holds no tokenizer, so %s has none and transformers' AutoTokenizer cannot load it; "
+                     "give one with --tokenizer FILE|DIR",
+                     pos[0], output);
+        double dt = time_now() - t0;
+        ftk_info("%s: %zu tensors in %zu file%s, %.1f MB in %.2f s (%.0f MB/s)", output, ex.n, ex.n_shards,
+                 ex.n_shards == 1 ? "" : "s", (double)ex.total / 1e6, dt,
+                 dt > 0 ? (double)ex.total / 1e6 / dt : 0.0);
     }
-    dir_open = 1;
-    const size_t block = 32u << 20;
-    if (!(buf = malloc(block)) || !(scratch = malloc(block))) {
-        ftk_error("out of memory");
-        goto fail;
-    }
-    progress_t prog;
-    progress_start(&prog, "exporting", (int64_t)(total >> 20), "MiB");
-    buf_t index = {0};
-    buf_append(&index, "{\n  \"metadata\": {\n    \"total_size\": ", 36);
-    char tmp[256];
-    snprintf(tmp, sizeof tmp, "%llu\n  },\n  \"weight_map\": {", (unsigned long long)total);
-    buf_append(&index, tmp, strlen(tmp));
-    for (size_t sh = 0, i0 = 0; sh < n_shards; sh++) {
-        size_t i1 = i0;
-        while (i1 < n && it[i1].shard == sh)
-            i1++;
-        char name[64];
-        if (n_shards == 1)
-            snprintf(name, sizeof name, "model.safetensors");
-        else
-            snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", sh + 1, n_shards);
-        st_entry_t *e = calloc(i1 - i0, sizeof *e);
-        if (!e) {
-            ftk_error("out of memory");
-            goto fail_prog;
-        }
-        for (size_t i = i0; i < i1; i++) {
-            e[i - i0] = (st_entry_t){it[i].s.name, it[i].out, it[i].s.rank, it[i].s.shape};
-            snprintf(tmp, sizeof tmp, "%s\n    \"%s\": \"%s\"", i ? "," : "", it[i].s.name, name);
-            buf_append(&index, tmp, strlen(tmp));
-        }
-        hdr.len = 0;
-        int hrc = st_build_header(&hdr, e, i1 - i0, NULL);
-        free(e);
-        char *path = atomic_dir_file(&ad, name);
-        FILE *f = path && hrc == 0 ? fopen(path, "wb") : NULL;
-        if (!f) {
-            ftk_error("%s: %s", path ? path : name, hrc < 0 ? ftk_err_msg() : strerror(errno));
-            goto fail_prog;
-        }
-        setvbuf(f, NULL, _IOFBF, 4u << 20);
-        int wrc = write_all(f, hdr.data, hdr.len, path);
-        for (size_t i = i0; i < i1 && wrc == 0; i++) {
-            const weights_spec_t *s = &it[i].s;
-            int64_t rows = s->rank == 2 ? s->shape[0] : 1, cols = s->rank == 2 ? s->shape[1] : s->shape[0];
-            size_t in_row = (size_t)cols * dtype_size(it[i].stored), out_row = (size_t)cols * dtype_size(it[i].out);
-            size_t widest = in_row > out_row ? in_row : out_row;
-            int64_t per = widest ? (int64_t)(block / widest) : rows;
-            if (per < 1) {
-                ftk_err_set("%s: a row of %zu bytes is larger than the %zu-byte block", s->name, widest, block);
-                wrc = -1;
-            }
-            for (int64_t r = 0; r < rows && wrc == 0; r += per) {
-                int64_t k = rows - r < per ? rows - r : per;
-                if (weights_read_rows(wf, s->name, it[i].out, r, k, buf, scratch) < 0) {
-                    ftk_err_prefix("%s: ", pos[0]);
-                    wrc = -1;
-                    break;
-                }
-                wrc = write_all(f, buf, (size_t)k * out_row, path);
-                if (wrc == 0)
-                    wrc = fault_point("weights.write");
-                done += (uint64_t)k * out_row;
-                progress_update(&prog, (int64_t)(done >> 20));
-            }
-        }
-        if (fclose(f) != 0 && wrc == 0) {
-            ftk_err_set("%s: close: %s", path, strerror(errno));
-            wrc = -1;
-        }
-        if (wrc < 0) {
-            ftk_error("%s", ftk_err_msg());
-            goto fail_prog;
-        }
-        i0 = i1;
-    }
-    progress_done(&prog);
-    buf_append(&index, "\n  }\n}\n", 7);
-    if (hfconfig_write(&text, &cfg, common != DT_INVALID ? common : cfg.torch_dtype) < 0 ||
-        write_text_file(&ad, "config.json", text.data, text.len) < 0 ||
-        (n_shards > 1 && write_text_file(&ad, "model.safetensors.index.json", index.data, index.len) < 0) ||
-        put_tokenizers(wf, &ad, tokenizer_opt ? &given : NULL, &n_tok) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        buf_free(&index);
-        goto fail;
-    }
-    buf_free(&index);
-    if (atomic_dir_commit(&ad, force) < 0) {
-        dir_open = 0;
-        ftk_error("%s", ftk_err_msg());
-        goto fail;
-    }
-    dir_open = 0;
-    if (!n_tok)
-        ftk_warn("%s holds no tokenizer, so %s has none and transformers' AutoTokenizer cannot load it; "
-                 "give one with --tokenizer FILE|DIR",
-                 pos[0], output);
-    double dt = time_now() - t0;
-    ftk_info("%s: %zu tensors in %zu file%s, %.1f MB in %.2f s (%.0f MB/s)", output, n, n_shards,
-             n_shards == 1 ? "" : "s", (double)total / 1e6, dt, dt > 0 ? (double)total / 1e6 / dt : 0.0);
-    rc = FTK_EXIT_OK;
-    goto fail;
-fail_prog:
-    progress_done(&prog);
-    buf_free(&index);
-fail:
-    if (dir_open)
-        atomic_dir_abort(&ad);
     H5Fclose(wf);
-    free(it);
-    free(buf);
-    free(scratch);
-    buf_free(&hdr);
-    buf_free(&text);
+    hf_export_free(&ex);
     tokfiles_free(&given);
     return rc;
 }
