@@ -269,14 +269,10 @@ oom:
     return -1;
 }
 
-int64_t records_next(records_t *r, size_t max_records, size_t max_bytes, const record_span_t **spans)
+/* The chunk returned last becomes the one before (its text and spans stay valid until the
+ * next call, records.h); the older one's buffers are reused. 0, or -1 (out of memory). */
+static int swap_chunks(records_t *r, size_t max_records)
 {
-    if (r->pending || r->failed) {
-        r->pending = 0;
-        r->failed = 1;
-        ftk_err_set("%s", r->err);
-        return -1;
-    }
     char *t = r->text;
     r->text = r->text2;
     r->text2 = t;
@@ -299,93 +295,130 @@ int64_t records_next(records_t *r, size_t max_records, size_t max_bytes, const r
         r->spans_cap = max_records;
     }
     r->text_len = 0;
+    return 0;
+}
+
+/* The first non-blank character decides the input's form (records.h). 0, or -1 with the
+ * error pending. */
+static int read_start(records_t *r)
+{
+    int c = peek(r);
+    if (c == 0xEF) { /* a byte order mark */
+        static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
+        for (int i = 0; i < 3 && (c = peek(r)) == bom[i]; i++)
+            r->in_pos++;
+    }
+    c = skip_ws(r);
+    if (c == -1) {
+        snprintf(r->err, sizeof r->err, "empty input: no records");
+        r->pending = 1;
+        return -1;
+    }
+    if (c == '[') {
+        advance(r, c);
+        r->state = ARRAY_FIRST;
+    } else if (c == '{') {
+        r->state = LINES;
+    } else {
+        const char *t = c == '"'                              ? "string"
+                        : c == '-' || (c >= '0' && c <= '9') ? "number"
+                        : c == 't' || c == 'f'               ? "boolean"
+                        : c == 'n'                           ? "null"
+                                                             : NULL;
+        char d[32];
+        describe(c, d);
+        snprintf(r->err, sizeof r->err, "line %u, column %u: expected an array of records or JSON Lines, found %s",
+                 r->line, r->col, t ? t : d);
+        r->pending = 1;
+        return -1;
+    }
+    return 0;
+}
+
+/* What read_between() found before the next record. */
+enum { BETWEEN_VALUE, BETWEEN_AGAIN, BETWEEN_STOP };
+
+/* The structure before the next record (`,` `]`, the end, trailing text):
+ * BETWEEN_VALUE when a record starts at the current byte, BETWEEN_AGAIN when the state
+ * changed and the input must be looked at again, BETWEEN_STOP at the end of the input or
+ * at an error (then pending). */
+static int read_between(records_t *r)
+{
+    int c = skip_ws(r);
+    if (c == -2) {
+        r->pending = 1;
+        return BETWEEN_STOP;
+    }
+    if (r->state == ARRAY_FIRST && c == ']') {
+        advance(r, c);
+        if (r->n_records == 0) {
+            snprintf(r->err, sizeof r->err, "no records");
+            r->pending = 1;
+            return BETWEEN_STOP;
+        }
+        r->state = AFTER;
+        return BETWEEN_AGAIN;
+    }
+    if (r->state == ARRAY_NEXT) {
+        if (c == ',') {
+            advance(r, c);
+            if ((c = skip_ws(r)) == -2) {
+                r->pending = 1;
+                return BETWEEN_STOP;
+            }
+        } else if (c == ']') {
+            advance(r, c);
+            r->state = AFTER;
+            return BETWEEN_AGAIN;
+        } else {
+            fail_here(r, "expected ',' or ']' in array, found ", c);
+            return BETWEEN_STOP;
+        }
+    }
+    if (r->state == AFTER) {
+        if (c >= 0) {
+            fail_here(r, "unexpected ", c);
+            size_t l = strlen(r->err);
+            snprintf(r->err + l, sizeof r->err - l, " after the end of the JSON value");
+            return BETWEEN_STOP;
+        }
+        r->state = DONE;
+        return BETWEEN_STOP;
+    }
+    if (r->state == LINES && c == -1) {
+        r->state = DONE;
+        return BETWEEN_STOP;
+    }
+    if (c == -1 && (r->state == ARRAY_FIRST || r->state == ARRAY_NEXT)) {
+        /* what the whole-document parser says of an array cut short */
+        fail_here(r, "unexpected end of input, a value was expected", -3);
+        return BETWEEN_STOP;
+    }
+    return BETWEEN_VALUE;
+}
+
+int64_t records_next(records_t *r, size_t max_records, size_t max_bytes, const record_span_t **spans)
+{
+    if (r->pending || r->failed) {
+        r->pending = 0;
+        r->failed = 1;
+        ftk_err_set("%s", r->err);
+        return -1;
+    }
+    if (swap_chunks(r, max_records) < 0)
+        return -1;
     size_t n = 0;
     while (n < max_records && r->text_len < max_bytes && r->state != DONE) {
-        int c;
         if (r->state == START) {
-            c = peek(r);
-            if (c == 0xEF) { /* a byte order mark */
-                static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
-                for (int i = 0; i < 3 && (c = peek(r)) == bom[i]; i++)
-                    r->in_pos++;
-            }
-            c = skip_ws(r);
-            if (c == -1) {
-                snprintf(r->err, sizeof r->err, "empty input: no records");
-                r->pending = 1;
+            if (read_start(r) < 0)
                 break;
-            }
-            if (c == '[') {
-                advance(r, c);
-                r->state = ARRAY_FIRST;
-            } else if (c == '{') {
-                r->state = LINES;
-            } else {
-                const char *t = c == '"'                              ? "string"
-                                : c == '-' || (c >= '0' && c <= '9') ? "number"
-                                : c == 't' || c == 'f'               ? "boolean"
-                                : c == 'n'                           ? "null"
-                                                                     : NULL;
-                char d[32];
-                describe(c, d);
-                snprintf(r->err, sizeof r->err,
-                         "line %u, column %u: expected an array of records or JSON Lines, found %s", r->line, r->col,
-                         t ? t : d);
-                r->pending = 1;
-                break;
-            }
             continue;
         }
-        c = skip_ws(r);
-        if (c == -2) {
-            r->pending = 1;
+        int step = read_between(r);
+        if (step == BETWEEN_STOP)
             break;
-        }
-        if (r->state == ARRAY_FIRST && c == ']') {
-            advance(r, c);
-            if (r->n_records == 0) {
-                snprintf(r->err, sizeof r->err, "no records");
-                r->pending = 1;
-                break;
-            }
-            r->state = AFTER;
+        if (step == BETWEEN_AGAIN)
             continue;
-        }
-        if (r->state == ARRAY_NEXT) {
-            if (c == ',') {
-                advance(r, c);
-                if ((c = skip_ws(r)) == -2) {
-                    r->pending = 1;
-                    break;
-                }
-            } else if (c == ']') {
-                advance(r, c);
-                r->state = AFTER;
-                continue;
-            } else {
-                fail_here(r, "expected ',' or ']' in array, found ", c);
-                break;
-            }
-        }
-        if (r->state == AFTER) {
-            if (c >= 0) {
-                fail_here(r, "unexpected ", c);
-                size_t l = strlen(r->err);
-                snprintf(r->err + l, sizeof r->err - l, " after the end of the JSON value");
-                break;
-            }
-            r->state = DONE;
-            break;
-        }
-        if (r->state == LINES && c == -1) {
-            r->state = DONE;
-            break;
-        }
-        if (c == -1 && (r->state == ARRAY_FIRST || r->state == ARRAY_NEXT)) {
-            /* what the whole-document parser says of an array cut short */
-            fail_here(r, "unexpected end of input, a value was expected", -3);
-            break;
-        }
         size_t off = r->text_len;
         unsigned line = r->line, col = r->col;
         if (scan_value(r) < 0)

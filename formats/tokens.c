@@ -65,59 +65,142 @@ static int by_len_desc(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Best-fit decreasing: order is sorted longest first (then input order), and each sample
+ * in that order goes into the row with the least room that fits it (the row last given
+ * that room on ties), or a new row; row_of[i] is sample i's row. 0 with *n_rows set, or -1
+ * with the message set. */
+static int place_best_fit(const tokens_sample_t *samples, size_t n, int64_t max_len, int64_t *order,
+                          int64_t *row_of, int64_t *n_rows)
+{
+    sort_base = samples;
+    qsort(order, n, sizeof *order, by_len_desc);
+    /* head[r]: a row with exactly r free tokens (a LIFO list through next[]). */
+    int64_t *head = malloc((size_t)(max_len + 1) * sizeof *head);
+    int64_t *next = malloc((n + 1) * sizeof *next);
+    int64_t *free_of = malloc((n + 1) * sizeof *free_of);
+    int64_t rows = 0;
+    int rc = -1;
+    if (!head || !next || !free_of) {
+        ftk_err_set("out of memory");
+        goto out;
+    }
+    for (int64_t r = 0; r <= max_len; r++)
+        head[r] = -1;
+    for (size_t k = 0; k < n; k++) {
+        const tokens_sample_t *sm = &samples[order[k]];
+        if (sm->len < 1 || sm->len > max_len) {
+            ftk_err_set("sample of record %lld has %lld tokens, outside 1..max_len", (long long)sm->record,
+                        (long long)sm->len);
+            goto out;
+        }
+        int64_t fit = -1;
+        for (int64_t r = sm->len; r <= max_len; r++)
+            if (head[r] >= 0) {
+                fit = r;
+                break;
+            }
+        int64_t row;
+        if (fit >= 0) {
+            row = head[fit];
+            head[fit] = next[row];
+            free_of[row] = fit - sm->len;
+        } else {
+            row = rows++;
+            free_of[row] = max_len - sm->len;
+        }
+        next[row] = head[free_of[row]];
+        head[free_of[row]] = row;
+        row_of[order[k]] = row;
+    }
+    *n_rows = rows;
+    rc = 0;
+out:
+    free(head);
+    free(next);
+    free(free_of);
+    return rc;
+}
+
+/* The samples of each row, in placement order: row r holds by_row[row_start[r] ..
+ * row_start[r + 1]) (row_start: n_rows + 1 entries, zeroed). 0, or -1 (out of memory). */
+static int group_rows(const int64_t *order, const int64_t *row_of, size_t n, int64_t n_rows, int64_t *row_start,
+                      int64_t *by_row)
+{
+    int64_t *fill = calloc((size_t)n_rows + 1, sizeof *fill);
+    if (!fill) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        fill[row_of[i]]++;
+    for (int64_t r = 0; r < n_rows; r++)
+        row_start[r + 1] = row_start[r] + fill[r];
+    memset(fill, 0, ((size_t)n_rows + 1) * sizeof *fill);
+    for (size_t k = 0; k < n; k++) {
+        int64_t sidx = order[k], r = row_of[sidx];
+        by_row[row_start[r] + fill[r]++] = sidx;
+    }
+    free(fill);
+    return 0;
+}
+
+/* Where build_rows() takes the rows from. */
+typedef struct {
+    const tokens_sample_t *samples;
+    const int64_t *row_start, *by_row; /* group_rows()'s */
+    const int64_t *row_perm;           /* row ri of the split is row row_perm[ri] */
+    int64_t n_rows, max_len;
+    int packed;
+    int32_t pad_id;
+} rows_src_t;
+
+/* Copies the rows into out (allocated for them), packed rows padded to max_len. */
+static void build_rows(const rows_src_t *src, tokens_split_t *out)
+{
+    int64_t t = 0, s = 0;
+    for (int64_t ri = 0; ri < src->n_rows; ri++) {
+        int64_t r = src->row_perm[ri];
+        out->row_offsets[ri] = t;
+        out->row_samples[ri] = s;
+        for (int64_t k = src->row_start[r]; k < src->row_start[r + 1]; k++) {
+            const tokens_sample_t *sm = &src->samples[src->by_row[k]];
+            memcpy(out->tokens + t, sm->ids, (size_t)sm->len * sizeof *sm->ids);
+            memcpy(out->loss_mask + t, sm->mask, (size_t)sm->len);
+            out->sample_starts[s] = t;
+            out->sample_lengths[s] = sm->len;
+            out->sample_record[s] = sm->record;
+            t += sm->len;
+            s++;
+        }
+        if (src->packed) {
+            int64_t end = out->row_offsets[ri] + src->max_len;
+            for (; t < end; t++) {
+                out->tokens[t] = src->pad_id;
+                out->loss_mask[t] = 0;
+            }
+        }
+    }
+    out->row_offsets[src->n_rows] = t;
+    out->row_samples[src->n_rows] = s;
+}
+
 int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t max_len, int32_t pad_id,
                  uint64_t seed, tokens_split_t *out)
 {
-    int64_t *row_of = malloc((n + 1) * sizeof *row_of);    /* sample -> row */
-    int64_t *order = malloc((n + 1) * sizeof *order);      /* samples in placement order */
-    int64_t *row_count = NULL, *row_start = NULL, *row_perm = NULL, *head = NULL, *next = NULL;
+    int64_t *row_of = malloc((n + 1) * sizeof *row_of); /* sample -> row */
+    int64_t *order = malloc((n + 1) * sizeof *order);   /* samples in placement order */
+    int64_t *row_start = NULL, *row_perm = NULL, *by_row = NULL;
     int rc = -1;
-    if (!row_of || !order)
-        goto oom;
+    if (!row_of || !order) {
+        ftk_err_set("out of memory");
+        goto out;
+    }
     for (size_t i = 0; i < n; i++)
         order[i] = (int64_t)i;
     int64_t n_rows = 0, n_tokens = 0;
     if (packed) {
-        sort_base = samples;
-        qsort(order, n, sizeof *order, by_len_desc);
-        /* head[r]: a row with exactly r free tokens (a LIFO list through next[]). */
-        head = malloc((size_t)(max_len + 1) * sizeof *head);
-        next = malloc((n + 1) * sizeof *next);
-        int64_t *free_of = malloc((n + 1) * sizeof *free_of);
-        if (!head || !next || !free_of) {
-            free(free_of);
-            goto oom;
-        }
-        for (int64_t r = 0; r <= max_len; r++)
-            head[r] = -1;
-        for (size_t k = 0; k < n; k++) {
-            const tokens_sample_t *sm = &samples[order[k]];
-            if (sm->len < 1 || sm->len > max_len) {
-                free(free_of);
-                ftk_err_set("sample of record %lld has %lld tokens, outside 1..max_len", (long long)sm->record,
-                            (long long)sm->len);
-                goto fail;
-            }
-            int64_t fit = -1;
-            for (int64_t r = sm->len; r <= max_len; r++)
-                if (head[r] >= 0) {
-                    fit = r;
-                    break;
-                }
-            int64_t row;
-            if (fit >= 0) {
-                row = head[fit];
-                head[fit] = next[row];
-                free_of[row] = fit - sm->len;
-            } else {
-                row = n_rows++;
-                free_of[row] = max_len - sm->len;
-            }
-            next[row] = head[free_of[row]];
-            head[free_of[row]] = row;
-            row_of[order[k]] = row;
-        }
-        free(free_of);
+        if (place_best_fit(samples, n, max_len, order, row_of, &n_rows) < 0)
+            goto out;
         n_tokens = n_rows * max_len;
     } else {
         for (size_t i = 0; i < n; i++) {
@@ -126,27 +209,15 @@ int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t m
         }
         n_rows = (int64_t)n;
     }
-    /* Samples of each row, in placement order. */
-    row_count = calloc((size_t)n_rows + 1, sizeof *row_count);
     row_start = calloc((size_t)n_rows + 1, sizeof *row_start);
     row_perm = malloc(((size_t)n_rows + 1) * sizeof *row_perm);
-    if (!row_count || !row_start || !row_perm)
-        goto oom;
-    for (size_t i = 0; i < n; i++)
-        row_count[row_of[i]]++;
-    for (int64_t r = 0; r < n_rows; r++)
-        row_start[r + 1] = row_start[r] + row_count[r];
-    int64_t *by_row = malloc((n + 1) * sizeof *by_row), *fill = calloc((size_t)n_rows + 1, sizeof *fill);
-    if (!by_row || !fill) {
-        free(by_row);
-        free(fill);
-        goto oom;
+    by_row = malloc((n + 1) * sizeof *by_row);
+    if (!row_start || !row_perm || !by_row) {
+        ftk_err_set("out of memory");
+        goto out;
     }
-    for (size_t k = 0; k < n; k++) {
-        int64_t sidx = order[k], r = row_of[sidx];
-        by_row[row_start[r] + fill[r]++] = sidx;
-    }
-    free(fill);
+    if (group_rows(order, row_of, n, n_rows, row_start, by_row) < 0)
+        goto out;
     /* Rows in random order, so that shards and a sequential reader see a mix (packing
      * created them from the longest samples down). */
     for (int64_t r = 0; r < n_rows; r++)
@@ -156,48 +227,17 @@ int tokens_build(const tokens_sample_t *samples, size_t n, int packed, int64_t m
         rng_seed(&rng, seed ^ 0x7061636b696e67ull); /* "packing" */
         rng_shuffle_i64(&rng, row_perm, (size_t)n_rows);
     }
-    if (tokens_split_alloc(out, n_tokens, n_rows, (int64_t)n) < 0) {
-        free(by_row);
-        goto fail;
-    }
-    int64_t t = 0, s = 0;
-    for (int64_t ri = 0; ri < n_rows; ri++) {
-        int64_t r = row_perm[ri];
-        out->row_offsets[ri] = t;
-        out->row_samples[ri] = s;
-        for (int64_t k = row_start[r]; k < row_start[r + 1]; k++) {
-            const tokens_sample_t *sm = &samples[by_row[k]];
-            memcpy(out->tokens + t, sm->ids, (size_t)sm->len * sizeof *sm->ids);
-            memcpy(out->loss_mask + t, sm->mask, (size_t)sm->len);
-            out->sample_starts[s] = t;
-            out->sample_lengths[s] = sm->len;
-            out->sample_record[s] = sm->record;
-            t += sm->len;
-            s++;
-        }
-        if (packed) {
-            int64_t end = out->row_offsets[ri] + max_len;
-            for (; t < end; t++) {
-                out->tokens[t] = pad_id;
-                out->loss_mask[t] = 0;
-            }
-        }
-    }
-    out->row_offsets[n_rows] = t;
-    out->row_samples[n_rows] = s;
-    free(by_row);
+    if (tokens_split_alloc(out, n_tokens, n_rows, (int64_t)n) < 0)
+        goto out;
+    const rows_src_t src = {samples, row_start, by_row, row_perm, n_rows, max_len, packed, pad_id};
+    build_rows(&src, out);
     rc = 0;
-    goto fail;
-oom:
-    ftk_err_set("out of memory");
-fail:
+out:
     free(row_of);
     free(order);
-    free(row_count);
     free(row_start);
     free(row_perm);
-    free(head);
-    free(next);
+    free(by_row);
     return rc;
 }
 
@@ -556,6 +596,78 @@ static int out_put(i64_out_t *o, int64_t x)
     return 0;
 }
 
+/* The sizes of the R rows from the spill's read position: their samples and tokens, from
+ * the rows' heads (read without moving that position). */
+static int spill_sizes(const tokens_spill_t *s, spill_rd_t *rd, int64_t R, int64_t *S, int64_t *T)
+{
+    off_t row_pos = s->pos[SP_ROW];
+    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &row_pos};
+    int rc = 0;
+    for (int64_t r = 0; r < R && !rc; r++) {
+        int64_t h[2];
+        if (!(rc = rd_get(rd, h, sizeof h))) {
+            *S += h[0];
+            *T += h[1];
+        }
+    }
+    rd->pos = NULL; /* row_pos ends here */
+    return rc;
+}
+
+/* The T tokens and masks of the rows: a straight copy, through blk (WBLK int32s). */
+static int copy_tokens(tokens_spill_t *s, spill_rd_t *rd, void *blk, int64_t T, h5w_stream_t *tok,
+                       h5w_stream_t *msk)
+{
+    for (int k = 0; k < 2; k++) {
+        *rd = (spill_rd_t){.fd = fileno(s->f[k == 0 ? SP_TOK : SP_MASK]), .pos = &s->pos[k == 0 ? SP_TOK : SP_MASK]};
+        size_t es = k == 0 ? sizeof(int32_t) : 1;
+        for (int64_t i = 0; i < T; i += WBLK) {
+            size_t m = (size_t)(T - i < WBLK ? T - i : WBLK);
+            if (rd_get(rd, blk, m * es) < 0 || h5w_append(k == 0 ? tok : msk, blk, m) < 0)
+                return -1;
+        }
+        rd_done(rd);
+    }
+    return 0;
+}
+
+/* The five int64 datasets of the R rows (layout order, from row_offsets): offsets from
+ * the rows' heads and the samples' (length, record) pairs; *n_pad: the rows' padding. */
+static int write_index(tokens_spill_t *s, spill_rd_t *rd, int64_t R, i64_out_t out[5], int64_t *n_pad)
+{
+    spill_rd_t *rs = malloc(sizeof *rs);
+    if (!rs) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &s->pos[SP_ROW]};
+    *rs = (spill_rd_t){.fd = fileno(s->f[SP_SMP]), .pos = &s->pos[SP_SMP]};
+    int64_t t = 0, n_s = 0;
+    int e = 0;
+    for (int64_t r = 0; r < R && !e; r++) {
+        int64_t h[2], used = 0;
+        e = rd_get(rd, h, sizeof h) < 0 || out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
+        for (int64_t k = 0; k < h[0] && !e; k++) {
+            int64_t p[2];
+            e = rd_get(rs, p, sizeof p) < 0 || out_put(&out[2], t + used) < 0 || out_put(&out[3], p[0]) < 0 ||
+                out_put(&out[4], p[1]) < 0;
+            used += p[0];
+        }
+        *n_pad += h[1] - used;
+        t += h[1];
+        n_s += h[0];
+    }
+    if (!e)
+        e = out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
+    rd_done(rd);
+    rd_done(rs);
+    free(rs);
+    for (int i = 0; i < 5 && !e; i++)
+        if (out[i].n && h5w_append(out[i].st, out[i].v, out[i].n) < 0)
+            e = 1;
+    return e ? -1 : 0;
+}
+
 int tokens_spill_write(tokens_spill_t *s, hid_t file, const char *group, int64_t r0, int64_t r1,
                        const h5w_opts_t *o, uint64_t sums[TOKENS_N_DATASETS])
 {
@@ -568,8 +680,7 @@ int tokens_spill_write(tokens_spill_t *s, hid_t file, const char *group, int64_t
             ftk_err_set("cannot write a temporary file: %s (disk full?)", strerror(errno));
             return -1;
         }
-    /* First pass over the rows' heads: the sizes of the datasets. */
-    int64_t T = 0, S = 0, R = r1 - r0;
+    int64_t T = 0, S = 0, R = r1 - r0, n_pad = 0;
     spill_rd_t *rd = malloc(sizeof *rd);
     void *blk = malloc(WBLK * sizeof(int32_t));
     i64_out_t out[5] = {{0}};
@@ -578,16 +689,7 @@ int tokens_spill_write(tokens_spill_t *s, hid_t file, const char *group, int64_t
     int rc = -1;
     if (!rd || !blk)
         goto oom;
-    off_t row_pos = s->pos[SP_ROW];
-    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &row_pos};
-    for (int64_t r = 0; r < R; r++) {
-        int64_t h[2];
-        if (rd_get(rd, h, sizeof h) < 0)
-            goto fail;
-        S += h[0];
-        T += h[1];
-    }
-    if ((g = h5_group_create(file, group)) < 0)
+    if (spill_sizes(s, rd, R, &S, &T) < 0 || (g = h5_group_create(file, group)) < 0)
         goto fail;
     hsize_t dT = (hsize_t)T, dR = (hsize_t)R + 1, dS = (hsize_t)S;
     static const char *const names64[5] = {"row_offsets", "row_samples", "sample_starts", "sample_lengths",
@@ -604,48 +706,7 @@ int tokens_spill_write(tokens_spill_t *s, hid_t file, const char *group, int64_t
         if (!out[i].v)
             goto oom;
     }
-    /* Tokens and masks: a straight copy. */
-    for (int k = 0; k < 2; k++) {
-        spill_rd_t *t = rd;
-        *t = (spill_rd_t){.fd = fileno(s->f[k == 0 ? SP_TOK : SP_MASK]), .pos = &s->pos[k == 0 ? SP_TOK : SP_MASK]};
-        size_t es = k == 0 ? sizeof(int32_t) : 1;
-        for (int64_t i = 0; i < T; i += WBLK) {
-            size_t m = (size_t)(T - i < WBLK ? T - i : WBLK);
-            if (rd_get(t, blk, m * es) < 0 || h5w_append(k == 0 ? tok : msk, blk, m) < 0)
-                goto fail;
-        }
-        rd_done(t);
-    }
-    /* Offsets from the rows' heads and the samples' (length, record) pairs. */
-    spill_rd_t *rs = malloc(sizeof *rs);
-    if (!rs)
-        goto oom;
-    *rd = (spill_rd_t){.fd = fileno(s->f[SP_ROW]), .pos = &s->pos[SP_ROW]};
-    *rs = (spill_rd_t){.fd = fileno(s->f[SP_SMP]), .pos = &s->pos[SP_SMP]};
-    int64_t t = 0, n_s = 0, n_pad = 0;
-    int e = 0;
-    for (int64_t r = 0; r < R && !e; r++) {
-        int64_t h[2], used = 0;
-        e = rd_get(rd, h, sizeof h) < 0 || out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
-        for (int64_t k = 0; k < h[0] && !e; k++) {
-            int64_t p[2];
-            e = rd_get(rs, p, sizeof p) < 0 || out_put(&out[2], t + used) < 0 || out_put(&out[3], p[0]) < 0 ||
-                out_put(&out[4], p[1]) < 0;
-            used += p[0];
-        }
-        n_pad += h[1] - used;
-        t += h[1];
-        n_s += h[0];
-    }
-    if (!e)
-        e = out_put(&out[0], t) < 0 || out_put(&out[1], n_s) < 0;
-    rd_done(rd);
-    rd_done(rs);
-    free(rs);
-    for (int i = 0; i < 5 && !e; i++)
-        if (out[i].n && h5w_append(out[i].st, out[i].v, out[i].n) < 0)
-            e = 1;
-    if (e)
+    if (copy_tokens(s, rd, blk, T, tok, msk) < 0 || write_index(s, rd, R, out, &n_pad) < 0)
         goto fail;
     s->next_row = r1;
     rc = h5w_close(tok, &sums[0]) | h5w_close(msk, &sums[1]);

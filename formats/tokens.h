@@ -12,7 +12,7 @@
  *   mask_prompt        int64   1: only response (assistant) tokens (and EOS) are targets
  *   max_len            int64   longest row, in tokens
  *   packed             int64   1: rows are exactly max_len, several samples each
- *   seed               int64   seed of the validation split (tools/ftk-pack.c: record i is
+ *   seed               int64   seed of the validation split (formats/pack.h: record i is
  *                              in it when a hash of (seed, i) says so)
  *   source_name        string  input file name as given ("-" for stdin)
  *   source_xxh3        string  XXH3-64 of the input file's bytes

@@ -4,7 +4,7 @@
 #     records per GB): many rows, all spilled to disk, none held;
 #  2. a 3 GB file of records of 100 KB each (an ignored member: reading and parsing
 #     dominate).
-# Each must pack with a maximum resident size under 64 MB (tools/ftk-pack.c states the
+# Each must pack with a maximum resident size under 64 MB (formats/pack.h states the
 # bound: under 60 MB at the defaults with max-len 512 and 2 threads), and ftk-verify the
 # result. The files are deleted as soon as they are used (the work needs ~8 GB of disk).
 # Usage: tests/fault/pack_big.sh BIN_DIR WORK_DIR [GB of ordinary records (default 1)]

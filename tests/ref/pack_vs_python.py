@@ -5,7 +5,7 @@ For every sample of every split, the tokens ftk-pack wrote must equal
 [BOS] + sp.encode(alpaca prompt) + sp.encode(output) + [EOS], cut to max_len, for the record
 that sample_record names, and the loss mask must be what --mask-prompt says. Also checks
 that every record appears exactly once, the split sizes, and the metadata attributes.
-The validation rule and the streaming packer (tools/ftk-pack.c, formats/tokens.h) are
+The validation rule and the streaming packer (formats/pack.h, formats/tokens.h) are
 implemented again here from their documentation, and the rows must hold exactly the
 records, in the order, that this re-implementation gives. --shards 3 must give the same
 global row order as one file.
@@ -35,7 +35,7 @@ PHI = 0x9E3779B97F4A7C15
 
 
 def val_key(seed, idx):
-    """splitmix64's output for the state seed*phi + idx (tools/ftk-pack.c, val_key)."""
+    """splitmix64's output for the state seed*phi + idx (formats/pack.c, val_key)."""
     z = (seed * PHI + idx + PHI) & M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
