@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../engine/cuda_load.h"
 #include "../engine/model.h"
 #include "../formats/alpaca.h"
 #include "../formats/checkpoint.h"
@@ -161,14 +162,14 @@ int main(int argc, char **argv)
     }
     int from_env = 0;
     if (!device)
-        device = backend_default_device(backend_cuda_devices, &from_env);
+        device = backend_default_device(cuda_load_devices, &from_env);
     if (backend_check_device(device, from_env) < 0) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
     /* static: reachable until exit on every error path (LeakSanitizer) */
     static backend_t *be;
-    be = strcmp(device, "cuda") ? backend_cpu_new() : backend_cuda_new(0);
+    be = strcmp(device, "cuda") ? backend_cpu_new() : cuda_load_backend(0);
     if (!be) {
         ftk_error("--device cuda: %s", ftk_err_msg());
         return FTK_EXIT_USAGE;

@@ -20,6 +20,7 @@
 
 #include "../engine/comm.h"
 #include "../engine/compress.h"
+#include "../engine/cuda_load.h"
 #include "../engine/plan.h"
 #include "../engine/report.h"
 #include "../engine/trainer.h"
@@ -789,7 +790,7 @@ static int run_plan(const trainer_opts_t *o)
     /* --recompute auto fits --device-memory, else this machine's device's free memory */
     int64_t budget = o->device_bytes;
     if (o->recompute == PLAN_RECOMPUTE_AUTO && !budget) {
-        backend_t *real = !strcmp(device, "cuda") ? (backend_cuda_devices() > 0 ? backend_cuda_new(0) : NULL)
+        backend_t *real = !strcmp(device, "cuda") ? (cuda_load_devices() > 0 ? cuda_load_backend(0) : NULL)
                                                   : backend_cpu_new();
         budget = real ? plan_device_bytes(real) : -1;
         backend_free(real);
@@ -994,7 +995,7 @@ static int watchdog_start(void)
  * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
 static const char *default_device(void)
 {
-    return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
+    return backend_default_device(comm_alone(world) ? cuda_load_devices : NULL, &device_from_env);
 }
 
 /* LitGPT's finetune/full.yaml, key by key (every config_hub/finetune/MODEL/full.yaml of litgpt
@@ -1241,8 +1242,8 @@ static int run(int argc, char **argv)
      * static: reachable until exit on every path (LeakSanitizer). */
     static backend_t *be;
     if (!strcmp(device, "cuda")) {
-        int gpu = comm_node_gpu(world, backend_cuda_devices());
-        be = gpu < 0 ? NULL : backend_cuda_new(gpu);
+        int gpu = comm_node_gpu(world, cuda_load_devices());
+        be = gpu < 0 ? NULL : cuda_load_backend(gpu);
     } else {
         be = backend_cpu_new();
     }
