@@ -41,16 +41,18 @@ HDF5_LIBS   := $(shell pkg-config --libs hdf5 2>/dev/null)
 CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -fopenmp -fPIC -ffp-contract=off $(SANFLAGS) \
            $(HDF5_CFLAGS) -MMD -MP $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(SANFLAGS)
-LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lyaml -lm
+# -ldl: the CUDA library's loader (engine/cuda_load.c) in libftk.a (dlopen is in libc from
+# glibc 2.34, in libdl before).
+LIBS    := $(HDF5_LIBS) -lzstd -lxxhash -lopenblas -lyaml -lm -ldl
 
 # MPI (Open MPI): only engine/comm.c includes it and only the distributed programs link it.
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags ompi 2>/dev/null)
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || pkg-config --libs ompi 2>/dev/null)
 MPI_BINS   := $(BINDIR)/ftk-train
 
-# engine/comm_nccl.c needs NCCL and the CUDA runtime: built apart (NCCL_OBJ, below);
-# engine/cuda_dl.c, the tools' door to the CUDA backend's shared library, too (DEVICE_OBJ).
-LIB_SRC   := $(filter-out engine/comm_nccl.c engine/cuda_dl.c,\
+# engine/comm_nccl.c needs NCCL and the CUDA runtime, engine/cuda_lib.c names the backend:
+# both go with the CUDA library's objects (CUDA_LIB_OBJS, below), not into libftk.a.
+LIB_SRC   := $(filter-out engine/comm_nccl.c engine/cuda_lib.c,\
              $(wildcard libcommon/*.c formats/*.c kernels/*.c kernels/cpu/*.c kernels/plan/*.c engine/*.c))
 LIB_OBJ   := $(patsubst %.c,$(O)/%.o,$(LIB_SRC))
 LIBFTK    := $(O)/libftk.a
@@ -96,42 +98,42 @@ CUDA_BINS := $(O)/tests/gpu_smoke $(O)/tests/gpu_ops $(O)/tests/gpu_opbench $(O)
 endif
 endif
 
-# The tools that take --device link engine/cuda_dl.c, which opens the CUDA backend at run
-# time: CUDA_SO, the backend and engine/comm_nccl.c linked against libcudart and libcublasLt,
-# in lib/ beside bin/ (the tools look in $ORIGIN/../lib, then in PREFIX/lib/ftk, where make
-# install puts it), so that they start where the CUDA libraries are not installed (docs/gpu.md,
-# "Without CUDA"). They export their symbols (-rdynamic): the library's calls into libftk
-# reach the tool's copies. Where there is no CUDA they link its stub (kernels/none). The GPU
-# tests and test_comm link the backend itself (BACKEND_OBJ). Without CUDA the GPU op test is
-# still compiled (not linked), so it keeps up with the headers.
+# The CUDA library: each of its names is defined once, and every program reaches it through
+# one loader, engine/cuda_load.c (in libftk.a; its header gives the design), which returns
+# the table of entry points engine/cuda_lib.c defines (cuda_lib_entry: the backend's
+# constructor and device count, NCCL's table). Which table a program gets is no matter of
+# link order but of what it was linked with:
+#  - the tools that take --device (DEVICE_BINS) link no CUDA: CUDA_SO, the library's objects
+#    (CUDA_LIB_OBJS: the backend, engine/comm_nccl.c, engine/cuda_lib.c) linked against
+#    libcudart and libcublasLt, in lib/ beside bin/, is what the loader opens at run time (it
+#    looks in $ORIGIN/../lib, then in PREFIX/lib/ftk, where make install puts it; compiled
+#    with CUDA_LOAD_LIB=1 where CUDA_SO is built), so that they start where the CUDA
+#    libraries are not installed (docs/gpu.md, "Without the CUDA libraries"). They export
+#    their symbols (-rdynamic): the library's calls into libftk reach the tool's copies;
+#  - test_comm and the host emulation's programs link the library's objects themselves and
+#    export its one name (CUDA_LIB_EXPORT), which the loader finds in the program first;
+#  - where there is no CUDA (no nvcc, the sanitizer build) there is no library: the loader
+#    answers "this build has no CUDA backend (…)".
+# The GPU op tests link the backend's objects and call backend_cuda_new themselves. Without
+# CUDA the GPU op test is still compiled (not linked), so it keeps up with the headers.
+# NCCL (engine/comm_nccl.c) is in the library where nccl.h is found (engine/cuda_lib.c is
+# then compiled with CUDA_LIB_NCCL=1); libnccl.so.2 itself is opened at run time (dlopen),
+# so these programs also start where it is not installed.
 DEVICE_BINS := $(BINDIR)/ftk-train $(BINDIR)/ftk-generate
-CUDA_SO     :=
+CUDA_LIB_EXPORT := -Wl,--export-dynamic-symbol=cuda_lib_entry
+CUDA_SO       :=
+CUDA_LIB_OBJS :=
+NCCL_OBJ      :=
+BACKEND_LIBS  :=
+DEVICE_LIBS   :=
+GPU_CHECK     := $(O)/tests/gpu/gpu_ops.o
 ifneq ($(CUDA_BINS),)
-CUDA_SO     := $(patsubst %bin,%lib,$(BINDIR))/libftk-cuda.so
-BACKEND_OBJ := $(CUDA_OBJ)
-BACKEND_LIBS := $(CUDA_LIBS) -lstdc++
-DEVICE_OBJ  := $(O)/engine/cuda_dl.o
-DEVICE_LIBS := -rdynamic -ldl
-GPU_CHECK   :=
-else
-BACKEND_OBJ := $(O)/kernels/none/cuda_none.o
-BACKEND_LIBS :=
-DEVICE_OBJ  := $(O)/kernels/none/cuda_none.o
-DEVICE_LIBS :=
-GPU_CHECK   := $(O)/tests/gpu/gpu_ops.o
-endif
-
-# NCCL (engine/comm_nccl.c) where the CUDA parts are built and nccl.h is found: in CUDA_SO,
-# and linked into test_comm ahead of libftk.a, whose engine/comm_nccl_none.c (the answer "no
-# NCCL") it then replaces; elsewhere that stub is what they get. libnccl.so.2 itself is
-# opened at run time (dlopen), so these programs also start where it is not installed.
-NCCL_OBJ  :=
-NCCL_LIBS :=
-ifneq ($(CUDA_BINS),)
-ifneq ($(NCCL_H),)
-NCCL_OBJ  := $(O)/engine/comm_nccl.o
-NCCL_LIBS := -ldl
-endif
+CUDA_SO       := $(patsubst %bin,%lib,$(BINDIR))/libftk-cuda.so
+NCCL_OBJ      := $(if $(NCCL_H),$(O)/engine/comm_nccl.o)
+CUDA_LIB_OBJS := $(CUDA_OBJ) $(NCCL_OBJ) $(O)/engine/cuda_lib.o
+BACKEND_LIBS  := $(CUDA_LIBS) -lstdc++
+DEVICE_LIBS   := -rdynamic
+GPU_CHECK     :=
 endif
 
 .SECONDARY:
@@ -179,14 +181,14 @@ $(O)/engine/comm.o: CFLAGS += $(MPI_CFLAGS)
 $(MPI_BINS): LIBS += $(MPI_LIBS)
 # The trainer's unit test drives engine/trainer.c, hence comm.c (a world of one at run time).
 $(O)/tests/test_trainer: LIBS += $(MPI_LIBS)
-$(DEVICE_BINS): EXTRA_OBJ := $(DEVICE_OBJ)
 $(DEVICE_BINS): LIBS += $(DEVICE_LIBS)
-$(DEVICE_BINS): $(DEVICE_OBJ)
-$(O)/engine/cuda_dl.o: CFLAGS += -DFTK_LIBDIR=\"$(PREFIX)/lib/ftk\"
+$(O)/engine/cuda_load.o: CFLAGS += -DFTK_LIBDIR=\"$(PREFIX)/lib/ftk\" -DCUDA_LOAD_LIB=$(if $(CUDA_SO),1,0)
+$(O)/engine/cuda_lib.o: CFLAGS += -DCUDA_LIB_NCCL=$(if $(NCCL_H),1,0)
 # The communication contract test (tests/unit/test_comm.c): MPI everywhere, NCCL on GPUs.
-$(O)/tests/test_comm: EXTRA_OBJ := $(BACKEND_OBJ) $(NCCL_OBJ)
-$(O)/tests/test_comm: LIBS += $(MPI_LIBS) $(BACKEND_LIBS) $(NCCL_LIBS)
-$(O)/tests/test_comm: $(BACKEND_OBJ) $(NCCL_OBJ)
+$(O)/tests/test_comm: EXTRA_OBJ := $(CUDA_LIB_OBJS)
+$(O)/tests/test_comm: LIBS += $(MPI_LIBS) $(BACKEND_LIBS)
+$(O)/tests/test_comm: LDFLAGS += $(if $(CUDA_LIB_OBJS),$(CUDA_LIB_EXPORT))
+$(O)/tests/test_comm: $(CUDA_LIB_OBJS)
 $(O)/tests/unit/test_comm.o: CFLAGS += $(MPI_CFLAGS)
 $(O)/engine/comm_nccl.o: CFLAGS += -I$(CUDA_HOME)/include -I$(dir $(NCCL_H))
 
@@ -258,10 +260,10 @@ $(O)/tests/gpu_smoke: $(O)/tests/gpu/gpu_smoke.o $(O)/kernels/cuda/device.o
 # CUDA_SO: what the backend needs of libftk.a is linked in; where the tool that opens it has
 # the same (exported) symbols, the tool's are the ones called. Its CUDA libraries are found as
 # the GPU tests find theirs (rpath), or on LD_LIBRARY_PATH.
-$(CUDA_SO): $(CUDA_OBJ) $(NCCL_OBJ) $(LIBFTK)
+$(CUDA_SO): $(CUDA_LIB_OBJS) $(LIBFTK)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libftk-cuda.so -Wl,--no-undefined $(CUDA_OBJ) $(NCCL_OBJ) $(LIBFTK) \
-	    -Wl,--as-needed $(LIBS) $(CUDA_LIBS) -lstdc++ -ldl -o $@
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libftk-cuda.so -Wl,--no-undefined $(CUDA_LIB_OBJS) $(LIBFTK) \
+	    -Wl,--as-needed $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@
 $(O)/tests/gpu_%: $(O)/tests/gpu/gpu_%.o $(CUDA_OBJ) $(LIBFTK)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LIBS) $(CUDA_LIBS) -lstdc++ -o $@

@@ -21,6 +21,7 @@
 #include "../libcommon/timer.h"
 #include "comm.h"
 #include "comm_dev.h"
+#include "cuda_load.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((comm_req_t *)0)->impl), "MPI_Request fits comm_req_t");
 
@@ -334,10 +335,10 @@ int comm_enable_nccl(comm_t *world, backend_t *be)
 {
     if (world->self)
         return 0;
-    return comm_enable_device(world, be, comm_nccl_ops());
+    return comm_enable_device(world, be, cuda_load_nccl());
 }
 
-int comm_nccl_built(void) { return comm_nccl_ops() != NULL; }
+int comm_nccl_built(void) { return cuda_load_nccl() != NULL; }
 
 int comm_status(comm_t *c) { return c->dev ? c->dev->status(c->dev_ctx) : 0; }
 

@@ -70,8 +70,10 @@ typedef struct {
     int (*poll)(void *ctx);
 } comm_dev_ops_t;
 
-/* NCCL's table (engine/comm_nccl.c), or NULL with ftk_err_msg() saying why in a build
- * without NCCL (engine/comm_nccl_none.c). */
+/* NCCL's table (engine/comm_nccl.c, which defines it only where nccl.h is found), or NULL
+ * with ftk_err_msg() saying why libnccl.so.2 does not load. Callers outside the CUDA
+ * library reach it through engine/cuda_load.h (cuda_load_nccl), which answers for a build
+ * without it. */
 const comm_dev_ops_t *comm_nccl_ops(void);
 
 /* comm_enable_nccl() with any library (see above). */

@@ -1,6 +1,6 @@
 /* comm_nccl.c — NCCL behind comm.h's tensor collectives: engine/comm_dev.h's table. Plain C
- * against the CUDA runtime API; built only where nvcc and nccl.h are found (Makefile),
- * engine/comm_nccl_none.c otherwise.
+ * against the CUDA runtime API; built only where nvcc and nccl.h are found (Makefile), into
+ * the CUDA library (engine/cuda_lib.h's table, reached through engine/cuda_load.h).
  *
  * One context per world (shared by its groups' communicators):
  *  - the device of the CUDA backend, read from its name ("cuda:N (…)", backend.h), made

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "cuda_load.h"
+
 #include "../formats/h5.h"
 #include "../formats/tokens_set.h"
 #include "../formats/weights.h"
@@ -41,7 +43,7 @@ static int find_budget(const plan_request_t *rq, int64_t *budget)
     *budget = rq->o.device_bytes;
     if (rq->o.recompute != PLAN_RECOMPUTE_AUTO || *budget)
         return 0;
-    backend_t *real = !strcmp(rq->device, "cuda") ? (backend_cuda_devices() > 0 ? backend_cuda_new(0) : NULL)
+    backend_t *real = !strcmp(rq->device, "cuda") ? (cuda_load_devices() > 0 ? cuda_load_backend(0) : NULL)
                                                   : backend_cpu_new();
     *budget = real ? plan_device_bytes(real) : -1;
     backend_free(real);

@@ -480,9 +480,10 @@ backend_t *backend_cpu_new(void);
 #define BK_CPU_TILE 256
 #define BK_CPU_WORKSPACE_BYTES ((size_t)3 * BK_CPU_TILE * BK_CPU_TILE * sizeof(float))
 
-/* The CUDA backend (kernels/cuda/cuda.cu) on the given device of this process; NULL with
- * ftk_err_msg() set when the build has no CUDA (kernels/none/cuda_none.c), the device is
- * absent, or it cannot start. Its fixed workspace (cuBLASLt) is BK_CUDA_WORKSPACE_BYTES,
+/* The CUDA backend (kernels/cuda/cuda.cu, built where nvcc is found) on the given device of
+ * this process; NULL with ftk_err_msg() set when the device is absent or cannot start. A
+ * program that may lack it asks the CUDA library's loader (engine/cuda_load.h), which also
+ * answers for a build without CUDA. Its fixed workspace (cuBLASLt) is BK_CUDA_WORKSPACE_BYTES,
  * allocated at creation and counted. */
 backend_t *backend_cuda_new(int device);
 #define BK_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -501,7 +502,7 @@ int64_t bk_cudnn_ws_bytes(int64_t engine_ws, int64_t max_seg, int64_t max_len, i
 /* Hopper's deterministic backward: max_seg·n_head·max_len²·2 bytes. */
 int64_t bk_cudnn_hopper_bwd_ws(int64_t max_seg, int64_t max_len, int n_head);
 
-/* CUDA devices this process sees; 0 without CUDA. */
+/* CUDA devices this process sees (kernels/cuda/cuda.cu; through the loader, as above). */
 int backend_cuda_devices(void);
 
 /* The device of a tool whose --device was not given (docs/design.md, "Devices"):

@@ -84,7 +84,7 @@ mkdir -p "$stage/libexec" "$stage/bin" "$stage/build/tests" "$stage/lib" "$stage
 put() { cp "$1" "$stage/libexec/$2" && strip "$stage/libexec/$2"; }
 for t in $TOOLS; do put "bin/$t" "$t"; done
 for t in $TESTS; do put "build/tests/$t" "$t"; done
-# the CUDA backend of ftk-train and ftk-generate, found through $ORIGIN/../lib (engine/cuda_dl.c)
+# the CUDA backend of ftk-train and ftk-generate, found through $ORIGIN/../lib (engine/cuda_load.c)
 cp lib/libftk-cuda.so "$stage/lib/" && strip --strip-debug "$stage/lib/libftk-cuda.so"
 [ -f build/plugin/libh5zstd.so ] && cp build/plugin/libh5zstd.so "$stage/plugin/"
 

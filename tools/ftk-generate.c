@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../engine/cuda_load.h"
 #include "../engine/generate.h"
 #include "../formats/alpaca.h"
 #include "../formats/hfconfig.h"
@@ -86,12 +87,12 @@ static int open_backend(backend_t **be)
 {
     int from_env = 0;
     if (!device)
-        device = backend_default_device(backend_cuda_devices, &from_env);
+        device = backend_default_device(cuda_load_devices, &from_env);
     if (backend_check_device(device, from_env) < 0) {
         ftk_error("%s", ftk_err_msg());
         return FTK_EXIT_USAGE;
     }
-    *be = strcmp(device, "cuda") ? backend_cpu_new() : backend_cuda_new(0);
+    *be = strcmp(device, "cuda") ? backend_cpu_new() : cuda_load_backend(0);
     if (!*be) {
         ftk_error("--device cuda: %s", ftk_err_msg());
         return FTK_EXIT_USAGE;

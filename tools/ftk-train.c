@@ -15,6 +15,7 @@
 
 #include "../engine/comm.h"
 #include "../engine/compress.h"
+#include "../engine/cuda_load.h"
 #include "../engine/plan.h"
 #include "../engine/plan_print.h"
 #include "../engine/report.h"
@@ -703,7 +704,7 @@ static int arm_watchdog(void)
  * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
 static const char *default_device(void)
 {
-    return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
+    return backend_default_device(comm_alone(world) ? cuda_load_devices : NULL, &device_from_env);
 }
 
 /* The argument list with the run's kept options or --config's before the command line
@@ -782,8 +783,8 @@ typedef struct {
 static int open_backend(job_t *j)
 {
     if (!strcmp(device, "cuda")) {
-        int gpu = comm_node_gpu(world, backend_cuda_devices());
-        j->be = gpu < 0 ? NULL : backend_cuda_new(gpu);
+        int gpu = comm_node_gpu(world, cuda_load_devices());
+        j->be = gpu < 0 ? NULL : cuda_load_backend(gpu);
     } else {
         j->be = backend_cpu_new();
     }

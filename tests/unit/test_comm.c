@@ -28,6 +28,7 @@
 
 #include "../../engine/comm.h"
 #include "../../engine/comm_dev.h"
+#include "../../engine/cuda_load.h"
 #include "../../libcommon/log.h"
 #include "test.h"
 
@@ -613,7 +614,7 @@ int main(int argc, char **argv)
     int rc = 0;
     if (nccl) {
         /* every rank's GPU, or a skip agreed on by all of them */
-        int n_dev = backend_cuda_devices();
+        int n_dev = cuda_load_devices();
         int dev = comm_node_gpu(world, n_dev); /* ftk-train's choice of GPU, also its refusal (collective) */
         char dev_why[256];
         snprintf(dev_why, sizeof dev_why, "%s", dev < 0 ? ftk_err_msg() : "");
@@ -627,7 +628,7 @@ int main(int argc, char **argv)
         else if (!mpi)
             snprintf(why, sizeof why, "skipped (NCCL needs mpirun: one process is a world of one)");
         int who, skip = comm_agree(world, why[0] ? 77 : 0, why, sizeof why, &who);
-        backend_t *gpu = skip ? NULL : backend_cuda_new(dev);
+        backend_t *gpu = skip ? NULL : cuda_load_backend(dev);
         char msg[512] = "";
         if (!skip && !gpu)
             snprintf(msg, sizeof msg, "rank %d: %s", R, ftk_err_msg());

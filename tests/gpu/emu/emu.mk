@@ -54,10 +54,13 @@ $(O)/tests/emu/lib/libnccl.so.2: tests/gpu/emu/emu_nccl.c $(wildcard tests/gpu/e
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(EMU_C_FLAGS) -fPIC -shared -fvisibility=hidden -Wl,-soname,libnccl.so.2 $< -pthread -o $@
 # ftk-train and ftk-generate on the emulated backend (--device cuda), and the communication
-# contract test (tests/unit/test_comm.c) there
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LIBS += $(MPI_LIBS) -ldl
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: $(EMU_NCCL_OBJ) | $(EMU_NCCL_LIB)
-$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LDFLAGS += $(EMU_NCCL_LDFLAGS)
+# contract test (tests/unit/test_comm.c) there: each carries the CUDA library's table
+# (engine/cuda_lib.c over the emulated backend and NCCL) and exports its name, which the
+# loader (engine/cuda_load.h) finds in the program before any libftk-cuda.so
+EMU_DEVICE_BINS := $(addprefix $(O)/tests/emu/bin/,ftk-train ftk-generate test_comm)
+$(O)/tests/emu/bin/ftk-train $(O)/tests/emu/bin/test_comm: LIBS += $(MPI_LIBS)
+$(EMU_DEVICE_BINS): $(O)/engine/cuda_lib.o $(EMU_NCCL_OBJ) | $(EMU_NCCL_LIB)
+$(EMU_DEVICE_BINS): LDFLAGS += $(EMU_NCCL_LDFLAGS) $(CUDA_LIB_EXPORT)
 $(O)/tests/emu/bin/test_comm: $(O)/tests/unit/test_comm.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
 	$(EMU_LINK)
 $(O)/tests/emu/bin/%: $(O)/tools/%.o $(O)/tests/emu/cuda_emu.o $(LIBFTK)
