@@ -257,6 +257,17 @@ backend_t *bk_instance_new(const char *name, const char *device)
     return be;
 }
 
+backend_t *bk_instance_ctx_new(const char *name, const char *device, size_t ctx_bytes)
+{
+    backend_t *be = bk_instance_new(name, device);
+    if (be && !(be->ctx = calloc(1, ctx_bytes))) {
+        backend_free(be);
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    return be;
+}
+
 void backend_free(backend_t *be)
 {
     if (!be)

@@ -239,6 +239,7 @@ typedef struct {
 #define BK_KIND_TIMED_(sw, timed) timed
 /* (a, b, …) → a, b, …: a parenthesised column where a list is wanted. */
 #define BK_UNPAREN(...) __VA_ARGS__
+
 #define BK_OPS(X)                                                                                                    \
     /* dst[i] = src[i] converted (any dtypes; same dtype is a copy). */                                              \
     X(convert, BK_OP, (bk_buf_t dst, bk_buf_t src, int64_t n), (dst, src, n),                                        \
@@ -344,8 +345,7 @@ typedef struct {
      * wait): norm = sqrt(((0 + sq[0]) + sq[1]) + … + sq[n−1]) in double, c = max_norm /                             \
      * (norm + 1e-6) in double, *coef = (float)c where max_norm > 0 and c < 1, else 1 —                              \
      * the host's arithmetic (engine/optim.c), so the same bits. sq and coef are backend                             \
-     * memory; coef is what adamw's gscale_dev points at. One call a step, of a few                                  \
-     * elements: the profiler gives it no row. */                                                                    \
+     * memory; coef is what adamw's gscale_dev points at. The profiler gives it no row. */                           \
     X(clip_coef, BK_OP_UNTIMED, (float *coef, const double *sq, int n, double max_norm), (coef, sq, n, max_norm),    \
       ())                                                                                                            \
                                                                                                                      \
@@ -561,6 +561,9 @@ void backend_free(backend_t *be);
 /* For implementations: a new instance with the generic parts set (device and accounting);
  * NULL with ftk_err_msg() set. */
 backend_t *bk_instance_new(const char *name, const char *device);
+/* The same with be->ctx set to ctx_bytes of zeroed memory (the implementation's context,
+ * which its destroy frees); NULL with ftk_err_msg() set. */
+backend_t *bk_instance_ctx_new(const char *name, const char *device, size_t ctx_bytes);
 /* For implementations, at the end of backend_*_new: clears the optional fused ops that
  * FTK_FUSED (see "Fused ops") does not select; default_all is the backend's default (1:
  * every fused op it implements, 0: none). 0, or -1 with ftk_err_msg() set when FTK_FUSED

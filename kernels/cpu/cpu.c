@@ -1077,16 +1077,10 @@ static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_cpu_new(void)
 {
-    backend_t *be = bk_instance_new("cpu", "cpu");
-    cpu_ctx_t *c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(c);
-        backend_free(be);
-        if (be)
-            ftk_err_set("out of memory");
+    backend_t *be = bk_instance_ctx_new("cpu", "cpu", sizeof(cpu_ctx_t));
+    if (!be)
         return NULL;
-    }
-    be->ctx = c;
+    cpu_ctx_t *c = be->ctx;
     /* Every product calls BLAS from inside a parallel loop, one call per thread. OpenBLAS's
      * OpenMP build then runs each call on its thread; a build with threads of its own would
      * split each call again by the machine's core count: make it run them on one. (In the

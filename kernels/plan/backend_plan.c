@@ -90,20 +90,14 @@ backend_t *backend_plan_new(const char *device)
         ftk_err_set("cannot plan for device %s: need cpu or cuda", device);
         return NULL;
     }
-    backend_t *be = bk_instance_new("plan", cuda ? "plan (cuda)" : "plan (cpu)");
-    plan_ctx_t *c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(c);
-        backend_free(be);
-        if (be)
-            ftk_err_set("out of memory");
+    backend_t *be = bk_instance_ctx_new("plan", cuda ? "plan (cuda)" : "plan (cpu)", sizeof(plan_ctx_t));
+    if (!be)
         return NULL;
-    }
+    plan_ctx_t *c = be->ctx;
     c->next = (uintptr_t)1 << 44;
     c->cuda = cuda;
     const char *vv = getenv("FTK_CUDA_VEC");
     c->vec = !(vv && !strcmp(vv, "0"));
-    be->ctx = c;
     if (cuda) { /* what the CUDA backend's device memory costs beyond its allocations (cuda_mem.h) */
         be->mem_pages = 1;
         be->reserve = plan_reserve_cuda;
