@@ -257,6 +257,17 @@ backend_t *bk_instance_new(const char *name, const char *device)
     return be;
 }
 
+backend_t *bk_instance_ctx_new(const char *name, const char *device, size_t ctx_bytes)
+{
+    backend_t *be = bk_instance_new(name, device);
+    if (be && !(be->ctx = calloc(1, ctx_bytes))) {
+        backend_free(be);
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    return be;
+}
+
 void backend_free(backend_t *be)
 {
     if (!be)
@@ -279,59 +290,64 @@ void backend_free(backend_t *be)
 
 /* ---- FTK_FUSED: which optional fused ops an instance offers ---------------------------------- */
 
-/* The switchable ops by name, and the entries each one covers. */
-static void fused_clear(backend_t *be, int k)
+/* The FTK_FUSED switch of each op of BK_OPS, in order (NULL: not an optional fused op). */
+#define OP_SWITCH(name, kind, params, args, cost) BK_KIND_SWITCH(kind),
+static const char *const op_switch[] = {BK_OPS(OP_SWITCH)};
+#undef OP_SWITCH
+enum { N_OPS = sizeof op_switch / sizeof *op_switch };
+
+/* The switches, each once, in the order of their first op; their count. */
+static int fused_names(const char *names[N_OPS])
 {
-    switch (k) {
-    case 0:
-        be->rope_qk = NULL;
-        break;
-    case 1:
-        be->glu_fwd = NULL;
-        be->glu_bwd = NULL;
-        break;
-    case 2:
-        be->qkv_rope = NULL;
-        break;
-    case 3:
-        be->add_rmsnorm_fwd = NULL;
-        break;
-    case 4:
-        be->adamw_multi = NULL;
-        break;
-    case 5:
-        be->add_sumsq = NULL;
-        break;
+    int n = 0;
+    for (int i = 0; i < N_OPS; i++) {
+        int k = 0;
+        while (op_switch[i] && k < n && strcmp(names[k], op_switch[i]))
+            k++;
+        if (op_switch[i] && k == n)
+            names[n++] = op_switch[i];
     }
+    return n;
 }
-static const char *const fused_names[] = {"rope_qk", "glu", "qkv_rope", "add_rmsnorm", "adamw_multi", "add_sumsq"};
-enum { N_FUSED = sizeof fused_names / sizeof *fused_names };
+
+static int switch_is(const char *op_sw, const char *sw) { return op_sw && !strcmp(op_sw, sw); }
+
+/* Clears the ops of switch sw. */
+static void fused_clear(backend_t *be, const char *sw)
+{
+#define CLEAR(name, kind, params, args, cost)                                                                        \
+    if (switch_is(BK_KIND_SWITCH(kind), sw))                                                                         \
+        be->name = NULL;
+    BK_OPS(CLEAR)
+#undef CLEAR
+}
 
 int bk_fused_select(backend_t *be, int default_all)
 {
     const char *env = getenv("FTK_FUSED");
-    int on[N_FUSED];
-    for (int k = 0; k < N_FUSED; k++)
+    const char *fused[N_OPS];
+    int n_fused = fused_names(fused), on[N_OPS];
+    for (int k = 0; k < n_fused; k++)
         on[k] = default_all;
     if (env && *env && !strcmp(env, "all")) {
-        for (int k = 0; k < N_FUSED; k++)
+        for (int k = 0; k < n_fused; k++)
             on[k] = 1;
     } else if (env && *env) {
-        for (int k = 0; k < N_FUSED; k++)
+        for (int k = 0; k < n_fused; k++)
             on[k] = 0;
         if (strcmp(env, "none")) {
             const char *p = env;
             while (*p) {
                 size_t len = strcspn(p, ",");
                 int found = 0;
-                for (int k = 0; k < N_FUSED; k++)
-                    if (strlen(fused_names[k]) == len && !strncmp(p, fused_names[k], len))
+                for (int k = 0; k < n_fused; k++)
+                    if (strlen(fused[k]) == len && !strncmp(p, fused[k], len))
                         on[k] = found = 1;
                 if (!found) {
                     char list[128] = "";
-                    for (int k = 0; k < N_FUSED; k++)
+                    for (int k = 0; k < n_fused; k++)
                         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "",
-                                 fused_names[k]);
+                                 fused[k]);
                     ftk_err_set("FTK_FUSED=%s: unknown fused op '%.*s' (expected all, none or a comma list of %s)",
                                 env, (int)len, p, list);
                     return -1;
@@ -342,9 +358,9 @@ int bk_fused_select(backend_t *be, int default_all)
             }
         }
     }
-    for (int k = 0; k < N_FUSED; k++)
+    for (int k = 0; k < n_fused; k++)
         if (!on[k])
-            fused_clear(be, k);
+            fused_clear(be, fused[k]);
     return 0;
 }
 

@@ -196,6 +196,252 @@ typedef struct {
     float wd;
 } bk_adamw_seg_t;
 
+/* ---- the ops: one list ----
+ *
+ * BK_OPS is every op of the table, once, in the table's order; everything else an op
+ * needs outside its kernels is made from it. Adding an op takes four places:
+ *   1. an entry here: X(name, kind, (params), (args), (cost)), under the comment that is
+ *      its contract;
+ *   2. its CPU reference, static void cpu_NAME(backend_t *be, params…), in
+ *      kernels/cpu/cpu.c (the CPU backend has every op, fused ones included);
+ *   3. its CUDA kernel and void cu_NAME(backend_t *be, params…) in the family's
+ *      kernels/cuda/FAMILY.cu;
+ *   4. its test: a descriptor in tests/ops/ops_defs.c and its line in OPS_LIST
+ *      (tests/ops/ops_table.h).
+ * Made from the list: backend_t's members, the CPU and CUDA backends' table fill and
+ * cu_NAME's declaration (kernels/cuda/cuda_internal.cuh), the planning backend's stubs
+ * (kernels/plan/backend_plan.c: every op does nothing there), the profiler's wrappers
+ * (kernels/prof.c) and FTK_FUSED's switches (kernels/backend.c).
+ *
+ * The columns:
+ *   name    the entry of backend_t; the CPU's function is cpu_NAME, CUDA's cu_NAME.
+ *   kind    BK_OP: every backend has it. BK_OP_UNTIMED: the same, and the profiler gives
+ *           it no row. BK_FUSED("switch"): an optional fused op, NULL where FTK_FUSED does
+ *           not select its switch (two ops may share one: "glu").
+ *   params  the parameters after backend_t *be. Every op returns void: ops do not fail
+ *           (see the conventions above); the entries that can (reserve, attn_prepare)
+ *           are declared by hand in backend_t.
+ *   args    the parameters' names, in order: what a wrapper passes on.
+ *   cost    (flops, bytes, label, label's arguments…): the profiler's row of a call
+ *           (kernels/prof.h: its name as a printf format, the work of the call), read in
+ *           prof.c over the parameters, where sz(b) is buffer b's element size, dn(t)
+ *           dtype t's name, causal_pairs(seg, n_seg) attention's causal (query, key)
+ *           pairs of one head, cached_keys(n, p0) attn_cached's, seg_elems(segs, n_segs)
+ *           the elements of adamw_multi's segments. () where the kind is BK_OP_UNTIMED.
+ */
+/* The kinds: (FTK_FUSED switch or 0, whether the profiler times it). */
+#define BK_OP (0, 1)
+#define BK_OP_UNTIMED (0, 0)
+#define BK_FUSED(sw) (sw, 1)
+#define BK_KIND_SWITCH(kind) BK_KIND_SWITCH_ kind
+#define BK_KIND_SWITCH_(sw, timed) sw
+#define BK_KIND_TIMED(kind) BK_KIND_TIMED_ kind
+#define BK_KIND_TIMED_(sw, timed) timed
+/* (a, b, …) → a, b, …: a parenthesised column where a list is wanted. */
+#define BK_UNPAREN(...) __VA_ARGS__
+
+#define BK_OPS(X)                                                                                                    \
+    /* dst[i] = src[i] converted (any dtypes; same dtype is a copy). */                                              \
+    X(convert, BK_OP, (bk_buf_t dst, bk_buf_t src, int64_t n), (dst, src, n),                                        \
+      (0, (double)n * (sz(dst) + sz(src)), "convert %s→%s", dn(src.dt), dn(dst.dt)))                                 \
+                                                                                                                     \
+    /* C[M,N] = alpha·op(A)·op(B) + beta·C, op(X) = X or Xᵀ (ta, tb); A is [M,K] (or [K,M]                           \
+     * when ta), B is [K,N] (or [N,K] when tb). A and B: both f32 or both bf16; C: f32 or                            \
+     * bf16; fp32 accumulation, C rounded once. A linear layer y = x·Wᵀ is                                           \
+     * matmul(be, 0, 1, n, out, in, 1, x, W, 0, y). */                                                               \
+    X(matmul, BK_OP,                                                                                                 \
+      (int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A, bk_buf_t B, float beta,             \
+       bk_buf_t C),                                                                                                  \
+      (ta, tb, M, N, K, alpha, A, B, beta, C),                                                                       \
+      (2.0 * (double)M * (double)N * (double)K, 0, "matmul %c%c %lldx%lldx%lld %s %s %s", ta ? 'T' : 'N',            \
+       tb ? 'T' : 'N', (long long)M, (long long)N, (long long)K, dn(A.dt), beta != 0 ? "+=" : "→", dn(C.dt)))        \
+                                                                                                                     \
+    /* out[i] = table[ids[i]] (out and table of one dtype); dtable[ids[i]] += dout[i]                                \
+     * (any dtypes; tokens are added in order, each sum rounded as it is stored). ids is                             \
+     * device memory. */                                                                                             \
+    X(embed_fwd, BK_OP, (bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d),                    \
+      (out, ids, table, n, d),                                                                                       \
+      (0, 2.0 * (double)n * (double)d * sz(out) + 4.0 * (double)n, "embed_fwd %s", dn(out.dt)))                      \
+    X(embed_bwd, BK_OP, (bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d),                  \
+      (dtable, ids, dout, n, d), (0, 0, "embed_bwd %s += %s", dn(dtable.dt), dn(dout.dt)))                           \
+                                                                                                                     \
+    /* dst[idx[i]] = src[i]: embed_fwd's inverse for distinct idx (rows of width d, one                              \
+     * dtype; other rows of dst untouched). */                                                                       \
+    X(rows_scatter, BK_OP, (bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d),                   \
+      (dst, idx, src, n, d), (0, 2.0 * (double)n * (double)d * sz(dst), "rows_scatter %s", dn(dst.dt)))              \
+                                                                                                                     \
+    /* RMSNorm (HF LlamaRMSNorm): out = x / sqrt(mean(x²) + eps) · w; rstd[i] = 1/sqrt(…)                            \
+     * (fp32). Backward: dx += ∂/∂x (adds, so the residual gradient flows through it),                               \
+     * dw += ∂/∂w. x, w, out, dx, dw, dout: any dtypes each. */                                                      \
+    X(rmsnorm_fwd, BK_OP, (bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d, float eps),      \
+      (out, rstd, x, w, n, d, eps),                                                                                  \
+      (0, (double)n * (double)d * (sz(x) + sz(out)) + (double)d * sz(w) + 4.0 * (double)n, "rmsnorm_fwd %s→%s",      \
+       dn(x.dt), dn(out.dt)))                                                                                        \
+    X(rmsnorm_bwd, BK_OP,                                                                                            \
+      (bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w, const float *rstd, int64_t n, int64_t d),    \
+      (dx, dw, dout, x, w, rstd, n, d),                                                                              \
+      (0,                                                                                                            \
+       (double)n * (double)d * (2 * sz(dx) + sz(dout) + sz(x)) + (double)d * (2 * sz(dw) + sz(w)) +                  \
+           4.0 * (double)n,                                                                                          \
+       "rmsnorm_bwd %s", dn(dx.dt)))                                                                                 \
+                                                                                                                     \
+    /* Rotary embedding in Hugging Face's convention (rotate_half: element i pairs with                              \
+     * i + hd/2), in place on x[n, n_head·hd] (f32 or bf16), angle pos[i]·theta^(-2j/hd).                            \
+     * inverse applies the transposed rotation (the backward pass). pos is device memory. */                         \
+    X(rope, BK_OP, (bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse),        \
+      (x, pos, n, n_head, hd, theta, inverse), (0, 2.0 * (double)n * n_head * hd * sz(x), "rope %s", dn(x.dt)))      \
+                                                                                                                     \
+    /* Causal attention inside segments, scale 1/sqrt(hd). q, k, v, out (and dq, dk, dv,                             \
+     * dout) of one dtype, f32 or bf16; lse fp32. seg is a HOST array. out and lse are                               \
+     * overwritten. Backward overwrites dq, dk, dv. backend_t's attn_prepare is told the                             \
+     * shapes first. */                                                                                              \
+    X(attn_fwd, BK_OP,                                                                                               \
+      (bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg, int64_t n_seg, int n_head,  \
+       int n_kv, int hd),                                                                                            \
+      (out, lse, q, k, v, seg, n_seg, n_head, n_kv, hd),                                                             \
+      (4.0 * causal_pairs(seg, n_seg) * n_head * hd, 0, "attn_fwd %s hd%d %d/%d", dn(q.dt), hd, n_head, n_kv))       \
+    X(attn_bwd, BK_OP,                                                                                               \
+      (bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k, bk_buf_t v, bk_buf_t out,       \
+       const float *lse, const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd),                           \
+      (dq, dk, dv, dout, q, k, v, out, lse, seg, n_seg, n_head, n_kv, hd),                                           \
+      (8.0 * causal_pairs(seg, n_seg) * n_head * hd, 0, "attn_bwd %s hd%d %d/%d", dn(q.dt), hd, n_head, n_kv))       \
+    /* Decoding with a cache: the n new queries q[n, …] sit at positions p0 … p0+n-1 of one                          \
+     * sequence whose keys/values kc, vc[p0+n, n_kv·hd] are already written; query i sees                            \
+     * keys 0 … p0+i. One dtype for out, q, kc, vc. */                                                               \
+    X(attn_cached, BK_OP,                                                                                            \
+      (bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0, int n_head, int n_kv, int hd),     \
+      (out, q, kc, vc, n, p0, n_head, n_kv, hd),                                                                     \
+      (4.0 * cached_keys(n, p0) * n_head * hd, 0, "attn_cached %s hd%d %d/%d", dn(q.dt), hd, n_head, n_kv))          \
+                                                                                                                     \
+    /* SwiGLU: h = silu(g)·u. Backward overwrites dg, du. One dtype for all. */                                      \
+    X(swiglu_fwd, BK_OP, (bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n), (h, g, u, n),                              \
+      (0, 3.0 * (double)n * sz(h), "swiglu_fwd %s", dn(h.dt)))                                                       \
+    X(swiglu_bwd, BK_OP, (bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n),                 \
+      (dg, du, dh, g, u, n), (0, 5.0 * (double)n * sz(dg), "swiglu_bwd %s", dn(dg.dt)))                              \
+                                                                                                                     \
+    /* Cross-entropy of fp32 logits[n, V] against targets with per-row weights (device                               \
+     * arrays). ADDS Σ weight·loss to *acc, one double in the backend's memory: the rows'                            \
+     * losses are summed in row order from 0 and that sum is added, *acc = *acc + Σ, in                              \
+     * issue order on the current stream; the host does not wait (a loss is brought back                             \
+     * with download, once per step, not once per call). When grad_scale != 0, logits are                            \
+     * replaced by their gradient grad_scale·weight·(softmax − onehot). */                                           \
+    X(xent, BK_OP,                                                                                                   \
+      (float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V, float grad_scale,          \
+       double *acc),                                                                                                 \
+      (logits, targets, weights, n, V, grad_scale, acc),                                                             \
+      (0, (grad_scale != 0 ? 8.0 : 4.0) * (double)n * (double)V, "xent V=%lld%s", (long long)V,                      \
+       grad_scale != 0 ? " with gradient" : ""))                                                                     \
+                                                                                                                     \
+    /* y += x; y *= a. Any dtypes. sumsq ADDS Σx² to *acc (one double in the backend's                               \
+     * memory, as xent: Σx² is summed in double in a fixed order — blocks of 65536                                   \
+     * elements, then the blocks' sums, in order on the CPU, by a tree whose shape depends                           \
+     * on their count alone on CUDA — and then added to *acc; no host wait). */                                      \
+    X(add, BK_OP, (bk_buf_t y, bk_buf_t x, int64_t n), (y, x, n),                                                    \
+      (0, (double)n * (2 * sz(y) + sz(x)), "add %s += %s", dn(y.dt), dn(x.dt)))                                      \
+    X(scale, BK_OP, (bk_buf_t y, float a, int64_t n), (y, a, n), (0, 2.0 * (double)n * sz(y), "scale %s", dn(y.dt))) \
+    X(sumsq, BK_OP, (bk_buf_t x, int64_t n, double *acc), (x, n, acc), (0, (double)n * sz(x), "sumsq %s", dn(x.dt))) \
+                                                                                                                     \
+    /* torch's clip_grad_norm_ coefficient from n per-unit Σg² slots, on the device (no host                         \
+     * wait): norm = sqrt(((0 + sq[0]) + sq[1]) + … + sq[n−1]) in double, c = max_norm /                             \
+     * (norm + 1e-6) in double, *coef = (float)c where max_norm > 0 and c < 1, else 1 —                              \
+     * the host's arithmetic (engine/optim.c), so the same bits. sq and coef are backend                             \
+     * memory; coef is what adamw's gscale_dev points at. The profiler gives it no row. */                           \
+    X(clip_coef, BK_OP_UNTIMED, (float *coef, const double *sq, int n, double max_norm), (coef, sq, n, max_norm),    \
+      ())                                                                                                            \
+                                                                                                                     \
+    /* One AdamW step on n elements (bk_adamw_t). p, m, v of one dtype (f32 or bf16); g f32                          \
+     * or bf16, read only. */                                                                                        \
+    X(adamw, BK_OP, (bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h),                \
+      (p, g, m, v, n, h), (0, (double)n * (6 * sz(p) + sz(g)), "adamw %s, gradient %s", dn(p.dt), dn(g.dt)))         \
+                                                                                                                     \
+    /* Block-wise int8 codes (the compressed all-gather, engine/compress.h): x[n] (f32 or                            \
+     * bf16) in blocks of `block` elements, the last one possibly shorter. Block b's scale                           \
+     * is max|x| over it divided by 127 (fp32), and codes[i] = x[i] / scale rounded to                               \
+     * nearest even and clamped to [-127, 127] (0 where the scale is 0; a NaN gives -127).                           \
+     * dequant_i8: y[i] = codes[i]·scale[i / block], rounded once to y's dtype (f32 or                               \
+     * bf16). codes and scales are backend memory; each division and product is one IEEE                             \
+     * fp32 operation, so every backend gives the same bits. */                                                      \
+    X(quant_i8, BK_OP, (int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block),                         \
+      (codes, scales, x, n, block), (0, (double)n * (sz(x) + 1), "quant_i8 %s", dn(x.dt)))                           \
+    X(dequant_i8, BK_OP, (bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block),           \
+      (y, codes, scales, n, block), (0, (double)n * (sz(y) + 1), "dequant_i8 %s", dn(y.dt)))                         \
+                                                                                                                     \
+    /* ---- optional fused ops (NULL: the model runs the sequence given) ---- */                                     \
+                                                                                                                     \
+    /* rope of q (n_head heads) and k (n_kv heads) in one pass:                                                      \
+     * = rope(q, pos, n, n_head, …); rope(k, pos, n, n_kv, …). */                                                    \
+    X(rope_qk, BK_FUSED("rope_qk"),                                                                                  \
+      (bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd, float theta,             \
+       int inverse),                                                                                                 \
+      (q, k, pos, n, n_head, n_kv, hd, theta, inverse),                                                              \
+      (0, 2.0 * (double)n * (n_head + n_kv) * hd * sz(q), "rope_qk %s", dn(q.dt)))                                   \
+                                                                                                                     \
+    /* SwiGLU on the gate and up projections made as one product (FTK_FUSED name "glu"):                             \
+     * gu[n, 2F] = x·[Wg; Wu]ᵀ (the two weights are adjacent in a unit), gate in columns                             \
+     * [0, F), up in [F, 2F). glu_fwd: h[i, j] = silu(gu[i, j])·gu[i, F + j], h[n, F]                                \
+     *   = swiglu_fwd(h, g, u, n·F) with g = gu[:, :F], u = gu[:, F:].                                               \
+     * glu_bwd overwrites dgu[n, 2F] with ∂/∂gate in its first F columns and ∂/∂up in the                            \
+     * others: = swiglu_bwd(dg, du, dh, g, u, n·F) into those column blocks.                                         \
+     * One dtype for all; element by element the arithmetic of swiglu_fwd/bwd. */                                    \
+    X(glu_fwd, BK_FUSED("glu"), (bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F), (h, gu, n, F),                      \
+      (0, 3.0 * (double)n * (double)F * sz(h), "glu_fwd %s", dn(h.dt)))                                              \
+    X(glu_bwd, BK_FUSED("glu"), (bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F), (dgu, dh, gu, n, F), \
+      (0, 5.0 * (double)n * (double)F * sz(dgu), "glu_bwd %s", dn(dgu.dt)))                                          \
+                                                                                                                     \
+    /* q, k, v from one product qkv[n, Hq + 2·Hk] = x·[Wq; Wk; Wv]ᵀ (adjacent in a unit;                             \
+     * Hq = n_head·hd, Hk = n_kv·hd), with rope (FTK_FUSED name "qkv_rope"). One dtype for                           \
+     * all; pos is device memory.                                                                                    \
+     *   inverse = 0 (forward) writes q[n, Hq], k[n, Hk], v[n, Hk] from qkv's column blocks                          \
+     *     [0, Hq), [Hq, Hq + Hk), [Hq + Hk, Hq + 2·Hk) and applies rope to q and k:                                 \
+     *     = copy the three blocks; rope_qk(q, k, pos, n, n_head, n_kv, hd, theta, 0).                               \
+     *   inverse = 1 (backward) writes qkv (then ∂/∂qkv) from q, k, v (then dq, dk, dv):                             \
+     *     the inverse rotation of dq and dk, and dv, into those blocks; q, k, v unchanged:                          \
+     *     = rope_qk(dq, dk, …, 1) on copies, then the three copies into the blocks.                                 \
+     * The model then makes one product each for dxn (K = Hq + 2·Hk) and d[Wq; Wk; Wv]. */                           \
+    X(qkv_rope, BK_FUSED("qkv_rope"),                                                                                \
+      (bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos, int64_t n, int n_head, int n_kv,        \
+       int hd, float theta, int inverse),                                                                            \
+      (qkv, q, k, v, pos, n, n_head, n_kv, hd, theta, inverse),                                                      \
+      (0, 2.0 * (double)n * (n_head + 2 * n_kv) * hd * sz(qkv), "qkv_rope %s%s", dn(qkv.dt),                         \
+       inverse ? " inverse" : ""))                                                                                   \
+                                                                                                                     \
+    /* The residual add and the RMSNorm after it (FTK_FUSED name "add_rmsnorm"):                                     \
+     *   xsum = x + r (fp32 sum rounded once to xsum's dtype); out = rmsnorm(xsum)·w, rstd as                        \
+     *   rmsnorm_fwd = copy(xsum, x); add(xsum, r, n·d); rmsnorm_fwd(out, rstd, xsum, w, …).                         \
+     * xsum, x, r of one dtype; out and w any. xsum may be x or r (where it is r, the                                \
+     * sequence is add(xsum, x, n·d): the same sum). The model makes the attention output                            \
+     * product into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the                               \
+     * product is rounded before the add (as PyTorch does), where the unfused path adds x                            \
+     * inside the product (beta 1) and rounds once; it is why this fusion is switchable. */                          \
+    X(add_rmsnorm_fwd, BK_FUSED("add_rmsnorm"),                                                                      \
+      (bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r, bk_buf_t w, int64_t n, int64_t d,           \
+       float eps),                                                                                                   \
+      (xsum, out, rstd, x, r, w, n, d, eps),                                                                         \
+      (0, (double)n * (double)d * (sz(x) + sz(r) + sz(xsum) + sz(out)) + (double)d * sz(w) + 4.0 * (double)n,        \
+       "add_rmsnorm_fwd %s→%s", dn(x.dt), dn(out.dt)))                                                               \
+                                                                                                                     \
+    /* AdamW over many tensors in one call (the optimizer step of every owned slice):                                \
+     * = for each s < n_segs: h' = *h with wd, key, index0 taken from segs[s];                                       \
+     *   adamw(be, bk_buf(p, state_dt), bk_buf(g, grad_dt), bk_buf(m, state_dt),                                     \
+     *         bk_buf(v, state_dt), segs[s].n, &h')                                                                  \
+     * with the same bits (the stochastic rounding bits depend on key and index0 + i only).                          \
+     * segs is a HOST array, free for reuse when the call returns; the segments must not                             \
+     * overlap. h's gscale is the clipping coefficient, applied inside. FTK_FUSED name                               \
+     * "adamw_multi"; NULL: the optimizer calls adamw per tensor slice. */                                           \
+    X(adamw_multi, BK_FUSED("adamw_multi"),                                                                          \
+      (const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt, const bk_adamw_t *h),              \
+      (segs, n_segs, state_dt, grad_dt, h),                                                                          \
+      (0, seg_elems(segs, n_segs) * (6.0 * (double)dtype_size(state_dt) + (double)dtype_size(grad_dt)),              \
+       "adamw_multi %s, gradient %s", dn(state_dt), dn(grad_dt)))                                                    \
+                                                                                                                     \
+    /* y += x, then Σy² of the sums as stored added to *acc, in one pass (FTK_FUSED name                             \
+     * "add_sumsq"): = add(be, y, x, n); sumsq(be, y, n, acc), with the same bits in y and                           \
+     * in *acc (sumsq's fixed order: the sum of y is that of sumsq on the result). y and x                           \
+     * of the dtypes sumsq and add take. The sharding engine takes Σg² here from the add                             \
+     * that completes an owned gradient (engine/shard.c) instead of a pass of its own. */                            \
+    X(add_sumsq, BK_FUSED("add_sumsq"), (bk_buf_t y, bk_buf_t x, int64_t n, double *acc), (y, x, n, acc),            \
+      (0, (double)n * (2 * sz(y) + sz(x)), "add_sumsq %s += %s", dn(y.dt), dn(x.dt)))
+
 typedef struct backend backend_t;
 struct backend {
     const char *name;  /* "cpu", "cuda", "plan" */
@@ -239,6 +485,14 @@ struct backend {
      * dry run (which runs no op) counts it. 0, or -1 with ftk_err_msg() set (out of
      * memory). The trainer calls it after building the model (engine/trainer.c). */
     int (*reserve)(backend_t *be, const bk_reserve_t *r);
+    /* Optional (NULL: nothing to prepare): the attention shapes a run will meet, told once
+     * before its first attn_fwd: micro-batches of at most max_seg segments, none longer than
+     * max_len tokens, n_head/n_kv heads of hd in dtype dt. A backend that plans per shape
+     * (CUDA with FTK_CUDA_ATTN=cudnn) makes its plans for that bound and allocates their
+     * workspace here (bk_cudnn_plan_bytes), so that no plan is made and nothing is allocated
+     * mid-run; a call beyond the bound still runs (a plan made then, with a warning). 0, or
+     * -1 with ftk_err_msg() set (FTK_CUDNN_STRICT=1 and a plan cuDNN refuses). */
+    int (*attn_prepare)(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd, dtype_t dt);
 
     /* Byte moves; copy may overlap (a world of one's collectives copy through it). */
     void (*upload)(backend_t *be, void *dst, const void *host_src, size_t bytes);
@@ -283,165 +537,10 @@ struct backend {
     bk_event_t *(*timer_new)(backend_t *be);
     double (*timer_elapsed)(backend_t *be, bk_event_t *a, bk_event_t *b);
 
-    /* ---- ops ---- */
-
-    /* dst[i] = src[i] converted (any dtypes; same dtype is a copy). */
-    void (*convert)(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n);
-
-    /* C[M,N] = alpha·op(A)·op(B) + beta·C, op(X) = X or Xᵀ (ta, tb); A is [M,K] (or [K,M]
-     * when ta), B is [K,N] (or [N,K] when tb). A and B: both f32 or both bf16; C: f32 or
-     * bf16; fp32 accumulation, C rounded once. A linear layer y = x·Wᵀ is
-     * matmul(be, 0, 1, n, out, in, 1, x, W, 0, y). */
-    void (*matmul)(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
-                   bk_buf_t B, float beta, bk_buf_t C);
-
-    /* out[i] = table[ids[i]] (out and table of one dtype); dtable[ids[i]] += dout[i]
-     * (any dtypes; tokens are added in order, each sum rounded as it is stored). ids is
-     * device memory. */
-    void (*embed_fwd)(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d);
-    void (*embed_bwd)(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d);
-
-    /* dst[idx[i]] = src[i]: embed_fwd's inverse for distinct idx (rows of width d, one
-     * dtype; other rows of dst untouched). */
-    void (*rows_scatter)(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d);
-
-    /* RMSNorm (HF LlamaRMSNorm): out = x / sqrt(mean(x²) + eps) · w; rstd[i] = 1/sqrt(…)
-     * (fp32). Backward: dx += ∂/∂x (adds, so the residual gradient flows through it),
-     * dw += ∂/∂w. x, w, out, dx, dw, dout: any dtypes each. */
-    void (*rmsnorm_fwd)(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
-                        float eps);
-    void (*rmsnorm_bwd)(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
-                        const float *rstd, int64_t n, int64_t d);
-
-    /* Rotary embedding in Hugging Face's convention (rotate_half: element i pairs with
-     * i + hd/2), in place on x[n, n_head·hd] (f32 or bf16), angle pos[i]·theta^(-2j/hd).
-     * inverse applies the transposed rotation (the backward pass). pos is device memory. */
-    void (*rope)(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
-                 int inverse);
-
-    /* Causal attention inside segments, scale 1/sqrt(hd). q, k, v, out (and dq, dk, dv,
-     * dout) of one dtype, f32 or bf16; lse fp32. seg is a HOST array. out and lse are
-     * overwritten. Backward overwrites dq, dk, dv. */
-    void (*attn_fwd)(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg,
-                     int64_t n_seg, int n_head, int n_kv, int hd);
-    void (*attn_bwd)(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
-                     bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
-                     int n_kv, int hd);
-    /* Optional (NULL: nothing to prepare): the attention shapes a run will meet, told once
-     * before its first attn_fwd: micro-batches of at most max_seg segments, none longer than
-     * max_len tokens, n_head/n_kv heads of hd in dtype dt. A backend that plans per shape
-     * (CUDA with FTK_CUDA_ATTN=cudnn) makes its plans for that bound and allocates their
-     * workspace here (bk_cudnn_plan_bytes), so that no plan is made and nothing is allocated
-     * mid-run; a call beyond the bound still runs (a plan made then, with a warning). 0, or
-     * -1 with ftk_err_msg() set (FTK_CUDNN_STRICT=1 and a plan cuDNN refuses). */
-    int (*attn_prepare)(backend_t *be, int64_t max_seg, int64_t max_len, int n_head, int n_kv, int hd, dtype_t dt);
-    /* Decoding with a cache: the n new queries q[n, …] sit at positions p0 … p0+n-1 of one
-     * sequence whose keys/values kc, vc[p0+n, n_kv·hd] are already written; query i sees
-     * keys 0 … p0+i. One dtype for out, q, kc, vc. */
-    void (*attn_cached)(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
-                        int n_head, int n_kv, int hd);
-
-    /* SwiGLU: h = silu(g)·u. Backward overwrites dg, du. One dtype for all. */
-    void (*swiglu_fwd)(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n);
-    void (*swiglu_bwd)(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n);
-
-    /* Cross-entropy of fp32 logits[n, V] against targets with per-row weights (device
-     * arrays). ADDS Σ weight·loss to *acc, one double in the backend's memory: the rows'
-     * losses are summed in row order from 0 and that sum is added, *acc = *acc + Σ, in
-     * issue order on the current stream; the host does not wait (a loss is brought back
-     * with download, once per step, not once per call). When grad_scale != 0, logits are
-     * replaced by their gradient grad_scale·weight·(softmax − onehot). */
-    void (*xent)(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-                 float grad_scale, double *acc);
-
-    /* y += x; y *= a. Any dtypes. sumsq ADDS Σx² to *acc (one double in the backend's
-     * memory, as xent: Σx² is summed in double in a fixed order — blocks of 65536
-     * elements, then the blocks' sums, in order on the CPU, by a tree whose shape depends
-     * on their count alone on CUDA — and then added to *acc; no host wait). */
-    void (*add)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
-    void (*scale)(backend_t *be, bk_buf_t y, float a, int64_t n);
-    void (*sumsq)(backend_t *be, bk_buf_t x, int64_t n, double *acc);
-
-    /* torch's clip_grad_norm_ coefficient from n per-unit Σg² slots, on the device (no host
-     * wait): norm = sqrt(((0 + sq[0]) + sq[1]) + … + sq[n−1]) in double, c = max_norm /
-     * (norm + 1e-6) in double, *coef = (float)c where max_norm > 0 and c < 1, else 1 —
-     * the host's arithmetic (engine/optim.c), so the same bits. sq and coef are backend
-     * memory; coef is what adamw's gscale_dev points at. */
-    void (*clip_coef)(backend_t *be, float *coef, const double *sq, int n, double max_norm);
-
-    /* One AdamW step on n elements (bk_adamw_t). p, m, v of one dtype (f32 or bf16); g f32
-     * or bf16, read only. */
-    void (*adamw)(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
-
-    /* Block-wise int8 codes (the compressed all-gather, engine/compress.h): x[n] (f32 or
-     * bf16) in blocks of `block` elements, the last one possibly shorter. Block b's scale
-     * is max|x| over it divided by 127 (fp32), and codes[i] = x[i] / scale rounded to
-     * nearest even and clamped to [-127, 127] (0 where the scale is 0; a NaN gives -127).
-     * dequant_i8: y[i] = codes[i]·scale[i / block], rounded once to y's dtype (f32 or
-     * bf16). codes and scales are backend memory; each division and product is one IEEE
-     * fp32 operation, so every backend gives the same bits. */
-    void (*quant_i8)(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
-    void (*dequant_i8)(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
-                       int64_t block);
-
-    /* ---- optional fused ops (NULL: the model runs the sequence given) ---- */
-
-    /* rope of q (n_head heads) and k (n_kv heads) in one pass:
-     * = rope(q, pos, n, n_head, …); rope(k, pos, n, n_kv, …). */
-    void (*rope_qk)(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
-                    int hd, float theta, int inverse);
-
-    /* SwiGLU on the gate and up projections made as one product (FTK_FUSED name "glu"):
-     * gu[n, 2F] = x·[Wg; Wu]ᵀ (the two weights are adjacent in a unit), gate in columns
-     * [0, F), up in [F, 2F). glu_fwd: h[i, j] = silu(gu[i, j])·gu[i, F + j], h[n, F]
-     *   = swiglu_fwd(h, g, u, n·F) with g = gu[:, :F], u = gu[:, F:].
-     * glu_bwd overwrites dgu[n, 2F] with ∂/∂gate in its first F columns and ∂/∂up in the
-     * others: = swiglu_bwd(dg, du, dh, g, u, n·F) into those column blocks.
-     * One dtype for all; element by element the arithmetic of swiglu_fwd/bwd. */
-    void (*glu_fwd)(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F);
-    void (*glu_bwd)(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F);
-
-    /* q, k, v from one product qkv[n, Hq + 2·Hk] = x·[Wq; Wk; Wv]ᵀ (adjacent in a unit;
-     * Hq = n_head·hd, Hk = n_kv·hd), with rope (FTK_FUSED name "qkv_rope"). One dtype for
-     * all; pos is device memory.
-     *   inverse = 0 (forward) writes q[n, Hq], k[n, Hk], v[n, Hk] from qkv's column blocks
-     *     [0, Hq), [Hq, Hq + Hk), [Hq + Hk, Hq + 2·Hk) and applies rope to q and k:
-     *     = copy the three blocks; rope_qk(q, k, pos, n, n_head, n_kv, hd, theta, 0).
-     *   inverse = 1 (backward) writes qkv (then ∂/∂qkv) from q, k, v (then dq, dk, dv):
-     *     the inverse rotation of dq and dk, and dv, into those blocks; q, k, v unchanged:
-     *     = rope_qk(dq, dk, …, 1) on copies, then the three copies into the blocks.
-     * The model then makes one product each for dxn (K = Hq + 2·Hk) and d[Wq; Wk; Wv]. */
-    void (*qkv_rope)(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos, int64_t n,
-                     int n_head, int n_kv, int hd, float theta, int inverse);
-
-    /* The residual add and the RMSNorm after it (FTK_FUSED name "add_rmsnorm"):
-     *   xsum = x + r (fp32 sum rounded once to xsum's dtype); out = rmsnorm(xsum)·w, rstd as
-     *   rmsnorm_fwd = copy(xsum, x); add(xsum, r, n·d); rmsnorm_fwd(out, rstd, xsum, w, …).
-     * xsum, x, r of one dtype; out and w any. xsum may be x or r (where it is r, the
-     * sequence is add(xsum, x, n·d): the same sum). The model makes the attention output
-     * product into a scratch r (beta 0) and then this gives xmid and xn2: in bf16 the
-     * product is rounded before the add (as PyTorch does), where the unfused path adds x
-     * inside the product (beta 1) and rounds once; it is why this fusion is switchable. */
-    void (*add_rmsnorm_fwd)(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
-                            bk_buf_t w, int64_t n, int64_t d, float eps);
-
-    /* AdamW over many tensors in one call (the optimizer step of every owned slice):
-     * = for each s < n_segs: h' = *h with wd, key, index0 taken from segs[s];
-     *   adamw(be, bk_buf(p, state_dt), bk_buf(g, grad_dt), bk_buf(m, state_dt),
-     *         bk_buf(v, state_dt), segs[s].n, &h')
-     * with the same bits (the stochastic rounding bits depend on key and index0 + i only).
-     * segs is a HOST array, free for reuse when the call returns; the segments must not
-     * overlap. h's gscale is the clipping coefficient, applied inside. FTK_FUSED name
-     * "adamw_multi"; NULL: the optimizer calls adamw per tensor slice. */
-    void (*adamw_multi)(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt,
-                        const bk_adamw_t *h);
-
-    /* y += x, then Σy² of the sums as stored added to *acc, in one pass (FTK_FUSED name
-     * "add_sumsq"): = add(be, y, x, n); sumsq(be, y, n, acc), with the same bits in y and
-     * in *acc (sumsq's fixed order: the sum of y is that of sumsq on the result). y and x
-     * of the dtypes sumsq and add take. The sharding engine takes Σg² here from the add
-     * that completes an owned gradient (engine/shard.c) instead of a pass of its own. */
-    void (*add_sumsq)(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc);
+    /* ---- ops: BK_OPS, above ---- */
+#define BK_OP_MEMBER(name, kind, params, args, cost) void (*name)(backend_t *be, BK_UNPAREN params);
+    BK_OPS(BK_OP_MEMBER)
+#undef BK_OP_MEMBER
 };
 
 /* ---- every backend (kernels/backend.c) ---- */
@@ -462,6 +561,9 @@ void backend_free(backend_t *be);
 /* For implementations: a new instance with the generic parts set (device and accounting);
  * NULL with ftk_err_msg() set. */
 backend_t *bk_instance_new(const char *name, const char *device);
+/* The same with be->ctx set to ctx_bytes of zeroed memory (the implementation's context,
+ * which its destroy frees); NULL with ftk_err_msg() set. */
+backend_t *bk_instance_ctx_new(const char *name, const char *device, size_t ctx_bytes);
 /* For implementations, at the end of backend_*_new: clears the optional fused ops that
  * FTK_FUSED (see "Fused ops") does not select; default_all is the backend's default (1:
  * every fused op it implements, 0: none). 0, or -1 with ftk_err_msg() set when FTK_FUSED
@@ -493,8 +595,8 @@ backend_t *backend_cuda_new(int device);
  * as Hopper's deterministic backward asks (max_seg·n_head·max_len²·2 bytes, the most cuDNN 9
  * asks of the GPUs ftk targets; other GPUs ask less), then the softmax statistics and the
  * backward's Σ dO·O, fp32 [max_seg, n_head, max_len] each, every part rounded up to 256
- * bytes. What the planning backend allocates for it (kernels/plan/plan.c), so that --plan
- * counts it; device is "cpu" or "cuda". */
+ * bytes. What the planning backend allocates for it (kernels/plan/backend_plan.c), so
+ * that --plan counts it; device is "cpu" or "cuda". */
 int64_t bk_cudnn_plan_bytes(const char *device, dtype_t dt, int64_t max_seg, int64_t max_len, int n_head, int n_kv,
                             int hd);
 /* The same from the engine's own workspace (engine_ws bytes, what its plans asked). */
@@ -518,8 +620,8 @@ int backend_device_index(const char *name);
  * need cpu or cuda", " (from FTK_DEVICE)" appended where from_env. */
 int backend_check_device(const char *name, int from_env);
 
-/* The planning backend (kernels/plan/plan.c): bk_alloc() on it counts and hands out
- * addresses that must never be dereferenced; every op and byte move does nothing (the
+/* The planning backend (kernels/plan/backend_plan.c): bk_alloc() on it counts and hands
+ * out addresses that must never be dereferenced; every op and byte move does nothing (the
  * reductions add nothing to their accumulator). device is the device planned for, "cpu"
  * or "cuda": the instance makes the creation-time allocations that device's backend
  * makes. */

@@ -1,7 +1,9 @@
 /* prof.c — FTK_PROFILE's per-op times (prof.h): a wrapper per op entry that counts the call
  * under its row and brackets it with a pair of timer events (or the host's clock), and the
- * table. The wrappers call the entries that were there before (prof_t.orig) with the same
- * instance, so the backend's context sees nothing of them. */
+ * table. The ops' wrappers are made from backend.h's op list (BK_OPS: a row's name and work
+ * are its cost column); sync's and the byte moves' are written here. The wrappers call the
+ * entries that were there before (prof_t.orig) with the same instance, so the backend's
+ * context sees nothing of them. */
 #include "prof.h"
 
 #include <stdarg.h>
@@ -190,65 +192,6 @@ static void pf_copy(backend_t *be, void *dst, const void *src, size_t bytes)
     CALL(copy, dst, src, bytes);
     pf_end(be, t);
 }
-static void pf_convert(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (sz(dst) + sz(src)), "convert %s→%s", dn(src.dt), dn(dst.dt));
-    CALL(convert, dst, src, n);
-    pf_end(be, t);
-}
-static void pf_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A,
-                      bk_buf_t B, float beta, bk_buf_t C)
-{
-    pf_tok_t t = pf_begin(be, 2.0 * (double)M * (double)N * (double)K, 0, "matmul %c%c %lldx%lldx%lld %s %s %s",
-                          ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)M, (long long)N, (long long)K, dn(A.dt),
-                          beta != 0 ? "+=" : "→", dn(C.dt));
-    CALL(matmul, ta, tb, M, N, K, alpha, A, B, beta, C);
-    pf_end(be, t);
-}
-static void pf_embed_fwd(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * (double)d * sz(out) + 4.0 * (double)n, "embed_fwd %s", dn(out.dt));
-    CALL(embed_fwd, out, ids, table, n, d);
-    pf_end(be, t);
-}
-static void pf_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d)
-{
-    pf_tok_t t = pf_begin(be, 0, 0, "embed_bwd %s += %s", dn(dtable.dt), dn(dout.dt));
-    CALL(embed_bwd, dtable, ids, dout, n, d);
-    pf_end(be, t);
-}
-static void pf_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * (double)d * sz(dst), "rows_scatter %s", dn(dst.dt));
-    CALL(rows_scatter, dst, idx, src, n, d);
-    pf_end(be, t);
-}
-static void pf_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d,
-                           float eps)
-{
-    double nd = (double)n * (double)d;
-    pf_tok_t t = pf_begin(be, 0, nd * (sz(x) + sz(out)) + (double)d * sz(w) + 4.0 * (double)n, "rmsnorm_fwd %s→%s",
-                          dn(x.dt), dn(out.dt));
-    CALL(rmsnorm_fwd, out, rstd, x, w, n, d, eps);
-    pf_end(be, t);
-}
-static void pf_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w,
-                           const float *rstd, int64_t n, int64_t d)
-{
-    double nd = (double)n * (double)d;
-    pf_tok_t t = pf_begin(be, 0,
-                          nd * (2 * sz(dx) + sz(dout) + sz(x)) + (double)d * (2 * sz(dw) + sz(w)) + 4.0 * (double)n,
-                          "rmsnorm_bwd %s", dn(dx.dt));
-    CALL(rmsnorm_bwd, dx, dw, dout, x, w, rstd, n, d);
-    pf_end(be, t);
-}
-static void pf_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta,
-                    int inverse)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * n_head * hd * sz(x), "rope %s", dn(x.dt));
-    CALL(rope, x, pos, n, n_head, hd, theta, inverse);
-    pf_end(be, t);
-}
 
 /* Σ over segments of L(L+1)/2: the causal (query, key) pairs of one head. */
 static double causal_pairs(const int64_t *seg, int64_t n_seg)
@@ -260,152 +203,39 @@ static double causal_pairs(const int64_t *seg, int64_t n_seg)
     }
     return s;
 }
-
-static void pf_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v,
-                        const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd)
-{
-    pf_tok_t t = pf_begin(be, 4.0 * causal_pairs(seg, n_seg) * n_head * hd, 0, "attn_fwd %s hd%d %d/%d", dn(q.dt), hd,
-                          n_head, n_kv);
-    CALL(attn_fwd, out, lse, q, k, v, seg, n_seg, n_head, n_kv, hd);
-    pf_end(be, t);
-}
-static void pf_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
-                        bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head,
-                        int n_kv, int hd)
-{
-    pf_tok_t t = pf_begin(be, 8.0 * causal_pairs(seg, n_seg) * n_head * hd, 0, "attn_bwd %s hd%d %d/%d", dn(q.dt), hd,
-                          n_head, n_kv);
-    CALL(attn_bwd, dq, dk, dv, dout, q, k, v, out, lse, seg, n_seg, n_head, n_kv, hd);
-    pf_end(be, t);
-}
-static void pf_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
-                           int n_head, int n_kv, int hd)
-{
-    double keys = (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
-    pf_tok_t t = pf_begin(be, 4.0 * keys * n_head * hd, 0, "attn_cached %s hd%d %d/%d", dn(q.dt), hd, n_head, n_kv);
-    CALL(attn_cached, out, q, kc, vc, n, p0, n_head, n_kv, hd);
-    pf_end(be, t);
-}
-static void pf_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g, bk_buf_t u, int64_t n)
-{
-    pf_tok_t t = pf_begin(be, 0, 3.0 * (double)n * sz(h), "swiglu_fwd %s", dn(h.dt));
-    CALL(swiglu_fwd, h, g, u, n);
-    pf_end(be, t);
-}
-static void pf_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g, bk_buf_t u, int64_t n)
-{
-    pf_tok_t t = pf_begin(be, 0, 5.0 * (double)n * sz(dg), "swiglu_bwd %s", dn(dg.dt));
-    CALL(swiglu_bwd, dg, du, dh, g, u, n);
-    pf_end(be, t);
-}
-static void pf_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-                    float grad_scale, double *acc)
-{
-    pf_tok_t t = pf_begin(be, 0, (grad_scale != 0 ? 8.0 : 4.0) * (double)n * (double)V, "xent V=%lld%s",
-                          (long long)V, grad_scale != 0 ? " with gradient" : "");
-    CALL(xent, logits, targets, weights, n, V, grad_scale, acc);
-    pf_end(be, t);
-}
-static void pf_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (2 * sz(y) + sz(x)), "add %s += %s", dn(y.dt), dn(x.dt));
-    CALL(add, y, x, n);
-    pf_end(be, t);
-}
-static void pf_scale(backend_t *be, bk_buf_t y, float a, int64_t n)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * sz(y), "scale %s", dn(y.dt));
-    CALL(scale, y, a, n);
-    pf_end(be, t);
-}
-static void pf_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * sz(x), "sumsq %s", dn(x.dt));
-    CALL(sumsq, x, n, acc);
-    pf_end(be, t);
-}
-static void pf_adamw(backend_t *be, bk_buf_t p, bk_buf_t g, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (6 * sz(p) + sz(g)), "adamw %s, gradient %s", dn(p.dt), dn(g.dt));
-    CALL(adamw, p, g, m, v, n, h);
-    pf_end(be, t);
-}
-static void pf_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (sz(x) + 1), "quant_i8 %s", dn(x.dt));
-    CALL(quant_i8, codes, scales, x, n, block);
-    pf_end(be, t);
-}
-static void pf_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n,
-                          int64_t block)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (sz(y) + 1), "dequant_i8 %s", dn(y.dt));
-    CALL(dequant_i8, y, codes, scales, n, block);
-    pf_end(be, t);
-}
-static void pf_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv,
-                       int hd, float theta, int inverse)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * (n_head + n_kv) * hd * sz(q), "rope_qk %s", dn(q.dt));
-    CALL(rope_qk, q, k, pos, n, n_head, n_kv, hd, theta, inverse);
-    pf_end(be, t);
-}
-static void pf_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F)
-{
-    pf_tok_t t = pf_begin(be, 0, 3.0 * (double)n * (double)F * sz(h), "glu_fwd %s", dn(h.dt));
-    CALL(glu_fwd, h, gu, n, F);
-    pf_end(be, t);
-}
-static void pf_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F)
-{
-    pf_tok_t t = pf_begin(be, 0, 5.0 * (double)n * (double)F * sz(dgu), "glu_bwd %s", dn(dgu.dt));
-    CALL(glu_bwd, dgu, dh, gu, n, F);
-    pf_end(be, t);
-}
-static void pf_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos,
-                        int64_t n, int n_head, int n_kv, int hd, float theta, int inverse)
-{
-    pf_tok_t t = pf_begin(be, 0, 2.0 * (double)n * (n_head + 2 * n_kv) * hd * sz(qkv), "qkv_rope %s%s", dn(qkv.dt),
-                          inverse ? " inverse" : "");
-    CALL(qkv_rope, qkv, q, k, v, pos, n, n_head, n_kv, hd, theta, inverse);
-    pf_end(be, t);
-}
-static void pf_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r,
-                               bk_buf_t w, int64_t n, int64_t d, float eps)
-{
-    double nd = (double)n * (double)d;
-    pf_tok_t t = pf_begin(be, 0, nd * (sz(x) + sz(r) + sz(xsum) + sz(out)) + (double)d * sz(w) + 4.0 * (double)n,
-                          "add_rmsnorm_fwd %s→%s", dn(x.dt), dn(out.dt));
-    CALL(add_rmsnorm_fwd, xsum, out, rstd, x, r, w, n, d, eps);
-    pf_end(be, t);
-}
-static void pf_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t state_dt, dtype_t grad_dt,
-                           const bk_adamw_t *h)
+/* The (query, key) pairs of attn_cached: n queries after p0 cached positions. */
+static double cached_keys(int64_t n, int64_t p0) { return (double)n * (double)p0 + (double)n * (double)(n + 1) / 2; }
+/* The elements of adamw_multi's segments. */
+static double seg_elems(const bk_adamw_seg_t *segs, int n_segs)
 {
     double n = 0;
     for (int i = 0; i < n_segs; i++)
         n += (double)segs[i].n;
-    pf_tok_t t = pf_begin(be, 0, n * (6.0 * (double)dtype_size(state_dt) + (double)dtype_size(grad_dt)),
-                          "adamw_multi %s, gradient %s", dn(state_dt), dn(grad_dt));
-    CALL(adamw_multi, segs, n_segs, state_dt, grad_dt, h);
-    pf_end(be, t);
+    return n;
 }
 
-static void pf_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc)
-{
-    pf_tok_t t = pf_begin(be, 0, (double)n * (2 * sz(y) + sz(x)), "add_sumsq %s += %s", dn(y.dt), dn(x.dt));
-    CALL(add_sumsq, y, x, n, acc);
-    pf_end(be, t);
-}
+/* Expands to its arguments where the kind is timed (backend.h BK_OPS), to nothing where not. */
+#define PF_IF_TIMED(kind, ...) PF_IF_(BK_KIND_TIMED(kind), __VA_ARGS__)
+#define PF_IF_(timed, ...) PF_IF__(timed, __VA_ARGS__)
+#define PF_IF__(timed, ...) PF_IF_##timed(__VA_ARGS__)
+#define PF_IF_1(...) __VA_ARGS__
+#define PF_IF_0(...)
+
+/* Every timed op of BK_OPS: its row (the list's cost column), then the op as it was. */
+#define PF_WRAPPER(name, kind, params, args, cost)                                                                   \
+    PF_IF_TIMED(kind, static void pf_##name(backend_t *be, BK_UNPAREN params) {                                     \
+        pf_tok_t t = pf_begin(be, BK_UNPAREN cost);                                                                  \
+        CALL(name, BK_UNPAREN args);                                                                                 \
+        pf_end(be, t);                                                                                               \
+    })
+BK_OPS(PF_WRAPPER)
+#undef PF_WRAPPER
 
 /* ---- attach, reset, write, free --------------------------------------------------------- */
 
-/* The entries bk_prof_attach wraps and bk_prof_free gives back. */
-#define PF_ENTRIES(X)                                                                                                \
-    X(sync) X(upload) X(download) X(zero) X(copy) X(convert) X(matmul) X(embed_fwd) X(embed_bwd) X(rows_scatter)     \
-    X(rmsnorm_fwd) X(rmsnorm_bwd) X(rope) X(attn_fwd) X(attn_bwd) X(attn_cached) X(swiglu_fwd) X(swiglu_bwd) X(xent) \
-    X(add) X(scale) X(sumsq) X(adamw) X(quant_i8) X(dequant_i8) X(rope_qk) X(glu_fwd) X(glu_bwd) X(qkv_rope)     \
-    X(add_rmsnorm_fwd) X(adamw_multi) X(add_sumsq)
+/* The entries bk_prof_attach wraps and bk_prof_free gives back: sync, the byte moves
+ * and the timed ops. */
+#define PF_MOVES(X) X(sync) X(upload) X(download) X(zero) X(copy)
 
 int bk_prof_attach(backend_t *be)
 {
@@ -428,7 +258,10 @@ int bk_prof_attach(backend_t *be)
 #define WRAP(op)                                                                                                     \
     if (be->op)                                                                                                      \
         be->op = pf_##op;
-    PF_ENTRIES(WRAP)
+#define WRAP_OP(name, kind, params, args, cost) PF_IF_TIMED(kind, WRAP(name))
+    PF_MOVES(WRAP)
+    BK_OPS(WRAP_OP)
+#undef WRAP_OP
 #undef WRAP
     return 0;
 }
@@ -568,7 +401,10 @@ void bk_prof_free(backend_t *be)
     for (int i = 2 * p->n_made - 1; i >= 0; i--)
         p->orig.event_free(be, p->ev[i]);
 #define UNWRAP(op) be->op = p->orig.op;
-    PF_ENTRIES(UNWRAP)
+#define UNWRAP_OP(name, kind, params, args, cost) PF_IF_TIMED(kind, UNWRAP(name))
+    PF_MOVES(UNWRAP)
+    BK_OPS(UNWRAP_OP)
+#undef UNWRAP_OP
 #undef UNWRAP
     free(p->ev);
     free(p->pair_row);

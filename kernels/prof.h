@@ -1,8 +1,9 @@
 /* prof.h — where a backend instance's time goes: its ops timed one by one (FTK_PROFILE).
  *
  * bk_prof_attach() puts a timing wrapper in front of every op entry of an instance: the
- * byte moves (upload, download, zero, copy) and every op of backend.h; the optional fused
- * entries that are NULL stay NULL. The instance stays the same one (its context, memory,
+ * byte moves (upload, download, zero, copy) and every op of backend.h's list (BK_OPS) but
+ * those it marks BK_OP_UNTIMED (clip_coef); the optional fused entries that are NULL stay
+ * NULL. The instance stays the same one (its context, memory,
  * streams and events are untouched), so what runs and what it computes do not change:
  * only the time each call takes is recorded.
  *

@@ -1077,16 +1077,10 @@ static void cpu_destroy(backend_t *be) { free(be->ctx); }
 
 backend_t *backend_cpu_new(void)
 {
-    backend_t *be = bk_instance_new("cpu", "cpu");
-    cpu_ctx_t *c = calloc(1, sizeof *c);
-    if (!be || !c) {
-        free(c);
-        backend_free(be);
-        if (be)
-            ftk_err_set("out of memory");
+    backend_t *be = bk_instance_ctx_new("cpu", "cpu", sizeof(cpu_ctx_t));
+    if (!be)
         return NULL;
-    }
-    be->ctx = c;
+    cpu_ctx_t *c = be->ctx;
     /* Every product calls BLAS from inside a parallel loop, one call per thread. OpenBLAS's
      * OpenMP build then runs each call on its thread; a build with threads of its own would
      * split each call again by the machine's core count: make it run them on one. (In the
@@ -1104,34 +1098,9 @@ backend_t *backend_cpu_new(void)
     be->copy = cpu_copy;
     be->sync = cpu_sync;
     bk_host_streams(be); /* every op has finished when it returns */
-    be->convert = cpu_convert;
-    be->matmul = cpu_matmul;
-    be->embed_fwd = cpu_embed_fwd;
-    be->embed_bwd = cpu_embed_bwd;
-    be->rows_scatter = cpu_rows_scatter;
-    be->rmsnorm_fwd = cpu_rmsnorm_fwd;
-    be->rmsnorm_bwd = cpu_rmsnorm_bwd;
-    be->rope = cpu_rope;
-    be->attn_fwd = cpu_attn_fwd;
-    be->attn_bwd = cpu_attn_bwd;
-    be->attn_cached = cpu_attn_cached;
-    be->swiglu_fwd = cpu_swiglu_fwd;
-    be->swiglu_bwd = cpu_swiglu_bwd;
-    be->xent = cpu_xent;
-    be->add = cpu_add;
-    be->scale = cpu_scale;
-    be->sumsq = cpu_sumsq;
-    be->clip_coef = cpu_clip_coef;
-    be->adamw = cpu_adamw;
-    be->quant_i8 = cpu_quant_i8;
-    be->dequant_i8 = cpu_dequant_i8;
-    be->rope_qk = cpu_rope_qk;
-    be->glu_fwd = cpu_glu_fwd;
-    be->glu_bwd = cpu_glu_bwd;
-    be->qkv_rope = cpu_qkv_rope;
-    be->add_rmsnorm_fwd = cpu_add_rmsnorm_fwd;
-    be->adamw_multi = cpu_adamw_multi;
-    be->add_sumsq = cpu_add_sumsq;
+#define CPU_OP(name, kind, params, args, cost) be->name = cpu_##name;
+    BK_OPS(CPU_OP)
+#undef CPU_OP
     if (!(c->ws = bk_alloc(be, BK_CPU_WORKSPACE_BYTES, BK_MEM_WORKSPACE, "the bf16 product tiles"))) {
         backend_free(be);
         return NULL;

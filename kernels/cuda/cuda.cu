@@ -122,69 +122,79 @@ static backend_t *fail_new(backend_t *be, const char *msg)
     return NULL;
 }
 
-extern "C" backend_t *backend_cuda_new(int device)
+/* What an instance reads from the environment when it is made (cuda_t's fields of the
+ * same names). */
+typedef struct {
+    cublasComputeType_t f32_compute; /* FTK_CUDA_MATMUL */
+    int attn;                        /* FTK_CUDA_ATTN */
+    int vec;                         /* FTK_CUDA_VEC */
+} cu_settings_t;
+
+/* Reads them: 0, or -1 with ftk_err_msg() set for a value not understood. */
+static int cu_settings(cu_settings_t *c)
 {
     const char *mm = getenv("FTK_CUDA_MATMUL");
-    cublasComputeType_t f32_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    c->f32_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
     if (mm && !strcmp(mm, "fp32"))
-        f32_compute = CUBLAS_COMPUTE_32F;
+        c->f32_compute = CUBLAS_COMPUTE_32F;
     else if (mm && !strcmp(mm, "tf32"))
-        f32_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+        c->f32_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
     else if (mm && *mm) {
         ftk_err_set("FTK_CUDA_MATMUL=%s: expected fp32 or tf32", mm);
-        return NULL;
+        return -1;
     }
     const char *at = getenv("FTK_CUDA_ATTN");
     if (at && *at && strcmp(at, "flash") && strcmp(at, "mma") && strcmp(at, "simple") && strcmp(at, "cudnn")) {
         ftk_err_set("FTK_CUDA_ATTN=%s: expected flash, mma, simple or cudnn", at);
-        return NULL;
+        return -1;
     }
+    c->attn = at && !strcmp(at, "simple") ? ATTN_SIMPLE
+              : at && !strcmp(at, "mma")  ? ATTN_MMA
+              : at && !strcmp(at, "cudnn") ? ATTN_CUDNN
+                                           : ATTN_FLASH;
     const char *vv = getenv("FTK_CUDA_VEC");
     if (vv && *vv && strcmp(vv, "0") && strcmp(vv, "1")) {
         ftk_err_set("FTK_CUDA_VEC=%s: expected 1 (8 elements a thread where aligned) or 0", vv);
-        return NULL;
+        return -1;
     }
+    c->vec = !(vv && !strcmp(vv, "0"));
+    return 0;
+}
+
+/* Makes device current and names it for messages: "cuda:N (NAME)". 0, or -1 with
+ * ftk_err_msg() set (no CUDA device, not that one, or it cannot be used). */
+static int cu_open_device(int device, char name[96])
+{
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
         ftk_err_set("no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
         cudaGetLastError();
-        return NULL;
+        return -1;
     }
     if (device < 0 || device >= count) {
         ftk_err_set("CUDA device %d asked for, %d present", device, count);
-        return NULL;
+        return -1;
     }
     cudaDeviceProp prop;
     if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
         cudaGetLastError();
         ftk_err_set("CUDA device %d: %s", device, cudaGetErrorString(e));
-        return NULL;
+        return -1;
     }
-    char name[96];
-    snprintf(name, sizeof name, "cuda:%d (%.72s)", device, prop.name);
-    backend_t *be = bk_instance_new("cuda", name);
-    if (!be)
-        return NULL;
-    cuda_t *c = (cuda_t *)calloc(1, sizeof *c);
-    if (!c)
-        return fail_new(be, "out of memory");
-    be->ctx = c;
-    c->be = be;
-    c->device = device;
-    c->seg_n = -1;
-    c->f32_compute = f32_compute;
-    c->attn = at && !strcmp(at, "simple") ? ATTN_SIMPLE
-              : at && !strcmp(at, "mma")  ? ATTN_MMA
-              : at && !strcmp(at, "cudnn") ? ATTN_CUDNN
-                                           : ATTN_FLASH;
-    c->vec = !(vv && !strcmp(vv, "0"));
+    snprintf(name, 96, "cuda:%d (%.72s)", device, prop.name);
+    return 0;
+}
 
+/* The table: the instance's entries, then every op of backend.h's list (BK_OPS). */
+static void cu_fill_table(backend_t *be)
+{
     be->destroy = cu_destroy;
     be->mem_avail = cu_mem_avail;
     be->mem_used = cu_mem_used;
     be->mem_pages = 1;
     be->reserve = cu_reserve;
+    be->attn_prepare = cu_attn_prepare;
     be->mem_alloc = cu_mem_alloc;
     be->mem_free = cu_mem_free;
     be->host_alloc = cu_host_alloc;
@@ -206,37 +216,18 @@ extern "C" backend_t *backend_cuda_new(int device)
     be->event_sync = cu_event_sync;
     be->timer_new = cu_timer_new;
     be->timer_elapsed = cu_timer_elapsed;
-    be->convert = cu_convert;
-    be->matmul = cu_matmul;
-    be->embed_fwd = cu_embed_fwd;
-    be->embed_bwd = cu_embed_bwd;
-    be->rows_scatter = cu_rows_scatter;
-    be->rmsnorm_fwd = cu_rmsnorm_fwd;
-    be->rmsnorm_bwd = cu_rmsnorm_bwd;
-    be->rope = cu_rope;
-    be->attn_fwd = cu_attn_fwd;
-    be->attn_bwd = cu_attn_bwd;
-    be->attn_cached = cu_attn_cached;
-    be->attn_prepare = cu_attn_prepare;
-    be->swiglu_fwd = cu_swiglu_fwd;
-    be->swiglu_bwd = cu_swiglu_bwd;
-    be->xent = cu_xent;
-    be->add = cu_add;
-    be->scale = cu_scale;
-    be->sumsq = cu_sumsq;
-    be->clip_coef = cu_clip_coef;
-    be->adamw = cu_adamw;
-    be->quant_i8 = cu_quant_i8;
-    be->dequant_i8 = cu_dequant_i8;
-    be->rope_qk = cu_rope_qk;
-    be->glu_fwd = cu_glu_fwd;
-    be->glu_bwd = cu_glu_bwd;
-    be->qkv_rope = cu_qkv_rope;
-    be->add_rmsnorm_fwd = cu_add_rmsnorm_fwd;
-    be->adamw_multi = cu_adamw_multi;
-    be->add_sumsq = cu_add_sumsq;
+#define CU_OP(name, kind, params, args, cost) be->name = cu_##name;
+    BK_OPS(CU_OP)
+#undef CU_OP
+}
 
+/* What an instance starts with: its default stream and events, cuBLASLt and its
+ * workspace, cuDNN where asked for, the fused ops FTK_FUSED selects. be, or NULL with
+ * ftk_err_msg() set and be freed. */
+static backend_t *cu_start(backend_t *be, cuda_t *c, int device)
+{
     char m[256];
+    cudaError_t e;
     if ((e = cudaStreamCreateWithFlags(&c->def, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->scr_ev, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->seg_ev, cudaEventDisableTiming)) != cudaSuccess ||
@@ -263,6 +254,29 @@ extern "C" backend_t *backend_cuda_new(int device)
     if (bk_fused_select(be, 1) < 0) /* every fused op unless FTK_FUSED says otherwise */
         return fail_new(be, ftk_err_msg());
     return be;
+}
+
+extern "C" backend_t *backend_cuda_new(int device)
+{
+    cu_settings_t settings;
+    char name[96];
+    if (cu_settings(&settings) < 0 || cu_open_device(device, name) < 0)
+        return NULL;
+    backend_t *be = bk_instance_new("cuda", name);
+    if (!be)
+        return NULL;
+    cuda_t *c = (cuda_t *)calloc(1, sizeof *c);
+    if (!c)
+        return fail_new(be, "out of memory");
+    be->ctx = c;
+    c->be = be;
+    c->device = device;
+    c->seg_n = -1;
+    c->f32_compute = settings.f32_compute;
+    c->attn = settings.attn;
+    c->vec = settings.vec;
+    cu_fill_table(be);
+    return cu_start(be, c, device);
 }
 
 extern "C" int backend_cuda_devices(void)

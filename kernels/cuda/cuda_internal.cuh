@@ -1,7 +1,8 @@
 /* cuda_internal.cuh — what the CUDA backend's files (kernels/cuda, but device.cu) share:
  * the instance (cuda_t) and its error, stream and scratch helpers, the kernels' element
  * access, their 8-elements-a-thread machinery and block reductions, and the entry points
- * each op family defines for the op table in cuda.cu. The families:
+ * each op family defines for the op table in cuda.cu (the ops' declarations are made from
+ * backend.h's op list, BK_OPS). The families:
  *   runtime.cu    memory, copies, streams, events, conversion; host_wait and the scratch
  *   matmul.cu     matrix products (cuBLASLt) and their plans
  *   embed.cu      the embedding and rows_scatter
@@ -406,7 +407,13 @@ template <typename F> static inline void on_vec(int vec, F &&f)
 
 /* ---- what each family defines ----------------------------------------------------------- */
 
-/* runtime.cu: backend.h's memory, copy, stream and event entry points, and convert. */
+/* The ops: cu_NAME for every op of backend.h's list (BK_OPS), each defined in its family's
+ * file; cuda.cu fills the table from the same list. */
+#define CU_OP(name, kind, params, args, cost) void cu_##name(backend_t *be, BK_UNPAREN params);
+BK_OPS(CU_OP)
+#undef CU_OP
+
+/* runtime.cu: backend.h's memory, copy, stream and event entry points. */
 int64_t cu_mem_avail(backend_t *be);
 int64_t cu_mem_used(backend_t *be);
 int cu_reserve(backend_t *be, const bk_reserve_t *r);
@@ -431,43 +438,12 @@ void cu_event_free(backend_t *be, bk_event_t *ev);
 void cu_event_record(backend_t *be, bk_event_t *ev);
 void cu_event_wait(backend_t *be, bk_event_t *ev);
 int cu_event_sync(backend_t *be, bk_event_t *ev);
-void cu_convert(backend_t *be, bk_buf_t dst, bk_buf_t src, int64_t n);
 /* A device-to-device copy of bytes on the current stream; overlapping regions go through
  * scratch. what names the op in an error. */
 void copy_bytes(cuda_t *c, void *dst, const void *src, size_t bytes, const char *what);
 
 /* matmul.cu */
-void cu_matmul(backend_t *be, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, bk_buf_t A, bk_buf_t B,
-               float beta, bk_buf_t C);
 void plan_release(plan_t *p); /* frees a plan's descriptors (cuda.cu: at destruction) */
-
-/* embed.cu */
-void cu_embed_fwd(backend_t *be, bk_buf_t out, const int32_t *ids, bk_buf_t table, int64_t n, int64_t d);
-void cu_embed_bwd(backend_t *be, bk_buf_t dtable, const int32_t *ids, bk_buf_t dout, int64_t n, int64_t d);
-void cu_rows_scatter(backend_t *be, bk_buf_t dst, const int32_t *idx, bk_buf_t src, int64_t n, int64_t d);
-
-/* rmsnorm.cu */
-void cu_rmsnorm_fwd(backend_t *be, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t w, int64_t n, int64_t d, float eps);
-void cu_rmsnorm_bwd(backend_t *be, bk_buf_t dx, bk_buf_t dw, bk_buf_t dout, bk_buf_t x, bk_buf_t w, const float *rstd,
-                    int64_t n, int64_t d);
-void cu_add_rmsnorm_fwd(backend_t *be, bk_buf_t xsum, bk_buf_t out, float *rstd, bk_buf_t x, bk_buf_t r, bk_buf_t w,
-                        int64_t n, int64_t d, float eps);
-
-/* rope.cu */
-void cu_rope(backend_t *be, bk_buf_t x, const int32_t *pos, int64_t n, int n_head, int hd, float theta, int inverse);
-void cu_rope_qk(backend_t *be, bk_buf_t q, bk_buf_t k, const int32_t *pos, int64_t n, int n_head, int n_kv, int hd,
-                float theta, int inverse);
-void cu_qkv_rope(backend_t *be, bk_buf_t qkv, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int32_t *pos, int64_t n,
-                 int n_head, int n_kv, int hd, float theta, int inverse);
-
-/* attention.cu */
-void cu_attn_fwd(backend_t *be, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk_buf_t v, const int64_t *seg,
-                 int64_t n_seg, int n_head, int n_kv, int hd);
-void cu_attn_bwd(backend_t *be, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k,
-                 bk_buf_t v, bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head, int n_kv,
-                 int hd);
-void cu_attn_cached(backend_t *be, bk_buf_t out, bk_buf_t q, bk_buf_t kc, bk_buf_t vc, int64_t n, int64_t p0,
-                    int n_head, int n_kv, int hd);
 
 /* attention_cudnn.cu. dnn_open: at creation with ATTN_CUDNN, latches FTK_CUDNN_STRICT and
  * opens cuDNN, or says in one line why not and sets ATTN_FLASH (strict: an error kept in c);
@@ -484,28 +460,7 @@ int dnn_attn_fwd(cuda_t *c, bk_buf_t out, float *lse, bk_buf_t q, bk_buf_t k, bk
 int dnn_attn_bwd(cuda_t *c, bk_buf_t dq, bk_buf_t dk, bk_buf_t dv, bk_buf_t dout, bk_buf_t q, bk_buf_t k, bk_buf_t v,
                  bk_buf_t out, const float *lse, const int64_t *seg, int64_t n_seg, int n_head, int n_kv, int hd);
 
-/* swiglu.cu */
-void cu_swiglu_fwd(backend_t *be, bk_buf_t h, bk_buf_t g_, bk_buf_t u, int64_t n);
-void cu_swiglu_bwd(backend_t *be, bk_buf_t dg, bk_buf_t du, bk_buf_t dh, bk_buf_t g_, bk_buf_t u, int64_t n);
-void cu_glu_fwd(backend_t *be, bk_buf_t h, bk_buf_t gu, int64_t n, int64_t F);
-void cu_glu_bwd(backend_t *be, bk_buf_t dgu, bk_buf_t dh, bk_buf_t gu, int64_t n, int64_t F);
-
-/* xent.cu */
-void cu_xent(backend_t *be, float *logits, const int32_t *targets, const float *weights, int64_t n, int64_t V,
-             float grad_scale, double *acc);
-
-/* vectors.cu */
-void cu_add(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n);
-void cu_scale(backend_t *be, bk_buf_t y, float a, int64_t n);
-void cu_sumsq(backend_t *be, bk_buf_t x, int64_t n, double *acc);
-void cu_add_sumsq(backend_t *be, bk_buf_t y, bk_buf_t x, int64_t n, double *acc);
-void cu_quant_i8(backend_t *be, int8_t *codes, float *scales, bk_buf_t x, int64_t n, int64_t block);
-void cu_dequant_i8(backend_t *be, bk_buf_t y, const int8_t *codes, const float *scales, int64_t n, int64_t block);
-void cu_clip_coef(backend_t *be, float *coef, const double *sq, int n, double max_norm);
-void cu_adamw(backend_t *be, bk_buf_t p, bk_buf_t g_, bk_buf_t m, bk_buf_t v, int64_t n, const bk_adamw_t *h);
-void cu_adamw_multi(backend_t *be, const bk_adamw_seg_t *segs, int n_segs, dtype_t sdt, dtype_t gdt,
-                    const bk_adamw_t *h);
-/* Adds the sum of part[0 … n) to *acc on the current stream: nothing is brought back, so
- * the host does not wait (backend.h). The sum is a fixed tree whose shape depends on n
- * alone (vectors.cu), in order from 0 with FTK_CUDA_VEC=0: the same bits on every call. */
+/* vectors.cu: adds the sum of part[0 … n) to *acc on the current stream: nothing is
+ * brought back, so the host does not wait (backend.h). The sum is a fixed tree whose shape
+ * depends on n alone, in order from 0 with FTK_CUDA_VEC=0: the same bits on every call. */
 void add_parts(cuda_t *c, double *acc, const double *part, int64_t n, const char *what);

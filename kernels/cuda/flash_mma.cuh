@@ -1,9 +1,9 @@
 /* flash_mma.cuh — causal attention inside packed segments on the tensor cores with every
  * accumulator in registers (FlashAttention-2's structure), for bf16 q, k, v with a head
- * dimension that is a multiple of 16 up to 128 (attention.cu builds 64, 80, 96 and 128). The
- * successor of flash_attn.cuh's WMMA kernels, which stage scores and the running output in
- * shared memory; attention.cu picks these with FTK_CUDA_ATTN=mma and keeps the others
- * (FTK_CUDA_ATTN=flash, the default for now, and =simple) to compare.
+ * dimension that is a multiple of 16 up to 128 (attention.cu builds 64, 80, 96 and 128).
+ * flash_attn.cuh's WMMA kernels do the same work with the scores and the running output in
+ * shared memory. attention.cu runs these with FTK_CUDA_ATTN=mma; FTK_CUDA_ATTN=flash (the
+ * default) and =simple run the others (docs/gpu.md says which path is kept for what).
  *
  * Uses mma_sync.cuh's primitives (ldmatrix, mma.sync m16n8k16, cp.async; their fragment
  * layouts are written out there) and common.cuh's seg_start; attention.cu includes those first.

@@ -79,8 +79,8 @@ int64_t cu_mem_used(backend_t *be)
 }
 
 /* The scratch for shapes up to r's, allocated now in the order the planning backend counts
- * it (kernels/plan/plan.c plan_reserve_cuda): no op grows it in a step, and the plan holds
- * it. A buffer already as large is kept. */
+ * it (kernels/plan/backend_plan.c plan_reserve_cuda): no op grows it in a step, and the
+ * plan holds it. A buffer already as large is kept. */
 int cu_reserve(backend_t *be, const bk_reserve_t *r)
 {
     cuda_t *c = enter(be);
