@@ -223,8 +223,14 @@ int main(int argc, char **argv)
         ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : man.meta.strategy);
         goto usage;
     }
+    strategy_use_t use = strategy_use(strat);
+    use.group_size = group_size;
+    if (strategy_check(&use) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        goto usage;
+    }
     int64_t S2 = ranks;
-    if (strat == STRAT_HYBRID) {
+    if (strategy_traits(strat)->replicas) {
         int64_t g = group_size ? group_size : !strcmp(man.meta.strategy, "hybrid") ? man.meta.shard_count : 0;
         if (g < 1 || ranks % g) {
             ftk_error("hybrid on %lld ranks: %s", (long long)ranks,
@@ -233,9 +239,6 @@ int main(int argc, char **argv)
             goto usage;
         }
         S2 = g;
-    } else if (group_size) {
-        ftk_error("--shard-group-size is for --strategy hybrid");
-        goto usage;
     }
     snprintf(meta.strategy, sizeof meta.strategy, "%s", strategy_name(strat));
     meta.world_size = ranks;
