@@ -36,7 +36,7 @@ typedef struct {
     /* The option that sizes the replicas' shard groups or the node groups ("--shard-group-size",
      * "--node-size"; by default the ranks of a node), or NULL where there are none. */
     const char *group_option;
-    int compress_weights; /* takes --compress-weights */
+    int compress_weights; /* takes --compress-weights (which changes nothing where nothing is gathered) */
     int compress_grads;   /* takes --compress-grads: reduce-scatters whose residual its checkpoint keeps */
     int unit_policies;    /* takes --units other than block */
     /* The report (report.h): the names of its two levels of communication, the group's and
