@@ -18,23 +18,6 @@ struct hpz {
     int training;         /* the current pass trains (hpz_pass) */
 };
 
-int hpz_node_size(comm_t *world, int node_size, int *n)
-{
-    int W = comm_size(world);
-    if (node_size <= 0 && comm_node_blocks(world, &node_size) < 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", ftk_err_msg());
-        ftk_err_set("--strategy hpz: %s; pass --node-size", why);
-        return -1;
-    }
-    if (W % node_size) {
-        ftk_err_set("--node-size %d does not divide the %d ranks", node_size, W);
-        return -1;
-    }
-    *n = node_size;
-    return 0;
-}
-
 hpz_t *hpz_new(backend_t *be, comm_t *world, int n, comm_stats_t *stats, const ckpt_unit_t *units, int n_units,
                dtype_t dt)
 {

@@ -36,11 +36,6 @@
 
 typedef struct hpz hpz_t;
 
-/* The node size of hpz on world: node_size > 0 as given (it must divide the world), else the
- * ranks of this rank's node, which must form equal blocks of consecutive ranks. 0 and *n, or
- * -1 with a message naming what to pass. Collective over world. */
-int hpz_node_size(comm_t *world, int node_size, int *n);
-
 /* The node groups of n ranks (comm_split_blocks; their collectives account on stats at
  * COMM_LEVEL_NODE and copy through be) and the secondary copy of the units (padded to a
  * multiple of n) in dtype dt on be, marked stale. Collective over world. */

@@ -44,9 +44,7 @@ const char *report_level_name(const report_t *r, int level)
 {
     if (r->n_levels == 1)
         return "world";
-    if (r->strat == STRAT_HPZ)
-        return level == COMM_LEVEL_NODE ? "node" : "world";
-    return level == COMM_LEVEL_GROUP ? "shard_group" : "replicas";
+    return strategy_traits(r->strat)->levels[level != COMM_LEVEL_GROUP];
 }
 
 /* Where c's ranks are: one node, one node each, or both kinds of link. *nodes: how many
@@ -109,7 +107,7 @@ report_t *report_new(comm_t *world, shard_t *sh, strategy_t strat, precision_t p
     comm_t *levels[COMM_N_LEVELS] = {world, cross, node_group};
     r->n_levels = 1;
     r->lv[0] = COMM_LEVEL_GROUP;
-    if (strat == STRAT_HYBRID && cross) {
+    if (cross) {
         levels[COMM_LEVEL_GROUP] = shard_group(sh);
         r->lv[r->n_levels++] = COMM_LEVEL_CROSS;
     } else if (node_group) {
@@ -145,7 +143,8 @@ void report_free(report_t *r)
 void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N_LEVELS][COMM_N_KINDS])
 {
     memset(v, 0, sizeof(double) * COMM_N_LEVELS * COMM_N_KINDS);
-    int S = r->strat == STRAT_HYBRID ? r->S : ranks, G = ranks / (S > 0 ? S : 1);
+    const strategy_traits_t *t = strategy_traits(r->strat);
+    int S = t->replicas ? r->S : ranks, G = ranks / (S > 0 ? S : 1);
     if (S < 1 || G < 1)
         return;
     /* the units padded to S shards, as ckpt_units pads them */
@@ -167,15 +166,12 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
     }
     double f = (double)(S - 1) / S, M = (double)micro;
     const size_t *b = r->b;
-    switch (r->strat) {
-    case STRAT_NONE:
+    if (!t->shards) { /* replicated: each unit all-reduced once */
         v[0][COMM_KIND_AR] = 2 * f * (double)b[COMM_KIND_AR] * sum;
-        break;
-    case STRAT_GRAD_OP:
-        v[0][COMM_KIND_AG] = f * g_sum;
-        v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
-        break;
-    case STRAT_HPZ: {
+        return;
+    }
+    v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum; /* each unit once per pass */
+    if (t->node_copy) {
         /* each unit's first gather of the step over the world, the others over the node group */
         int n = r->node_size > 0 ? r->node_size : 1;
         if (M > 0) {
@@ -183,17 +179,13 @@ void report_formula(const report_t *r, int ranks, int64_t micro, double v[COMM_N
             v[COMM_LEVEL_NODE][COMM_KIND_AG] =
                 (double)(n - 1) / n * (double)b[COMM_KIND_AG] * ((2 * M - 1) * blocks + (M - 1) * ends);
         }
-        v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
-        break;
-    }
-    case STRAT_FULL:
-    case STRAT_HYBRID:
+    } else if (t->releases) { /* each block gathered for its forward and its backward, the ends once */
         v[0][COMM_KIND_AG] = f * M * (2 * g_blocks + g_ends);
-        v[0][COMM_KIND_RS] = f * (double)b[COMM_KIND_RS] * M * sum;
-        if (r->strat == STRAT_HYBRID)
-            v[1][COMM_KIND_AR] = 2 * (double)(G - 1) / G * (double)b[COMM_KIND_AR] * sum / S;
-        break;
+    } else { /* each unit gathered once per step */
+        v[0][COMM_KIND_AG] = f * g_sum;
     }
+    if (t->replicas) /* each slice across the replicas once per step */
+        v[COMM_LEVEL_CROSS][COMM_KIND_AR] = 2 * (double)(G - 1) / G * (double)b[COMM_KIND_AR] * sum / S;
 }
 
 static void acc_add(acc_t *a, const trainer_step_t *st, double loop_s, double formula[COMM_N_LEVELS][COMM_N_KINDS])
@@ -329,10 +321,9 @@ static void project(const report_t *r, const double *mean, int n, double *comp, 
     *comm = c + (control > 0 ? control : 0);
 }
 
-static int write_md(const report_t *r, const double *mean, const double *mx, int n_steps, FILE *f)
+/* The title, the run's ranks, levels and steps. */
+static void md_head(const report_t *r, int n_steps, FILE *f)
 {
-    int L = r->n_levels;
-    double step = mean[F_LOOP] > 0 ? mean[F_LOOP] : 1;
     fprintf(f, "# Communication and time report\n\n%s\n\n", r->header);
     fprintf(f, "- Ranks: %d on %d node%s; strategy %s, %d shard%s per unit\n", r->world, r->nodes,
             r->nodes == 1 ? "" : "s", strategy_name(r->strat), r->S, r->S == 1 ? "" : "s");
@@ -340,7 +331,7 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
         fprintf(f, "- Nodes are simulated: groups of %d consecutive ranks count as nodes (FTK_SIM_NODE_RANKS); "
                    "every \"node\" shares this machine's memory, so inter-node figures are shared-memory ones.\n",
                 r->sim);
-    for (int i = 0, l; i < L && (l = r->lv[i], 1); i++)
+    for (int i = 0, l; i < r->n_levels && (l = r->lv[i], 1); i++)
         fprintf(f, "- Level `%s`: %d rank%s, %s\n", report_level_name(r, l), r->level_ranks[l],
                 r->level_ranks[l] == 1 ? "" : "s", r->locality[l]);
     if (r->first.steps > 0 && r->all.steps > r->first.steps)
@@ -350,7 +341,12 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
     else
         fprintf(f, "- Step %lld: the only step of this process (its first: it includes the warm-up).\n",
                 (long long)r->first_step);
+}
 
+/* The step's parts, which add up to it, and the communication beside them. */
+static void md_time(const double *mean, const double *mx, FILE *f)
+{
+    double step = mean[F_LOOP] > 0 ? mean[F_LOOP] : 1;
     fprintf(f, "\n## Time per step\n\n");
     fprintf(f, "| part | seconds (mean over ranks) | share of the step | slowest rank (s) |\n|---|---:|---:|---:|\n");
     struct {
@@ -377,14 +373,18 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             "was not blocked — on MPI ranks MPI moves data only inside MPI calls, so a span runs from the issue to "
             "the completion this rank saw: an upper bound of the transfer.\n",
             sum, mean[F_LOOP]);
+}
 
+/* Each level's collectives, measured beside the analytical volumes, and the scalar traffic. */
+static void md_collectives(const report_t *r, const double *mean, FILE *f)
+{
     fprintf(f, "\n## Collectives per step\n\n");
     fprintf(f, "| level | ranks | where | collective | calls | bytes measured | bytes analytical | measured / "
                "analytical | seconds in flight | seconds exposed | bus bandwidth |\n"
                "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     double coll_wait = 0;
     int rows = 0;
-    for (int i = 0; i < L; i++)
+    for (int i = 0; i < r->n_levels; i++)
         for (int k = 0, l = r->lv[i]; k < COMM_N_KINDS; k++) {
             const double *x = coll_fig(mean, l, k);
             coll_wait += x[3];
@@ -431,26 +431,21 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
             r->cw ? "; --compress-weights int8: a gathered unit of P elements moves S parts of int8 codes and an fp32 "
                     "scale per 256 of them, each part rounded up to 16 bytes, in place of P·b"
                   : "");
+}
 
-    fprintf(f, "\n## Projected step time on other rank counts (a projection, not a measurement)\n\n");
-    fprintf(f,
-            "Model, from the split measured on %d rank(s): the global batch (%lld rows) is fixed, so each of n ranks "
-            "computes ceil(%lld/n) rows and compute scales with them; each collective's exposed seconds scale with "
-            "its analytical bytes per rank on n ranks (bandwidths and the share hidden behind compute as measured); "
-            "the scalar traffic's wait and host time stay as measured. Speedup is the study's "
-            "(t_compute(%d) + t_comm(%d)) / (t_compute(n) + t_comm(n)), host time left out; the step adds it. "
-            "Where ranks share this machine's cores, the measured compute already includes their contention.\n\n",
-            r->world, (long long)r->global_batch, (long long)r->global_batch, r->world, r->world);
-    if (r->strat == STRAT_HYBRID)
-        fprintf(f, "hybrid keeps its shard groups of %d ranks: n/%d replicas.\n\n", r->S, r->S);
-    if (r->strat == STRAT_HPZ && r->node_size)
-        fprintf(f, "hpz keeps its node groups of %d ranks: n/%d nodes.\n\n", r->node_size, r->node_size);
-    fprintf(f, "| ranks | micro-batches per rank | compute (s) | communication, exposed (s) | host (s) | step (s) | "
-               "speedup | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    /* the rank counts: the strategy's unit (hybrid: a shard group) times powers of two, up
-     * to the global batch's rows, and the measured count where it falls among them */
-    int unit = r->strat == STRAT_HYBRID ? r->S : r->strat == STRAT_HPZ && r->node_size ? r->node_size : 1;
-    int counts[40], n_counts = 0;
+/* The ranks of the groups a strategy keeps on other rank counts (hybrid's shard groups, hpz's
+ * node groups); 0: none. */
+static int kept_group(const report_t *r)
+{
+    const strategy_traits_t *t = strategy_traits(r->strat);
+    return t->replicas ? r->S : t->node_copy ? r->node_size : 0;
+}
+
+/* The projection's rank counts: the kept group (or one rank) times powers of two, up to the
+ * global batch's rows, and the measured count where it falls among them. */
+static int projected_counts(const report_t *r, int counts[40])
+{
+    int unit = kept_group(r) ? kept_group(r) : 1, n_counts = 0;
     int64_t top = r->global_batch > r->world ? r->global_batch : r->world;
     for (int64_t g = 1; g * unit <= top && n_counts < 38; g *= 2) {
         int n = (int)(g * unit);
@@ -460,6 +455,28 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
     }
     if (n_counts == 0 || counts[n_counts - 1] < r->world)
         counts[n_counts++] = r->world;
+    return n_counts;
+}
+
+/* The step projected on other rank counts (project), under the model it states. */
+static void md_projection(const report_t *r, const double *mean, FILE *f)
+{
+    fprintf(f, "\n## Projected step time on other rank counts (a projection, not a measurement)\n\n");
+    fprintf(f,
+            "Model, from the split measured on %d rank(s): the global batch (%lld rows) is fixed, so each of n ranks "
+            "computes ceil(%lld/n) rows and compute scales with them; each collective's exposed seconds scale with "
+            "its analytical bytes per rank on n ranks (bandwidths and the share hidden behind compute as measured); "
+            "the scalar traffic's wait and host time stay as measured. Speedup is the study's "
+            "(t_compute(%d) + t_comm(%d)) / (t_compute(n) + t_comm(n)), host time left out; the step adds it. "
+            "Where ranks share this machine's cores, the measured compute already includes their contention.\n\n",
+            r->world, (long long)r->global_batch, (long long)r->global_batch, r->world, r->world);
+    const strategy_traits_t *t = strategy_traits(r->strat);
+    int kept = kept_group(r);
+    if (kept)
+        fprintf(f, "%s keeps its %s of %d ranks: n/%d %s.\n\n", t->name, t->groups, kept, kept, t->copies);
+    fprintf(f, "| ranks | micro-batches per rank | compute (s) | communication, exposed (s) | host (s) | step (s) | "
+               "speedup | tokens/s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    int counts[40], n_counts = projected_counts(r, counts);
     double base = mean[F_COMPUTE] + mean[F_WAIT];
     int missing = 0;
     for (int i = 0; i < n_counts; i++) {
@@ -482,6 +499,14 @@ static int write_md(const report_t *r, const double *mean, const double *mx, int
     if (missing)
         fprintf(f, "\nn/a: a collective those ranks need moved nothing here (no bandwidth to scale), e.g. the "
                    "replicas' all-reduce of hybrid measured with one replica.\n");
+}
+
+static int write_md(const report_t *r, const double *mean, const double *mx, int n_steps, FILE *f)
+{
+    md_head(r, n_steps, f);
+    md_time(mean, mx, f);
+    md_collectives(r, mean, f);
+    md_projection(r, mean, f);
     return ferror(f) ? -1 : 0;
 }
 

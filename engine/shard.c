@@ -31,6 +31,9 @@ typedef struct {
 struct shard {
     backend_t *be;
     strategy_t strat;
+    const strategy_traits_t *t; /* strat's */
+    precision_t prec;
+    units_policy_t policy; /* shard_set_units' */
     precision_dtypes_t dt;
     comm_t *world, *group, *cross; /* group == world except for hybrid; cross: hybrid only */
     int S, r, replica;
@@ -122,7 +125,7 @@ static void pool_put(shard_t *s, void *p, size_t bytes, bk_mem_class_t cls)
 
 /* ---- gathering parameters, scattering gradients ----------------------------------------- */
 
-static int sharded(const shard_t *s) { return s->strat != STRAT_NONE; }
+static int sharded(const shard_t *s) { return s->t->shards; }
 
 /* The model reads and accumulates into the owned buffers themselves: under none, and with
  * one shard (a shard group of one rank, whose slice is the whole unit), where a gather
@@ -248,7 +251,7 @@ static void drop_unit(shard_t *s, int u)
  * where hybrid's replicas all-reduce it afterwards (shard_grads_complete). */
 static int fold_ok(const shard_t *s)
 {
-    return s->sq && s->be->add_sumsq && !direct(s) && !(s->strat == STRAT_HYBRID && comm_size(s->cross) > 1);
+    return s->sq && s->be->add_sumsq && !direct(s) && !(s->t->replicas && comm_size(s->cross) > 1);
 }
 
 /* The owned gradient of unit u gets a reduce-scatter's slice: added, or written where it
@@ -346,7 +349,7 @@ static void io_release(void *ctx, int u)
     /* a group stays while the pass's next request is one of its blocks */
     if (cu_count(s, u) > 1 && s->pos + 1 < s->n_sched && s->cu.of[s->sched[s->pos + 1]] == s->cu.of[u])
         return;
-    if (!direct(s) && (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID || s->strat == STRAT_HPZ))
+    if (!direct(s) && s->t->releases)
         drop_unit(s, u);
 }
 
@@ -496,7 +499,7 @@ void shard_pass_end(shard_t *s)
     while (s->rs_n)
         rs_finish_oldest(s);
     for (int u = 0; u < s->n_units; u++)
-        if (s->strat == STRAT_FULL || s->strat == STRAT_HYBRID || s->strat == STRAT_HPZ)
+        if (s->t->releases)
             drop_unit(s, u);
 }
 
@@ -550,6 +553,8 @@ int shard_reserve(shard_t *s)
 
 /* ---- set-up ------------------------------------------------------------------------------ */
 
+/* The groups of group_size ranks (0: a node's) the strategy's group option sizes: the shard
+ * groups of replicas, or hpz's node groups (S = world). Collective over the world. */
 static int set_groups(shard_t *s, int group_size)
 {
     int W = comm_size(s->world), rank = comm_rank(s->world);
@@ -557,19 +562,22 @@ static int set_groups(shard_t *s, int group_size)
     s->S = W;
     s->r = rank;
     s->replica = 0;
-    if (s->strat == STRAT_HPZ) /* S = world; the node groups (hpz.h) */
-        return hpz_node_size(s->world, group_size, &s->node_size);
-    if (s->strat != STRAT_HYBRID)
+    const char *option = s->t->group_option;
+    if (!option)
         return 0;
     if (group_size <= 0 && comm_node_blocks(s->world, &group_size) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", ftk_err_msg());
-        ftk_err_set("--strategy hybrid: %s; pass --shard-group-size", why);
+        ftk_err_set("--strategy %s: %s; pass %s", s->t->name, why, option);
         return -1;
     }
     if (W % group_size) {
-        ftk_err_set("--shard-group-size %d does not divide the %d ranks", group_size, W);
+        ftk_err_set("%s %d does not divide the %d ranks", option, group_size, W);
         return -1;
+    }
+    if (s->t->node_copy) {
+        s->node_size = group_size;
+        return 0;
     }
     s->S = group_size;
     s->r = rank % group_size;
@@ -587,6 +595,9 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     }
     s->be = be;
     s->strat = strat;
+    s->t = strategy_traits(strat);
+    s->prec = prec;
+    s->policy = (units_policy_t){CKPT_UNITS_BLOCK, 1};
     s->world = world;
     s->dt = precision_dtypes(prec);
     if (set_groups(s, group_size) < 0 || ckpt_units(cfg, s->S, &s->units, &s->n_units) < 0)
@@ -624,7 +635,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
     s->first_write = 1;
     for (int u = 0; u < n; u++)
         s->gfresh[u] = 1;
-    if (units_map(&(units_policy_t){CKPT_UNITS_BLOCK, 1}, s->units, n, dtype_size(s->dt.compute), s->S, &s->cu) < 0)
+    if (units_map(&s->policy, s->units, n, dtype_size(s->dt.compute), s->S, &s->cu) < 0)
         goto fail;
     for (int u = 0; u < n; u++) {
         int64_t part = s->units[u].padded / s->S;
@@ -637,7 +648,7 @@ shard_t *shard_new(backend_t *be, comm_t *world, strategy_t strat, int group_siz
             (s->w && !(s->w[u] = bk_alloc(be, cbytes(s, s->len[u]), BK_MEM_WEIGHTS, "the bf16 working copy"))))
             goto fail;
     }
-    if (strat == STRAT_HPZ && !direct(s) &&
+    if (s->t->node_copy && !direct(s) &&
         !(s->hpz = hpz_new(be, world, s->node_size, &s->stats, s->units, n, s->dt.compute)))
         goto fail;
     s->io = (model_io_t){s, io_params, io_release, io_grads, io_grads_done, io_grads_first};
@@ -709,6 +720,7 @@ int shard_set_units(shard_t *s, const units_policy_t *p)
         return -1;
     units_map_free(&s->cu);
     s->cu = m;
+    s->policy = *p;
     /* A group's owned gradients side by side, so that an all-reduce (hybrid's across
      * replicas, none's) moves the group in one collective. Freed before allocated: the
      * peak does not move, and nothing is in them yet. */
@@ -733,26 +745,14 @@ int shard_set_units(shard_t *s, const units_policy_t *p)
 int shard_set_compress(shard_t *s, int weights, int grads)
 {
     int gathers = sharded(s) && !direct(s);
-    if ((weights || grads) && s->cu.n != s->n_units) {
-        ftk_err_set("--compress-weights and --compress-grads take --units block only");
+    strategy_use_t use = strategy_use(s->strat);
+    use.units = &s->policy;
+    use.compress_weights = weights;
+    use.compress_grads = grads;
+    use.precision = s->prec;
+    if (strategy_check(&use) < 0)
         return -1;
-    }
-    if (weights && s->hpz) {
-        ftk_err_set("--compress-weights: not with --strategy hpz");
-        return -1;
-    }
     s->cw = gathers ? weights : 0;
-    if (grads && s->dt.grad != DT_F32) {
-        ftk_err_set("--compress-grads bf16: the gradients are already bf16 under this --precision (need fp32 or "
-                    "bf16-mixed)");
-        return -1;
-    }
-    if (grads && s->strat != STRAT_FULL && s->strat != STRAT_GRAD_OP) {
-        ftk_err_set("--compress-grads: for --strategy full or grad-op (the reduce-scatters; %s has none whose "
-                    "residual its checkpoint keeps)",
-                    strategy_name(s->strat));
-        return -1;
-    }
     s->cg = gathers ? grads : 0;
     for (int u = 0; s->cg && u < s->n_units; u++)
         if (!(s->e[u] = bk_alloc(s->be, (size_t)s->units[u].padded * sizeof(float), BK_MEM_GRADS,
@@ -1199,12 +1199,12 @@ void shard_grads_complete(shard_t *s)
     }
     /* Gradients complete on every rank: the replicas' slices (hybrid) or whole units
      * (none) summed across ranks. */
-    if (s->strat == STRAT_HYBRID && comm_size(s->cross) > 1)
+    if (s->t->replicas && comm_size(s->cross) > 1)
         for (int c = 0; c < s->cu.n; c++) /* per communication unit: a group's slices lie side by side */
             comm_allreduce(s->cross, s->g[s->cu.first[c]], s->cu.count[c] * s->len[s->cu.first[c]], s->dt.grad,
                            &s->ar[s->cu.first[c]]);
     for (int u = 0; u < n; u++)
-        comm_wait(s->strat == STRAT_HYBRID ? s->cross : s->world, &s->ar[u]);
+        comm_wait(s->t->replicas ? s->cross : s->world, &s->ar[u]);
 }
 
 void shard_set_sumsq(shard_t *s, double *sq) { s->sq = sq; }

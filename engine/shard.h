@@ -101,8 +101,9 @@ int shard_reserve(shard_t *s);
  * gather send the weights; --compress-grads (COMPRESS_OFF, COMPRESS_BF16): how full and
  * grad-op reduce-scatter the gradients, with the error-feedback residual (compress.h),
  * whole units of f32 on this rank, allocated here (counted as gradients). Call before
- * shard_reserve(); nothing to do where nothing is gathered (none, one shard). -1 with the
- * message for a gradient compression the strategy or precision cannot take (or no memory). */
+ * shard_reserve(); nothing to do where nothing is gathered (none, one shard). -1 with
+ * strategy_check's message where the strategy, the --units policy or the precision does not
+ * take them (or no memory). */
 int shard_set_compress(shard_t *s, int weights, int grads);
 int shard_compress(const shard_t *s);       /* the weights' compression in effect (0: none) */
 int shard_compress_grads(const shard_t *s); /* the gradients' (0: none) */

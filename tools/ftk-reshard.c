@@ -233,8 +233,14 @@ static int new_layout(reshard_t *r)
         ftk_error("--strategy %s: expected full, grad-op, none, hybrid or hpz", strategy_opt ? strategy_opt : in->strategy);
         return FTK_EXIT_USAGE;
     }
+    strategy_use_t use = strategy_use(strat);
+    use.group_size = group_size;
+    if (strategy_check(&use) < 0) {
+        ftk_error("%s", ftk_err_msg());
+        return FTK_EXIT_USAGE;
+    }
     r->S2 = ranks;
-    if (strat == STRAT_HYBRID) {
+    if (strategy_traits(strat)->replicas) {
         int64_t g = group_size ? group_size : !strcmp(in->strategy, "hybrid") ? in->shard_count : 0;
         if (g < 1 || ranks % g) {
             ftk_error("hybrid on %lld ranks: %s", (long long)ranks,
@@ -243,9 +249,6 @@ static int new_layout(reshard_t *r)
             return FTK_EXIT_USAGE;
         }
         r->S2 = g;
-    } else if (group_size) {
-        ftk_error("--shard-group-size is for --strategy hybrid");
-        return FTK_EXIT_USAGE;
     }
     snprintf(meta->strategy, sizeof meta->strategy, "%s", strategy_name(strat));
     meta->world_size = ranks;

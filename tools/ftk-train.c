@@ -508,6 +508,39 @@ static int bad(const char *fmt, ...)
     return FTK_EXIT_USAGE;
 }
 
+/* --strategy and the options that must fit it (strategy_check), into o: each checked as soon
+ * as it is parsed, so that of two faults the first in this order is the one told. */
+static int check_strategy(trainer_opts_t *o)
+{
+    if (strategy_parse(strategy_arg, &o->strategy) < 0)
+        return bad("--strategy %s: need full, grad-op, none, hybrid or hpz", strategy_arg);
+    strategy_use_t use = strategy_use(o->strategy);
+    use.group_size = group_size;
+    use.node_size = node_size;
+    if (strategy_check(&use) < 0)
+        return bad("%s", ftk_err_msg());
+    if (units_parse(units_arg, &o->units) < 0)
+        return bad("--units %s: %s", units_arg, ftk_err_msg());
+    use.units = &o->units;
+    use.units_text = units_arg;
+    if (strategy_check(&use) < 0)
+        return bad("%s", ftk_err_msg());
+    if (compress_parse_weights(compress_weights_arg, &o->compress_weights) < 0 ||
+        compress_parse_grads(compress_grads_arg, &o->compress_grads) < 0)
+        return bad("%s", ftk_err_msg());
+    use.compress_weights = o->compress_weights;
+    use.compress_grads = o->compress_grads;
+    if (strategy_check(&use) < 0)
+        return bad("%s", ftk_err_msg());
+    if (precision_parse(precision_arg, &o->precision) < 0)
+        return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
+    use.precision = o->precision;
+    if (strategy_check(&use) < 0)
+        return bad("%s", ftk_err_msg());
+    o->group_size = strategy_traits(o->strategy)->node_copy ? node_size : group_size;
+    return 0;
+}
+
 /* The options into o (all but the paths' existence). */
 static int check_values(trainer_opts_t *o)
 {
@@ -569,30 +602,9 @@ static int check_values(trainer_opts_t *o)
         return bad("--warmup-style %s: need ftk or litgpt", warmup_style);
     if (strcmp(loss_mean, "global") && strcmp(loss_mean, "micro"))
         return bad("--loss-mean %s: need global or micro", loss_mean);
-    if (strategy_parse(strategy_arg, &o->strategy) < 0)
-        return bad("--strategy %s: need full, grad-op, none, hybrid or hpz", strategy_arg);
-    if (group_size && o->strategy != STRAT_HYBRID)
-        return bad("--shard-group-size is for --strategy hybrid");
-    if (node_size && o->strategy != STRAT_HPZ)
-        return bad("--node-size is for --strategy hpz");
-    if (units_parse(units_arg, &o->units) < 0)
-        return bad("--units %s: %s", units_arg, ftk_err_msg());
-    if (o->strategy == STRAT_HPZ && o->units.kind != CKPT_UNITS_BLOCK)
-        return bad("--units %s: --strategy hpz takes --units block only", units_arg);
-    if (compress_parse_weights(compress_weights_arg, &o->compress_weights) < 0 ||
-        compress_parse_grads(compress_grads_arg, &o->compress_grads) < 0)
-        return bad("%s", ftk_err_msg());
-    if ((o->compress_weights || o->compress_grads) && o->units.kind != CKPT_UNITS_BLOCK)
-        return bad("--units %s: --compress-weights and --compress-grads take --units block only", units_arg);
-    if (o->compress_weights && o->strategy == STRAT_HPZ)
-        return bad("--compress-weights %s: not with --strategy hpz", compress_weights_arg);
-    if (precision_parse(precision_arg, &o->precision) < 0)
-        return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
-    if (o->compress_grads && o->strategy != STRAT_FULL && o->strategy != STRAT_GRAD_OP)
-        return bad("--compress-grads %s: for --strategy full or grad-op (not %s)", compress_grads_arg, strategy_arg);
-    if (o->compress_grads && o->precision == PREC_BF16_TRUE)
-        return bad("--compress-grads %s: the gradients are bf16 already under --precision bf16-true",
-                   compress_grads_arg);
+    int code = check_strategy(o);
+    if (code)
+        return code;
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
         return bad("--rounding %s: need stochastic or nearest", rounding_arg);
     o->model_path = model_path;
@@ -614,7 +626,6 @@ static int check_values(trainer_opts_t *o)
     snprintf(o->train.loss_mean, sizeof o->train.loss_mean, "%s", loss_mean);
     snprintf(o->train.recipe, sizeof o->train.recipe, "%s", recipe);
     o->epochs = epochs;
-    o->group_size = o->strategy == STRAT_HPZ ? node_size : group_size;
     o->stochastic = !strcmp(rounding_arg, "stochastic");
     const char *rl = recompute_arg ? (*recompute_arg ? recompute_arg : "block") : "none";
     recompute = !strcmp(rl, "none")    ? MODEL_RECOMPUTE_NONE
