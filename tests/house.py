@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""The house's rules, checked: no tool over 600 lines, no function over 120, no circle of calls.
+"""The house's rules, checked: no tool over 600 lines, no function over 120, the strategies
+decided by their traits (at most a handful of lines name one outside engine/strategy.c), no
+circle of calls.
 
 Usage: house.py ROOT [--list] [--objects DIR]
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 
 MAX_TOOL_LINES = 600
+MAX_STRATEGY_LINES = 4  # lines naming a STRAT_ constant outside engine/strategy.[ch]: the traits decide
 MAX_FUNCTION_LINES = 120
 FOLDERS = ("libcommon", "formats", "kernels", "engine", "tools")
 SUFFIXES = (".c", ".h", ".cu", ".cuh")
@@ -179,6 +182,7 @@ def main():
     bad = []
     every = []
     tools = []
+    strat_lines = []
     for folder in FOLDERS:
         for dirpath, _, files in os.walk(os.path.join(root, folder)):
             for f in sorted(files):
@@ -186,6 +190,9 @@ def main():
                     continue
                 path = os.path.join(dirpath, f)
                 rel = os.path.relpath(path, root)
+                if not rel.startswith("engine/strategy."):
+                    code = blank(open(path, encoding="utf-8", errors="replace").read()).split("\n")
+                    strat_lines += ["%s:%d" % (rel, i + 1) for i, l in enumerate(code) if re.search(r"\bSTRAT_[A-Z]", l)]
                 for name, line, n in functions(path):
                     every.append((n, rel, line, name))
                     if n > MAX_FUNCTION_LINES:
@@ -197,6 +204,9 @@ def main():
                     if lines > MAX_TOOL_LINES:
                         bad.append("%s: the tool is %d lines (at most %d: its work belongs in "
                                    "the library folders)" % (rel, lines, MAX_TOOL_LINES))
+    if len(strat_lines) > MAX_STRATEGY_LINES:
+        bad.append("%d lines name a strategy outside engine/strategy.c (at most %d; give the strategy a trait): %s"
+                   % (len(strat_lines), MAX_STRATEGY_LINES, ", ".join(strat_lines)))
     n_objs = 0
     if objdir:
         found, n_objs = circles(objdir)
