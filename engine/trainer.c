@@ -596,7 +596,6 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
         if (!cnt || !w) {
             free(cnt);
             free(w);
-            cnt = NULL, w = NULL;
             return agree(t, fail(t, FTK_EXIT_FAIL, "validation: out of memory"));
         }
         for (int64_t p = 0; p < passes && !cnt[0]; p++) {
@@ -671,35 +670,42 @@ static void step_phase(const comm_stats_t *s, double *t, double *w, double *acc)
     *w = s->wait_s;
 }
 
-int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
+/* This rank's part of one global batch: k rows of the data order (t->rows), this rank's
+ * [lo, hi) of them, in passes micro-batches. */
+typedef struct {
+    int64_t k, lo, hi, passes;
+} step_rows_t;
+
+/* The next global batch of the data order, a new epoch's order once the last is used up. */
+static step_rows_t step_rows(trainer_t *t)
 {
     ckpt_meta_t *meta = &t->meta;
     const ckpt_train_t *tc = &meta->train;
-    tokens_split_t *tr = &t->data.step;
-    comm_stats_t *stats = shard_stats(t->sh), before = *stats;
-    /* where the step's time goes (trainer_step_t): phases of host work and of compute,
-     * each less the communication waits inside it */
-    double ph_t = time_now(), ph_w = stats->wait_s, ph[2] = {0, 0}, t_start = ph_t; /* ph: host, compute */
     int64_t G = tc->global_batch, mb = tc->micro_batch;
-    /* The next global batch of the data order; this rank's slice of it. */
     if (meta->rows_consumed >= t->R) {
         meta->epoch++;
         meta->rows_consumed = 0;
         loader_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
     }
-    int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
-    memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
-    int64_t lo = k * t->rank / t->nranks, hi = k * (t->rank + 1) / t->nranks;
-    int64_t per = (k + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
-    /* This rank's rows of the batch, read once; the batch's targets and tokens are the sums
-     * of every rank's (exact: integers), and the targets scale every backward pass. */
-    /* loss_mean "micro": then the targets of each of the J micro-batches, which rows of
-     * several ranks may share */
-    int micro = t->micro_n != NULL;
-    int64_t J = micro ? (k + mb - 1) / mb : 0;
-    double c3[3], *c = micro ? t->micro_n : c3; /* targets, tokens, a rank could not read its rows */
+    step_rows_t r = {.k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G};
+    memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)r.k * sizeof *t->rows);
+    r.lo = r.k * t->rank / t->nranks, r.hi = r.k * (t->rank + 1) / t->nranks;
+    int64_t per = (r.k + t->nranks - 1) / t->nranks;
+    r.passes = (per + mb - 1) / mb;
+    return r;
+}
+
+/* This rank's rows of the batch, read once (or taken from the prefetch), and the batch's
+ * counts summed over every rank (exact: integers) into c: targets, tokens, whether a rank
+ * could not read its rows, then (loss_mean "micro") the targets of each of the J
+ * micro-batches, which rows of several ranks may share. A failed read leaves its message
+ * in err. */
+static void step_count(trainer_t *t, const step_rows_t *r, double *c, int64_t J, char *err, size_t n_err)
+{
+    tokens_split_t *tr = &t->data.step;
+    const ckpt_meta_t *meta = &t->meta;
+    int64_t mb = meta->train.micro_batch;
     memset(c, 0, (size_t)(3 + J) * sizeof *c);
-    char err[1024] = "";
     if (t->data.next_ok && t->data.next_epoch == meta->epoch && t->data.next_at == meta->rows_consumed) {
         tokens_split_t read = t->data.next; /* read during the previous step (prefetch) */
         t->data.next = *tr;
@@ -707,8 +713,8 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         tokens_split_free(&t->data.next);
     } else {
         tokens_split_free(tr);
-        if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
-            snprintf(err, sizeof err, "%s", ftk_err_msg());
+        if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + r->lo, r->hi - r->lo, tr) < 0) {
+            snprintf(err, n_err, "%s", ftk_err_msg());
             c[2] = 1;
         }
     }
@@ -716,12 +722,54 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     for (int64_t i = 0; i < tr->n_rows; i++) {
         int64_t n = loader_row_targets(tr, i);
         c[0] += (double)n;
-        if (micro)
-            c[3 + (lo + i) / mb] += (double)n;
+        if (t->micro_n)
+            c[3 + (r->lo + i) / mb] += (double)n;
         for (int64_t j = tr->row_samples[i]; j < tr->row_samples[i + 1]; j++)
             c[1] += (double)tr->sample_lengths[j];
     }
     comm_allreduce_f64(t->world, c, (int)(3 + J), COMM_SUM);
+}
+
+/* The forward and backward passes over this rank's micro-batches, each target's loss
+ * scaled by scale. A batch that cannot be built runs as an idle pass (the collectives stay
+ * in step) and sets *bad, its message in err. Returns 0, or NaN when a pass could not run. */
+static double step_passes(trainer_t *t, const step_rows_t *r, float scale, double *bad, char *err, size_t n_err)
+{
+    tokens_split_t *tr = &t->data.step;
+    int64_t mb = t->meta.train.micro_batch;
+    int micro = t->micro_n != NULL;
+    double lost = 0;
+    for (int64_t p = 0; p < r->passes; p++) {
+        int64_t r0 = r->lo + p * mb, kk = r->hi - r0 < mb ? r->hi - r0 : mb;
+        if ((micro ? make_micro_batch(&t->b, tr, r0 - r->lo, kk, r0, mb, t->micro_w)
+                   : make_batch(&t->b, tr, NULL, r0 - r->lo, kk)) < 0) {
+            snprintf(err, n_err, "%s", ftk_err_msg());
+            *bad = 1;
+            make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
+        }
+        shard_pass_begin(t->sh, 1, p + 1 == r->passes);
+        if (model_pass(t->m, &t->b, scale, NULL) < 0)
+            lost = NAN;
+        shard_pass_end(t->sh);
+    }
+    return lost;
+}
+
+int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
+{
+    ckpt_meta_t *meta = &t->meta;
+    const ckpt_train_t *tc = &meta->train;
+    comm_stats_t *stats = shard_stats(t->sh), before = *stats;
+    /* where the step's time goes (trainer_step_t): phases of host work and of compute,
+     * each less the communication waits inside it */
+    double ph_t = time_now(), ph_w = stats->wait_s, ph[2] = {0, 0}, t_start = ph_t; /* ph: host, compute */
+    step_rows_t r = step_rows(t);
+    /* The batch's targets scale every backward pass. */
+    int micro = t->micro_n != NULL;
+    int64_t J = micro ? (r.k + tc->micro_batch - 1) / tc->micro_batch : 0;
+    double c3[3], *c = micro ? t->micro_n : c3;
+    char err[1024] = "";
+    step_count(t, &r, c, J, err, sizeof err);
     if (c[2])
         return agree(t, err[0] ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1, err) : 0);
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
@@ -734,20 +782,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
      * checkpoint write is under way, a checkpoint write or commit failed */
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
-    double lost = 0; /* NaN when a pass could not run */
-    for (int64_t p = 0; p < passes; p++) {
-        int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
-        if ((micro ? make_micro_batch(&t->b, tr, r0 - lo, kk, r0, mb, t->micro_w)
-                   : make_batch(&t->b, tr, NULL, r0 - lo, kk)) < 0) {
-            snprintf(err, sizeof err, "%s", ftk_err_msg());
-            v[3] = 1;
-            make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
-        }
-        shard_pass_begin(t->sh, 1, p + 1 == passes);
-        if (model_pass(t->m, &t->b, scale, NULL) < 0)
-            lost = NAN;
-        shard_pass_end(t->sh);
-    }
+    double lost = step_passes(t, &r, scale, &v[3], err, sizeof err);
     step_phase(stats, &ph_t, &ph_w, &ph[1]);
     int64_t step = meta->step + 1;
     double lr = schedule_lr(tc, step);
@@ -755,7 +790,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
      * the next step's rows read while the device works, then the step's one wait. */
     optim_queue(t->opt, tc, step, lr);
     if ((t->step_opts & TRAINER_STEP_PREFETCH) && step < tc->total_steps)
-        prefetch(t, k);
+        prefetch(t, r.k);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
@@ -791,18 +826,11 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if ((code = trainer_save_poll(t, v[4] > 0, v[5] > 0)))
         return code;
     meta->step = step;
-    meta->rows_consumed += k;
+    meta->rows_consumed += r.k;
     meta->tokens_seen += tokens;
     *out = (trainer_step_t){.step = step, .total_steps = tc->total_steps, .loss = loss, .lr = lr,
                             .grad_norm = gnorm, .tokens = tokens, .tokens_seen = meta->tokens_seen,
-                            .epoch = meta->epoch, .micro_batches = passes, .stop = v[1] > 0, .save_due = v[2] > 0};
-    out->comm.ag_bytes = stats->ag_bytes - before.ag_bytes;
-    out->comm.rs_bytes = stats->rs_bytes - before.rs_bytes;
-    out->comm.ar_bytes = stats->ar_bytes - before.ar_bytes;
-    out->comm.ag_calls = stats->ag_calls - before.ag_calls;
-    out->comm.rs_calls = stats->rs_calls - before.rs_calls;
-    out->comm.ar_calls = stats->ar_calls - before.ar_calls;
-    out->comm.wait_s = stats->wait_s - before.wait_s;
+                            .epoch = meta->epoch, .micro_batches = r.passes, .stop = v[1] > 0, .save_due = v[2] > 0};
     comm_stats_since(&out->comm, stats, &before);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     out->host_s = ph[0];
