@@ -1,4 +1,4 @@
-/* trainer.c — the training job (trainer.h): inputs, building, the step, evaluation; its
+/* trainer.c — the training job (trainer.h): inputs, its building (build.h), the step, evaluation; its
  * checkpoints (save, asynchronous save, resume) are trainer_ckpt.c. */
 #include "trainer_internal.h"
 
@@ -245,34 +245,6 @@ static int prepare_out_dir(trainer_t *t)
 
 /* ---- building ----------------------------------------------------------------------------- */
 
-int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
-{
-    if (opts_mul_i64(micro_batch, max_len, tokens) < 0 || *tokens > TRAINER_MAX_PASS_TOKENS) {
-        ftk_err_set("--micro-batch %lld of rows of %lld tokens: more than %lld tokens in one pass", (long long)micro_batch,
-                    (long long)max_len, (long long)TRAINER_MAX_PASS_TOKENS);
-        return -1;
-    }
-    return 0;
-}
-
-/* The backend's scratch for this run's largest shapes (backend.h reserve), last, so that a
- * dry run counts it where the run holds it. */
-static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg, int64_t max_tokens)
-{
-    if (!be->reserve)
-        return 0;
-    bk_reserve_t r = {.tokens = max_tokens, .width = cfg->hidden_size, .heads = cfg->num_attention_heads};
-    int n_units;
-    const ckpt_unit_t *units = shard_units(sh, &n_units);
-    for (int u = 0; u < n_units; u++) { /* the optimizer's one adamw_multi call: every owned slice */
-        r.adamw_elems += shard_owned(sh, u).len;
-        r.adamw_segs += units[u].n_tensors;
-        if (shard_owned(sh, u).len > r.unit_elems)
-            r.unit_elems = shard_owned(sh, u).len;
-    }
-    return be->reserve(be, &r);
-}
-
 int64_t trainer_attn_max_seg(const tokens_set_t *data, int64_t micro_batch)
 {
     int64_t tr = tokens_set_max_segments(data, TOKENS_TRAIN, micro_batch);
@@ -280,103 +252,30 @@ int64_t trainer_attn_max_seg(const tokens_set_t *data, int64_t micro_batch)
     return val > tr ? val : tr;
 }
 
-int trainer_step_opts(unsigned *opts)
+build_opts_t trainer_build_opts(const trainer_opts_t *o)
 {
-    static const char *const names[] = {"device_clip", "first_write", "prefetch", "sumsq_overlap"};
-    const int n_names = (int)(sizeof names / sizeof *names);
-    const char *e = getenv("FTK_STEP");
-    *opts = TRAINER_STEP_ALL;
-    if (!e || !*e || !strcmp(e, "all"))
-        return 0;
-    *opts = 0;
-    if (!strcmp(e, "none"))
-        return 0;
-    for (const char *p = e; *p;) {
-        size_t len = strcspn(p, ",");
-        int k = 0;
-        while (k < n_names && (strlen(names[k]) != len || strncmp(p, names[k], len)))
-            k++;
-        if (k == n_names) {
-            ftk_err_set("FTK_STEP=%s: unknown '%.*s' (all, none, or a comma list of device_clip, first_write, "
-                        "prefetch, sumsq_overlap)",
-                        e, (int)len, p);
-            return -1;
-        }
-        *opts |= 1u << k;
-        p += len + (p[len] == ',');
-    }
-    return 0;
+    return (build_opts_t){.strategy = o->strategy,
+                          .group_size = o->group_size,
+                          .units = o->units,
+                          .compress_weights = o->compress_weights,
+                          .compress_grads = o->compress_grads,
+                          .precision = o->precision,
+                          .stochastic = o->stochastic,
+                          .recompute = o->recompute,
+                          .micro_batch = o->train.micro_batch,
+                          .attn_max_seg = o->attn_max_seg};
 }
 
-/* trainer_build's undo: what it made, freed, and the pointers cleared. */
-static int build_undo(shard_t **sh, optim_t **opt, model_t **m, int code)
-{
-    model_free(*m);
-    *m = NULL;
-    optim_free(*opt);
-    *opt = NULL;
-    shard_free(*sh);
-    *sh = NULL;
-    return code;
-}
-
-int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
-{
-    *m = NULL;
-    *opt = NULL;
-    *sh = NULL;
-    unsigned so;
-    if (trainer_step_opts(&so) < 0)
-        return FTK_EXIT_USAGE;
-    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
-        return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
-    if (shard_set_units(*sh, &o->units) < 0 ||
-        shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0 ||
-        !(*opt = optim_new(be, *sh, o->stochastic)))
-        return build_undo(sh, opt, m, FTK_EXIT_USAGE);
-    int n_units;
-    const ckpt_unit_t *units = shard_units(*sh, &n_units);
-    /* the attention shapes of every micro-batch, so that a backend that plans per shape
-     * (cuDNN) plans and allocates before the first step, not during the run */
-    int64_t mb = o->train.micro_batch > 0 ? o->train.micro_batch : 1;
-    if (shard_reserve(*sh) < 0 ||
-        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh))) ||
-        reserve_scratch(be, *sh, cfg, max_tokens) < 0 ||
-        (be->attn_prepare &&
-         be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb,
-                          (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
-                          precision_dtypes(o->precision).act) < 0))
-        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
-    model_set_loss_acc(*m, optim_loss_acc(*opt));
-    shard_set_first_write(*sh, (so & TRAINER_STEP_FIRST_WRITE) != 0);
-    optim_set_device_clip(*opt, (so & TRAINER_STEP_DEVICE_CLIP) != 0);
-    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0)
-        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
-    return 0;
-}
-
-/* --recompute auto: this rank's plan at each level against its device's memory. Ranks
- * may pick differently (padding, free memory): every level gives the same bits. No level
- * fitting is a usage error (the allocation would fail later, or swap), with what would fit. */
+/* --recompute auto: this rank's plan at each level against its device's memory (plan.h
+ * plan_recompute_auto); rank 0 says what it chose. */
 static int pick_recompute(trainer_t *t)
 {
-    plan_opts_t p = {.cfg = t->cfg, .o = t->o, .max_len = t->data.max_len, .ranks = t->nranks,
-                     .device = t->be->name};
-    int64_t budget = t->o.device_bytes > 0 ? t->o.device_bytes : plan_device_bytes(t->be);
+    plan_opts_t p = {.cfg = t->cfg, .o = trainer_build_opts(&t->o), .max_len = t->data.max_len,
+                     .ranks = t->nranks, .device = t->be->name};
+    int64_t budget;
     plan_t pl;
-    if (budget < 0 || plan_memory(&p, t->rank, budget, &pl) < 0)
-        return fail(t, FTK_EXIT_USAGE, "--recompute auto: %s", ftk_err_msg());
-    if (!pl.fits) {
-        char advice[2048];
-        plan_advice(&p, budget, advice, sizeof advice);
-        return fail(t, FTK_EXIT_USAGE,
-                    "--recompute auto: no level fits the device's %.2f GB (planned: none %.2f, norms %.2f, block "
-                    "%.2f GB); %s",
-                    (double)budget / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9,
-                    (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9,
-                    advice);
-    }
+    if (plan_recompute_auto(&p, t->rank, t->be, t->o.device_bytes, &pl, &budget))
+        return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     t->o.recompute = pl.recompute;
     if (t->rank == 0)
         ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
@@ -447,7 +346,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     if (!meta->train.total_steps && opts_mul_i64(o->epochs, t->per_epoch, &meta->train.total_steps) < 0)
         c = fail(t, FTK_EXIT_USAGE, "--epochs %lld of %lld steps each: more steps than a counter holds",
                  (long long)o->epochs, (long long)t->per_epoch);
-    else if (trainer_pass_tokens(o->train.micro_batch, t->data.max_len, &pass_tokens) < 0)
+    else if (build_pass_tokens(o->train.micro_batch, t->data.max_len, &pass_tokens) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->data_path, ftk_err_msg());
     CHECK(c);
     snprintf(meta->train.rounding, sizeof meta->train.rounding, "%s",
@@ -465,9 +364,10 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);
-    c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
+    build_opts_t bo = trainer_build_opts(&t->o);
+    c = build_job(be, world, &t->cfg, &bo, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
-    trainer_step_opts(&t->step_opts); /* trainer_build has checked it */
+    build_step_opts(&t->step_opts); /* build_job has checked it */
     meta->shard_count = shard_count(t->sh);
     if (shard_compress_grads(t->sh))
         snprintf(meta->compress_grads, sizeof meta->compress_grads, "bf16");
@@ -789,7 +689,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     /* The optimizer queued behind the passes (with the device's clipping: all of it), then
      * the next step's rows read while the device works, then the step's one wait. */
     optim_queue(t->opt, tc, step, lr);
-    if ((t->step_opts & TRAINER_STEP_PREFETCH) && step < tc->total_steps)
+    if ((t->step_opts & BUILD_STEP_PREFETCH) && step < tc->total_steps)
         prefetch(t, r.k);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could

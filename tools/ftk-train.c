@@ -760,7 +760,7 @@ static void gb(char *out, size_t n, int64_t bytes)
 
 static int run_plan(const trainer_opts_t *o)
 {
-    plan_opts_t p = {.o = *o, .ranks = plan_ranks, .device = device, .max_len = plan_max_len};
+    plan_opts_t p = {.o = trainer_build_opts(o), .ranks = plan_ranks, .device = device, .max_len = plan_max_len};
     const char *what = preset ? preset : model_path;
     if (preset) {
         if (model_preset(preset, &p.cfg) < 0) {
