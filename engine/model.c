@@ -175,6 +175,122 @@ static int alloc_acts(model_t *m, acts_t *a, const acts_t *norms)
     return 0;
 }
 
+/* The model's widths, its token capacity and its head's chunk, from c. */
+static void set_shape(model_t *m, const model_config_t *c, int training, int64_t max_tokens, int recompute)
+{
+    m->D = c->hidden_size;
+    m->F = c->intermediate_size;
+    m->H = c->num_attention_heads;
+    m->KV = c->num_key_value_heads;
+    m->hd = model_head_dim(c);
+    m->V = c->vocab_size;
+    m->L = c->num_hidden_layers;
+    m->Hq = m->H * m->hd;
+    m->Hk = m->KV * m->hd;
+    m->training = training;
+    m->recompute = recompute;
+    m->cap = max_tokens > 0 ? max_tokens : 1;
+    /* ~32 MiB of fp32 logits per chunk in whole 128-row tiles (the products' tiles: a
+     * ragged chunk would run a partial tile every time), at least one tile, at most the
+     * capacity rounded up to a tile. */
+    m->head_chunk = (32 << 20) / (4 * m->V) / 128 * 128;
+    if (m->head_chunk < 128)
+        m->head_chunk = 128;
+    if (m->head_chunk > (m->cap + 127) / 128 * 128)
+        m->head_chunk = (m->cap + 127) / 128 * 128;
+}
+
+/* The units: the caller's with their io, or (io == NULL) the model's own, padded for one
+ * shard, with their weights and (training) gradients. -1 with a message. */
+static int take_units(model_t *m, const ckpt_unit_t *units, int n_units, const model_io_t *io)
+{
+    if (io) {
+        m->n_units = n_units;
+        if (!(m->units = malloc((size_t)n_units * sizeof *units))) {
+            ftk_err_set("out of memory");
+            return -1;
+        }
+        memcpy(m->units, units, (size_t)n_units * sizeof *units);
+        m->io = *io;
+        return 0;
+    }
+    if (ckpt_units(&m->c, 1, &m->units, &m->n_units) < 0)
+        return -1;
+    m->io = (model_io_t){m, own_params, own_nothing, own_grads, own_nothing, NULL};
+    m->w = calloc((size_t)m->n_units, sizeof *m->w);
+    m->g = m->training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
+    if (!m->w || (m->training && !m->g)) {
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    for (int u = 0; u < m->n_units; u++)
+        if (!(m->w[u] = m_alloc(m, m->units[u].padded, m->dt.compute, BK_MEM_WEIGHTS, "weights")) ||
+            (m->training && !(m->g[u] = m_alloc(m, m->units[u].padded, m->dt.grad, BK_MEM_GRADS, "gradients"))))
+            return -1;
+    return 0;
+}
+
+/* The blocks' inputs and what their forward passes keep, as the recompute level shares it. */
+static int alloc_forward(model_t *m)
+{
+    for (int64_t l = 0; l <= m->L; l++)
+        if (act_alloc(m, &m->x[l], m->cap * m->D, BK_MEM_ACTS, "activations") < 0)
+            return -1;
+    for (int64_t l = 0; l < m->L; l++) {
+        if (l == 0 || m->recompute == MODEL_RECOMPUTE_NONE) {
+            if (alloc_acts(m, &m->a[l], NULL) < 0)
+                return -1;
+        } else if (m->recompute == MODEL_RECOMPUTE_NORMS) {
+            if (alloc_acts(m, &m->a[l], &m->a[0]) < 0)
+                return -1;
+        } else {
+            m->a[l] = m->a[0];
+        }
+    }
+    return 0;
+}
+
+/* What a training pass needs beyond the weights: the batch's inputs, the loss
+ * accumulator, the activations, the backward pass's gradients and the head's chunk. */
+static int alloc_training(model_t *m)
+{
+    int64_t n = m->cap;
+    if (!(m->d_ids = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_pos = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt_at = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
+        !(m->d_loss = m->own_loss = m_alloc(m, sizeof(double) / sizeof(float), DT_F32, BK_MEM_OTHER,
+                                            "the loss accumulator")))
+        return -1;
+    if (alloc_forward(m) < 0)
+        return -1;
+    int64_t hc = m->head_chunk;
+    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dxn, &m->dh, &m->datt, &m->dq, &m->dk, &m->dv, &m->trash,
+                     &m->dg, &m->du};
+    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk,
+                    n * m->D, n * m->F, n * m->F};
+    size_t nf = sizeof sz / sizeof *sz - (m->glu ? 2 : 0);
+    for (size_t i = 0; i < nf; i++)
+        if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
+            return -1;
+    if (m->glu && act_alloc(m, &m->dgu, 2 * n * m->F, BK_MEM_ACTS, "activations") < 0)
+        return -1;
+    if (m->fqkv && act_alloc(m, &m->qkv, n * (m->Hq + 2 * m->Hk), BK_MEM_ACTS, "activations") < 0)
+        return -1;
+    if (!(m->rstdf = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
+        act_alloc(m, &m->xc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
+        act_alloc(m, &m->dxc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
+        !(m->logits = m_alloc(m, hc * m->V, DT_F32, BK_MEM_OTHER, "the head's logits chunk")))
+        return -1;
+    /* fp32: the loss gradient is used where it was computed. */
+    if (m->dt.act == DT_F32)
+        m->dlog = bk_buf(m->logits, DT_F32);
+    else if (act_alloc(m, &m->dlog, hc * m->V, BK_MEM_OTHER, "the head's logits chunk") < 0)
+        return -1;
+    return 0;
+}
+
 /* io == NULL: the model owns its units (padded for one shard); otherwise units come
  * from the caller and the parameters and gradients through io. */
 static model_t *model_create(backend_t *be, const model_config_t *c, precision_t prec, int training,
@@ -198,49 +314,9 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         free(m);
         return NULL;
     }
-    m->D = c->hidden_size;
-    m->F = c->intermediate_size;
-    m->H = c->num_attention_heads;
-    m->KV = c->num_key_value_heads;
-    m->hd = model_head_dim(c);
-    m->V = c->vocab_size;
-    m->L = c->num_hidden_layers;
-    m->Hq = m->H * m->hd;
-    m->Hk = m->KV * m->hd;
-    m->training = training;
-    m->recompute = recompute;
-    m->cap = max_tokens > 0 ? max_tokens : 1;
-    /* ~32 MiB of fp32 logits per chunk in whole 128-row tiles (the products' tiles: a
-     * ragged chunk would run a partial tile every time), at least one tile, at most the
-     * capacity rounded up to a tile. */
-    m->head_chunk = (32 << 20) / (4 * m->V) / 128 * 128;
-    if (m->head_chunk < 128)
-        m->head_chunk = 128;
-    if (m->head_chunk > (m->cap + 127) / 128 * 128)
-        m->head_chunk = (m->cap + 127) / 128 * 128;
-    if (io) {
-        m->n_units = n_units;
-        if (!(m->units = malloc((size_t)n_units * sizeof *units))) {
-            ftk_err_set("out of memory");
-            goto fail;
-        }
-        memcpy(m->units, units, (size_t)n_units * sizeof *units);
-        m->io = *io;
-    } else {
-        if (ckpt_units(c, 1, &m->units, &m->n_units) < 0)
-            goto fail;
-        m->io = (model_io_t){m, own_params, own_nothing, own_grads, own_nothing, NULL};
-        m->w = calloc((size_t)m->n_units, sizeof *m->w);
-        m->g = training ? calloc((size_t)m->n_units, sizeof *m->g) : NULL;
-        if (!m->w || (training && !m->g)) {
-            ftk_err_set("out of memory");
-            goto fail;
-        }
-        for (int u = 0; u < m->n_units; u++)
-            if (!(m->w[u] = m_alloc(m, m->units[u].padded, m->dt.compute, BK_MEM_WEIGHTS, "weights")) ||
-                (training && !(m->g[u] = m_alloc(m, m->units[u].padded, m->dt.grad, BK_MEM_GRADS, "gradients"))))
-                goto fail;
-    }
+    set_shape(m, c, training, max_tokens, recompute);
+    if (take_units(m, units, n_units, io) < 0)
+        goto fail;
     /* [Wg; Wu] is one [2F, D] matrix when the two are adjacent in the unit (they are in
      * ckpt_units' layout; checked, not assumed). */
     m->glu = be->glu_fwd && be->glu_bwd && adjacent(m, 6, 7);
@@ -252,54 +328,7 @@ static model_t *model_create(backend_t *be, const model_config_t *c, precision_t
         ftk_err_set("out of memory");
         goto fail;
     }
-    if (!training)
-        return m;
-
-    int64_t n = m->cap;
-    if (!(m->d_ids = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_pos = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_tgt_at = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_tgt = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_tgt_w = m_alloc(m, n, DT_F32, BK_MEM_OTHER, "batch inputs")) ||
-        !(m->d_loss = m->own_loss = m_alloc(m, sizeof(double) / sizeof(float), DT_F32, BK_MEM_OTHER,
-                                            "the loss accumulator")))
-        goto fail;
-    for (int64_t l = 0; l <= m->L; l++)
-        if (act_alloc(m, &m->x[l], n * m->D, BK_MEM_ACTS, "activations") < 0)
-            goto fail;
-    for (int64_t l = 0; l < m->L; l++) {
-        if (l == 0 || recompute == MODEL_RECOMPUTE_NONE) {
-            if (alloc_acts(m, &m->a[l], NULL) < 0)
-                goto fail;
-        } else if (recompute == MODEL_RECOMPUTE_NORMS) {
-            if (alloc_acts(m, &m->a[l], &m->a[0]) < 0)
-                goto fail;
-        } else {
-            m->a[l] = m->a[0];
-        }
-    }
-    int64_t hc = m->head_chunk;
-    bk_buf_t *f[] = {&m->xnf, &m->dxnf, &m->dx, &m->dxn, &m->dh, &m->datt, &m->dq, &m->dk, &m->dv, &m->trash,
-                     &m->dg, &m->du};
-    int64_t sz[] = {n * m->D, n * m->D, n * m->D, n * m->D, n * m->F, n * m->Hq, n * m->Hq, n * m->Hk, n * m->Hk,
-                    n * m->D, n * m->F, n * m->F};
-    size_t nf = sizeof sz / sizeof *sz - (m->glu ? 2 : 0);
-    for (size_t i = 0; i < nf; i++)
-        if (act_alloc(m, f[i], sz[i], BK_MEM_ACTS, "activations") < 0)
-            goto fail;
-    if (m->glu && act_alloc(m, &m->dgu, 2 * n * m->F, BK_MEM_ACTS, "activations") < 0)
-        goto fail;
-    if (m->fqkv && act_alloc(m, &m->qkv, n * (m->Hq + 2 * m->Hk), BK_MEM_ACTS, "activations") < 0)
-        goto fail;
-    if (!(m->rstdf = m_alloc(m, n, DT_F32, BK_MEM_ACTS, "activations")) ||
-        act_alloc(m, &m->xc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
-        act_alloc(m, &m->dxc, hc * m->D, BK_MEM_OTHER, "the head's chunk") < 0 ||
-        !(m->logits = m_alloc(m, hc * m->V, DT_F32, BK_MEM_OTHER, "the head's logits chunk")))
-        goto fail;
-    /* fp32: the loss gradient is used where it was computed. */
-    if (m->dt.act == DT_F32)
-        m->dlog = bk_buf(m->logits, DT_F32);
-    else if (act_alloc(m, &m->dlog, hc * m->V, BK_MEM_OTHER, "the head's logits chunk") < 0)
+    if (training && alloc_training(m) < 0)
         goto fail;
     return m;
 fail:

@@ -11,7 +11,7 @@
 /* One dry build on a fresh planning backend; the accounting at its end. */
 static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *mem, int64_t *S, int64_t *snap)
 {
-    trainer_opts_t o = p->o;
+    build_opts_t o = p->o;
     o.recompute = recompute;
     backend_t *be = backend_plan_new(p->device);
     comm_t *world = be ? comm_plan(p->ranks, rank) : NULL;
@@ -19,8 +19,8 @@ static int dry_build(const plan_opts_t *p, int rank, int recompute, bk_mem_t *me
     optim_t *opt = NULL;
     model_t *m = NULL;
     int64_t tokens;
-    int rc = trainer_pass_tokens(o.train.micro_batch, p->max_len, &tokens) < 0 ? -1
-             : world ? trainer_build(be, world, &p->cfg, &o, tokens, &sh, &opt, &m)
+    int rc = build_pass_tokens(o.micro_batch, p->max_len, &tokens) < 0 ? -1
+             : world ? build_job(be, world, &p->cfg, &o, tokens, &sh, &opt, &m)
                      : -1;
     rc = rc ? -1 : 0;
     if (rc == 0) {
@@ -73,6 +73,29 @@ int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *ou
     }
     out->recompute = got;
     out->fits = device_bytes > 0 && out->total <= device_bytes;
+    return 0;
+}
+
+int plan_recompute_auto(const plan_opts_t *p, int rank, backend_t *be, int64_t device_bytes, plan_t *pl,
+                        int64_t *budget)
+{
+    *budget = device_bytes > 0 ? device_bytes : plan_device_bytes(be);
+    if (*budget < 0 || plan_memory(p, rank, *budget, pl) < 0) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", ftk_err_msg());
+        ftk_err_set("--recompute auto: %s", why);
+        return FTK_EXIT_USAGE;
+    }
+    if (!pl->fits) {
+        char advice[2048];
+        plan_advice(p, *budget, advice, sizeof advice);
+        ftk_err_set("--recompute auto: no level fits the device's %.2f GB (planned: none %.2f, norms %.2f, block "
+                    "%.2f GB); %s",
+                    (double)*budget / 1e9, (double)pl->peak[MODEL_RECOMPUTE_NONE] / 1e9,
+                    (double)pl->peak[MODEL_RECOMPUTE_NORMS] / 1e9, (double)pl->peak[MODEL_RECOMPUTE_BLOCK] / 1e9,
+                    advice);
+        return FTK_EXIT_USAGE;
+    }
     return 0;
 }
 
@@ -157,10 +180,10 @@ void plan_advice(const plan_opts_t *p, int64_t budget, char *out, size_t n)
     if (!yes0 && near[0])
         add(no, sizeof no, "%s", near);
     /* a smaller micro-batch: the total grows with it, so the largest that fits is bisected */
-    int64_t mb = p->o.train.micro_batch;
+    int64_t mb = p->o.micro_batch;
     if (mb > 1) {
         plan_opts_t q = *p;
-        q.o.train.micro_batch = 1;
+        q.o.micro_batch = 1;
         if (fit_of(&q, budget, &f) == 0) {
             if (!f.fits) {
                 add(no, sizeof no, "--micro-batch 1 (--recompute %s, %.2f GB)", plan_recompute_name(f.level),
@@ -169,13 +192,13 @@ void plan_advice(const plan_opts_t *p, int64_t budget, char *out, size_t n)
                 fit_t best = f, g;
                 int64_t lo = 1, hi = mb; /* lo fits, hi does not */
                 while (hi - lo > 1) {
-                    q.o.train.micro_batch = lo + (hi - lo) / 2;
+                    q.o.micro_batch = lo + (hi - lo) / 2;
                     if (fit_of(&q, budget, &g) < 0)
                         break;
                     if (g.fits)
-                        lo = q.o.train.micro_batch, best = g;
+                        lo = q.o.micro_batch, best = g;
                     else
-                        hi = q.o.train.micro_batch;
+                        hi = q.o.micro_batch;
                 }
                 add(yes, sizeof yes, "--micro-batch %lld (--recompute %s, %.2f GB)", (long long)lo,
                     plan_recompute_name(best.level), (double)best.peak / 1e9);

@@ -1,5 +1,5 @@
 /* plan.h — the memory plan of a training job: what each rank's backend will hold, found by
- * running the code that allocates (trainer_build(): the shards, their pool, the model) on
+ * running the code that allocates (build.h build_job(): the shards, their pool, the model) on
  * the planning backend (kernels/backend.h backend_plan_new) in a pretend world of N ranks
  * (comm_plan). Nothing is read but the model's configuration, nothing is computed or
  * written, and a device that is not present can be planned for. On the CPU backend the
@@ -23,11 +23,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "trainer.h"
+#include "build.h"
 
 typedef struct {
     model_config_t cfg;
-    trainer_opts_t o;  /* strategy, group_size, precision, recompute, train.micro_batch */
+    build_opts_t o;    /* what the job allocates by; recompute may be PLAN_RECOMPUTE_AUTO */
     int64_t max_len;   /* tokens per row */
     int ranks;         /* world size planned for */
     const char *device; /* "cpu" or "cuda" */
@@ -59,6 +59,16 @@ typedef struct {
  * -1 with ftk_err_msg() set (a bad configuration). */
 #define PLAN_RECOMPUTE_AUTO (-1)
 int plan_memory(const plan_opts_t *p, int rank, int64_t device_bytes, plan_t *out);
+
+/* --recompute auto on rank `rank` of p: the least recompute whose plan fits the budget,
+ * device_bytes or, where that is 0, what be can still take (plan_device_bytes). Ranks may
+ * pick differently (padding, free memory): every level gives the same bits. 0 with the
+ * plan in *pl (pl->recompute: the level) and the budget in *budget; FTK_EXIT_USAGE with
+ * ftk_err_msg() set ("--recompute auto: …") when the budget is unknown, the plan fails, or
+ * no level fits (the allocation would fail later, or swap: the message says what would
+ * fit, plan_advice). */
+int plan_recompute_auto(const plan_opts_t *p, int rank, backend_t *be, int64_t device_bytes, plan_t *pl,
+                        int64_t *budget);
 
 /* "none", "norms", "block" (model_recompute_t), "auto" (PLAN_RECOMPUTE_AUTO). */
 const char *plan_recompute_name(int level);

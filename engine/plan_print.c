@@ -59,7 +59,7 @@ int plan_table_make(const plan_request_t *rq, plan_table_t *t)
 {
     memset(t, 0, sizeof *t);
     t->rq = *rq;
-    t->p = (plan_opts_t){.o = rq->o, .ranks = rq->ranks, .device = rq->device, .max_len = rq->max_len};
+    t->p = (plan_opts_t){.o = trainer_build_opts(&rq->o), .ranks = rq->ranks, .device = rq->device, .max_len = rq->max_len};
     if (read_inputs(rq, t) < 0 || find_budget(rq, &t->budget) < 0)
         return -1;
     /* Ranks differ only by padding; the table is rank 0's, the largest total is named.

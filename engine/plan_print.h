@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "plan.h"
+#include "trainer.h"
 
 /* What --plan was asked for (the strings borrowed for the table's life). */
 typedef struct {

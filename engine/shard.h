@@ -75,6 +75,7 @@
 #include "comm.h"
 #include "model.h"
 #include "precision.h"
+#include "shard_load.h"
 #include "strategy.h"
 #include "units.h"
 
@@ -137,14 +138,7 @@ shard_slice_t shard_owned(const shard_t *s, int unit);
 /* Initial parameters from a weights file: each rank reads only its slices (whole units
  * for none), rounded to the state dtype; each tensor read whole is checked against its
  * checksum. Several threads read; the file is read while the previous unit is uploaded
- * (shard.c). *st (may be NULL): what the load took, filled on success. */
-typedef struct {
-    int64_t bytes;   /* the file bytes this rank read */
-    int readers;     /* reading threads */
-    double read_cpu; /* CPU seconds the readers spent reading (their threads' clocks, summed) */
-    double upload_s; /* without host_ptr (a GPU): seconds in the uploads, */
-    double wait_s;   /* and seconds the uploading thread then took finishing the next unit with the readers */
-} shard_load_stats_t;
+ * (shard_load.h). *st (may be NULL): what the load took, filled on success. */
 int shard_load_weights(shard_t *s, hid_t weights, shard_load_stats_t *st);
 /* This rank's slice [r·P/S, (r+1)·P/S) of one unit's array (kind 0 parameters, 1 and 2
  * the AdamW moments) into host memory (padded/S elements of the state dtype): a

@@ -1,4 +1,4 @@
-/* trainer.c — the training job (trainer.h): inputs, building, the step, evaluation; its
+/* trainer.c — the training job (trainer.h): inputs, its building (build.h), the step, evaluation; its
  * checkpoints (save, asynchronous save, resume) are trainer_ckpt.c. */
 #include "trainer_internal.h"
 
@@ -229,34 +229,6 @@ static int prepare_out_dir(trainer_t *t)
 
 /* ---- building ----------------------------------------------------------------------------- */
 
-int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens)
-{
-    if (opts_mul_i64(micro_batch, max_len, tokens) < 0 || *tokens > TRAINER_MAX_PASS_TOKENS) {
-        ftk_err_set("--micro-batch %lld of rows of %lld tokens: more than %lld tokens in one pass", (long long)micro_batch,
-                    (long long)max_len, (long long)TRAINER_MAX_PASS_TOKENS);
-        return -1;
-    }
-    return 0;
-}
-
-/* The backend's scratch for this run's largest shapes (backend.h reserve), last, so that a
- * dry run counts it where the run holds it. */
-static int reserve_scratch(backend_t *be, shard_t *sh, const model_config_t *cfg, int64_t max_tokens)
-{
-    if (!be->reserve)
-        return 0;
-    bk_reserve_t r = {.tokens = max_tokens, .width = cfg->hidden_size, .heads = cfg->num_attention_heads};
-    int n_units;
-    const ckpt_unit_t *units = shard_units(sh, &n_units);
-    for (int u = 0; u < n_units; u++) { /* the optimizer's one adamw_multi call: every owned slice */
-        r.adamw_elems += shard_owned(sh, u).len;
-        r.adamw_segs += units[u].n_tensors;
-        if (shard_owned(sh, u).len > r.unit_elems)
-            r.unit_elems = shard_owned(sh, u).len;
-    }
-    return be->reserve(be, &r);
-}
-
 int64_t trainer_attn_max_seg(const tokens_set_t *data, int64_t micro_batch)
 {
     int64_t tr = tokens_set_max_segments(data, TOKENS_TRAIN, micro_batch);
@@ -264,103 +236,30 @@ int64_t trainer_attn_max_seg(const tokens_set_t *data, int64_t micro_batch)
     return val > tr ? val : tr;
 }
 
-int trainer_step_opts(unsigned *opts)
+build_opts_t trainer_build_opts(const trainer_opts_t *o)
 {
-    static const char *const names[] = {"device_clip", "first_write", "prefetch", "sumsq_overlap"};
-    const int n_names = (int)(sizeof names / sizeof *names);
-    const char *e = getenv("FTK_STEP");
-    *opts = TRAINER_STEP_ALL;
-    if (!e || !*e || !strcmp(e, "all"))
-        return 0;
-    *opts = 0;
-    if (!strcmp(e, "none"))
-        return 0;
-    for (const char *p = e; *p;) {
-        size_t len = strcspn(p, ",");
-        int k = 0;
-        while (k < n_names && (strlen(names[k]) != len || strncmp(p, names[k], len)))
-            k++;
-        if (k == n_names) {
-            ftk_err_set("FTK_STEP=%s: unknown '%.*s' (all, none, or a comma list of device_clip, first_write, "
-                        "prefetch, sumsq_overlap)",
-                        e, (int)len, p);
-            return -1;
-        }
-        *opts |= 1u << k;
-        p += len + (p[len] == ',');
-    }
-    return 0;
+    return (build_opts_t){.strategy = o->strategy,
+                          .group_size = o->group_size,
+                          .units = o->units,
+                          .compress_weights = o->compress_weights,
+                          .compress_grads = o->compress_grads,
+                          .precision = o->precision,
+                          .stochastic = o->stochastic,
+                          .recompute = o->recompute,
+                          .micro_batch = o->train.micro_batch,
+                          .attn_max_seg = o->attn_max_seg};
 }
 
-/* trainer_build's undo: what it made, freed, and the pointers cleared. */
-static int build_undo(shard_t **sh, optim_t **opt, model_t **m, int code)
-{
-    model_free(*m);
-    *m = NULL;
-    optim_free(*opt);
-    *opt = NULL;
-    shard_free(*sh);
-    *sh = NULL;
-    return code;
-}
-
-int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m)
-{
-    *m = NULL;
-    *opt = NULL;
-    *sh = NULL;
-    unsigned so;
-    if (trainer_step_opts(&so) < 0)
-        return FTK_EXIT_USAGE;
-    if (!(*sh = shard_new(be, world, o->strategy, o->group_size, cfg, o->precision)))
-        return FTK_EXIT_USAGE; /* the layout does not fit the ranks (or the state not the device) */
-    if (shard_set_units(*sh, &o->units) < 0 ||
-        shard_set_compress(*sh, o->compress_weights, o->compress_grads) < 0 ||
-        !(*opt = optim_new(be, *sh, o->stochastic)))
-        return build_undo(sh, opt, m, FTK_EXIT_USAGE);
-    int n_units;
-    const ckpt_unit_t *units = shard_units(*sh, &n_units);
-    /* the attention shapes of every micro-batch, so that a backend that plans per shape
-     * (cuDNN) plans and allocates before the first step, not during the run */
-    int64_t mb = o->train.micro_batch > 0 ? o->train.micro_batch : 1;
-    if (shard_reserve(*sh) < 0 ||
-        !(*m = model_new_io(be, cfg, o->precision, max_tokens, o->recompute, units, n_units, shard_io(*sh))) ||
-        reserve_scratch(be, *sh, cfg, max_tokens) < 0 ||
-        (be->attn_prepare &&
-         be->attn_prepare(be, o->attn_max_seg > 0 ? o->attn_max_seg : mb, max_tokens / mb,
-                          (int)cfg->num_attention_heads, (int)cfg->num_key_value_heads, (int)model_head_dim(cfg),
-                          precision_dtypes(o->precision).act) < 0))
-        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
-    model_set_loss_acc(*m, optim_loss_acc(*opt));
-    shard_set_first_write(*sh, (so & TRAINER_STEP_FIRST_WRITE) != 0);
-    optim_set_device_clip(*opt, (so & TRAINER_STEP_DEVICE_CLIP) != 0);
-    if (shard_set_sumsq_side(*sh, (so & TRAINER_STEP_SUMSQ_OVERLAP) != 0) < 0)
-        return build_undo(sh, opt, m, FTK_EXIT_FAIL);
-    return 0;
-}
-
-/* --recompute auto: this rank's plan at each level against its device's memory. Ranks
- * may pick differently (padding, free memory): every level gives the same bits. No level
- * fitting is a usage error (the allocation would fail later, or swap), with what would fit. */
+/* --recompute auto: this rank's plan at each level against its device's memory (plan.h
+ * plan_recompute_auto); rank 0 says what it chose. */
 static int pick_recompute(trainer_t *t)
 {
-    plan_opts_t p = {.cfg = t->cfg, .o = t->o, .max_len = t->data.max_len, .ranks = t->nranks,
-                     .device = t->be->name};
-    int64_t budget = t->o.device_bytes > 0 ? t->o.device_bytes : plan_device_bytes(t->be);
+    plan_opts_t p = {.cfg = t->cfg, .o = trainer_build_opts(&t->o), .max_len = t->data.max_len,
+                     .ranks = t->nranks, .device = t->be->name};
+    int64_t budget;
     plan_t pl;
-    if (budget < 0 || plan_memory(&p, t->rank, budget, &pl) < 0)
-        return fail(t, FTK_EXIT_USAGE, "--recompute auto: %s", ftk_err_msg());
-    if (!pl.fits) {
-        char advice[2048];
-        plan_advice(&p, budget, advice, sizeof advice);
-        return fail(t, FTK_EXIT_USAGE,
-                    "--recompute auto: no level fits the device's %.2f GB (planned: none %.2f, norms %.2f, block "
-                    "%.2f GB); %s",
-                    (double)budget / 1e9, (double)pl.peak[MODEL_RECOMPUTE_NONE] / 1e9,
-                    (double)pl.peak[MODEL_RECOMPUTE_NORMS] / 1e9, (double)pl.peak[MODEL_RECOMPUTE_BLOCK] / 1e9,
-                    advice);
-    }
+    if (plan_recompute_auto(&p, t->rank, t->be, t->o.device_bytes, &pl, &budget))
+        return fail(t, FTK_EXIT_USAGE, "%s", ftk_err_msg());
     t->o.recompute = pl.recompute;
     if (t->rank == 0)
         ftk_info("--recompute auto: %s (plan %.2f GB of %.2f GB; none %.2f, norms %.2f, block %.2f GB)",
@@ -431,7 +330,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
     if (!meta->train.total_steps && opts_mul_i64(o->epochs, t->per_epoch, &meta->train.total_steps) < 0)
         c = fail(t, FTK_EXIT_USAGE, "--epochs %lld of %lld steps each: more steps than a counter holds",
                  (long long)o->epochs, (long long)t->per_epoch);
-    else if (trainer_pass_tokens(o->train.micro_batch, t->data.max_len, &pass_tokens) < 0)
+    else if (build_pass_tokens(o->train.micro_batch, t->data.max_len, &pass_tokens) < 0)
         c = fail(t, FTK_EXIT_USAGE, "%s: %s", o->data_path, ftk_err_msg());
     CHECK(c);
     snprintf(meta->train.rounding, sizeof meta->train.rounding, "%s",
@@ -449,9 +348,10 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
 
     CHECK(t->rank == 0 ? prepare_out_dir(t) : 0);
     CHECK(o->recompute == PLAN_RECOMPUTE_AUTO ? pick_recompute(t) : 0);
-    c = trainer_build(be, world, &t->cfg, &t->o, pass_tokens, &t->sh, &t->opt, &t->m);
+    build_opts_t bo = trainer_build_opts(&t->o);
+    c = build_job(be, world, &t->cfg, &bo, pass_tokens, &t->sh, &t->opt, &t->m);
     CHECK(c ? fail(t, c, "%s: %s", o->model_path, ftk_err_msg()) : 0);
-    trainer_step_opts(&t->step_opts); /* trainer_build has checked it */
+    build_step_opts(&t->step_opts); /* build_job has checked it */
     meta->shard_count = shard_count(t->sh);
     if (shard_compress_grads(t->sh))
         snprintf(meta->compress_grads, sizeof meta->compress_grads, "bf16");
@@ -580,7 +480,6 @@ int trainer_evaluate(trainer_t *t, double *loss, int64_t *n_tgt)
         if (!cnt || !w) {
             free(cnt);
             free(w);
-            cnt = NULL, w = NULL;
             return agree(t, fail(t, FTK_EXIT_FAIL, "validation: out of memory"));
         }
         for (int64_t p = 0; p < passes && !cnt[0]; p++) {
@@ -655,35 +554,42 @@ static void step_phase(const comm_stats_t *s, double *t, double *w, double *acc)
     *w = s->wait_s;
 }
 
-int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
+/* This rank's part of one global batch: k rows of the data order (t->rows), this rank's
+ * [lo, hi) of them, in passes micro-batches. */
+typedef struct {
+    int64_t k, lo, hi, passes;
+} step_rows_t;
+
+/* The next global batch of the data order, a new epoch's order once the last is used up. */
+static step_rows_t step_rows(trainer_t *t)
 {
     ckpt_meta_t *meta = &t->meta;
     const ckpt_train_t *tc = &meta->train;
-    tokens_split_t *tr = &t->data.step;
-    comm_stats_t *stats = shard_stats(t->sh), before = *stats;
-    /* where the step's time goes (trainer_step_t): phases of host work and of compute,
-     * each less the communication waits inside it */
-    double ph_t = time_now(), ph_w = stats->wait_s, ph[2] = {0, 0}, t_start = ph_t; /* ph: host, compute */
     int64_t G = tc->global_batch, mb = tc->micro_batch;
-    /* The next global batch of the data order; this rank's slice of it. */
     if (meta->rows_consumed >= t->R) {
         meta->epoch++;
         meta->rows_consumed = 0;
         loader_order((uint64_t)tc->seed, meta->epoch, t->R, t->perm);
     }
-    int64_t k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G;
-    memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)k * sizeof *t->rows);
-    int64_t lo = k * t->rank / t->nranks, hi = k * (t->rank + 1) / t->nranks;
-    int64_t per = (k + t->nranks - 1) / t->nranks, passes = (per + mb - 1) / mb;
-    /* This rank's rows of the batch, read once; the batch's targets and tokens are the sums
-     * of every rank's (exact: integers), and the targets scale every backward pass. */
-    /* loss_mean "micro": then the targets of each of the J micro-batches, which rows of
-     * several ranks may share */
-    int micro = t->micro_n != NULL;
-    int64_t J = micro ? (k + mb - 1) / mb : 0;
-    double c3[3], *c = micro ? t->micro_n : c3; /* targets, tokens, a rank could not read its rows */
+    step_rows_t r = {.k = t->R - meta->rows_consumed < G ? t->R - meta->rows_consumed : G};
+    memcpy(t->rows, t->perm + meta->rows_consumed, (size_t)r.k * sizeof *t->rows);
+    r.lo = r.k * t->rank / t->nranks, r.hi = r.k * (t->rank + 1) / t->nranks;
+    int64_t per = (r.k + t->nranks - 1) / t->nranks;
+    r.passes = (per + mb - 1) / mb;
+    return r;
+}
+
+/* This rank's rows of the batch, read once (or taken from the prefetch), and the batch's
+ * counts summed over every rank (exact: integers) into c: targets, tokens, whether a rank
+ * could not read its rows, then (loss_mean "micro") the targets of each of the J
+ * micro-batches, which rows of several ranks may share. A failed read leaves its message
+ * in err. */
+static void step_count(trainer_t *t, const step_rows_t *r, double *c, int64_t J, char *err, size_t n_err)
+{
+    tokens_split_t *tr = &t->data.step;
+    const ckpt_meta_t *meta = &t->meta;
+    int64_t mb = meta->train.micro_batch;
     memset(c, 0, (size_t)(3 + J) * sizeof *c);
-    char err[1024] = "";
     if (t->data.next_ok && t->data.next_epoch == meta->epoch && t->data.next_at == meta->rows_consumed) {
         tokens_split_t read = t->data.next; /* read during the previous step (prefetch) */
         t->data.next = *tr;
@@ -691,8 +597,8 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
         tokens_split_free(&t->data.next);
     } else {
         tokens_split_free(tr);
-        if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + lo, hi - lo, tr) < 0) {
-            snprintf(err, sizeof err, "%s", ftk_err_msg());
+        if (tokens_set_read(t->data.set, TOKENS_TRAIN, t->rows + r->lo, r->hi - r->lo, tr) < 0) {
+            snprintf(err, n_err, "%s", ftk_err_msg());
             c[2] = 1;
         }
     }
@@ -700,12 +606,54 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     for (int64_t i = 0; i < tr->n_rows; i++) {
         int64_t n = loader_row_targets(tr, i);
         c[0] += (double)n;
-        if (micro)
-            c[3 + (lo + i) / mb] += (double)n;
+        if (t->micro_n)
+            c[3 + (r->lo + i) / mb] += (double)n;
         for (int64_t j = tr->row_samples[i]; j < tr->row_samples[i + 1]; j++)
             c[1] += (double)tr->sample_lengths[j];
     }
     comm_allreduce_f64(t->world, c, (int)(3 + J), COMM_SUM);
+}
+
+/* The forward and backward passes over this rank's micro-batches, each target's loss
+ * scaled by scale. A batch that cannot be built runs as an idle pass (the collectives stay
+ * in step) and sets *bad, its message in err. Returns 0, or NaN when a pass could not run. */
+static double step_passes(trainer_t *t, const step_rows_t *r, float scale, double *bad, char *err, size_t n_err)
+{
+    tokens_split_t *tr = &t->data.step;
+    int64_t mb = t->meta.train.micro_batch;
+    int micro = t->micro_n != NULL;
+    double lost = 0;
+    for (int64_t p = 0; p < r->passes; p++) {
+        int64_t r0 = r->lo + p * mb, kk = r->hi - r0 < mb ? r->hi - r0 : mb;
+        if ((micro ? make_micro_batch(&t->b, tr, r0 - r->lo, kk, r0, mb, t->micro_w)
+                   : make_batch(&t->b, tr, NULL, r0 - r->lo, kk)) < 0) {
+            snprintf(err, n_err, "%s", ftk_err_msg());
+            *bad = 1;
+            make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
+        }
+        shard_pass_begin(t->sh, 1, p + 1 == r->passes);
+        if (model_pass(t->m, &t->b, scale, NULL) < 0)
+            lost = NAN;
+        shard_pass_end(t->sh);
+    }
+    return lost;
+}
+
+int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due, trainer_step_t *out)
+{
+    ckpt_meta_t *meta = &t->meta;
+    const ckpt_train_t *tc = &meta->train;
+    comm_stats_t *stats = shard_stats(t->sh), before = *stats;
+    /* where the step's time goes (trainer_step_t): phases of host work and of compute,
+     * each less the communication waits inside it */
+    double ph_t = time_now(), ph_w = stats->wait_s, ph[2] = {0, 0}, t_start = ph_t; /* ph: host, compute */
+    step_rows_t r = step_rows(t);
+    /* The batch's targets scale every backward pass. */
+    int micro = t->micro_n != NULL;
+    int64_t J = micro ? (r.k + tc->micro_batch - 1) / tc->micro_batch : 0;
+    double c3[3], *c = micro ? t->micro_n : c3;
+    char err[1024] = "";
+    step_count(t, &r, c, J, err, sizeof err);
     if (c[2])
         return agree(t, err[0] ? fail(t, FTK_EXIT_FAIL, "step %lld: %s", (long long)meta->step + 1, err) : 0);
     int64_t n_tgt = (int64_t)c[0], tokens = (int64_t)c[1];
@@ -718,28 +666,15 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     /* loss, stop requested, checkpoint due by the clock, a rank failed, ranks whose
      * checkpoint write is under way, a checkpoint write or commit failed */
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
-    double lost = 0; /* NaN when a pass could not run */
-    for (int64_t p = 0; p < passes; p++) {
-        int64_t r0 = lo + p * mb, kk = hi - r0 < mb ? hi - r0 : mb;
-        if ((micro ? make_micro_batch(&t->b, tr, r0 - lo, kk, r0, mb, t->micro_w)
-                   : make_batch(&t->b, tr, NULL, r0 - lo, kk)) < 0) {
-            snprintf(err, sizeof err, "%s", ftk_err_msg());
-            v[3] = 1;
-            make_batch(&t->b, tr, NULL, 0, 0); /* keep the collectives in step */
-        }
-        shard_pass_begin(t->sh, 1, p + 1 == passes);
-        if (model_pass(t->m, &t->b, scale, NULL) < 0)
-            lost = NAN;
-        shard_pass_end(t->sh);
-    }
+    double lost = step_passes(t, &r, scale, &v[3], err, sizeof err);
     step_phase(stats, &ph_t, &ph_w, &ph[1]);
     int64_t step = meta->step + 1;
     double lr = schedule_lr(tc, step);
     /* The optimizer queued behind the passes (with the device's clipping: all of it), then
      * the next step's rows read while the device works, then the step's one wait. */
     optim_queue(t->opt, tc, step, lr);
-    if ((t->step_opts & TRAINER_STEP_PREFETCH) && step < tc->total_steps)
-        prefetch(t, k);
+    if ((t->step_opts & BUILD_STEP_PREFETCH) && step < tc->total_steps)
+        prefetch(t, r.k);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     /* A device (and NCCL, comm_status) keeps its first error: stop before a checkpoint could
      * take NaN from it. */
@@ -775,18 +710,11 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     if ((code = trainer_save_poll(t, v[4] > 0, v[5] > 0)))
         return code;
     meta->step = step;
-    meta->rows_consumed += k;
+    meta->rows_consumed += r.k;
     meta->tokens_seen += tokens;
     *out = (trainer_step_t){.step = step, .total_steps = tc->total_steps, .loss = loss, .lr = lr,
                             .grad_norm = gnorm, .tokens = tokens, .tokens_seen = meta->tokens_seen,
-                            .epoch = meta->epoch, .micro_batches = passes, .stop = v[1] > 0, .save_due = v[2] > 0};
-    out->comm.ag_bytes = stats->ag_bytes - before.ag_bytes;
-    out->comm.rs_bytes = stats->rs_bytes - before.rs_bytes;
-    out->comm.ar_bytes = stats->ar_bytes - before.ar_bytes;
-    out->comm.ag_calls = stats->ag_calls - before.ag_calls;
-    out->comm.rs_calls = stats->rs_calls - before.rs_calls;
-    out->comm.ar_calls = stats->ar_calls - before.ar_calls;
-    out->comm.wait_s = stats->wait_s - before.wait_s;
+                            .epoch = meta->epoch, .micro_batches = r.passes, .stop = v[1] > 0, .save_due = v[2] > 0};
     comm_stats_since(&out->comm, stats, &before);
     step_phase(stats, &ph_t, &ph_w, &ph[0]);
     out->host_s = ph[0];

@@ -1,7 +1,7 @@
 /* trainer.h — the training job: inputs, the sharded model, the step, evaluation, and the
  * checkpoint save and resume protocol (docs/design.md "Checkpoints"). ftk-train is options,
- * signals and metrics output around it; the memory plan (plan.h) builds the same objects
- * through trainer_build().
+ * signals and metrics output around it. The job's allocations are build.h's, which the
+ * memory plan (plan.h) makes too; --recompute auto is the plan's choice.
  *
  * Every rank calls every function here, in the same order. Whatever can fail on some
  * ranks only (an input, a checkpoint shard, a write) is settled by comm_agree(): every
@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "../formats/checkpoint.h"
+#include "build.h"
 #include "comm.h"
 #include "model.h"
 #include "optim.h"
@@ -71,7 +72,7 @@ typedef struct {
                              * memory plan (plan.h) fits device_bytes, chosen by trainer_new per rank */
     int64_t device_bytes;   /* auto's budget; 0: the backend's free memory (plan_device_bytes) */
     int64_t attn_max_seg;   /* the most segments a micro-batch can hold (trainer_new: from the data,
-                             * tokens_set_max_segments); 0: one a row. trainer_build prepares the
+                             * tokens_set_max_segments); 0: one a row. build_job prepares the
                              * backend's attention for it (backend.h attn_prepare) */
     int64_t eval_rows;      /* validation rows per evaluation (0: the whole split) */
     int64_t keep;           /* checkpoints kept (0: all) */
@@ -128,44 +129,14 @@ void trainer_free(trainer_t *t);
  * directory (on rank 0), else 0. */
 int trainer_discard_new_run(trainer_t *t);
 
-/* FTK_STEP: which of the step's savings are on, for comparison with the plain step (every
- * combination gives the same bits): "all" (unset or empty: the default), "none", or a comma
- * list of
- *   device_clip  the clipping coefficient on the device, one host wait a step (optim.h)
- *   first_write  no memset of the gradients: the first pass writes them (shard.h)
- *   prefetch     the next step's rows read from the data file while the device works
- *   sumsq_overlap  on one GPU, each unit's Σg² taken on a second stream as the backward
- *                finishes the unit (shard.h shard_set_sumsq_side)
- * The bits (TRAINER_STEP_*) in *opts; -1 with the message for an unknown name. */
-enum {
-    TRAINER_STEP_DEVICE_CLIP = 1,
-    TRAINER_STEP_FIRST_WRITE = 2,
-    TRAINER_STEP_PREFETCH = 4,
-    TRAINER_STEP_SUMSQ_OVERLAP = 8,
-    TRAINER_STEP_ALL = 15
-};
-int trainer_step_opts(unsigned *opts);
-
 /* attn_max_seg for a run on data: the most segments a micro-batch of micro_batch rows of
  * either split can hold (tokens_set_max_segments); trainer_new's, and --plan's. */
 struct tokens_set;
 int64_t trainer_attn_max_seg(const struct tokens_set *data, int64_t micro_batch);
 
-/* The allocations of a training job on be, in the order the trainer makes them: the
- * shards (this rank's state), the optimizer's accumulator (optim_new), the shards' pool
- * (shard_reserve) and the model's activations for max_tokens tokens. The memory plan
- * runs this on the planning backend. Returns 0, or FTK_EXIT_USAGE (the shard layout does
- * not fit the ranks) or FTK_EXIT_FAIL (out of memory) with ftk_err_msg() set and the
- * objects made so far freed. Not agreed: every rank learns its own outcome. */
-int trainer_build(backend_t *be, comm_t *world, const model_config_t *cfg, const trainer_opts_t *o,
-                  int64_t max_tokens, shard_t **sh, optim_t **opt, model_t **m);
-
-/* The tokens of one forward/backward pass, micro_batch rows of max_len: 0, or -1 with
- * ftk_err_msg() naming --micro-batch when the product passes TRAINER_MAX_PASS_TOKENS (the
- * activations' sizes are products of it and the model's widths: bounded, they cannot
- * overflow). */
-#define TRAINER_MAX_PASS_TOKENS ((int64_t)1 << 31)
-int trainer_pass_tokens(int64_t micro_batch, int64_t max_len, int64_t *tokens);
+/* The options of o that the job's allocations depend on (build.h; the memory plan's
+ * plan_opts_t.o). */
+build_opts_t trainer_build_opts(const trainer_opts_t *o);
 
 /* Continues the run from a checkpoint as o->resume asks, or starts it from the initial
  * weights (resume "none", or "auto" in a directory without checkpoints). */

@@ -1,6 +1,9 @@
 /* trainer_internal.h — the trainer's state, shared by its two files: engine/trainer.c (inputs,
- * building, the step, evaluation) and engine/trainer_ckpt.c (save, asynchronous save,
- * resume). Callers use trainer.h; nothing outside these two files includes this.
+ * the lifecycle, the step, evaluation) and engine/trainer_ckpt.c (save, asynchronous save,
+ * resume), with the agreement helpers both use. Calls between the two run one way: the
+ * step polls the background save (trainer_join_write, trainer_save_poll below); the
+ * checkpoint file calls nothing of trainer.c. Callers use trainer.h; nothing outside these
+ * two files includes this.
  */
 #ifndef FTK_TRAINER_INTERNAL_H
 #define FTK_TRAINER_INTERNAL_H
@@ -66,7 +69,7 @@ struct trainer {
     optim_t *opt;
     model_t *m;
     int64_t *perm, *rows;
-    unsigned step_opts; /* FTK_STEP (trainer_step_opts) */
+    unsigned step_opts; /* FTK_STEP (build.h build_step_opts) */
     batch_t b;
     /* loss_mean "micro" (loader.h): per micro-batch of the global batch, the counts summed
      * over the ranks (3 + its targets each, as trainer_step's counts) and the weights */
