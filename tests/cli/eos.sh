@@ -1,5 +1,5 @@
 #!/bin/sh
-# Where generation stops (issue 17 item 6): ftk-generate follows transformers' rule,
+# Where generation stops: ftk-generate follows transformers' rule,
 # generation_config.json's eos_token_id when that file exists (absent or null there: no
 # EOS, as transformers 4.38 does), else config.json's; never the tokenizer's EOS;
 # ftk-import-hf and ftk-export-hf warn when that differs from the tokenizer's EOS;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every numeric option of every tool, fed the numbers an adversary tries (issue 31, D2/D8/D9).
+"""Every numeric option of every tool, fed the numbers an adversary tries.
 
 For each tool in BIN, `TOOL --list-options` gives its options with their kinds and ranges
 (libcommon/opts.h); every int, i64 and double option is added, with each value of VALUES,

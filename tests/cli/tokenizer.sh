@@ -1,5 +1,5 @@
 #!/bin/sh
-# The tokenizer carried end to end (issue 34 item 1), without Python:
+# The tokenizer carried end to end, without Python:
 #  - ftk-import-hf warns about a folder without tokenizer files and takes --tokenizer
 #    (a folder, one file, or a weights file); a missing one is exit 2, nothing written;
 #  - ftk-pack -t accepts a weights file holding a tokenizer, and records the same

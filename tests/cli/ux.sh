@@ -1,5 +1,5 @@
 #!/bin/sh
-# The small things users trip on (issue 34 item 5):
+# The small things users trip on:
 #  - --version names the tool and release, then what the build holds: the backends (cpu;
 #    cuda built in or not), MPI and NCCL, and the HDF5, zstd and xxHash versions;
 #  - --json on ftk-info (files, token data, checkpoints), ftk-verify and ftk-merge: JSON on

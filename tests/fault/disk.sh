@@ -1,5 +1,5 @@
 #!/bin/sh
-# A full disk (issue 17): every tool that writes files runs on a tmpfs too small for its
+# A full disk: every tool that writes files runs on a tmpfs too small for its
 # output, at several sizes (so that the disk fills in a dataset write, in HDF5's closing
 # flush, in a text file, in a rename's `latest`), and must exit 1 with a message that names
 # the file and the system's reason ("No space left on device") and leave nothing behind;
@@ -150,8 +150,8 @@ left=$(find "$M" -mindepth 1 | head -n 5)
 check "... nothing left of the run${left:+ ($left)}" test -z "$left" -a ! -e "$WORK/run-tb"
 
 # ftk-train --async-save: the shard the background thread writes meets the full disk. One
-# line from ftk, not HDF5's error stack beside it (its automatic printing is per thread:
-# issue 31, D10)
+# line from ftk, not HDF5's error stack beside it (its automatic printing is per
+# thread)
 # (steps 2: step 1's checkpoint is the background one; a third of the room the run needs
 # takes metrics.jsonl, not that checkpoint)
 A="$BIN/ftk-train -q -d $WORK/d.h5 --global-batch 4 --micro-batch 2 --eval-every 0 -j 1 -m $WORK/w.h5 --steps 2"

@@ -1,7 +1,7 @@
 """forge_type.py FILE DATASET DTYPE [ADD]: rewrite one dataset of an ftk token file in another
 HDF5 type (numpy's name: float32, float64, uint16, int32, ...), its values kept (plus ADD,
 e.g. 0.7 or -0.1: a float32 loss_mask of 0.9), with valid checksums, as a producer that
-ignores formats/tokens.h would: only a type check can catch it (issue 31, D7).
+ignores formats/tokens.h would: only a type check can catch it.
 
 The dataset's xxh3_64 attribute is recomputed over its new little-endian bytes, and the
 set checksum (set_xxh3, tokens_set_hash) of every shard of the file's set, so that the set

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Token data whose datasets have the wrong HDF5 type, checksums recomputed
-# (tests/fault/forge_type.py; issue 31, D7): formats/tokens.h says int32 tokens, uint8
+# (tests/fault/forge_type.py): formats/tokens.h says int32 tokens, uint8
 # masks and int64 offsets and sample tables. A float32 loss_mask of 0.9 once trained at
 # loss 0 and ftk-verify passed it; float or uint16 tokens were converted (3.7 became 3).
 # Each reader refuses them, naming the file and the dataset: ftk-train exit 2 (and no run

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Messages and leftovers (issue 17 item 5): a 3-D tensor where a matrix belongs, a hidden
+# Messages and leftovers: a 3-D tensor where a matrix belongs, a hidden
 # size that the heads do not divide and a vocabulary of 2^31 (weights that cannot be
 # allocated) get a message naming the file and what is wrong (not
 # "unknown error", not an empty one, not the zstd filter), with exit 2 and nothing written;

@@ -1,5 +1,5 @@
 #!/bin/sh
-# A signal removes every temporary a tool made, however many (issue 31, D6): ftk-pack
+# A signal removes every temporary a tool made, however many: ftk-pack
 # --shards 1500 holds a hidden temporary per shard until it commits them all; SIGTERM when
 # more than 1100 exist (the handler's former fixed table held 1024: ~480 were left behind)
 # must leave nothing. The signal is aimed by the state, not by time: the directory is polled

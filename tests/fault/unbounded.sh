@@ -1,5 +1,5 @@
 #!/bin/sh
-# Unbounded inputs (issue 17 item 4).
+# Unbounded inputs.
 # ftk-pack on inputs with no end or no bound (formats/pack.h, formats/records.h): it reads
 # them as a stream in bounded memory and refuses them at the first bad byte or at the
 # record limit, with exit 2, line and column, and no output file:

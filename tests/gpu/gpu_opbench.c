@@ -521,7 +521,7 @@ int main(void)
         row_bw("qkv_rope split (fused) bf16, one pair a thread", time_op(one.be, op_qkv_rope, &one), 6.0 * nq * 2);
     snprintf(xent_label, sizeof xent_label, "xent (%d rows, gradient) fp32, one a thread", XC);
     row_bw(xent_label, time_op(one.be, op_xent, &one), 2.0 * XC * V * 4);
-    /* and the paths issue 33 replaced: adamw_multi's binary search per block (no block map,
+    /* and the slower paths kept for comparison: adamw_multi's binary search per block (no block map,
      * one element a thread) and the partial sums added in order by one thread */
     if (one.be->adamw_multi)
         row_bw("adamw_multi bf16, one a thread, search", time_op(one.be, op_adamw_multi_bf16, &one), 14.0 * nf);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The tokenizer carried end to end (issue 34 item 1), checked by transformers.
+"""The tokenizer carried end to end, checked by transformers.
 
 A Hugging Face Llama folder without tokenizer files (tiny-random-llama's config and weights)
 is imported with --tokenizer (Llama 2's tokenizer folder, without tokenizer.json), the Alpaca fixture packed with

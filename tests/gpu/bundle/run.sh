@@ -190,7 +190,7 @@ if [ "${1:-}" = --step ]; then
         exec env FTK_GPU_OPS_QUICK=1 "$B/build/tests/gpu_ops"
         ;;
     ops-all)
-        # every case, the larger ones and the staged uploads' race case (issue 32, item 4)
+        # every case, the larger ones and the staged uploads' race case
         emu_skip "make test runs gpu_ops_emu, minutes here"
         exec "$B/build/tests/gpu_ops"
         ;;
