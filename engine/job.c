@@ -52,6 +52,20 @@ int job_same_device(comm_t *world, const char *device)
     return 0;
 }
 
+int job_check_launch(comm_t *world)
+{
+    /* srun without a PMI plugin starts N processes that each see a world of one: N copies
+     * of the same run racing for one run directory */
+    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
+    if (comm_size(world) == 1 && tasks && atoi(tasks) > 1) {
+        ftk_err_set("SLURM started %d tasks but MPI sees a world of one in each: run srun --mpi=pmix (or pmi2; "
+                    "`srun --mpi=list` shows what the cluster has)",
+                    atoi(tasks));
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- metrics ---------------------------------------------------------------------------------- */
 
 /* The first write error of the metrics, as the run reports it ("" while none). */

@@ -70,8 +70,14 @@ int job_run(job_t *j);
  * rank 0 of several) and printed by rank 0. Returns the agreed code. */
 int job_agree(comm_t *world, int code, const char *msg);
 
-/* Whether every rank runs the same device as rank 0 (collective: the device's set-up is).
- * A name that is no device is not compared. Returns 0, or -1 with ftk_err_msg() set. */
+/* Whether every rank runs the same device as rank 0: the command lines are the same, but
+ * FTK_DEVICE may not be, and the device's set-up is collective (comm_node_gpu, NCCL); so is
+ * this. Which device, not its name: a name that is no device is not compared. Returns 0,
+ * or -1 with ftk_err_msg() set. */
 int job_same_device(comm_t *world, const char *device);
+
+/* Whether the launcher's tasks are this world's ranks (SLURM_STEP_NUM_TASKS against the
+ * world's size). Returns 0, or -1 with ftk_err_msg() saying how to launch. */
+int job_check_launch(comm_t *world);
 
 #endif

@@ -1,8 +1,6 @@
 /* ftk-train — full-parameter finetuning, one process or many (mpirun/srun): options,
  * signals and messages around the training run (engine/job.h), and the memory plan
  * (--plan, engine/plan_print.h). */
-#include <fcntl.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -28,7 +26,7 @@
 #include "../libcommon/output.h"
 #include "../libcommon/path.h"
 
-/* device: NULL until given or resolved (default_device; device_from_env: it took FTK_DEVICE) */
+/* device: NULL until given or resolved (configure; device_from_env: it took FTK_DEVICE) */
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
 static int device_from_env;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
@@ -261,6 +259,7 @@ static double step_timeout_s; /* FTK_STEP_TIMEOUT (engine/job.h); 0: none */
  * only after odls_base_sigkill_timeout seconds and kills the ranks as long again later (1 s
  * by default), often too soon for a checkpoint, where SIGUSR1 is forwarded at once and
  * never followed by a kill. */
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 static volatile sig_atomic_t stop_signal;
 static int under_ompi;
 /* on_stop, with every stop signal held while it runs; no SA_RESTART, so that a write to a
@@ -298,10 +297,8 @@ static void hold_stop_signals(int argc, char **argv, char **envp)
 {
     (void)argc, (void)argv, (void)envp;
     sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGTERM);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGHUP);
-    sigaddset(&stop_set, SIGUSR1);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaddset(&stop_set, stop_signals[i]);
     sigprocmask(SIG_BLOCK, &stop_set, NULL);
 }
 /* Before any shared library's constructor (the executable's .preinit_array runs first). */
@@ -331,76 +328,6 @@ static int stopped_before(int64_t step)
                  "with --resume auto",
                  (long long)step + 1, (long long)step);
     return FTK_EXIT_PREEMPTED;
-}
-
-/* ---- start-up ------------------------------------------------------------------------------ */
-
-/* opts_parse() with only rank 0's --help and messages shown. */
-static int parse_args(int argc, char **argv)
-{
-    int saved_out = -1, saved_err = -1;
-    if (rank != 0) {
-        fflush(stdout);
-        fflush(stderr);
-        int nul = open("/dev/null", O_WRONLY);
-        saved_out = dup(1);
-        saved_err = dup(2);
-        if (nul >= 0) {
-            dup2(nul, 1);
-            dup2(nul, 2);
-            close(nul);
-        }
-    }
-    int npos;
-    char **pos;
-    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
-    if (rank != 0) {
-        fflush(stdout);
-        fflush(stderr);
-        if (saved_out >= 0)
-            dup2(saved_out, 1), close(saved_out);
-        if (saved_err >= 0)
-            dup2(saved_err, 2), close(saved_err);
-    }
-    return rc;
-}
-
-/* Whether option --name was on the command line (before a `--`; --min_lr too). */
-static int given(int argc, char **argv, const char *name)
-{
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (opts_long_is(argv[i], name))
-            return 1;
-    return 0;
-}
-
-/* --recipe litgpt: its pieces, and LitGPT's values for what the command line does not give. */
-static void apply_recipe(int argc, char **argv)
-{
-    if (strcmp(recipe, "litgpt"))
-        return;
-    if (!given(argc, argv, "warmup-style"))
-        warmup_style = "litgpt";
-    if (!given(argc, argv, "loss-mean"))
-        loss_mean = "micro";
-    decay_norms = 1;
-    if (given(argc, argv, "min-lr") && min_lr != 0 && rank == 0)
-        ftk_warn("--recipe litgpt: the cosine decays to 0 as LitGPT's finetune does (it never reads its min_lr); "
-                 "--min-lr %g is not used",
-                 min_lr);
-    min_lr = 0;
-    if (!given(argc, argv, "clip"))
-        clip = 0;
-    if (!given(argc, argv, "precision"))
-        precision_arg = "bf16-true";
-    if (!given(argc, argv, "rounding"))
-        rounding_arg = "nearest";
-    if (!given(argc, argv, "eval-every"))
-        eval_every = 100;
-    if (!given(argc, argv, "eval-rows")) /* eval.max_iters: 100 micro-batches (0: the whole split) */
-        eval_rows = micro_batch > 0 && micro_batch <= INT64_MAX / 100 ? 100 * micro_batch : 0;
-    if (!given(argc, argv, "save-every") && !no_save)
-        save_every = 200;
 }
 
 static char why[1024];
@@ -553,30 +480,11 @@ static int run_plan(const trainer_opts_t *o)
     plan_request_t rq = {.o = *o, .preset = preset, .model_path = model_path, .data_path = data_path,
                          .max_len = plan_max_len, .ranks = plan_ranks, .device = device,
                          .strategy_name = strategy_arg, .precision_name = precision_arg};
-    plan_table_t tab;
     char why_not[4096];
-    if (plan_table_make(&rq, &tab) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_USAGE;
-    }
-    plan_table_print(stdout, &tab);
-    if (plan_table_refusal(&tab, why_not, sizeof why_not)) {
-        fflush(stdout);
-        ftk_error("%s", why_not);
-        return FTK_EXIT_USAGE;
-    }
-    return FTK_EXIT_OK;
-}
-
-/* ---- the run --------------------------------------------------------------------------------- */
-
-/* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for a process
- * started alone that sees a GPU, else cpu. Ranks under a launcher (whose GPU path is NCCL's,
- * even one rank's) default to cpu until NCCL has run on GPUs (the README's GPU section):
- * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
-static const char *default_device(void)
-{
-    return backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
+    if (plan_table_run(&rq, stdout, why_not, sizeof why_not) == 0)
+        return FTK_EXIT_OK;
+    ftk_error("%s", why_not);
+    return FTK_EXIT_USAGE;
 }
 
 /* The argument list with the run's kept options or --config's before the command line
@@ -602,7 +510,7 @@ static int configure(int argc, char **argv, trainer_opts_t *o)
     int xrc = expand_args(&argc, &argv);
     if (xrc)
         return xrc;
-    int prc = parse_args(argc, argv);
+    int prc = train_args_parse(&spec, rank != 0, argc, argv);
     if (!train_args_same(world, argc, argv)) {
         if (rank == 0)
             ftk_error("the %d ranks were started with different arguments; give every rank the same command line",
@@ -613,14 +521,15 @@ static int configure(int argc, char **argv, trainer_opts_t *o)
         return prc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
     if (rank != 0)
         ftk_quiet = 1; /* progress and notes from rank 0 only */
-    apply_recipe(argc, argv);
+    train_args_recipe(options, argc, argv, rank == 0);
+    /* --device when not given (docs/design.md, "Devices"): ranks under a launcher (whose GPU
+     * path is NCCL's, even one rank's) default to cpu until NCCL has run on GPUs (the
+     * README's GPU section): they say --device cuda (or FTK_DEVICE=cuda) to use it. */
     if (!device)
-        device = default_device();
+        device = backend_default_device(comm_alone(world) ? backend_cuda_devices : NULL, &device_from_env);
     int code = check_values(o);
-    /* The same device on every rank: the command lines are the same, but FTK_DEVICE may not
-     * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
-     * other refusal: it is the cause of those that follow from it. Which device, not its
-     * name: a name that is no device keeps check_values' refusal. */
+    /* The same device on every rank (engine/job.h), said before any other refusal: it is the
+     * cause of those that follow from it; a name that is no device keeps check_values'. */
     if (job_same_device(world, device) < 0)
         code = bad("%s", ftk_err_msg());
     if ((code = job_agree(world, code, why)))
@@ -642,36 +551,32 @@ static int keep_options(void)
 static int run(int argc, char **argv)
 {
     /* static: the backend and the trainer reachable until exit on every path (LeakSanitizer) */
-    static job_t job;
-    job_t *j = &job;
-    int code = configure(argc, argv, &j->o);
+    static job_t j;
+    int code = configure(argc, argv, &j.o);
     if (code >= 0)
         return code;
     if (plan)
-        return rank == 0 ? run_plan(&j->o) : 0;
-    j->world = world, j->device = device, j->tensorboard_dir = tensorboard_dir, j->report_path = report_path;
-    j->save_every = save_every, j->save_minutes = save_minutes, j->no_save = no_save, j->async_save = async_save;
-    j->eval_every = eval_every, j->stop_after = stop_after, j->step_timeout_s = step_timeout_s;
-    j->stop_signal = &stop_signal, j->stop_agreed = stop_agreed, j->stopped_before = stopped_before;
-    j->keep_options = keep_options;
-    return job_run(j);
+        return rank == 0 ? run_plan(&j.o) : 0;
+    j.world = world, j.device = device, j.tensorboard_dir = tensorboard_dir, j.report_path = report_path;
+    j.save_every = save_every, j.save_minutes = save_minutes, j.no_save = no_save, j.async_save = async_save;
+    j.eval_every = eval_every, j.stop_after = stop_after, j.step_timeout_s = step_timeout_s;
+    j.stop_signal = &stop_signal, j.stop_agreed = stop_agreed, j.stopped_before = stopped_before;
+    j.keep_options = keep_options;
+    return job_run(&j);
 }
 
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-train");
-    /* The stop signals are held since before any library's constructor ran
-     * (hold_stop_signals): a preemption at start-up is a request to stop, neither death nor
-     * lost. */
+    /* The stop signals are held since before any library's constructor ran (hold_stop_signals):
+     * a preemption at start-up is a request to stop, neither death nor lost. */
     if (fault_point("train.start") < 0)
         return FTK_EXIT_FAIL;
     under_ompi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     stop_action.sa_handler = on_stop;
     stop_action.sa_mask = stop_set;
-    sigaction(SIGTERM, &stop_action, NULL);
-    sigaction(SIGINT, &stop_action, NULL);
-    sigaction(SIGHUP, &stop_action, NULL);
-    sigaction(SIGUSR1, &stop_action, NULL);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaction(stop_signals[i], &stop_action, NULL);
     /* A closed stdout or stderr (`ftk-train … 2>&1 | head`) does not end a run: a write to
      * it fails (EPIPE) instead, and the metrics go on (log.h ftk_stderr_errno()). */
     signal(SIGPIPE, SIG_IGN);
@@ -684,17 +589,11 @@ int main(int argc, char **argv)
     }
     rank = comm_rank(world);
     nranks = comm_size(world);
-    /* srun without a PMI plugin starts N processes that each see a world of one: N copies
-     * of the same run racing for one run directory */
-    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
-    if (nranks == 1 && tasks && atoi(tasks) > 1) {
-        ftk_error("SLURM started %d tasks but MPI sees a world of one in each: run srun --mpi=pmix (or pmi2; "
-                  "`srun --mpi=list` shows what the cluster has)",
-                  atoi(tasks));
-        comm_finalize(world);
-        return FTK_EXIT_USAGE;
-    }
-    int rc = run(argc, argv);
+    int rc = FTK_EXIT_USAGE;
+    if (job_check_launch(world) < 0)
+        ftk_error("%s", ftk_err_msg());
+    else
+        rc = run(argc, argv);
     comm_finalize(world);
     return rc;
 }
