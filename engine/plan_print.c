@@ -231,3 +231,17 @@ int plan_table_refusal(const plan_table_t *t, char *out, size_t n)
              (double)t->unfit.peak[MODEL_RECOMPUTE_BLOCK] / 1e9, advice);
     return 1;
 }
+
+int plan_table_run(const plan_request_t *rq, FILE *out, char *why, size_t n)
+{
+    plan_table_t tab;
+    if (plan_table_make(rq, &tab) < 0) {
+        snprintf(why, n, "%s", ftk_err_msg());
+        return -1;
+    }
+    plan_table_print(out, &tab);
+    if (!plan_table_refusal(&tab, why, n))
+        return 0;
+    fflush(out);
+    return -1;
+}

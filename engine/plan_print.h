@@ -45,4 +45,9 @@ void plan_table_print(FILE *out, const plan_table_t *t);
  * level fits; 0 otherwise. */
 int plan_table_refusal(const plan_table_t *t, char *out, size_t n);
 
+/* The whole of --plan: the table made and printed on out, then the refusal where there is
+ * one (out flushed before it is said). Returns 0, or -1 with the message in why (n bytes):
+ * the failure of plan_table_make, or the refusal. */
+int plan_table_run(const plan_request_t *rq, FILE *out, char *why, size_t n);
+
 #endif

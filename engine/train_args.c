@@ -1,7 +1,8 @@
 /* train_args.c — a run's kept options, --config and LitGPT's keys, the ranks' same
- * arguments (train_args.h). */
+ * arguments, their parsing, --recipe litgpt (train_args.h). */
 #include "train_args.h"
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -226,4 +227,78 @@ int train_args_same(comm_t *world, int argc, char **argv)
     buf_free(&b);
     comm_allreduce_i64(world, v, 2, COMM_MAX);
     return v[0] == -v[1];
+}
+
+int train_args_parse(const opt_spec_t *spec, int quiet, int argc, char **argv)
+{
+    int saved_out = -1, saved_err = -1;
+    if (quiet) {
+        fflush(stdout);
+        fflush(stderr);
+        int nul = open("/dev/null", O_WRONLY);
+        saved_out = dup(1);
+        saved_err = dup(2);
+        if (nul >= 0) {
+            dup2(nul, 1);
+            dup2(nul, 2);
+            close(nul);
+        }
+    }
+    int npos;
+    char **pos;
+    int rc = opts_parse(spec, argc, argv, &npos, &pos);
+    if (quiet) {
+        fflush(stdout);
+        fflush(stderr);
+        if (saved_out >= 0)
+            dup2(saved_out, 1), close(saved_out);
+        if (saved_err >= 0)
+            dup2(saved_err, 2), close(saved_err);
+    }
+    return rc;
+}
+
+/* Whether option --name was on the command line (before a `--`; --min_lr too). */
+static int given(int argc, char **argv, const char *name)
+{
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+        if (opts_long_is(argv[i], name))
+            return 1;
+    return 0;
+}
+
+/* The variable the table's option `name` sets (every name asked for is in ftk-train's table). */
+static void *var(const opt_t *options, const char *name)
+{
+    return opts_find_long(options, name, strlen(name))->dest;
+}
+
+void train_args_recipe(const opt_t *options, int argc, char **argv, int say)
+{
+    if (strcmp(*(const char **)var(options, "recipe"), "litgpt"))
+        return;
+    if (!given(argc, argv, "warmup-style"))
+        *(const char **)var(options, "warmup-style") = "litgpt";
+    if (!given(argc, argv, "loss-mean"))
+        *(const char **)var(options, "loss-mean") = "micro";
+    *(int *)var(options, "decay-norms") = 1;
+    double *min_lr = var(options, "min-lr");
+    if (given(argc, argv, "min-lr") && *min_lr != 0 && say)
+        ftk_warn("--recipe litgpt: the cosine decays to 0 as LitGPT's finetune does (it never reads its min_lr); "
+                 "--min-lr %g is not used",
+                 *min_lr);
+    *min_lr = 0;
+    if (!given(argc, argv, "clip"))
+        *(double *)var(options, "clip") = 0;
+    if (!given(argc, argv, "precision"))
+        *(const char **)var(options, "precision") = "bf16-true";
+    if (!given(argc, argv, "rounding"))
+        *(const char **)var(options, "rounding") = "nearest";
+    if (!given(argc, argv, "eval-every"))
+        *(int64_t *)var(options, "eval-every") = 100;
+    int64_t micro_batch = *(int64_t *)var(options, "micro-batch");
+    if (!given(argc, argv, "eval-rows")) /* eval.max_iters: 100 micro-batches (0: the whole split) */
+        *(int64_t *)var(options, "eval-rows") = micro_batch > 0 && micro_batch <= INT64_MAX / 100 ? 100 * micro_batch : 0;
+    if (!given(argc, argv, "save-every") && !*(int *)var(options, "no-save"))
+        *(int64_t *)var(options, "save-every") = 200;
 }

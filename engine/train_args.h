@@ -1,7 +1,8 @@
 /* train_args.h — where ftk-train's options come from besides its command line: the options
  * a run keeps (RUN/options.yaml, written at each start, read back by `ftk-train -o RUN
- * --resume auto`), a --config file (ftk's keys, or LitGPT's finetune/full.yaml keys), and
- * the check that every rank of a job was given the same arguments.
+ * --resume auto`), a --config file (ftk's keys, or LitGPT's finetune/full.yaml keys), the
+ * check that every rank of a job was given the same arguments, their parsing with one
+ * rank's messages, and the values --recipe litgpt gives what the command line does not.
  *
  * The option table is the tool's (libcommon/opts.h); these functions read it and the
  * variables it points to. What a run keeps: every option but where and how this process
@@ -40,6 +41,16 @@ void train_args_free(train_args_t *info);
  * file is written and restored. Returns 0, or -1 with ftk_err_msg() set. */
 int train_args_keep(const opt_t *options, const char *out_dir, const char **model_path, const char **data_path,
                     const char **tensorboard_dir);
+
+/* opts_parse() of the argument list; quiet: with this process's stdout and stderr sent to
+ * /dev/null meanwhile (the ranks but 0: one --help, one set of messages). Returns
+ * opts_parse's answer. */
+int train_args_parse(const opt_spec_t *spec, int quiet, int argc, char **argv);
+
+/* --recipe litgpt (docs/litgpt.md): sets its pieces, and LitGPT's values for the options the
+ * command line does not give, in the variables the table points to; say: warn (ftk_warn)
+ * that a given --min-lr is not used. Nothing for --recipe ftk. */
+void train_args_recipe(const opt_t *options, int argc, char **argv, int say);
 
 /* Whether every rank was given the same arguments (a hash of argv compared; collective). */
 int train_args_same(comm_t *world, int argc, char **argv);

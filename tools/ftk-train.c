@@ -1,9 +1,6 @@
 /* ftk-train — full-parameter finetuning, one process or many (mpirun/srun): options,
- * signals and messages around the training job (engine/trainer.h; its metrics:
- * formats/metrics.h), and the memory plan (--plan, engine/plan_print.h). */
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
+ * signals and messages around the training run (engine/job.h), and the memory plan
+ * (--plan, engine/plan_print.h). */
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -16,14 +13,12 @@
 #include "../engine/comm.h"
 #include "../engine/compress.h"
 #include "../engine/cuda_load.h"
+#include "../engine/job.h"
 #include "../engine/plan.h"
 #include "../engine/plan_print.h"
-#include "../engine/report.h"
 #include "../engine/train_args.h"
 #include "../engine/trainer.h"
 #include "../formats/h5.h"
-#include "../formats/metrics.h"
-#include "../kernels/prof.h"
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/fault.h"
@@ -31,11 +26,8 @@
 #include "../libcommon/opts.h"
 #include "../libcommon/output.h"
 #include "../libcommon/path.h"
-#include "../libcommon/plural.h"
-#include "../libcommon/timer.h"
-#include "../libcommon/watchdog.h"
 
-/* device: NULL until given or resolved (default_device; device_from_env: it took FTK_DEVICE) */
+/* device: NULL until given or resolved (configure; device_from_env: it took FTK_DEVICE) */
 static const char *model_path, *data_path, *out_dir, *resume = "none", *schedule = "cosine", *device;
 static int device_from_env;
 static const char *strategy_arg = "full", *precision_arg = "fp32", *rounding_arg = "stochastic", *preset;
@@ -255,7 +247,7 @@ static const opt_spec_t spec = {
 
 static comm_t *world;
 static int rank, nranks;
-static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0: none */
+static double step_timeout_s; /* FTK_STEP_TIMEOUT (engine/job.h); 0: none */
 
 /* SIGTERM, SIGINT, SIGHUP, SIGUSR1: stop at the step's end with a checkpoint (exit 75); a
  * stop asked for before the first step ends the run there (stop_agreed(), below). A
@@ -268,6 +260,7 @@ static double step_timeout_s; /* FTK_STEP_TIMEOUT (the hang watchdog, below); 0:
  * only after odls_base_sigkill_timeout seconds and kills the ranks as long again later (1 s
  * by default), often too soon for a checkpoint, where SIGUSR1 is forwarded at once and
  * never followed by a kill. */
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 static volatile sig_atomic_t stop_signal;
 static int under_ompi;
 /* on_stop, with every stop signal held while it runs; no SA_RESTART, so that a write to a
@@ -305,10 +298,8 @@ static void hold_stop_signals(int argc, char **argv, char **envp)
 {
     (void)argc, (void)argv, (void)envp;
     sigemptyset(&stop_set);
-    sigaddset(&stop_set, SIGTERM);
-    sigaddset(&stop_set, SIGINT);
-    sigaddset(&stop_set, SIGHUP);
-    sigaddset(&stop_set, SIGUSR1);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaddset(&stop_set, stop_signals[i]);
     sigprocmask(SIG_BLOCK, &stop_set, NULL);
 }
 /* Before any shared library's constructor (the executable's .preinit_array runs first). */
@@ -338,163 +329,6 @@ static int stopped_before(int64_t step)
                  "with --resume auto",
                  (long long)step + 1, (long long)step);
     return FTK_EXIT_PREEMPTED;
-}
-
-/* Rank 0 prints an agreed failure (its message names the failing rank). */
-static int report(int code)
-{
-    if (code && rank == 0)
-        ftk_error("%s", ftk_err_msg());
-    return code;
-}
-
-/* Every rank with its status; the highest code, the lowest failing rank's message printed. */
-static int agree_msg(int code, const char *msg)
-{
-    char why[2048];
-    int who;
-    snprintf(why, sizeof why, "%s", code ? msg : "");
-    if (!(code = comm_agree(world, code, why, sizeof why, &who)))
-        return 0;
-    if (nranks > 1 && who != 0)
-        ftk_err_set("rank %d: %s", who, why);
-    else
-        ftk_err_set("%s", why);
-    return report(code);
-}
-
-/* ---- metrics ---------------------------------------------------------------------------------- */
-
-/* metrics.jsonl and --tensorboard DIR (formats/metrics.h): written by rank 0; any rank may
- * record an error, which the run reports at the next step's end: a full disk stops the run
- * rather than losing its metrics silently. */
-static metrics_writer_t mw;
-
-/* The first write error of the metrics, as the run reports it ("" while none). */
-static const char *metrics_failure(void)
-{
-    static char m[sizeof mw.err + 16];
-    snprintf(m, sizeof m, "%s%s", mw.err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "", mw.err);
-    return m;
-}
-
-/* The checkpoints committed since the last call: a metrics line and a note each. */
-static void metrics_ckpts(trainer_t *t)
-{
-    trainer_ckpt_t r[8];
-    int n = trainer_ckpt_reports(t, r, 8);
-    for (int i = 0; i < n; i++) {
-        metrics_write_checkpoint(&mw, &(metrics_ckpt_rec_t){.step = r[i].step, .bytes = r[i].bytes, .async = r[i].async,
-                                                            .stall_s = r[i].stall_s, .write_s = r[i].write_s});
-        ftk_info("checkpoint %s/step-%08lld committed (%s; training blocked %.2f s, write %.2f s, %.1f MB)", out_dir,
-                 (long long)r[i].step, r[i].async ? "written in the background" : "synchronous", r[i].stall_s,
-                 r[i].write_s, (double)r[i].bytes / 1e6);
-    }
-}
-
-/* The step's metrics line (rank 0), with the report's figures (every rank counts them). */
-static void metrics_step(report_t *rep, buf_t *step_json, const trainer_step_t *s, double dt, double elapsed,
-                         backend_t *be)
-{
-    step_json->len = 0;
-    if (report_step(rep, s, dt, mw.f ? step_json : NULL) < 0)
-        metrics_writer_fail(&mw, ENOMEM);
-    bk_mem_sample(be); /* the step's end: what the device holds now, scratch growth included */
-    if (!mw.f)
-        return;
-    const bk_mem_t *mem = bk_mem(be);
-    metrics_step_rec_t r = {
-        .step = s->step, .tokens = s->tokens, .tokens_seen = s->tokens_seen, .epoch = s->epoch,
-        .micro_batches = s->micro_batches, .loss = s->loss, .lr = s->lr, .grad_norm = s->grad_norm,
-        .tokens_per_s = s->tokens / dt, .elapsed_s = elapsed, .ranks = nranks, .allgather_bytes = s->comm.ag_bytes,
-        .reduce_scatter_bytes = s->comm.rs_bytes, .allreduce_bytes = s->comm.ar_bytes, .wait_s = s->comm.wait_s,
-        .mem_peak = mem->peak,
-        /* the device's pages, and what the device measured in use (0, -1: not measured) */
-        .device_mem = be->mem_pages != 0, .mem_device_peak = mem->dev_peak, .mem_device_used = mem->used_peak,
-        .mem_device_other = mem->used_other};
-    metrics_write_step(&mw, &r, step_json->data);
-}
-
-static int evaluate(trainer_t *t, int64_t step)
-{
-    int64_t vt;
-    double vl;
-    int code = trainer_evaluate(t, &vl, &vt);
-    if (code)
-        return report(code);
-    metrics_write_eval(&mw, step, vl, vt);
-    ftk_info("step %lld: validation loss %.4f (%lld targets)", (long long)step, vl, (long long)vt);
-    return 0;
-}
-
-/* ---- start-up ------------------------------------------------------------------------------ */
-
-/* opts_parse() with only rank 0's --help and messages shown. */
-static int parse_args(int argc, char **argv)
-{
-    int saved_out = -1, saved_err = -1;
-    if (rank != 0) {
-        fflush(stdout);
-        fflush(stderr);
-        int nul = open("/dev/null", O_WRONLY);
-        saved_out = dup(1);
-        saved_err = dup(2);
-        if (nul >= 0) {
-            dup2(nul, 1);
-            dup2(nul, 2);
-            close(nul);
-        }
-    }
-    int npos;
-    char **pos;
-    int rc = opts_parse(&spec, argc, argv, &npos, &pos);
-    if (rank != 0) {
-        fflush(stdout);
-        fflush(stderr);
-        if (saved_out >= 0)
-            dup2(saved_out, 1), close(saved_out);
-        if (saved_err >= 0)
-            dup2(saved_err, 2), close(saved_err);
-    }
-    return rc;
-}
-
-/* Whether option --name was on the command line (before a `--`; --min_lr too). */
-static int given(int argc, char **argv, const char *name)
-{
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
-        if (opts_long_is(argv[i], name))
-            return 1;
-    return 0;
-}
-
-/* --recipe litgpt: its pieces, and LitGPT's values for what the command line does not give. */
-static void apply_recipe(int argc, char **argv)
-{
-    if (strcmp(recipe, "litgpt"))
-        return;
-    if (!given(argc, argv, "warmup-style"))
-        warmup_style = "litgpt";
-    if (!given(argc, argv, "loss-mean"))
-        loss_mean = "micro";
-    decay_norms = 1;
-    if (given(argc, argv, "min-lr") && min_lr != 0 && rank == 0)
-        ftk_warn("--recipe litgpt: the cosine decays to 0 as LitGPT's finetune does (it never reads its min_lr); "
-                 "--min-lr %g is not used",
-                 min_lr);
-    min_lr = 0;
-    if (!given(argc, argv, "clip"))
-        clip = 0;
-    if (!given(argc, argv, "precision"))
-        precision_arg = "bf16-true";
-    if (!given(argc, argv, "rounding"))
-        rounding_arg = "nearest";
-    if (!given(argc, argv, "eval-every"))
-        eval_every = 100;
-    if (!given(argc, argv, "eval-rows")) /* eval.max_iters: 100 micro-batches (0: the whole split) */
-        eval_rows = micro_batch > 0 && micro_batch <= INT64_MAX / 100 ? 100 * micro_batch : 0;
-    if (!given(argc, argv, "save-every") && !no_save)
-        save_every = 200;
 }
 
 static char why[1024];
@@ -658,64 +492,11 @@ static int run_plan(const trainer_opts_t *o)
     plan_request_t rq = {.o = *o, .preset = preset, .model_path = model_path, .data_path = data_path,
                          .max_len = plan_max_len, .ranks = plan_ranks, .device = device,
                          .strategy_name = strategy_arg, .precision_name = precision_arg};
-    plan_table_t tab;
     char why_not[4096];
-    if (plan_table_make(&rq, &tab) < 0) {
-        ftk_error("%s", ftk_err_msg());
-        return FTK_EXIT_USAGE;
-    }
-    plan_table_print(stdout, &tab);
-    if (plan_table_refusal(&tab, why_not, sizeof why_not)) {
-        fflush(stdout);
-        ftk_error("%s", why_not);
-        return FTK_EXIT_USAGE;
-    }
-    return FTK_EXIT_OK;
-}
-
-/* ---- the hang watchdog (FTK_STEP_TIMEOUT) ------------------------------------------------------ */
-
-/* FTK_STEP_TIMEOUT=S (docs/design.md, "Hangs"): the process ends (exit 1) when the training
- * loop has finished nothing — a step, an evaluation, a checkpoint — for S seconds
- * (libcommon/watchdog.h). A rank stopped or stuck, a node gone without an error, a
- * collective that never completes would otherwise hold every rank until the job's time
- * limit; one rank's exit makes the launcher end the others, and the job starts again with
- * --resume auto (the committed checkpoints survive a kill at any instant). 0 (the
- * default): no watchdog. */
-static void on_hang(void *unused)
-{
-    (void)unused;
-    char m[512];
-    snprintf(m, sizeof m,
-             "ftk-train: error: rank %d: nothing finished for %g s (FTK_STEP_TIMEOUT): a rank is stopped, stuck or "
-             "gone, or a collective never completes; exiting so that the job can be started again with --resume "
-             "auto\n",
-             rank, step_timeout_s);
-    /* write(2), not stdio: the stuck main thread may hold stderr's lock */
-    ssize_t w = write(STDERR_FILENO, m, strlen(m));
-    (void)w; /* nothing more to do if stderr is gone */
-    _exit(FTK_EXIT_FAIL);
-}
-
-/* Arms the watchdog (from the loop's start to the process's end), if FTK_STEP_TIMEOUT asks;
- * every rank agrees. */
-static int arm_watchdog(void)
-{
-    char msg[2048] = "";
-    if (step_timeout_s > 0 && watchdog_start(step_timeout_s, on_hang, NULL) < 0)
-        snprintf(msg, sizeof msg, "FTK_STEP_TIMEOUT: %s", ftk_err_msg());
-    return agree_msg(*msg ? FTK_EXIT_FAIL : 0, msg);
-}
-
-/* ---- the run --------------------------------------------------------------------------------- */
-
-/* --device when not given (docs/design.md, "Devices"): FTK_DEVICE, else cuda for a process
- * started alone that sees a GPU, else cpu. Ranks under a launcher (whose GPU path is NCCL's,
- * even one rank's) default to cpu until NCCL has run on GPUs (the README's GPU section):
- * they say --device cuda (or FTK_DEVICE=cuda) to use it. */
-static const char *default_device(void)
-{
-    return backend_default_device(comm_alone(world) ? cuda_load_devices : NULL, &device_from_env);
+    if (plan_table_run(&rq, stdout, why_not, sizeof why_not) == 0)
+        return FTK_EXIT_OK;
+    ftk_error("%s", why_not);
+    return FTK_EXIT_USAGE;
 }
 
 /* The argument list with the run's kept options or --config's before the command line
@@ -741,7 +522,7 @@ static int configure(int argc, char **argv, trainer_opts_t *o)
     int xrc = expand_args(&argc, &argv);
     if (xrc)
         return xrc;
-    int prc = parse_args(argc, argv);
+    int prc = train_args_parse(&spec, rank != 0, argc, argv);
     if (!train_args_same(world, argc, argv)) {
         if (rank == 0)
             ftk_error("the %d ranks were started with different arguments; give every rank the same command line",
@@ -752,21 +533,18 @@ static int configure(int argc, char **argv, trainer_opts_t *o)
         return prc > 0 ? FTK_EXIT_OK : FTK_EXIT_USAGE;
     if (rank != 0)
         ftk_quiet = 1; /* progress and notes from rank 0 only */
-    apply_recipe(argc, argv);
+    train_args_recipe(options, argc, argv, rank == 0);
+    /* --device when not given (docs/design.md, "Devices"): ranks under a launcher (whose GPU
+     * path is NCCL's, even one rank's) default to cpu until NCCL has run on GPUs (the
+     * README's GPU section): they say --device cuda (or FTK_DEVICE=cuda) to use it. */
     if (!device)
-        device = default_device();
+        device = backend_default_device(comm_alone(world) ? cuda_load_devices : NULL, &device_from_env);
     int code = check_values(o);
-    /* The same device on every rank: the command lines are the same, but FTK_DEVICE may not
-     * be, and the device's set-up is collective (comm_node_gpu, NCCL). Said before any
-     * other refusal: it is the cause of those that follow from it. Which device, not its
-     * name: a name that is no device keeps check_values' refusal. */
-    int dev = backend_device_index(device), dev0 = dev;
-    if (comm_bcast(world, &dev0, sizeof dev0, 0) < 0)
+    /* The same device on every rank (engine/job.h), said before any other refusal: it is the
+     * cause of those that follow from it; a name that is no device keeps check_values'. */
+    if (job_same_device(world, device) < 0)
         code = bad("%s", ftk_err_msg());
-    else if (dev >= 0 && dev0 >= 0 && dev != dev0)
-        code = bad("--device %s on this rank, %s on rank 0: give every rank the same FTK_DEVICE (or --device)", device,
-                   backend_devices[dev0]);
-    if ((code = agree_msg(code, why)))
+    if ((code = job_agree(world, code, why)))
         return code;
     opts_start_threads(threads); /* a team that cannot be made fails now, before any output */
     if (h5_init() < 0) {
@@ -776,330 +554,41 @@ static int configure(int argc, char **argv, trainer_opts_t *o)
     return -1;
 }
 
-/* What a training run of this process holds, from its backend to its end. */
-typedef struct {
-    trainer_opts_t o;
-    backend_t *be;
-    trainer_t *t;
-    report_t *rep;
-    buf_t step_json;  /* the report's members of a step's metrics line */
-    const char *prof; /* FTK_PROFILE: where rank 0's op times go (prof_on) */
-    int prof_on;
-    double prof_t0;   /* when the timed part began */
-    double elapsed0;  /* the history's elapsed_s at the resumed step (rank 0) */
-    int discard;      /* a new run that stops before its first step is removed, as a failed one is */
-} job_t;
-
-/* The backend before anything is written: a missing GPU leaves no run directory. */
-static int open_backend(job_t *j)
+/* Writes RUN/options.yaml (engine/train_args.h): the table's variables as they stand. */
+static int keep_options(void)
 {
-    if (!strcmp(device, "cuda")) {
-        int gpu = comm_node_gpu(world, cuda_load_devices());
-        j->be = gpu < 0 ? NULL : cuda_load_backend(gpu);
-    } else {
-        j->be = backend_cpu_new();
-    }
-    char msg[8192];
-    snprintf(msg, sizeof msg, "--device %s: %s", device, j->be ? "" : ftk_err_msg());
-    int code = agree_msg(j->be ? 0 : FTK_EXIT_USAGE, msg);
-    /* GPU ranks: the tensor collectives through NCCL (control traffic stays on MPI); every
-     * rank gets the same verdict, the message naming the rank that failed. Under mpirun
-     * even one rank: MPI would be handed device memory. Alone, a process is a world of one
-     * whose collectives copy through the backend (comm_enable_nccl leaves it as it is). */
-    if (!code && !strcmp(device, "cuda") && comm_enable_nccl(world, j->be) < 0) {
-        ftk_err_prefix("--device cuda: ");
-        backend_free(j->be);
-        j->be = NULL;
-        code = report(FTK_EXIT_FAIL);
-    }
-    return code;
-}
-
-/* FTK_PROFILE: rank 0's op times (kernels/prof.h); the path checked now, so one that
- * cannot be written fails before the run, not after it */
-static int profile_begin(job_t *j)
-{
-    char msg[8192] = "";
-    j->prof = getenv("FTK_PROFILE");
-    if (j->prof && *j->prof && rank == 0) { /* "-": stderr; else written at the end, replacing (output.h) */
-        if (strcmp(j->prof, "-") && output_check(j->prof, OUTPUT_FORCE) < 0)
-            snprintf(msg, sizeof msg, "FTK_PROFILE=%s", ftk_err_msg());
-        else if (bk_prof_attach(j->be) < 0)
-            snprintf(msg, sizeof msg, "FTK_PROFILE: %s", ftk_err_msg());
-        else
-            j->prof_on = 1;
-    }
-    return agree_msg(msg[0] ? FTK_EXIT_USAGE : 0, msg);
-}
-
-static void profile_end(const job_t *j)
-{
-    if (!j->prof_on)
-        return;
-    double wall = time_now() - j->prof_t0;
-    output_t po;
-    FILE *pf;
-    int prc;
-    if (!strcmp(j->prof, "-"))
-        prc = bk_prof_write(j->be, stderr, wall);
-    else if ((prc = output_begin(&po, j->prof, OUTPUT_FORCE)) == 0) {
-        if (!(pf = output_stream(&po)) || bk_prof_write(j->be, pf, wall) < 0) {
-            output_abort(&po);
-            prc = -1;
-        } else
-            prc = output_commit(&po);
-    }
-    if (prc < 0)
-        ftk_warn("FTK_PROFILE: %s", ftk_err_msg());
-}
-
-/* Rank 0 opens the metrics and event files on the history this process continues, and
- * keeps the run's options; every rank agrees. */
-static int open_outputs(job_t *j, const ckpt_meta_t *meta)
-{
-    char path[4096], msg[8192] = "";
-    int code = 0;
-    snprintf(path, sizeof path, "%.*s/metrics.jsonl", path_dir_len(out_dir), out_dir);
-    metrics_writer_init(&mw, path);
-    /* The history this process continues: up to its checkpoint's step, or none at all from
-     * step 0 (a run killed before its first checkpoint starts again, step 0's validation
-     * included). */
-    int64_t kept = meta->step > 0 ? meta->step : -1;
-    if (rank == 0) {
-        int refused;
-        if (metrics_writer_open(&mw, kept, tensorboard_dir, &j->elapsed0, &refused) < 0)
-            code = refused ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
-            snprintf(msg, sizeof msg, "%s%s", mw.err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "",
-                     ftk_err_msg());
-        else if (train_args_keep(options, out_dir, &model_path, &data_path, &tensorboard_dir) < 0)
-            code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
-        if (!code && trainer_extended(j->t)[0]) {
-            ftk_warn("--extend: %s; from step %lld on, the run is no longer bit-exact with an uninterrupted one",
-                     trainer_extended(j->t), (long long)meta->step);
-            metrics_write_extend(&mw, meta->step, trainer_extended(j->t));
-        }
-    }
-    return agree_msg(code, msg);
-}
-
-/* where the steps' time and bytes go (engine/report.h): every rank counts its own */
-static int open_report(job_t *j, const ckpt_meta_t *meta)
-{
-    char header[8192], msg[2048];
-    char cz[96] = ""; /* the bytes of a compressed run are not those of its settings' formulas alone */
-    if (j->o.compress_weights || j->o.compress_grads)
-        snprintf(cz, sizeof cz, ", --compress-weights %s, --compress-grads %s",
-                 compress_weights_name(j->o.compress_weights), compress_grads_name(j->o.compress_grads));
-    snprintf(header, sizeof header,
-             "`ftk-train` run `%s`: precision %s, device %s, global batch %lld, micro-batch %lld%s.", out_dir,
-             meta->precision, device, (long long)meta->train.global_batch, (long long)meta->train.micro_batch, cz);
-    j->rep = report_new(world, trainer_shard(j->t), j->o.strategy, j->o.precision, &meta->train, header);
-    snprintf(msg, sizeof msg, "%s", j->rep ? "" : ftk_err_msg());
-    return agree_msg(j->rep ? 0 : FTK_EXIT_FAIL, msg);
-}
-
-/* What the run is, where it stands, and what in its settings deserves a word. */
-static void announce(const trainer_t *t, const ckpt_meta_t *meta)
-{
-    if (meta->step == 0)
-        ftk_info("%lld parameters, %lld training row%s (%lld step%s of %lld row%s per epoch), %lld step%s on %d rank%s "
-                 "(strategy %s, %lld shard%s, precision %s, device %s)",
-                 (long long)trainer_n_params(t), (long long)trainer_rows(t), plural_s(trainer_rows(t)),
-                 (long long)trainer_steps_per_epoch(t), plural_s(trainer_steps_per_epoch(t)), (long long)global_batch,
-                 plural_s(global_batch), (long long)meta->train.total_steps, plural_s(meta->train.total_steps), nranks,
-                 plural_s(nranks), meta->strategy, (long long)meta->shard_count, plural_s(meta->shard_count),
-                 meta->precision, device);
-    if (trainer_done(t))
-        ftk_info("%s: the run is complete (step %lld of %lld); nothing to do", out_dir, (long long)meta->step,
-                 (long long)meta->train.total_steps);
-    else if (rank == 0 && meta->train.warmup >= meta->train.total_steps)
-        ftk_warn("--warmup %lld is not shorter than the run's %lld step%s: the learning rate rises for the whole run "
-                 "and never decays",
-                 (long long)meta->train.warmup, (long long)meta->train.total_steps,
-                 plural_s(meta->train.total_steps));
-}
-
-/* The step's line on stderr, with the end estimated from this process's own steps so far
- * (a resume's first steps included), not from the history's, which another machine may
- * have made. */
-static void say_step(const trainer_step_t *st, double step_s, double elapsed, double run_s, int64_t run_steps)
-{
-    if (ftk_quiet)
-        return;
-    char eta[32];
-    double left = (double)(st->total_steps - st->step) * run_s / (double)run_steps;
-    if (left >= 3600)
-        snprintf(eta, sizeof eta, "%dh%02dm", (int)(left / 3600), (int)(left / 60) % 60);
-    else
-        snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
-    ftk_info("step %lld/%lld (%.0f%%)  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s  comm wait %.2f s  "
-             "%.1f s  ETA %s",
-             (long long)st->step, (long long)st->total_steps, 100.0 * (double)st->step / (double)st->total_steps,
-             st->loss, st->lr, st->grad_norm, st->tokens / step_s, st->comm.wait_s, elapsed, eta);
-}
-
-/* A checkpoint where one is due. The last checkpoint of this process is synchronous: it is
- * what the exit status promises (it first waits for the one in flight). */
-static int save_due(job_t *j, const trainer_step_t *st, int last, int stopping, double *last_save)
-{
-    if (no_save || !(last || stopping || st->save_due || (save_every > 0 && st->step % save_every == 0)))
-        return 0;
-    int bg = async_save && !last && !stopping;
-    int code = report(bg ? trainer_save_async(j->t) : trainer_save(j->t));
-    watchdog_beat();
-    metrics_ckpts(j->t);
-    if (code)
-        return code;
-    *last_save = time_now();
-    if (bg)
-        ftk_info("checkpoint %s/step-%08lld: state copied, written in the background", out_dir, (long long)st->step);
-    return 0;
-}
-
-/* The steps, with their metrics, evaluations and checkpoints, to the end of the run or a
- * stop. Returns 0, 75 (stopped) or the agreed failure's code. */
-static int train(job_t *j)
-{
-    trainer_t *t = j->t;
-    double t0 = time_now(), last_save = t0;
-    j->prof_t0 = t0;
-    int64_t run_steps = 0;
-    int code = 0;
-    while (!trainer_done(t)) {
-        double ts = time_now();
-        trainer_step_t st;
-        int clock_due = save_minutes > 0 && time_now() - last_save >= 60 * save_minutes;
-        code = report(trainer_step(t, &stop_signal, clock_due, &st));
-        watchdog_beat();
-        metrics_ckpts(t);
-        if (code)
-            return code;
-        run_steps++;
-        if (j->prof_on && run_steps == 1 && !trainer_done(t)) { /* the first step warms up */
-            bk_prof_reset(j->be);
-            j->prof_t0 = time_now();
-        }
-        double now = time_now();
-        metrics_step(j->rep, &j->step_json, &st, now - ts, j->elapsed0 + now - t0, j->be);
-        if ((code = agree_msg(mw.err[0] ? FTK_EXIT_FAIL : 0, metrics_failure())))
-            return code;
-        say_step(&st, now - ts, j->elapsed0 + now - t0, now - t0, run_steps);
-        metrics_write_stderr_lost(&mw, st.step);
-        fault_point("train.step-end");
-        int last = trainer_done(t);
-        if (eval_every > 0 && trainer_val_rows(t) > 0 && (st.step % eval_every == 0 || last) &&
-            (code = evaluate(t, st.step)))
-            return code;
-        watchdog_beat();
-        int stopping = st.stop || (stop_after > 0 && run_steps >= stop_after && !last);
-        if (no_save && stopping) {
-            ftk_info("stopped by a signal at step %lld; --no-save: no checkpoint, nothing to resume",
-                     (long long)st.step);
-            return FTK_EXIT_PREEMPTED;
-        }
-        if ((code = save_due(j, &st, last, stopping, &last_save)))
-            return code;
-        if (stopping && !last) {
-            ftk_info("%s at step %lld; continue with --resume auto", st.stop ? "stopped by a signal" : "stopped",
-                     (long long)st.step);
-            return FTK_EXIT_PREEMPTED;
-        }
-    }
-    return code;
-}
-
-/* From the resume to the end of the steps. */
-static int start_and_train(job_t *j)
-{
-    trainer_t *t = j->t;
-    int code;
-    if ((code = report(trainer_resume(t))))
-        return code;
-    const ckpt_meta_t *meta = trainer_meta(t);
-    if (!trainer_done(t) && stop_agreed()) {
-        j->discard = 1;
-        return stopped_before(meta->step);
-    }
-    if ((code = open_outputs(j, meta)) || (code = arm_watchdog()) || (code = open_report(j, meta)))
-        return code;
-    announce(t, meta);
-    if (meta->step == 0 && eval_every > 0 && trainer_val_rows(t) > 0 && (code = evaluate(t, 0)))
-        return code;
-    if (!trainer_done(t) && stop_agreed()) {
-        j->discard = 1;
-        return stopped_before(meta->step);
-    }
-    watchdog_beat();
-    return train(j);
-}
-
-/* The end of every run that made its trainer: the report, the outputs closed (a run that
- * leaves nothing behind leaves no event file either), the profile. */
-static int finish(job_t *j, int code)
-{
-    watchdog_beat(); /* the end, too, gets its S seconds (a peer gone hangs MPI_Finalize as well) */
-    /* the report of the steps this process ran (collective: code is agreed on every path here) */
-    if (j->rep && report_path && (code == 0 || code == FTK_EXIT_PREEMPTED)) {
-        char msg[2048];
-        int rc = report_write(j->rep, world, report_path);
-        snprintf(msg, sizeof msg, "%s", rc < 0 ? ftk_err_msg() : "");
-        if (rc > 0)
-            ftk_warn("--report %s: no step ran in this process; nothing written", report_path);
-        else if (agree_msg(rc < 0 ? FTK_EXIT_FAIL : 0, msg) && code == 0)
-            code = FTK_EXIT_FAIL;
-        else if (rc == 0)
-            ftk_info("report: %s", report_path);
-    }
-    report_free(j->rep);
-    buf_free(&j->step_json);
-    metrics_writer_close(&mw);
-    int discarded = ((code && code != FTK_EXIT_PREEMPTED) || j->discard) && trainer_discard_new_run(j->t);
-    if (metrics_writer_close_events(&mw, discarded) < 0)
-        ftk_warn("--tensorboard %s", ftk_err_msg());
-    profile_end(j);
-    trainer_free(j->t);
-    backend_free(j->be);
-    return code;
+    return train_args_keep(options, out_dir, &model_path, &data_path, &tensorboard_dir);
 }
 
 static int run(int argc, char **argv)
 {
     /* static: the backend and the trainer reachable until exit on every path (LeakSanitizer) */
-    static job_t job;
-    job_t *j = &job;
-    int code = configure(argc, argv, &j->o);
+    static job_t j;
+    int code = configure(argc, argv, &j.o);
     if (code >= 0)
         return code;
     if (plan)
-        return rank == 0 ? run_plan(&j->o) : 0;
-    if ((code = open_backend(j)) == 0 && stop_agreed())
-        code = stopped_before(-1); /* a stop asked for during the start-up: nothing is written yet */
-    if (code || (code = profile_begin(j))) {
-        backend_free(j->be);
-        return code;
-    }
-    if (!(j->t = trainer_new(world, j->be, &j->o, &code))) {
-        backend_free(j->be);
-        return report(code);
-    }
-    return finish(j, start_and_train(j));
+        return rank == 0 ? run_plan(&j.o) : 0;
+    j.world = world, j.device = device, j.tensorboard_dir = tensorboard_dir, j.report_path = report_path;
+    j.save_every = save_every, j.save_minutes = save_minutes, j.no_save = no_save, j.async_save = async_save;
+    j.eval_every = eval_every, j.stop_after = stop_after, j.step_timeout_s = step_timeout_s;
+    j.stop_signal = &stop_signal, j.stop_agreed = stop_agreed, j.stopped_before = stopped_before;
+    j.keep_options = keep_options;
+    return job_run(&j);
 }
 
 int main(int argc, char **argv)
 {
     ftk_set_tool("ftk-train");
-    /* The stop signals are held since before any library's constructor ran
-     * (hold_stop_signals): a preemption at start-up is a request to stop, neither death nor
-     * lost. */
+    /* The stop signals are held since before any library's constructor ran (hold_stop_signals):
+     * a preemption at start-up is a request to stop, neither death nor lost. */
     if (fault_point("train.start") < 0)
         return FTK_EXIT_FAIL;
     under_ompi = getenv("OMPI_COMM_WORLD_SIZE") != NULL;
     stop_action.sa_handler = on_stop;
     stop_action.sa_mask = stop_set;
-    sigaction(SIGTERM, &stop_action, NULL);
-    sigaction(SIGINT, &stop_action, NULL);
-    sigaction(SIGHUP, &stop_action, NULL);
-    sigaction(SIGUSR1, &stop_action, NULL);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof *stop_signals; i++)
+        sigaction(stop_signals[i], &stop_action, NULL);
     /* A closed stdout or stderr (`ftk-train … 2>&1 | head`) does not end a run: a write to
      * it fails (EPIPE) instead, and the metrics go on (log.h ftk_stderr_errno()). */
     signal(SIGPIPE, SIG_IGN);
@@ -1112,17 +601,11 @@ int main(int argc, char **argv)
     }
     rank = comm_rank(world);
     nranks = comm_size(world);
-    /* srun without a PMI plugin starts N processes that each see a world of one: N copies
-     * of the same run racing for one run directory */
-    const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
-    if (nranks == 1 && tasks && atoi(tasks) > 1) {
-        ftk_error("SLURM started %d tasks but MPI sees a world of one in each: run srun --mpi=pmix (or pmi2; "
-                  "`srun --mpi=list` shows what the cluster has)",
-                  atoi(tasks));
-        comm_finalize(world);
-        return FTK_EXIT_USAGE;
-    }
-    int rc = run(argc, argv);
+    int rc = FTK_EXIT_USAGE;
+    if (job_check_launch(world) < 0)
+        ftk_error("%s", ftk_err_msg());
+    else
+        rc = run(argc, argv);
     comm_finalize(world);
     return rc;
 }
