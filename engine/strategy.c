@@ -130,3 +130,40 @@ int strategy_check(const strategy_use_t *u)
         return 0;
     return compress_grads_check(u, t);
 }
+
+int strategy_choose(const strategy_words_t *w, strategy_choice_t *c)
+{
+    if (strategy_parse(w->strategy, &c->strategy) < 0) {
+        ftk_err_set("--strategy %s: need full, grad-op, none, hybrid or hpz", w->strategy);
+        return -1;
+    }
+    strategy_use_t use = strategy_use(c->strategy);
+    use.group_size = w->group_size;
+    use.node_size = w->node_size;
+    if (strategy_check(&use) < 0)
+        return -1;
+    if (units_parse(w->units, &c->units) < 0) {
+        ftk_err_prefix("--units %s: ", w->units);
+        return -1;
+    }
+    use.units = &c->units;
+    use.units_text = w->units;
+    if (strategy_check(&use) < 0)
+        return -1;
+    if (compress_parse_weights(w->compress_weights, &c->compress_weights) < 0 ||
+        compress_parse_grads(w->compress_grads, &c->compress_grads) < 0)
+        return -1;
+    use.compress_weights = c->compress_weights;
+    use.compress_grads = c->compress_grads;
+    if (strategy_check(&use) < 0)
+        return -1;
+    if (precision_parse(w->precision, &c->precision) < 0) {
+        ftk_err_set("--precision %s: need fp32, bf16-mixed or bf16-true", w->precision);
+        return -1;
+    }
+    use.precision = c->precision;
+    if (strategy_check(&use) < 0)
+        return -1;
+    c->group_size = (int)(strategy_traits(c->strategy)->node_copy ? w->node_size : w->group_size);
+    return 0;
+}

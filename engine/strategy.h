@@ -70,4 +70,24 @@ strategy_use_t strategy_use(strategy_t s);
  * fp32. The message names the options as given. */
 int strategy_check(const strategy_use_t *u);
 
+/* A run's strategy and the options that go with it, from their words as given (ftk-train's
+ * --strategy, --units, --compress-weights, --compress-grads and --precision, with
+ * --shard-group-size and --node-size), each parsed and checked (strategy_check) in that
+ * order, so that of two faults the first is the one told. */
+typedef struct {
+    const char *strategy, *units, *compress_weights, *compress_grads, *precision;
+    int64_t group_size, node_size; /* 0: not given */
+} strategy_words_t;
+
+typedef struct {
+    strategy_t strategy;
+    units_policy_t units;
+    int compress_weights, compress_grads; /* COMPRESS_* (compress.h) */
+    precision_t precision;
+    int group_size; /* the strategy's group option's value (--node-size under a node copy) */
+} strategy_choice_t;
+
+/* 0 with *c filled, or -1 with ftk_err_msg() saying what is wrong, in the options' words. */
+int strategy_choose(const strategy_words_t *w, strategy_choice_t *c);
+
 #endif

@@ -342,39 +342,6 @@ static int bad(const char *fmt, ...)
     return FTK_EXIT_USAGE;
 }
 
-/* --strategy and the options that must fit it (strategy_check), into o: each checked as soon
- * as it is parsed, so that of two faults the first in this order is the one told. */
-static int check_strategy(trainer_opts_t *o)
-{
-    if (strategy_parse(strategy_arg, &o->strategy) < 0)
-        return bad("--strategy %s: need full, grad-op, none, hybrid or hpz", strategy_arg);
-    strategy_use_t use = strategy_use(o->strategy);
-    use.group_size = group_size;
-    use.node_size = node_size;
-    if (strategy_check(&use) < 0)
-        return bad("%s", ftk_err_msg());
-    if (units_parse(units_arg, &o->units) < 0)
-        return bad("--units %s: %s", units_arg, ftk_err_msg());
-    use.units = &o->units;
-    use.units_text = units_arg;
-    if (strategy_check(&use) < 0)
-        return bad("%s", ftk_err_msg());
-    if (compress_parse_weights(compress_weights_arg, &o->compress_weights) < 0 ||
-        compress_parse_grads(compress_grads_arg, &o->compress_grads) < 0)
-        return bad("%s", ftk_err_msg());
-    use.compress_weights = o->compress_weights;
-    use.compress_grads = o->compress_grads;
-    if (strategy_check(&use) < 0)
-        return bad("%s", ftk_err_msg());
-    if (precision_parse(precision_arg, &o->precision) < 0)
-        return bad("--precision %s: need fp32, bf16-mixed or bf16-true", precision_arg);
-    use.precision = o->precision;
-    if (strategy_check(&use) < 0)
-        return bad("%s", ftk_err_msg());
-    o->group_size = strategy_traits(o->strategy)->node_copy ? node_size : group_size;
-    return 0;
-}
-
 /* The options into o (all but the paths' existence). */
 static int check_values(trainer_opts_t *o)
 {
@@ -436,9 +403,14 @@ static int check_values(trainer_opts_t *o)
         return bad("--warmup-style %s: need ftk or litgpt", warmup_style);
     if (strcmp(loss_mean, "global") && strcmp(loss_mean, "micro"))
         return bad("--loss-mean %s: need global or micro", loss_mean);
-    int code = check_strategy(o);
-    if (code)
-        return code;
+    strategy_words_t sw = {.strategy = strategy_arg, .units = units_arg, .compress_weights = compress_weights_arg,
+                           .compress_grads = compress_grads_arg, .precision = precision_arg,
+                           .group_size = group_size, .node_size = node_size};
+    strategy_choice_t sc;
+    if (strategy_choose(&sw, &sc) < 0)
+        return bad("%s", ftk_err_msg());
+    o->strategy = sc.strategy, o->units = sc.units, o->precision = sc.precision, o->group_size = sc.group_size;
+    o->compress_weights = sc.compress_weights, o->compress_grads = sc.compress_grads;
     if (strcmp(rounding_arg, "stochastic") && strcmp(rounding_arg, "nearest"))
         return bad("--rounding %s: need stochastic or nearest", rounding_arg);
     o->model_path = model_path;
