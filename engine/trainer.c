@@ -1,6 +1,6 @@
 /* trainer.c — the training job (trainer.h): inputs, its building (build.h), the step, evaluation; its
  * checkpoints (save, asynchronous save, resume) are trainer_ckpt.c. */
-#include "trainer_internal.h"
+#include "trainer_state.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* trainer_ckpt.c — the trainer's checkpoints: save, asynchronous save, resume (trainer.h);
  * the rest of the trainer is trainer.c. */
-#include "trainer_internal.h"
+#include "trainer_state.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,12 +1,12 @@
-/* trainer_internal.h — the trainer's state, shared by its two files: engine/trainer.c (inputs,
+/* trainer_state.h — the trainer's state, shared by its two files: engine/trainer.c (inputs,
  * the lifecycle, the step, evaluation) and engine/trainer_ckpt.c (save, asynchronous save,
  * resume), with the agreement helpers both use. Calls between the two run one way: the
  * step polls the background save (trainer_join_write, trainer_save_poll below); the
  * checkpoint file calls nothing of trainer.c. Callers use trainer.h; nothing outside these
  * two files includes this.
  */
-#ifndef FTK_TRAINER_INTERNAL_H
-#define FTK_TRAINER_INTERNAL_H
+#ifndef FTK_TRAINER_STATE_H
+#define FTK_TRAINER_STATE_H
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
