@@ -161,12 +161,11 @@ $(O)/%.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # --version says what this build holds (libcommon/version.c) and the commit it was built from:
-# $(O)/commit is rewritten only when HEAD moves, so a new commit rebuilds version.o (and
-# relinks) and nothing else; outside a git checkout it is empty and --version names none.
+# $(O)/commit, rewritten as the Makefile is read and only when HEAD has moved, so a new commit
+# rebuilds version.o (and relinks) and nothing else, and make -n shows no rebuild that will
+# not happen; outside a git checkout it is empty and --version names none.
 FTK_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
-$(O)/commit: FORCE
-	@mkdir -p $(dir $@); [ "$$(cat $@ 2>/dev/null)" = "$(FTK_COMMIT)" ] || echo "$(FTK_COMMIT)" >$@
-FORCE:
+$(shell mkdir -p $(O) && [ "$$(cat $(O)/commit 2>/dev/null)" = "$(FTK_COMMIT)" ] || echo "$(FTK_COMMIT)" >$(O)/commit)
 $(O)/libcommon/version.o: $(O)/commit
 $(O)/libcommon/version.o: CFLAGS += -DFTK_COMMIT=\"$(FTK_COMMIT)\" -DFTK_BUILD_MPI=\"$(shell pkg-config --modversion ompi 2>/dev/null)\" \
     -DFTK_BUILD_NCCL=$(if $(NCCL_OBJ),1,0) \
