@@ -271,9 +271,8 @@ static const void *src_rows(void *ctx, size_t i, const weights_spec_t *s, dtype_
 static int store_tokenizer(void *ctx, hid_t file)
 {
     hf_import_t *im = ctx;
-    for (int i = 0; i < im->tok.n; i++)
-        if (weights_put_file(file, im->tok.f[i].name, im->tok.f[i].data.data, im->tok.f[i].data.len) < 0)
-            return -1;
+    if (tokfiles_store(&im->tok, file) < 0)
+        return -1;
     char *p = hf_folder_path(im->dir, "generation_config.json"); /* the model's, not the tokenizer's */
     buf_t b = {0};
     int rc = 0;

@@ -56,6 +56,14 @@ void tokfiles_free(tokfiles_t *t)
     t->n = 0;
 }
 
+int tokfiles_store(const tokfiles_t *t, hid_t file)
+{
+    for (int i = 0; i < t->n; i++)
+        if (weights_put_file(file, t->f[i].name, t->f[i].data.data, t->f[i].data.len) < 0)
+            return -1;
+    return 0;
+}
+
 int tokfiles_list(const tokfiles_t *t, buf_t *b)
 {
     if (!t->n)

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "../libcommon/buf.h"
+#include "h5.h"
 
 #define TOKFILES_MAX 5
 
@@ -53,6 +54,9 @@ const tokfile_t *tokfiles_encoder(const tokfiles_t *t);
 int tokfiles_is_tokenizer_name(const char *name);
 /* Appends the files held as "tokenizer.model, tokenizer.json" to b (or "none"). */
 int tokfiles_list(const tokfiles_t *t, buf_t *b);
+/* Every file held stored into an open weights file (weights_put_file): 0, or -1 with
+ * ftk_err_msg() set. */
+int tokfiles_store(const tokfiles_t *t, hid_t file);
 
 /* The encoder at path (a file, a folder or a weights file, as tokfiles_load() takes them)
  * loaded, for the tools whose --tokenizer takes any of the three; *hash (may be NULL) gets

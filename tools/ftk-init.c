@@ -128,10 +128,7 @@ static const void *init_rows(void *ctx, size_t i, const weights_spec_t *s, dtype
 static int store_tok(void *ctx, hid_t file)
 {
     init_t *in = ctx;
-    for (int i = 0; i < in->tok.n; i++)
-        if (weights_put_file(file, in->tok.f[i].name, in->tok.f[i].data.data, in->tok.f[i].data.len) < 0)
-            return -1;
-    return 0;
+    return tokfiles_store(&in->tok, file);
 }
 
 /* "70369.6 GB", "230.1 kB": a size in the unit that keeps it readable. */

@@ -116,9 +116,11 @@ static int merge_extra(void *ctx, hid_t file)
     tok_copy_t tc = {file, tokenizer_opt ? &given_tok : NULL, 0};
     if (weights_each_file(m->files[0], put_tok, &tc) < 0)
         return -1;
-    for (int i = 0; tc.given && i < given_tok.n; i++, tc.n_tok++)
-        if (weights_put_file(file, given_tok.f[i].name, given_tok.f[i].data.data, given_tok.f[i].data.len) < 0)
+    if (tc.given) {
+        if (tokfiles_store(&given_tok, file) < 0)
             return -1;
+        tc.n_tok += given_tok.n;
+    }
     n_tok_stored = tc.n_tok;
     if (!with_optimizer)
         return 0;
