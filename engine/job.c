@@ -69,11 +69,17 @@ int job_check_launch(comm_t *world)
 
 /* ---- metrics ---------------------------------------------------------------------------------- */
 
+/* What a metrics failure's message starts with: the event files are --tensorboard's. */
+static const char *sink_option(const metrics_writer_t *mw)
+{
+    return mw->err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "";
+}
+
 /* The first write error of the metrics, as the run reports it ("" while none). */
 static const char *metrics_failure(const metrics_writer_t *mw)
 {
     static char m[sizeof mw->err + 16];
-    snprintf(m, sizeof m, "%s%s", mw->err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "", mw->err);
+    snprintf(m, sizeof m, "%s%s", sink_option(mw), mw->err);
     return m;
 }
 
@@ -243,8 +249,7 @@ static int open_outputs(job_t *j, const ckpt_meta_t *meta)
         int refused;
         if (metrics_writer_open(&j->mw, kept, j->tensorboard_dir, &j->elapsed0, &refused) < 0)
             code = refused ? FTK_EXIT_USAGE : FTK_EXIT_FAIL,
-            snprintf(msg, sizeof msg, "%s%s", j->mw.err_sink == METRICS_SINK_EVENTS ? "--tensorboard " : "",
-                     ftk_err_msg());
+            snprintf(msg, sizeof msg, "%s%s", sink_option(&j->mw), ftk_err_msg());
         else if (j->keep_options() < 0)
             code = FTK_EXIT_FAIL, snprintf(msg, sizeof msg, "%s", ftk_err_msg());
         if (!code && trainer_extended(j->t)[0]) {
