@@ -858,6 +858,31 @@ int comm_barrier(comm_t *c)
     return 0;
 }
 
+int comm_sendrecv(comm_t *c, const void *send, int64_t sbytes, int dest, void *recv, int64_t rbytes, int src)
+{
+    if (sbytes < 0 || rbytes < 0 || dest >= c->size || src >= c->size) {
+        ftk_err_set("internal: comm_sendrecv of %lld/%lld bytes to %d from %d", (long long)sbytes, (long long)rbytes,
+                    dest, src);
+        return -1;
+    }
+    if (c->self) { /* a world of one sends to itself only */
+        if (dest >= 0 && src >= 0)
+            memmove(recv, send, (size_t)(sbytes < rbytes ? sbytes : rbytes));
+        return 0;
+    }
+    const int64_t piece = (int64_t)1 << 30;
+    double t0 = block_start(c);
+    for (int64_t off = 0; off < sbytes || off < rbytes; off += piece) {
+        int64_t ns = dest < 0 || off >= sbytes ? 0 : sbytes - off < piece ? sbytes - off : piece;
+        int64_t nr = src < 0 || off >= rbytes ? 0 : rbytes - off < piece ? rbytes - off : piece;
+        MPI_Sendrecv(ns ? (const char *)send + off : NULL, (int)ns, MPI_BYTE, dest < 0 || !ns ? MPI_PROC_NULL : dest,
+                     7, nr ? (char *)recv + off : NULL, (int)nr, MPI_BYTE, src < 0 || !nr ? MPI_PROC_NULL : src, 7, c->c,
+                     MPI_STATUS_IGNORE);
+    }
+    waited(c, t0);
+    return 0;
+}
+
 int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who)
 {
     return comm_agree_first(c, code, 0, msg, cap, who);

@@ -187,6 +187,11 @@ int comm_bcast(comm_t *c, void *buf, size_t bytes, int root);
 /* recv (root only) = the bytes-sized records of every rank, in rank order. */
 int comm_gather(comm_t *c, const void *send, void *recv, size_t bytes, int root);
 int comm_barrier(comm_t *c);
+/* Point to point, host memory, blocking: sends sbytes of send to rank dest and receives
+ * rbytes into recv from rank src, at once (MPI_Sendrecv, in pieces of at most 1 GiB: no
+ * count limit); dest or src -1: that side is skipped. Both sides must agree on the sizes
+ * (send them first). Not accounted as a collective's volume (memory snapshots, engine/snapshot.h). */
+int comm_sendrecv(comm_t *c, const void *send, int64_t sbytes, int dest, void *recv, int64_t rbytes, int src);
 
 /* Every rank calls it with its status (0 or an exit code) and, when failing, its message
  * in msg. Returns the highest code of all ranks; when that is not 0, msg holds the

@@ -17,6 +17,7 @@
 #include "../libcommon/watchdog.h"
 #include "compress.h"
 #include "cuda_load.h"
+#include "snapshot.h"
 
 /* Rank 0 prints an agreed failure (its message names the failing rank). */
 static int report(comm_t *world, int code)
@@ -341,6 +342,17 @@ static int save_due(job_t *j, const trainer_step_t *st, int last, int stopping, 
     return 0;
 }
 
+/* A memory snapshot (trainer.h): a failure is said there and ends the snapshots, not the run. */
+static void snapshot_due(job_t *j)
+{
+    snapshot_cost_t c;
+    trainer_snapshot(j->t, &c);
+    watchdog_beat();
+    j->snap_s += c.seconds;
+    j->snap_bytes += c.bytes_written + c.bytes_sent;
+    j->n_snaps++;
+}
+
 /* After a step's end: its metrics, its line, an evaluation where one is due. */
 static int step_end(job_t *j, const trainer_step_t *st, double ts, double t0, int64_t run_steps)
 {
@@ -392,6 +404,8 @@ static int train(job_t *j)
         }
         if ((code = save_due(j, &st, last, stopping, &last_save)))
             return code;
+        if (!last && !stopping && trainer_snapshots(t) && st.step % j->o.snapshot_every == 0)
+            snapshot_due(j);
         if (stopping && !last) {
             ftk_info("%s at step %lld; continue with --resume auto", st.stop ? "stopped by a signal" : "stopped",
                      (long long)st.step);
@@ -426,7 +440,11 @@ static int start_and_train(job_t *j)
     if (!trainer_done(t) && j->stop_agreed())
         return stopped_first(j, meta->step);
     watchdog_beat();
-    return train(j);
+    code = train(j);
+    /* a normal end, or a stop with a checkpoint of its last step: the disk has it all */
+    if (code == 0 || (code == FTK_EXIT_PREEMPTED && !j->no_save))
+        trainer_drop_snapshots(t);
+    return code;
 }
 
 /* The end of every run that made its trainer: the report, the outputs closed (a run that

@@ -83,7 +83,8 @@ static const config_alias_t litgpt_keys[] = {
 /* What a run keeps of its options (RUN/options.yaml): all but where and how this process
  * runs, and the requests of this invocation. */
 static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
-                                       "max-len", "stop-after", "device", "threads", "report", "device-memory", NULL};
+                                       "max-len", "stop-after", "device", "threads", "report", "device-memory",
+                                       "memory-dir", NULL};
 
 /* The words train_args_expand() made: allocated for the process's life (the options point
  * into them), reachable from here (volatile: stores the compiler would drop, as nothing

@@ -167,6 +167,30 @@ static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int
 
 /* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
  * of checkpoints whose writers died. */
+/* Memory snapshots where asked for: the run's identity (rank 0 reads RUN/.run-id, or draws
+ * it), the roles and folders (snapshot_new). A node whose memory cannot take them is said,
+ * and the run goes on without (every rank: agreed). */
+static void open_snapshots(trainer_t *t)
+{
+    if (t->o.snapshot_every <= 0)
+        return;
+    int rc = t->rank == 0 && rundir_run_id(t->o.out_dir, t->run_id, 1) < 0 ? -1 : 0;
+    if (agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)) {
+        if (t->rank == 0)
+            ftk_warn("memory snapshots off: %s", ftk_err_msg());
+        return;
+    }
+    comm_bcast(t->world, t->run_id, sizeof t->run_id, 0);
+    snapshot_where_t where = {t->o.memory_dir, t->o.out_dir, t->run_id};
+    t->snap = snapshot_new(t->world, t->sh, &where);
+    if (agree(t, t->snap ? 0 : fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()))) {
+        if (t->rank == 0)
+            ftk_warn("memory snapshots off: %s", ftk_err_msg());
+        snapshot_free(t->snap);
+        t->snap = NULL;
+    }
+}
+
 static int prepare_out_dir(trainer_t *t)
 {
     const char *out = t->o.out_dir;
@@ -368,6 +392,7 @@ trainer_t *trainer_new(comm_t *world, backend_t *be, const trainer_opts_t *o, in
             c = fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg());
         CHECK(c);
     }
+    open_snapshots(t);
     t->perm = malloc((size_t)t->R * sizeof *t->perm);
     /* a batch holds at most the epoch's rows */
     t->rows = malloc((size_t)(o->train.global_batch < t->R ? o->train.global_batch : t->R) * sizeof *t->rows);
@@ -405,6 +430,7 @@ void trainer_free(trainer_t *t)
      * reads the snapshot and the weights file — and never committed: rank 0 removes its
      * directory, and `latest` stays on the previous checkpoint. */
     bgsave_free(t->bg);
+    snapshot_free(t->snap);
     if (t->pend.active && t->rank == 0)
         ckpt_abort(&t->pend.w);
     batch_free(&t->b);

@@ -80,6 +80,8 @@ typedef struct {
     int extend;             /* a resume may change the steps, epochs, learning rates, warmup and
                                schedule (trainer_extended() says which changed) */
     int allow_other_tokenizer; /* train data packed with a tokenizer the model does not hold */
+    int64_t snapshot_every; /* memory snapshots every N steps (engine/snapshot.h; 0: none) */
+    const char *memory_dir; /* the node's memory folder for them (--memory-dir) */
 } trainer_opts_t;
 
 /* A committed checkpoint, for the metrics. stall_s: seconds rank 0's training loop was
@@ -158,6 +160,17 @@ int trainer_save(trainer_t *t);
 /* Snapshots the current step's state and starts its background write (see above); with
  * o->async_save off (or an HDF5 that is not thread-safe) it is trainer_save(). */
 int trainer_save_async(trainer_t *t);
+/* Memory snapshots (engine/snapshot.h), where o.snapshot_every asked for them and the
+ * node's memory took them. trainer_snapshot: the snapshot of the current step (agreed; a
+ * failure is said and ends the snapshots of this run, never the run: the disk checkpoint
+ * is the durable copy); *cost gets what it cost this rank (zero when none was taken).
+ * trainer_drop_snapshots: removes them (the run ended, or stopped with a checkpoint of its
+ * last step). A resume (--resume auto) reads the newest complete snapshot where it is at
+ * least as new as the newest checkpoint on disk. */
+struct snapshot_cost;
+int trainer_snapshots(const trainer_t *t); /* whether they are taken */
+int trainer_snapshot(trainer_t *t, struct snapshot_cost *cost);
+void trainer_drop_snapshots(trainer_t *t);
 /* The checkpoints committed since the last call, oldest first: at most max into out;
  * returns how many (rank 0's figures; call it after each step and save). */
 int trainer_ckpt_reports(trainer_t *t, trainer_ckpt_t *out, int max);

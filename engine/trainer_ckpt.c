@@ -281,6 +281,20 @@ static const void *slice_array(void *ctx, int kind, int unit)
     return shard_get_slice(c->sh, kind, unit, c->buf) < 0 ? NULL : c->buf;
 }
 
+/* A buffer for the largest array a shard file holds (malloc'd; NULL when out of memory). */
+static void *slice_buffer(const trainer_t *t)
+{
+    int n_units;
+    const ckpt_unit_t *units = shard_units(t->sh, &n_units);
+    int64_t S = t->meta.shard_count, most = 0;
+    for (int u = 0; u < n_units; u++)
+        most = units[u].padded / S > most ? units[u].padded / S : most;
+    size_t room = (size_t)most * dtype_size(ckpt_state_dtype(t->meta.precision));
+    for (int u = 0; t->meta.compress_grads[0] && u < n_units; u++) /* residuals: whole units of f32 */
+        room = (size_t)units[u].padded * sizeof(float) > room ? (size_t)units[u].padded * sizeof(float) : room;
+    return malloc(room);
+}
+
 int trainer_save(trainer_t *t)
 {
     const ckpt_meta_t *meta = &t->meta;
@@ -299,13 +313,8 @@ int trainer_save(trainer_t *t)
          * memory of the state. */
         double tw = time_now();
         ckpt_shard_sum_t sum = {0, 0};
-        int64_t idx = shard_index(t->sh), S = meta->shard_count, most = 0;
-        for (int u = 0; u < n_units; u++)
-            most = units[u].padded / S > most ? units[u].padded / S : most;
-        size_t room = (size_t)most * dtype_size(ckpt_state_dtype(meta->precision));
-        for (int u = 0; meta->compress_grads[0] && u < n_units; u++) /* residuals: whole units of f32 */
-            room = (size_t)units[u].padded * sizeof(float) > room ? (size_t)units[u].padded * sizeof(float) : room;
-        void *buf = malloc(room);
+        int64_t idx = shard_index(t->sh);
+        void *buf = slice_buffer(t);
         slice_src_t src = {t->sh, buf};
         int bad = 1;
         if (!buf)
@@ -355,19 +364,58 @@ int trainer_save_async(trainer_t *t)
     return 0;
 }
 
+/* ---- memory snapshots ------------------------------------------------------------------ */
+
+int trainer_snapshots(const trainer_t *t) { return t->snap != NULL; }
+
+/* Every rank: the snapshots end (a failure said, or the run's end), their memory freed. */
+static void end_snapshots(trainer_t *t)
+{
+    if (snapshot_drop(t->snap) < 0 && t->rank == 0)
+        ftk_warn("memory snapshots: %s", ftk_err_msg());
+    snapshot_free(t->snap);
+    t->snap = NULL;
+}
+
+int trainer_snapshot(trainer_t *t, snapshot_cost_t *cost)
+{
+    memset(cost, 0, sizeof *cost);
+    if (!t->snap)
+        return 0;
+    void *buf = slice_buffer(t);
+    slice_src_t src = {t->sh, buf};
+    int rc = !buf ? (ftk_err_set("out of memory"), -1)
+                  : snapshot_take(t->snap, &t->meta, &t->cfg, t->wf, slice_array, &src, cost);
+    free(buf);
+    if (agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)) {
+        if (t->rank == 0)
+            ftk_warn("memory snapshot of step %lld failed (%s); going on without memory snapshots (the checkpoints "
+                 "on disk are kept as before)",
+                 (long long)t->meta.step, ftk_err_msg());
+        end_snapshots(t);
+    }
+    return 0;
+}
+
+void trainer_drop_snapshots(trainer_t *t)
+{
+    if (t->snap)
+        end_snapshots(t);
+}
+
 /* This rank's part of a checkpoint (every rank calls it): the manifest checked against
  * this run, then its shard read and verified into *st — or, when the checkpoint has
  * another shard count, its new slices read from the old shards. Returns 0 (agreed),
  * FTK_EXIT_VERIFY (damaged: another checkpoint may do) or FTK_EXIT_USAGE (not this
  * run's), with why set (not agreed). */
-static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_state_t *st)
+static int read_checkpoint(trainer_t *t, const char *ck, int some, ckpt_meta_t *cm, ckpt_state_t *st)
 {
     const ckpt_meta_t *meta = &t->meta;
     ckpt_manifest_t man;
     int code = 0;
     memset(st, 0, sizeof *st);
     memset(cm, 0, sizeof *cm);
-    if (ckpt_open(ck, &man) < 0)
+    if ((some ? ckpt_open_some(ck, &man) : ckpt_open(ck, &man)) < 0)
         code = fail(t, FTK_EXIT_VERIFY, "%s", ftk_err_msg());
     else
         *cm = man.meta;
@@ -419,7 +467,7 @@ static int read_checkpoint(trainer_t *t, const char *ck, ckpt_meta_t *cm, ckpt_s
 /* --compress-grads: each rank's error-feedback residuals from its own shard file, where the
  * checkpoint has them and the layout is the same (shard count and strategy: full and
  * grad-op write one shard per rank); else the run starts them at zero, and says so. */
-static int resume_residuals(trainer_t *t, const char *ck, const ckpt_meta_t *cm)
+static int resume_residuals(trainer_t *t, const char *ck, int some, const ckpt_meta_t *cm)
 {
     int mine = shard_compress_grads(t->sh) != 0, theirs = cm->compress_grads[0] != 0;
     if (!mine && !theirs)
@@ -434,7 +482,7 @@ static int resume_residuals(trainer_t *t, const char *ck, const ckpt_meta_t *cm)
         return 0;
     }
     ckpt_manifest_t man;
-    int rc = ckpt_open(ck, &man);
+    int rc = some ? ckpt_open_some(ck, &man) : ckpt_open(ck, &man);
     hid_t f = rc < 0 ? -1 : ckpt_shard_open(ck, &man, shard_index(t->sh), 0);
     int n_units;
     const ckpt_unit_t *units = shard_units(t->sh, &n_units);
@@ -454,14 +502,74 @@ static int resume_residuals(trainer_t *t, const char *ck, const ckpt_meta_t *cm)
     return rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s: %s", ck, ftk_err_msg()) : 0;
 }
 
+/* Reads checkpoint ck (some: a memory snapshot, which holds some shard files; ck is this
+ * rank's) into the shards and the run's position. 0; read_checkpoint's codes (agreed); or
+ * FTK_EXIT_FAIL where the state could not be set (agreed). */
+static int load_checkpoint(trainer_t *t, const char *ck, int some)
+{
+    ckpt_meta_t *meta = &t->meta, cm;
+    ckpt_state_t st;
+    int n_units = t->cfg.num_hidden_layers + 2;
+    int code = agree(t, read_checkpoint(t, ck, some, &cm, &st));
+    if (code) {
+        ckpt_state_free(&st, n_units);
+        return code;
+    }
+    int rc = shard_set_state(t->sh, &st) < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0;
+    ckpt_state_free(&st, n_units);
+    if (!rc)
+        rc = resume_residuals(t, ck, some, &cm);
+    if ((code = agree(t, rc)))
+        return FTK_EXIT_FAIL;
+    meta->step = cm.step;
+    meta->tokens_seen = cm.tokens_seen;
+    meta->epoch = cm.epoch;
+    meta->rows_consumed = cm.rows_consumed;
+    return 0;
+}
+
+/* The step of a checkpoint directory's path (".../step-00000200"), or -1. */
+static int64_t path_step(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    char *end;
+    long long v = strncmp(b, "step-", 5) ? -1 : strtoll(b + 5, &end, 10);
+    return v < 0 || *end ? -1 : v;
+}
+
+/* --resume auto with memory snapshots: the newest complete one at least as new as the newest
+ * checkpoint on disk (disk_step), read as a checkpoint; where there is none, or it does not
+ * verify, the disk is used and that is said. Snapshots of other steps are removed. */
+static void resume_memory(trainer_t *t, int64_t disk_step, int *found)
+{
+    int64_t k = -1, seen = -1, bytes = 0;
+    char dir[4096];
+    double t0 = time_now();
+    int rc = snapshot_find(t->snap, disk_step, &k, &seen, dir, &bytes);
+    int code = agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0);
+    if (!code && k >= 0 && !(code = load_checkpoint(t, dir, 1))) {
+        *found = 1;
+        int64_t all = bytes;
+        comm_allreduce_i64(t->world, &all, 1, COMM_SUM);
+        ftk_info("resuming from the memory snapshot of step %lld of %lld (%.2f s; %.1f MB received from partner "
+                 "nodes)",
+                 (long long)k, (long long)t->meta.train.total_steps, time_now() - t0, (double)all / 1e6);
+    } else if (code && t->rank == 0)
+        ftk_warn("the memory snapshot of step %lld cannot be used (%s); resuming from disk", (long long)k,
+                 ftk_err_msg());
+    else if (seen >= 0)
+        ftk_info("no complete memory snapshot %s (the newest held: step %lld); resuming from disk",
+                 seen < disk_step ? "as new as the newest checkpoint" : "on the nodes", (long long)seen);
+    snapshot_settle(t->snap, *found ? k : -1);
+}
+
 /* Settles on one checkpoint for every rank and loads it; *found = 0 when there is none. */
 static int resume_from(trainer_t *t, int *found)
 {
-    ckpt_meta_t *meta = &t->meta;
     char **cand = NULL;
     size_t n_cand = 0;
     int code = 0, damaged = 0, is_auto = !strcmp(t->o.resume, "auto");
-    int n_units = t->cfg.num_hidden_layers + 2;
     *found = 0;
     if (t->rank == 0) {
         if (is_auto) {
@@ -479,44 +587,33 @@ static int resume_from(trainer_t *t, int *found)
     }
     if ((code = agree(t, code)))
         return code;
-    int64_t n = (int64_t)n_cand;
-    comm_allreduce_i64(t->world, &n, 1, COMM_MAX);
-    for (int64_t i = 0; i < n; i++) {
+    int64_t n[2] = {(int64_t)n_cand, n_cand ? path_step(cand[0]) : -1};
+    comm_allreduce_i64(t->world, n, 2, COMM_MAX);
+    if (t->snap && is_auto)
+        resume_memory(t, n[1], found);
+    for (int64_t i = 0; i < n[0] && !*found; i++) {
         char ck[4096] = "";
         if (t->rank == 0)
             snprintf(ck, sizeof ck, "%s", cand[i]);
         comm_bcast(t->world, ck, sizeof ck, 0);
-        ckpt_meta_t cm;
-        ckpt_state_t st;
-        code = agree(t, read_checkpoint(t, ck, &cm, &st));
+        code = load_checkpoint(t, ck, 0);
         if (code == FTK_EXIT_VERIFY && is_auto) {
-            ftk_warn("%s is damaged (%s)%s", ck, t->why, i + 1 < n ? "; trying the one before" : "");
-            ckpt_state_free(&st, n_units);
+            ftk_warn("%s is damaged (%s)%s", ck, t->why, i + 1 < n[0] ? "; trying the one before" : "");
             code = 0;
             damaged++;
             continue;
         }
-        if (code) {
+        if (code && code != FTK_EXIT_FAIL) {
             char m[sizeof t->why];
             snprintf(m, sizeof m, "%s", ftk_err_msg());
             ftk_err_set("cannot resume: %s", m);
             code = FTK_EXIT_USAGE;
-            ckpt_state_free(&st, n_units);
-            break;
         }
-        int rc = shard_set_state(t->sh, &st) < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0;
-        ckpt_state_free(&st, n_units);
-        if (!rc)
-            rc = resume_residuals(t, ck, &cm);
-        if ((code = agree(t, rc)))
+        if (code)
             break;
-        meta->step = cm.step;
-        meta->tokens_seen = cm.tokens_seen;
-        meta->epoch = cm.epoch;
-        meta->rows_consumed = cm.rows_consumed;
         *found = 1;
-        ftk_info("resuming from %s (step %lld of %lld)", ck, (long long)cm.step, (long long)meta->train.total_steps);
-        break;
+        ftk_info("resuming from %s (step %lld of %lld)", ck, (long long)t->meta.step,
+                 (long long)t->meta.train.total_steps);
     }
     if (!code && !*found && damaged) {
         ftk_err_set("cannot resume: no checkpoint in %s verifies (every one is damaged; see above)", t->o.out_dir);
@@ -531,6 +628,8 @@ static int resume_from(trainer_t *t, int *found)
 int trainer_resume(trainer_t *t)
 {
     int found = 0, code;
+    if (t->snap && strcmp(t->o.resume, "auto"))
+        snapshot_settle(t->snap, -1); /* another start than the snapshots' newest: not this run's */
     if (strcmp(t->o.resume, "none") && (code = resume_from(t, &found)))
         return code;
     if (!found) {

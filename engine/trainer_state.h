@@ -15,6 +15,7 @@
 #include "../formats/tokens_set.h"
 #include "../libcommon/log.h"
 #include "bgsave.h"
+#include "snapshot.h"
 #include "trainer.h"
 
 /* The data set is read a global batch at a time (formats/tokens_set.h has the reader's
@@ -83,6 +84,8 @@ struct trainer {
     trainer_ckpt_t reports[8];
     int n_reports;
     char extended[512]; /* what an --extend resume changed (trainer_extended) */
+    snapshot_t *snap;   /* memory snapshots (NULL: none) */
+    char run_id[17];    /* RUN/.run-id (rank 0 reads it, every rank gets it) */
 };
 
 /* ---- every rank agrees ------------------------------------------------------------------- */

@@ -230,6 +230,10 @@ int ckpt_begin(ckpt_writer_t *w, const char *run_dir, int64_t step);
 int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
                 int n_units, const ckpt_shard_sum_t *sums, int keep);
 void ckpt_abort(ckpt_writer_t *w);
+/* config.json and manifest.json (as ckpt_commit writes them) into dir, an existing directory,
+ * and nothing more: no rename, no `latest` (a memory snapshot's, engine/snapshot.h). */
+int ckpt_write_control(const char *dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+                       int n_units, const ckpt_shard_sum_t *sums);
 
 /* One shard file written an array at a time, so that a tool holding one unit at a time
  * (ftk-reshard) writes the same bytes as a training rank; any process writes its shard
@@ -289,6 +293,9 @@ typedef struct {
  * checksum, the shard map — every unit and tensor entry — against the model) and that
  * every shard file is there with its recorded size. */
 int ckpt_open(const char *dir, ckpt_manifest_t *man);
+/* ckpt_open() of a directory that holds only some of the shard files (a memory snapshot,
+ * engine/snapshot.h): a missing one is allowed, every one there is checked as above. */
+int ckpt_open_some(const char *dir, ckpt_manifest_t *man);
 void ckpt_manifest_free(ckpt_manifest_t *man);
 /* ckpt_resolve() then ckpt_open(): returns the checkpoint's directory (malloc'd) or NULL. */
 char *ckpt_open_path(const char *path, ckpt_manifest_t *man);

@@ -422,7 +422,7 @@ static int check_units(const json_value_t *root, const ckpt_manifest_t *man, con
  * must fit in the bytes the manifest records (and the file has), which also bounds what
  * a reader allocates by what is on disk. Counted at 2 bytes an element whatever the
  * precision, so that a dataset of the wrong type is named as such when it is read. */
-static int check_shard_files(const char *dir, const ckpt_manifest_t *man)
+static int check_shard_files(const char *dir, const ckpt_manifest_t *man, int some)
 {
     uint64_t slice_bytes = 0;
     for (int u = 0; u < man->n_units; u++)
@@ -436,6 +436,10 @@ static int check_shard_files(const char *dir, const ckpt_manifest_t *man)
         if (!sp)
             return -1;
         int st = stat(sp, &sb);
+        if (st < 0 && some && errno == ENOENT) {
+            free(sp);
+            continue;
+        }
         if (st < 0)
             ftk_err_set("%s: %s", sp, strerror(errno));
         else if (!S_ISREG(sb.st_mode))
@@ -456,7 +460,7 @@ static int check_shard_files(const char *dir, const ckpt_manifest_t *man)
     return 0;
 }
 
-int ckpt_open(const char *dir, ckpt_manifest_t *man)
+static int open_manifest(const char *dir, ckpt_manifest_t *man, int some)
 {
     int rc = -1;
     uint64_t config_sum = 0;
@@ -497,7 +501,7 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man)
     }
     if (ckpt_units(&man->cfg, man->meta.shard_count, &man->units, &man->n_units) < 0)
         goto out;
-    if (check_units(root, man, dir, mpath) < 0 || check_shard_files(dir, man) < 0)
+    if (check_units(root, man, dir, mpath) < 0 || check_shard_files(dir, man, some) < 0)
         goto out;
     rc = 0;
 out:
@@ -510,6 +514,9 @@ out:
     free(cpath);
     return rc;
 }
+
+int ckpt_open(const char *dir, ckpt_manifest_t *man) { return open_manifest(dir, man, 0); }
+int ckpt_open_some(const char *dir, ckpt_manifest_t *man) { return open_manifest(dir, man, 1); }
 
 char *ckpt_open_path(const char *path, ckpt_manifest_t *man)
 {

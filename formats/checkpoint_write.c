@@ -366,6 +366,32 @@ static int write_manifest(const char *path, const ckpt_meta_t *meta, const ckpt_
     return rc ? -1 : 0;
 }
 
+/* config.json and manifest.json of a checkpoint (never a manifest readers refuse). */
+static int control_files(const char *cpath, const char *mpath, const ckpt_meta_t *meta, const model_config_t *cfg,
+                         const ckpt_unit_t *units, int n_units, const ckpt_shard_sum_t *sums)
+{
+    buf_t cj = {0};
+    int rc = cpath && mpath ? 0 : -1;
+    if (!cpath || !mpath)
+        ftk_err_set("out of memory");
+    if (rc == 0 && ckpt_state_dtype(meta->precision) == DT_INVALID) {
+        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
+        rc = -1;
+    }
+    if (rc == 0 && ckpt_check_meta(meta) < 0) {
+        ftk_err_prefix("internal: a manifest readers would refuse: ");
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = hfconfig_write(&cj, cfg, DT_F32);
+    if (rc == 0)
+        rc = write_text(cpath, &cj);
+    if (rc == 0)
+        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), sums);
+    buf_free(&cj);
+    return rc;
+}
+
 static int step_dir_name(char *out, size_t n, int64_t step)
 {
     return snprintf(out, n, "step-%08lld", (long long)step) >= (int)n ? -1 : 0;
@@ -407,28 +433,22 @@ void ckpt_abort(ckpt_writer_t *w)
     memset(w, 0, sizeof *w);
 }
 
+int ckpt_write_control(const char *dir, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
+                       int n_units, const ckpt_shard_sum_t *sums)
+{
+    char *cpath = ckpt_join(dir, "config.json"), *mpath = ckpt_join(dir, "manifest.json");
+    int rc = control_files(cpath, mpath, meta, cfg, units, n_units, sums);
+    free(cpath);
+    free(mpath);
+    return rc;
+}
+
 int ckpt_commit(ckpt_writer_t *w, const ckpt_meta_t *meta, const model_config_t *cfg, const ckpt_unit_t *units,
                 int n_units, const ckpt_shard_sum_t *sums, int keep)
 {
-    buf_t cj = {0};
     char *cpath = atomic_dir_file(&w->ad, "config.json");
     char *mpath = atomic_dir_file(&w->ad, "manifest.json");
-    int rc = cpath && mpath ? 0 : -1;
-    if (rc == 0 && ckpt_state_dtype(meta->precision) == DT_INVALID) { /* never a manifest readers refuse */
-        ftk_err_set("internal: checkpoint precision \"%s\" (fp32, bf16-mixed or bf16-true)", meta->precision);
-        rc = -1;
-    }
-    if (rc == 0 && ckpt_check_meta(meta) < 0) {
-        ftk_err_prefix("internal: a manifest readers would refuse: ");
-        rc = -1;
-    }
-    if (rc == 0)
-        rc = hfconfig_write(&cj, cfg, DT_F32);
-    if (rc == 0)
-        rc = write_text(cpath, &cj);
-    if (rc == 0)
-        rc = write_manifest(mpath, meta, units, n_units, hash_bytes(cj.data, cj.len), sums);
-    buf_free(&cj);
+    int rc = control_files(cpath, mpath, meta, cfg, units, n_units, sums);
     if (rc == 0)
         rc = fault_point("ckpt.before-rename");
     if (rc == 0)

@@ -4,12 +4,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../libcommon/atomic.h"
+#include "../libcommon/buf.h"
 #include "../libcommon/log.h"
 #include "../libcommon/path.h"
 
@@ -143,4 +147,55 @@ void rundir_remove_bare(const char *run_dir)
         unlink(p);
     free(p);
     rmdir(run_dir);
+}
+
+int rundir_lock_held(const char *run_dir)
+{
+    char *p = rundir_lock_path(run_dir);
+    if (!p)
+        return -1;
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    free(p);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    int rc = fcntl(fd, F_GETLK, &fl) < 0 ? -1 : fl.l_type != F_UNLCK;
+    close(fd);
+    return rc;
+}
+
+int rundir_run_id(const char *run_dir, char out[17], int create)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%.*s/.run-id", path_dir_len(run_dir), run_dir);
+    buf_t b = {0};
+    if (buf_read_small(&b, p, 64, BUF_NOFOLLOW) == 0) {
+        int ok = b.len == 17 && ((char *)b.data)[16] == '\n';
+        for (size_t i = 0; ok && i < 16; i++)
+            ok = strchr("0123456789abcdef", ((char *)b.data)[i]) != NULL && ((char *)b.data)[i];
+        if (ok)
+            memcpy(out, b.data, 16), out[16] = 0;
+        buf_free(&b);
+        if (!ok)
+            ftk_err_set("%s: not a run identity (16 lowercase hex digits and a newline)", p);
+        return ok ? 0 : -1;
+    }
+    if (errno != ENOENT) {
+        buf_free(&b);
+        return -1;
+    }
+    buf_free(&b);
+    if (!create)
+        return 1;
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        ftk_err_set("getrandom: %s", strerror(errno));
+        return -1;
+    }
+    char text[18];
+    snprintf(text, sizeof text, "%016llx\n", (unsigned long long)v);
+    if (atomic_write_file(p, text, 17) < 0)
+        return -1;
+    memcpy(out, text, 16), out[16] = 0;
+    return 0;
 }

@@ -9,6 +9,9 @@
  *     metrics.jsonl               the trainer's metrics (metrics.h)
  *     options.yaml                the run's options as ftk-train keeps them
  *     .lock                       "HOST PID TOOL\n": the writer that holds the run
+ *     .run-id                     16 lowercase hex digits and a newline: the run's
+ *                                 identity, drawn when ftk-train first takes memory
+ *                                 snapshots in RUN (engine/snapshot.h names them for it)
  *
  * **One writer.** Every tool that creates or removes checkpoint directories in RUN
  * (ftk-train's rank 0, ftk-reshard) holds an exclusive POSIX record lock on RUN/.lock for
@@ -54,6 +57,15 @@ int rundir_holds_only_lock(const char *run_dir);
 
 /* "RUN/.lock", malloc'd (the caller frees it), or NULL when out of memory. */
 char *rundir_lock_path(const char *run_dir);
+
+/* Whether a live process holds RUN/.lock (fcntl F_GETLK; a process sees its own lock as
+ * free): 1 held, 0 free or no lock file, -1 where it cannot be told (no locks there). */
+int rundir_lock_held(const char *run_dir);
+
+/* RUN/.run-id into out (16 hex digits): read, or with create drawn and written (atomically)
+ * where there is none. 0; 1 where there is none and create is 0; -1 with the message (a
+ * file there that is not one: a link, or other content, is refused, naming it). */
+int rundir_run_id(const char *run_dir, char out[17], int create);
 
 /* A writer that made RUN and failed before anything of its own got in: the lock file
  * removed (while it is still held) and RUN with it, only when nothing else is there. */

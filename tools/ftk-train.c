@@ -40,7 +40,8 @@ static const char *recompute_arg, *device_memory_arg; /* recompute_arg "": bare 
 static int recompute; /* model_recompute_t, or PLAN_RECOMPUTE_AUTO */
 static int node_size;
 static int decay_norms, threads, group_size, plan, plan_ranks = 1, no_save, async_save;
-static int64_t plan_max_len;
+static int64_t plan_max_len, memory_every = -1;
+static const char *memory_dir;
 static const char *tensorboard_dir, *config_path;
 static int extend;
 static int allow_other_tokenizer;
@@ -98,6 +99,10 @@ static const opt_t options[] = {
      "write no checkpoint, not even the last (benchmarks: a 7B checkpoint is 54-81 GB; a stopped run is lost)"},
     {"async-save", 0, OPT_FLAG, &async_save, NULL,
      "write checkpoints in the background: training waits only for a host copy of the state (see below)"},
+    {"memory-snapshot-every", 0, OPT_I64, &memory_every, "N",
+     "every N steps, each rank's state into its node's memory and a partner node's: a lost node costs N steps, "
+     "--resume auto reads it back (default 1 on several ranks, else 0: off; docs/checkpoints.md)", "0.."},
+    {"memory-dir", 0, OPT_STR, &memory_dir, "DIR", "the node's memory for them (default $FTK_MEMORY_DIR, else /dev/shm)"},
     {"eval-every", 0, OPT_I64, &eval_every, "K", "validation loss every K steps and at the end (0: never)", "0.."},
     {"eval-rows", 0, OPT_I64, &eval_rows, "N", "validation rows per evaluation (0: the whole split)", "0.."},
     {"config", 0, OPT_STR, &config_path, "FILE.yaml",
@@ -452,6 +457,8 @@ static int check_values(trainer_opts_t *o)
     o->keep = keep;
     o->async_save = async_save;
     o->extend = extend;
+    o->snapshot_every = memory_every >= 0 ? memory_every : comm_size(world) > 1 && !no_save;
+    o->memory_dir = memory_dir ? memory_dir : getenv("FTK_MEMORY_DIR") ? getenv("FTK_MEMORY_DIR") : "/dev/shm";
     return 0;
 }
 

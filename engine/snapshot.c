@@ -1,0 +1,579 @@
+/* snapshot.c — memory snapshots (snapshot.h). */
+#include "snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../formats/rundir.h"
+#include "../libcommon/atomic.h"
+#include "../libcommon/buf.h"
+#include "../libcommon/fault.h"
+#include "../libcommon/log.h"
+#include "../libcommon/path.h"
+#include "../libcommon/timer.h"
+
+#define KEEP 2               /* complete snapshots a rank directory keeps */
+#define PIECE (64LL << 20)   /* a partner copy moves in pieces of this many bytes */
+#define FIELDS 4             /* what a rank reports per snapshot it holds: step, shard, step, shard */
+
+struct snapshot {
+    comm_t *world;
+    shard_t *sh;
+    int rank, nranks;
+    int64_t S, idx;
+    int writer;          /* this rank writes its shard into its node's memory */
+    int send_to, recv_from; /* partner copies: -1 none */
+    int node_lowest;     /* the lowest rank of its node */
+    int64_t *idx_of;     /* every rank's shard */
+    int *node_of;        /* every rank's node */
+    char node_dir[4096], run_root[4200], rank_dir[4300];
+};
+
+const char *snapshot_node_dir(const snapshot_t *s) { return s->node_dir; }
+
+static int mkdir_private(const char *path)
+{
+    if (mkdir(path, 0700) == 0 || errno == EEXIST) {
+        struct stat sb;
+        if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == getuid())
+            return 0;
+        ftk_err_set("%s: not a directory of this user", path);
+        return -1;
+    }
+    ftk_err_set("%s: %s", path, strerror(errno));
+    return -1;
+}
+
+/* The step of a complete snapshot's directory name, or -1. */
+static int64_t step_of(const char *name)
+{
+    char *end;
+    if (strncmp(name, "step-", 5) || strlen(name) != 13)
+        return -1;
+    long long v = strtoll(name + 5, &end, 10);
+    return *end || v < 0 ? -1 : v;
+}
+
+/* The steps of the complete snapshots in dir, newest first (at most max); how many. */
+static int list_steps(const char *dir, int64_t *steps, int max)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t k = step_of(e->d_name);
+        if (k < 0)
+            continue;
+        int i = n < max ? n++ : max; /* insertion, newest first */
+        while (i > 0 && steps[i - 1] < k) {
+            if (i < max)
+                steps[i] = steps[i - 1];
+            i--;
+        }
+        if (i < max)
+            steps[i] = k;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Removes every entry of dir named for a step (complete or being written) but keep. */
+static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        int tmp = nm[0] == '.' && !strncmp(nm + 1, "step-", 5);
+        int64_t k = tmp ? -2 : step_of(nm);
+        if (k == -1)
+            continue;
+        int kept = 0;
+        for (int i = 0; i < n_keep; i++)
+            kept |= keep[i] == k;
+        char p[4200];
+        snprintf(p, sizeof p, "%s/%s", dir, nm);
+        if (!kept)
+            rm_tree(p);
+    }
+    closedir(d);
+}
+
+static void stale_sweep(const snapshot_t *s, const char *user_root, const char *own_id);
+
+snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *where)
+{
+    snapshot_t *s = calloc(1, sizeof *s);
+    int n = comm_size(world), rank = comm_rank(world), rpn = 0, sim = 0, node = 0;
+    int64_t *all = calloc((size_t)n * 2, sizeof *all);
+    int blocks = comm_node_blocks(world, &rpn); /* collective: made before any failure */
+    int lowest;
+    comm_node_id(world, &lowest);
+    if (all) {
+        all[2 * rank] = shard_index(sh);
+        all[2 * rank + 1] = blocks == 0 ? rank / rpn : lowest;
+    }
+    int64_t ok = all && s ? 1 : 0;
+    comm_allreduce_i64(world, &ok, 1, COMM_MIN);
+    if (ok)
+        comm_allreduce_i64(world, all, 2 * n, COMM_SUM);
+    if (!ok) {
+        free(all);
+        free(s);
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    s->world = world, s->sh = sh, s->rank = rank, s->nranks = n;
+    s->S = shard_count(sh), s->idx = shard_index(sh);
+    node = (int)all[2 * rank + 1];
+    s->node_lowest = lowest == rank;
+    /* the writer of a shard on a node: its lowest rank holding it */
+    s->writer = 1;
+    for (int q = 0; q < rank; q++)
+        if (all[2 * q] == s->idx && all[2 * q + 1] == node)
+            s->writer = 0;
+    /* a partner copy where no rank on another node holds the same shard */
+    s->send_to = s->recv_from = -1;
+    if (blocks == 0 && rpn < n) {
+        for (int dir = 0; dir < 2; dir++) {
+            int q = dir == 0 ? rank : (rank - rpn + n) % n; /* the sender: me, or the one I keep a copy for */
+            int w = 1, elsewhere = 0;
+            for (int r = 0; r < q; r++)
+                if (all[2 * r] == all[2 * q] && all[2 * r + 1] == all[2 * q + 1])
+                    w = 0;
+            for (int r = 0; r < n; r++)
+                if (all[2 * r] == all[2 * q] && all[2 * r + 1] != all[2 * q + 1])
+                    elsewhere = 1;
+            if (w && !elsewhere) {
+                if (dir == 0)
+                    s->send_to = (rank + rpn) % n;
+                else
+                    s->recv_from = q;
+            }
+        }
+    }
+    s->idx_of = malloc((size_t)n * sizeof *s->idx_of);
+    s->node_of = malloc((size_t)n * sizeof *s->node_of);
+    for (int q = 0; q < n && s->idx_of && s->node_of; q++)
+        s->idx_of[q] = all[2 * q], s->node_of[q] = (int)all[2 * q + 1];
+    free(all);
+    int rc = s->idx_of && s->node_of ? 0 : (ftk_err_set("out of memory"), -1);
+    if (comm_sim_node_ranks(&sim) == 0 && sim > 0)
+        snprintf(s->node_dir, sizeof s->node_dir, "%.*s/node-%d", path_dir_len(where->mem_dir), where->mem_dir, node);
+    else
+        snprintf(s->node_dir, sizeof s->node_dir, "%.*s", path_dir_len(where->mem_dir), where->mem_dir);
+    char user_root[4120];
+    snprintf(user_root, sizeof user_root, "%s/ftk-%u", s->node_dir, (unsigned)getuid());
+    snprintf(s->run_root, sizeof s->run_root, "%s/%.16s", user_root, where->run_id);
+    snprintf(s->rank_dir, sizeof s->rank_dir, "%s/rank-%05d", s->run_root, rank);
+    if (rc == 0 && mkdir(where->mem_dir, 0700) < 0 && errno != EEXIST) {
+        ftk_err_set("--memory-dir %s: %s", where->mem_dir, strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0 && sim > 0 && mkdir(s->node_dir, 0700) < 0 && errno != EEXIST) {
+        ftk_err_set("--memory-dir %s: %s", s->node_dir, strerror(errno));
+        rc = -1;
+    }
+    if (rc == 0 && (mkdir_private(user_root) < 0 || mkdir_private(s->run_root) < 0))
+        rc = -1;
+    if (rc == 0 && s->node_lowest) {
+        char *abs = realpath(where->run_dir, NULL), p[4300];
+        snprintf(p, sizeof p, "%s/run", s->run_root);
+        buf_t b = {0};
+        if (!abs || buf_printf(&b, "%s\n", abs) < 0 || atomic_write_file(p, b.data, b.len) < 0) {
+            if (!abs)
+                ftk_err_set("%s: %s", where->run_dir, strerror(errno));
+            rc = -1;
+        }
+        buf_free(&b);
+        free(abs);
+        if (rc == 0)
+            stale_sweep(s, user_root, where->run_id);
+    }
+    if (rc < 0) {
+        ftk_err_prefix("memory snapshots: ");
+        snapshot_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void snapshot_free(snapshot_t *s)
+{
+    if (!s)
+        return;
+    free(s->idx_of);
+    free(s->node_of);
+    free(s);
+}
+
+/* ---- taking one ------------------------------------------------------------------------ */
+
+/* Sends the file at path (sbytes; 0: none) to rank dest, fault point site before each
+ * piece, and receives rbytes from rank src into out (NULL: received and dropped), in pieces; both sides make
+ * every call whatever fails, so that no partner waits and no message is left unmatched. */
+static int exchange(comm_t *c, const char *site, int dest, const char *path, int64_t sbytes, int src, const char *out,
+                    int64_t rbytes)
+{
+    int rc = 0;
+    FILE *in = sbytes > 0 ? fopen(path, "rb") : NULL, *o = rbytes > 0 && out ? fopen(out, "wb") : NULL;
+    if ((sbytes > 0 && !in) || (rbytes > 0 && out && !o)) {
+        ftk_err_set("%s: %s", !in && sbytes > 0 ? path : out, strerror(errno));
+        rc = -1;
+    }
+    char *sb = sbytes > 0 ? malloc(PIECE) : NULL, *rb = rbytes > 0 ? malloc(PIECE) : NULL;
+    if ((sbytes > 0 && !sb) || (rbytes > 0 && !rb)) {
+        ftk_err_set("out of memory");
+        rc = -1;
+    }
+    for (int64_t off = 0; off < sbytes || off < rbytes; off += PIECE) {
+        int64_t ns = off < sbytes ? (sbytes - off < PIECE ? sbytes - off : PIECE) : 0;
+        int64_t nr = off < rbytes ? (rbytes - off < PIECE ? rbytes - off : PIECE) : 0;
+        if (ns && rc == 0 && fread(sb, 1, (size_t)ns, in) != (size_t)ns) {
+            ftk_err_set("%s: short read", path);
+            rc = -1;
+        }
+        if (ns && fault_point(site) < 0)
+            rc = -1;
+        /* a failed side still sends (what it has) and receives: the manifest's sums then
+         * differ, and the sums' exchange fails the snapshot everywhere */
+        comm_sendrecv(c, sb, ns, ns ? dest : -1, rb, nr, nr ? src : -1);
+        if (nr && o && rc == 0 && fwrite(rb, 1, (size_t)nr, o) != (size_t)nr) {
+            ftk_err_set("%s: %s", out, strerror(errno));
+            rc = -1;
+        }
+    }
+    if (o && fclose(o) != 0 && rc == 0) {
+        ftk_err_set("%s: %s", out, strerror(errno));
+        rc = -1;
+    }
+    if (in)
+        fclose(in);
+    free(sb);
+    free(rb);
+    return rc;
+}
+
+int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, const model_config_t *cfg, hid_t tok_src,
+                  bgsave_array_fn array, void *ctx, snapshot_cost_t *cost)
+{
+    double t0 = time_now();
+    int n_units;
+    const ckpt_unit_t *units = shard_units(s->sh, &n_units);
+    int n = s->nranks, rc = 0, holds = s->writer || s->recv_from >= 0;
+    memset(cost, 0, sizeof *cost);
+    atomic_dir_t ad;
+    memset(&ad, 0, sizeof ad);
+    char final[4400], own[4500] = "", copy[4500] = "";
+    snprintf(final, sizeof final, "%s/step-%08lld", s->rank_dir, (long long)meta->step);
+    if (holds && (mkdir_private(s->rank_dir) < 0 || atomic_dir_begin(&ad, final) < 0))
+        rc = -1;
+    ckpt_shard_sum_t sum = {0, 0};
+    if (rc == 0 && s->writer) {
+        char name[32];
+        ckpt_shard_name(name, s->idx, s->S);
+        snprintf(own, sizeof own, "%s/%s", ad.tmp_path, name);
+        if (fault_point("snapshot.copy") < 0 ||
+            bgsave_write_shard(ad.tmp_path, meta, units, n_units, s->idx, s->idx == 0 ? tok_src : -1, array, ctx,
+                               &sum) < 0)
+            rc = -1;
+        cost->bytes_written = (int64_t)sum.bytes;
+    }
+    /* the partner copies: sizes first (-1: the sender failed), then the bytes */
+    int64_t mine = s->send_to >= 0 ? (rc == 0 ? (int64_t)sum.bytes : -1) : 0, theirs = 0;
+    comm_sendrecv(s->world, &mine, sizeof mine, s->send_to, &theirs, sizeof theirs, s->recv_from);
+    if (s->recv_from >= 0 && theirs >= 0 && rc == 0) {
+        char name[32];
+        ckpt_shard_name(name, s->idx_of[s->recv_from], s->S);
+        snprintf(copy, sizeof copy, "%s/%s", ad.tmp_path, name);
+    }
+    if (exchange(s->world, "snapshot.send", s->send_to, own, mine > 0 ? mine : 0, s->recv_from, copy[0] ? copy : NULL,
+                 theirs > 0 ? theirs : 0) < 0)
+        rc = -1;
+    if (s->recv_from >= 0 && theirs < 0 && rc == 0) {
+        ftk_err_set("rank %d could not write its snapshot", s->recv_from);
+        rc = -2; /* a peer's failure: said by that peer */
+    }
+    cost->bytes_sent = mine > 0 ? mine : 0;
+    /* every rank's sums: a shard's from the lowest rank writing it; then this rank's own */
+    int64_t *v = calloc((size_t)n * 4, sizeof *v), fail_all = 0;
+    if (!v) {
+        ftk_err_set("out of memory");
+        rc = -1;
+    } else {
+        v[4 * s->rank] = s->writer ? (int64_t)sum.bytes : 0;
+        v[4 * s->rank + 1] = s->writer ? (int64_t)sum.xxh3 : 0;
+        v[4 * s->rank + 2] = rc == -1;
+        v[4 * s->rank + 3] = s->writer ? s->idx + 1 : 0;
+    }
+    int64_t okv = v ? 1 : 0;
+    comm_allreduce_i64(s->world, &okv, 1, COMM_MIN);
+    if (okv)
+        comm_allreduce_i64(s->world, v, 4 * n, COMM_SUM);
+    ckpt_shard_sum_t *sums = okv ? calloc((size_t)s->S, sizeof *sums) : NULL;
+    if (okv && !sums) {
+        ftk_err_set("out of memory");
+        rc = -1;
+    }
+    for (int q = n - 1; sums && q >= 0; q--) { /* the lowest writer's last */
+        fail_all |= v[4 * q + 2];
+        if (v[4 * q + 3])
+            sums[v[4 * q + 3] - 1] = (ckpt_shard_sum_t){(uint64_t)v[4 * q], (uint64_t)v[4 * q + 1]};
+    }
+    if (!okv)
+        fail_all = 1;
+    free(v);
+    if (rc == 0 && !fail_all && holds) {
+        if (s->writer)
+            sums[s->idx] = sum;
+        if (ckpt_write_control(ad.tmp_path, meta, cfg, units, n_units, sums) < 0 || atomic_dir_commit(&ad, 1) < 0)
+            rc = -1;
+        else {
+            int64_t keep[KEEP];
+            int k = list_steps(s->rank_dir, keep, KEEP);
+            remove_steps(s->rank_dir, keep, k);
+            fault_point("snapshot.done");
+        }
+    } else if (holds && ad.tmp_path)
+        atomic_dir_abort(&ad);
+    free(sums);
+    cost->seconds = time_now() - t0;
+    return rc == -1 ? -1 : 0;
+}
+
+/* ---- reading one back -------------------------------------------------------------------- */
+
+/* What this rank's directory holds: up to FIELDS (step, shard) pairs, each + 1 (0: none),
+ * from its KEEP newest complete snapshots of this world and shard count. */
+static void held(const snapshot_t *s, int64_t *out)
+{
+    int64_t steps[KEEP];
+    int k = list_steps(s->rank_dir, steps, KEEP), m = 0;
+    for (int i = 0; i < k && m < FIELDS; i++) {
+        char dir[4400];
+        snprintf(dir, sizeof dir, "%s/step-%08lld", s->rank_dir, (long long)steps[i]);
+        ckpt_manifest_t man;
+        if (ckpt_open_some(dir, &man) < 0)
+            continue; /* damaged: the restart does without it */
+        if (man.meta.step == steps[i] && man.meta.world_size == s->nranks && man.meta.shard_count == s->S)
+            for (int64_t j = 0; j < s->S && m < FIELDS; j++) {
+                char name[32], p[4500];
+                struct stat sb;
+                ckpt_shard_name(name, j, s->S);
+                snprintf(p, sizeof p, "%s/%s", dir, name);
+                if (stat(p, &sb) == 0) {
+                    out[2 * m] = steps[i] + 1;
+                    out[2 * m + 1] = j + 1;
+                    m++;
+                }
+            }
+        ckpt_manifest_free(&man);
+    }
+}
+
+/* The lowest rank holding shard j of step k (on node `node`, or anywhere: -1), or -1. */
+static int holder(const snapshot_t *s, const int64_t *all, int64_t k, int64_t j, int node)
+{
+    for (int q = 0; q < s->nranks; q++)
+        for (int f = 0; f < FIELDS; f++)
+            if (all[2 * FIELDS * q + 2 * f] == k + 1 && all[2 * FIELDS * q + 2 * f + 1] == j + 1 &&
+                (node < 0 || s->node_of[q] == node))
+                return q;
+    return -1;
+}
+
+/* Rank q, whose node holds no copy of its shard, receives the snapshot's three files from
+ * rank h into its own directory (every rank calls it; only the two act). */
+static int fetch(snapshot_t *s, int q, int h, int64_t k, int64_t *bytes)
+{
+    static const char *const files[3] = {"manifest.json", "config.json", NULL};
+    char src[4400], name[32];
+    snprintf(src, sizeof src, "%.4000s/rank-%05d/step-%08lld", s->run_root, h, (long long)k);
+    ckpt_shard_name(name, s->idx_of[q], s->S);
+    atomic_dir_t ad;
+    memset(&ad, 0, sizeof ad);
+    int rc = 0;
+    if (s->rank == q) {
+        char final[4400];
+        snprintf(final, sizeof final, "%s/step-%08lld", s->rank_dir, (long long)k);
+        if (mkdir_private(s->rank_dir) < 0 || atomic_dir_begin(&ad, final) < 0)
+            rc = -1;
+    }
+    for (int f = 0; f < 3; f++) {
+        const char *nm = files[f] ? files[f] : name;
+        char p[4500], out[4500] = "";
+        snprintf(p, sizeof p, "%s/%s", src, nm);
+        int64_t size = 0;
+        if (s->rank == h) {
+            struct stat sb;
+            size = stat(p, &sb) == 0 ? (int64_t)sb.st_size : -1;
+        }
+        comm_sendrecv(s->world, &size, sizeof size, s->rank == h ? q : -1, &size, sizeof size, s->rank == q ? h : -1);
+        if (size < 0) {
+            if (s->rank == q && rc == 0)
+                ftk_err_set("rank %d cannot read its copy of %s", h, nm);
+            rc = s->rank == q ? -1 : rc;
+            continue;
+        }
+        if (s->rank == q && rc == 0)
+            snprintf(out, sizeof out, "%s/%s", ad.tmp_path, nm);
+        if (exchange(s->world, "snapshot.fetch", s->rank == h ? q : -1, p, s->rank == h ? size : 0,
+                     s->rank == q ? h : -1, out[0] ? out : NULL, s->rank == q ? size : 0) < 0)
+            rc = -1;
+        if (s->rank == q)
+            *bytes += size;
+    }
+    if (s->rank == q) {
+        if (rc == 0 && atomic_dir_commit(&ad, 1) < 0)
+            rc = -1;
+        else if (rc < 0 && ad.tmp_path)
+            atomic_dir_abort(&ad);
+    }
+    return rc;
+}
+
+int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen, char dir[4096], int64_t *bytes)
+{
+    int n = s->nranks, rc = 0;
+    *step = *seen = -1;
+    *bytes = 0;
+    dir[0] = 0;
+    int64_t *all = calloc((size_t)n * 2 * FIELDS, sizeof *all), ok = all != NULL;
+    comm_allreduce_i64(s->world, &ok, 1, COMM_MIN);
+    if (!ok) {
+        free(all);
+        ftk_err_set("out of memory");
+        return -1;
+    }
+    held(s, all + 2 * FIELDS * s->rank);
+    comm_allreduce_i64(s->world, all, 2 * FIELDS * n, COMM_SUM);
+    /* the newest step whose every shard is held somewhere */
+    int64_t best = -1;
+    for (int i = 0; i < 2 * FIELDS * n; i += 2) {
+        int64_t k = all[i] - 1, whole = k > best;
+        *seen = k > *seen ? k : *seen;
+        for (int64_t j = 0; whole && j < s->S; j++)
+            whole = holder(s, all, k, j, -1) >= 0;
+        if (whole)
+            best = k;
+    }
+    if (best < 0 || best < min_step) {
+        free(all);
+        return 0;
+    }
+    /* every rank whose node holds no copy of its shard receives one, in rank order */
+    for (int q = 0; q < n; q++) {
+        int here = holder(s, all, best, s->idx_of[q], s->node_of[q]);
+        if (here >= 0) {
+            if (q == s->rank)
+                snprintf(dir, 4096, "%.4000s/rank-%05d/step-%08lld", s->run_root, here, (long long)best);
+            continue;
+        }
+        int h = holder(s, all, best, s->idx_of[q], -1);
+        if (fetch(s, q, h, best, bytes) < 0)
+            rc = -1;
+        if (q == s->rank)
+            snprintf(dir, 4096, "%.4000s/step-%08lld", s->rank_dir, (long long)best);
+    }
+    free(all);
+    *step = best;
+    return rc;
+}
+
+int snapshot_settle(snapshot_t *s, int64_t step)
+{
+    comm_barrier(s->world); /* every rank has read what it needed from its node */
+    remove_steps(s->rank_dir, &step, step >= 0);
+    return 0;
+}
+
+int snapshot_drop(snapshot_t *s)
+{
+    comm_barrier(s->world);
+    if (s->node_lowest && rm_tree(s->run_root) < 0)
+        return -1;
+    return 0;
+}
+
+/* ---- stale snapshots ------------------------------------------------------------------- */
+
+/* The newest step of a run folder's snapshots (any rank's), or -1. */
+static int64_t newest_snapshot(const char *run_root)
+{
+    DIR *d = opendir(run_root);
+    int64_t best = -1;
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "rank-", 5))
+            continue;
+        char p[4600];
+        int64_t k[1];
+        snprintf(p, sizeof p, "%s/%s", run_root, e->d_name);
+        if (list_steps(p, k, 1) && k[0] > best)
+            best = k[0];
+    }
+    closedir(d);
+    return best;
+}
+
+/* Whether the run folder run_root (named id) is a gone run's (snapshot.h "Stale snapshots"). */
+static int is_stale(const char *run_root, const char *id)
+{
+    char p[4600];
+    buf_t b = {0};
+    snprintf(p, sizeof p, "%s/run", run_root);
+    if (buf_read_small(&b, p, 8192, BUF_NOFOLLOW) < 0 || b.len < 2 || ((char *)b.data)[b.len - 1] != '\n') {
+        buf_free(&b);
+        return 0; /* being made, or not ours to judge */
+    }
+    char run[8192], rid[17];
+    snprintf(run, sizeof run, "%.*s", (int)b.len - 1, (const char *)b.data);
+    buf_free(&b);
+    if (rundir_run_id(run, rid, 0) != 0 || strcmp(rid, id))
+        return 1; /* the run directory is gone, or holds another run */
+    if (rundir_lock_held(run) != 0)
+        return 0; /* live (or cannot be told) */
+    size_t nc = 0;
+    char **ck = ckpt_list(run, &nc);
+    int64_t disk = -1;
+    if (nc > 0) {
+        const char *base = strrchr(ck[0], '/');
+        disk = step_of(base ? base + 1 : ck[0]);
+    }
+    for (size_t i = 0; i < nc; i++)
+        free(ck[i]);
+    free(ck);
+    return disk >= 0 && disk >= newest_snapshot(run_root);
+}
+
+static void stale_sweep(const snapshot_t *s, const char *user_root, const char *own_id)
+{
+    (void)s;
+    DIR *d = opendir(user_root);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strlen(e->d_name) != 16 || strspn(e->d_name, "0123456789abcdef") != 16 || !strcmp(e->d_name, own_id))
+            continue;
+        char p[4300];
+        snprintf(p, sizeof p, "%s/%s", user_root, e->d_name);
+        if (is_stale(p, e->d_name)) {
+            ftk_info("memory snapshots of a finished run removed: %s", p);
+            rm_tree(p);
+        }
+    }
+    closedir(d);
+}

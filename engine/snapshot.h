@@ -1,0 +1,111 @@
+/* snapshot.h — memory snapshots: every N steps each rank's training state in its node's
+ * memory and in a partner's on another node, and the restart that reads it back
+ * (docs/checkpoints.md "Memory snapshots"). A lost node then costs the steps since the last
+ * snapshot, not those since the last checkpoint on disk, which stays the durable copy.
+ *
+ * ## In memory
+ *
+ * A node's memory folder M is ftk-train --memory-dir (default $FTK_MEMORY_DIR, else
+ * /dev/shm: a tmpfs, which outlives the process but not the node); on simulated nodes
+ * (FTK_SIM_NODE_RANKS) node I's is M/node-I, so that a test removes one node's memory.
+ *
+ *   M/ftk-UID/RUNID/              one run (UID: the user's; RUNID: RUN/.run-id, 16 hex
+ *                                 digits drawn when the run directory was made)
+ *     run                         the run directory's absolute path, then a newline
+ *     rank-RRRRR/                 written by world rank R alone (directories mode 0700)
+ *       step-NNNNNNNN/            a complete snapshot of step N: a checkpoint directory
+ *                                 (formats/checkpoint.h: manifest.json, config.json) that
+ *                                 holds only some shard files: rank R's own and the copy
+ *                                 it keeps for its partner (ckpt_open_some reads it)
+ *       .step-NNNNNNNN.tmp.PID/   one being written, renamed into place when complete
+ *
+ * Each rank directory keeps its two newest complete snapshots (double buffering: a rank
+ * killed while writing leaves the one before whole, and the restart takes the newest step
+ * that every shard has somewhere). Files are the checkpoint's, byte for byte: every array
+ * checksummed, the file's XXH3-64 in the manifest, the manifest sealed.
+ *
+ * **Who holds what.** Rank q's shard (shard_index; replicas of hybrid hold the same one)
+ * is written into its node's memory by the lowest rank of the node holding that shard.
+ * Its partner is rank q + n (n: ranks per node, the launcher's or FTK_SIM_NODE_RANKS's),
+ * modulo the world: one node on, which keeps a copy of the file. Where a rank on another
+ * node already holds the same shard (hybrid's replicas, none's), that is the copy and
+ * nothing is sent. One node (or nodes of unequal sizes): no partner copies; a snapshot then
+ * survives a process's death but not the node's.
+ *
+ * **Restart** (snapshot_find): every rank lists what its own rank directory holds; the ranks
+ * agree on the newest step of which every shard is held by some rank; a rank whose shard
+ * is not on its node receives the files (manifest, config, shard) from the lowest rank that
+ * holds it. The caller reads the snapshot as a checkpoint (every checksum verified).
+ *
+ * **Stale snapshots.** A normal end removes the run's snapshots (snapshot_drop). At the start
+ * of a run the lowest rank of each node removes those of runs that are gone: whose run
+ * directory is missing or holds another .run-id, or whose writer is dead (its run
+ * directory's lock free) and whose newest disk checkpoint is as new as their newest
+ * snapshot. A dead run with snapshots newer than its disk checkpoint keeps them (its
+ * restart needs them).
+ *
+ * Fault points (libcommon/fault.h): "snapshot.copy" (a rank starts writing its snapshot),
+ * "snapshot.send" (before each piece of a partner copy is sent), "snapshot.done" (a rank's
+ * snapshot is renamed into place), "snapshot.fetch" (a restarting rank receives a file).
+ *
+ * Every function is collective over the world given to snapshot_new. They return 0, or -1
+ * with ftk_err_msg() set on the rank that failed (others return 0: the caller agrees, as
+ * the trainer does for everything, trainer.h).
+ */
+#ifndef FTK_SNAPSHOT_H
+#define FTK_SNAPSHOT_H
+#include <stdint.h>
+
+#include "../formats/checkpoint.h"
+#include "bgsave.h"
+#include "comm.h"
+#include "shard.h"
+
+typedef struct snapshot snapshot_t;
+
+/* The folder of this process's node for a --memory-dir (a simulated node's below it) and the
+ * run's folder: what snapshot_new makes. */
+typedef struct {
+    const char *mem_dir; /* --memory-dir */
+    const char *run_dir; /* the run directory (its absolute path is written into `run`) */
+    const char *run_id;  /* 16 hex digits (RUN/.run-id) */
+} snapshot_where_t;
+
+/* The roles of every rank (collective), the run's folder made (rank directories on first
+ * use), and stale snapshots removed (the lowest rank of each node). NULL on failure (this
+ * rank's; collective calls are all made first). */
+snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *where);
+void snapshot_free(snapshot_t *s);
+
+/* What a snapshot cost this rank: seconds (the whole call) and bytes written and sent. */
+typedef struct snapshot_cost {
+    double seconds;
+    int64_t bytes_written, bytes_sent;
+} snapshot_cost_t;
+
+/* The snapshot of meta's step: this rank's shard file written from array(ctx, kind, unit)
+ * (bgsave_write_shard; shard 1 carries tok_src's tokenizer files), its partner copy sent
+ * and received, then every rank's sums exchanged and each rank's manifest written and its
+ * directory renamed into place; older ones beyond two removed. Where any rank failed, no
+ * rank renames (each removes its part). */
+int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, const model_config_t *cfg, hid_t tok_src,
+                  bgsave_array_fn array, void *ctx, snapshot_cost_t *cost);
+
+/* The newest step of which every shard is held by some rank, when it is at least min_step:
+ * *step, and in dir the snapshot directory on this rank's node that holds this rank's shard
+ * (received into its own rank directory where the node had none). *step = -1 (dir "") when
+ * there is none, or it is older than min_step, or the world or shard count differ; *seen:
+ * the newest step any rank holds a snapshot of (-1: none). *bytes: what this rank received. */
+int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen, char dir[4096], int64_t *bytes);
+
+/* After a restart from step (or -1: from disk), every rank's snapshots of other steps are
+ * removed (a dead run's later steps are not this run's). */
+int snapshot_settle(snapshot_t *s, int64_t step);
+
+/* Removes the run's snapshots on every node (a normal end; a disk checkpoint as new). */
+int snapshot_drop(snapshot_t *s);
+
+/* This rank's node's memory folder (M, or M/node-I). */
+const char *snapshot_node_dir(const snapshot_t *s);
+
+#endif
