@@ -23,6 +23,8 @@ export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 # The tests run on the CPU wherever they do not say --device cuda, also on a GPU machine
 # (where ftk-train's default would be cuda)
 export FTK_DEVICE=cpu
+# memory snapshots (engine/snapshot.h) of the multi-rank tests: in the work folder, not /dev/shm
+export FTK_MEMORY_DIR="$WORK/memory"
 # no bytecode caches written beside the Python tests and benchmarks in the tree
 export PYTHONDONTWRITEBYTECODE=1
 pass=0 fail=0 skip=0
