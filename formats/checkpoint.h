@@ -296,8 +296,12 @@ int ckpt_open(const char *dir, ckpt_manifest_t *man);
 /* ckpt_open() of a directory that holds only some of the shard files (a memory snapshot,
  * engine/snapshot.h): a missing one is allowed, every one there is checked as above. */
 int ckpt_open_some(const char *dir, ckpt_manifest_t *man);
+/* Whether dir names a memory snapshot (engine/snapshot.h: a step-NNNNNNNN directory in a
+ * rank-RRRRR folder), which ckpt_open_path() and ftk-verify read with ckpt_open_some(). */
+int ckpt_is_snapshot(const char *dir);
 void ckpt_manifest_free(ckpt_manifest_t *man);
-/* ckpt_resolve() then ckpt_open(): returns the checkpoint's directory (malloc'd) or NULL. */
+/* ckpt_resolve() then ckpt_open() (ckpt_open_some() for a memory snapshot): returns the
+ * checkpoint's directory (malloc'd) or NULL. */
 char *ckpt_open_path(const char *path, ckpt_manifest_t *man);
 /* Opens shard `index` (0-based) read-only: with verify, first the whole file's XXH3-64
  * against the manifest's; always its root attributes against the manifest (shard index

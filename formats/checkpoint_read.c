@@ -518,10 +518,23 @@ out:
 int ckpt_open(const char *dir, ckpt_manifest_t *man) { return open_manifest(dir, man, 0); }
 int ckpt_open_some(const char *dir, ckpt_manifest_t *man) { return open_manifest(dir, man, 1); }
 
+int ckpt_is_snapshot(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/')
+        b--;
+    if (n - b != 13 || strncmp(dir + b, "step-", 5))
+        return 0;
+    return (b >= 12 && !strncmp(dir + b - 12, "/rank-", 6)) || (b == 11 && !strncmp(dir, "rank-", 5));
+}
+
 char *ckpt_open_path(const char *path, ckpt_manifest_t *man)
 {
     char *dir = ckpt_resolve(path);
-    if (dir && ckpt_open(dir, man) < 0) {
+    if (dir && open_manifest(dir, man, ckpt_is_snapshot(dir)) < 0) {
         free(dir);
         dir = NULL;
     }

@@ -181,10 +181,21 @@ static int check_shard(const ckpt_verify_opts_t *o, const char *dir, const ckpt_
     return bad;
 }
 
+/* Whether shard i's file is in dir. */
+static int shard_here(const char *dir, const ckpt_manifest_t *man, int64_t i)
+{
+    char name[32], p[4200];
+    struct stat sb;
+    ckpt_shard_name(name, i, man->meta.shard_count);
+    snprintf(p, sizeof p, "%.4000s/%s", dir, name);
+    return lstat(p, &sb) == 0;
+}
+
 ckpt_verdict_t ckpt_verify(const char *dir, const ckpt_verify_opts_t *o)
 {
     ckpt_manifest_t man;
-    if (ckpt_open(dir, &man) < 0) {
+    int snap = ckpt_is_snapshot(dir);
+    if ((snap ? ckpt_open_some(dir, &man) : ckpt_open(dir, &man)) < 0) {
         say(o, CKPT_REPORT_ERROR, "%s", ftk_err_msg());
         return CKPT_VERIFY_DAMAGED;
     }
@@ -203,9 +214,20 @@ ckpt_verdict_t ckpt_verify(const char *dir, const ckpt_verify_opts_t *o)
         ckpt_manifest_free(&man);
         return CKPT_VERIFY_FAILED;
     }
+    int64_t here = 0;
     for (int64_t i = 0; i < S && bad < 20; i++)
-        bad += check_shard(o, dir, &man, i, buf, &n_ds);
-    if (!bad)
+        if (!snap || shard_here(dir, &man, i)) {
+            bad += check_shard(o, dir, &man, i, buf, &n_ds);
+            here++;
+        }
+    if (!bad && snap)
+        say(o, CKPT_REPORT_OK,
+            "%s: OK (memory snapshot of step %lld: %lld of its %lld shard files here, strategy %s on %lld rank%s, "
+            "precision %s, %d datasets; checksums%s verified)",
+            dir, (long long)man.meta.step, (long long)here, (long long)S, man.meta.strategy,
+            (long long)man.meta.world_size, man.meta.world_size == 1 ? "" : "s", man.meta.precision, n_ds,
+            o->deep ? ", padding and values (no NaN/Inf)" : " and padding");
+    else if (!bad)
         say(o, CKPT_REPORT_OK,
             "%s: OK (checkpoint of step %lld: %lld shard%s, strategy %s on %lld rank%s, precision %s, %d "
             "datasets; %lld parameters each covered once; checksums%s verified)",

@@ -412,8 +412,10 @@ static int describe_ckpt(const char *path)
         j_close('}');
         j_flush();
     } else {
-        printf("%s: ftk checkpoint, format version %d, step %lld of %lld\n", dir, CKPT_VERSION, (long long)m->step,
-               (long long)t->total_steps);
+        int snap = ckpt_is_snapshot(dir);
+        printf("%s: ftk %s, format version %d, step %lld of %lld\n", dir,
+               snap ? "memory snapshot (a checkpoint of some shards: ftk-train --memory-snapshot-every)" : "checkpoint",
+               CKPT_VERSION, (long long)m->step, (long long)t->total_steps);
         printf("  %-20s %lld\n", "tokens_seen", (long long)m->tokens_seen);
         printf("  %-20s %s (set %s, %lld row%s); epoch %lld, %lld row%s of it done\n", "data", m->data_file,
                m->data_set_xxh3, (long long)m->data_rows, plural_s(m->data_rows), (long long)m->epoch,
@@ -431,8 +433,10 @@ static int describe_ckpt(const char *path)
         for (int64_t i = 0; i < m->shard_count; i++) {
             char name[32];
             ckpt_shard_name(name, i, m->shard_count);
-            printf("  %s  %llu bytes  xxh3 %016llx\n", name, (unsigned long long)man.shards[i].bytes,
-                   (unsigned long long)man.shards[i].xxh3);
+            char p[4200];
+            snprintf(p, sizeof p, "%.4000s/%s", dir, name);
+            printf("  %s  %llu bytes  xxh3 %016llx%s\n", name, (unsigned long long)man.shards[i].bytes,
+                   (unsigned long long)man.shards[i].xxh3, snap && access(p, F_OK) ? "  (not here)" : "");
         }
     }
     ckpt_manifest_free(&man);
