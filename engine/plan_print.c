@@ -212,6 +212,11 @@ void plan_table_print(FILE *out, const plan_table_t *t)
         fprintf(out, "  total + snapshot   %s   (%lld bytes, %.2f GiB)\n", a, (long long)(pl->total + pl->snapshot),
                 (double)(pl->total + pl->snapshot) / (1 << 30));
     }
+    /* memory snapshots (engine/snapshot.h) in the node's memory: this rank's shard file and its
+     * partner's copy, two complete and one being written at most */
+    gb(a, sizeof a, 6 * pl->snapshot);
+    fprintf(out, "  memory snapshots   %s   (%s: node memory, e.g. /dev/shm, at most: 3 x (own shard + a partner's))\n", a,
+            rq->o.snapshot_every > 0 ? "--memory-snapshot-every" : "with --memory-snapshot-every");
     if (t->most.rank != 0) {
         gb(a, sizeof a, t->most.total);
         fprintf(out, "largest rank: %d, total %s\n", t->most.rank, a);
