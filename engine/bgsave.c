@@ -14,6 +14,7 @@
 
 #include "../formats/h5.h"
 #include "../libcommon/fault.h"
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/timer.h"
 
@@ -39,6 +40,8 @@ struct bgsave {
     char err[2048];
     ckpt_shard_sum_t sum;
     double write_s;
+    int hash_raw;       /* the thread also hashes the snapshot's bytes into raw_xxh3 */
+    uint64_t raw_xxh3;
 };
 
 /* The residuals start at a multiple of 16 bytes. */
@@ -168,6 +171,8 @@ static void *writer(void *arg)
         setpriority(PRIO_PROCESS, (id_t)tid, prio + 10 > 19 ? 19 : prio + 10);
     int bad = bgsave_write_shard(b->dir, &b->meta, b->units, b->n_units, b->index, b->tok_src, snapshot_array, b,
                                  &b->sum) < 0;
+    if (!bad && b->hash_raw)
+        b->raw_xxh3 = hash_bytes(b->snap, b->bytes);
     b->rc = bad ? -1 : 0;
     if (bad) /* ftk_err_msg() is this thread's */
         snprintf(b->err, sizeof b->err, "%s", ftk_err_msg());
@@ -206,6 +211,15 @@ int bgsave_start(bgsave_t *b, const char *dir, const ckpt_meta_t *meta, int64_t 
 }
 
 int bgsave_running(const bgsave_t *b) { return b && b->running; }
+
+void *bgsave_buffer(bgsave_t *b, int64_t *bytes)
+{
+    *bytes = (int64_t)b->bytes;
+    return b->snap;
+}
+
+void bgsave_hash_raw(bgsave_t *b, int on) { b->hash_raw = on; }
+uint64_t bgsave_raw_hash(const bgsave_t *b) { return b->raw_xxh3; }
 
 int bgsave_done(const bgsave_t *b)
 {

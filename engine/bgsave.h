@@ -58,6 +58,14 @@ int bgsave_snapshot(bgsave_t *b, shard_t *sh);
  * ckpt_begin() directory) from the snapshot; tok_src (or -1): the weights file whose
  * tokenizer files shard 1 carries (read by the thread). */
 int bgsave_start(bgsave_t *b, const char *dir, const ckpt_meta_t *meta, int64_t index, hid_t tok_src);
+/* The snapshot's bytes (bgsave_bytes of them), for a caller that sends or fills them as they
+ * are (memory snapshots, engine/snapshot.h: the same shard map gives the same layout on
+ * every rank). Only between writes. */
+void *bgsave_buffer(bgsave_t *b, int64_t *bytes);
+/* After the next write, the thread also takes the XXH3-64 of the snapshot's bytes (for
+ * bgsave_raw_hash after bgsave_wait). */
+void bgsave_hash_raw(bgsave_t *b, int on);
+uint64_t bgsave_raw_hash(const bgsave_t *b);
 /* A write was started and not yet waited for. */
 int bgsave_running(const bgsave_t *b);
 /* The write has ended (or none runs): bgsave_wait() will not block. Never blocks. */

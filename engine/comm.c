@@ -883,6 +883,50 @@ int comm_sendrecv(comm_t *c, const void *send, int64_t sbytes, int dest, void *r
     return 0;
 }
 
+struct comm_p2p {
+    comm_t *c;
+    int n;
+    MPI_Request r[];
+};
+
+comm_p2p_t *comm_p2p_start(comm_t *c, const void *send, int64_t sbytes, int dest, void *recv, int64_t rbytes, int src)
+{
+    const int64_t piece = (int64_t)1 << 30;
+    int64_t ns = dest < 0 ? 0 : (sbytes + piece - 1) / piece, nr = src < 0 ? 0 : (rbytes + piece - 1) / piece;
+    comm_p2p_t *p = malloc(sizeof *p + (size_t)(ns + nr) * sizeof(MPI_Request));
+    if (!p) {
+        ftk_err_set("out of memory");
+        return NULL;
+    }
+    p->c = c;
+    p->n = 0;
+    if (c->self) {
+        if (dest >= 0 && src >= 0)
+            memmove(recv, send, (size_t)(sbytes < rbytes ? sbytes : rbytes));
+        return p;
+    }
+    for (int64_t off = 0; off < sbytes && dest >= 0; off += piece)
+        MPI_Isend((const char *)send + off, (int)(sbytes - off < piece ? sbytes - off : piece), MPI_BYTE, dest, 8, c->c,
+                  &p->r[p->n++]);
+    for (int64_t off = 0; off < rbytes && src >= 0; off += piece)
+        MPI_Irecv((char *)recv + off, (int)(rbytes - off < piece ? rbytes - off : piece), MPI_BYTE, src, 8, c->c,
+                  &p->r[p->n++]);
+    return p;
+}
+
+int comm_p2p_wait(comm_p2p_t *p)
+{
+    if (!p)
+        return 0;
+    if (p->n) {
+        double t0 = block_start(p->c);
+        MPI_Waitall(p->n, p->r, MPI_STATUSES_IGNORE);
+        waited(p->c, t0);
+    }
+    free(p);
+    return 0;
+}
+
 int comm_agree(comm_t *c, int code, char *msg, size_t cap, int *who)
 {
     return comm_agree_first(c, code, 0, msg, cap, who);

@@ -192,6 +192,12 @@ int comm_barrier(comm_t *c);
  * count limit); dest or src -1: that side is skipped. Both sides must agree on the sizes
  * (send them first). Not accounted as a collective's volume (memory snapshots, engine/snapshot.h). */
 int comm_sendrecv(comm_t *c, const void *send, int64_t sbytes, int dest, void *recv, int64_t rbytes, int src);
+/* comm_sendrecv started and left to run (MPI_Isend/MPI_Irecv): MPI moves it inside the
+ * other calls that follow (the next step's collectives); comm_p2p_wait() completes it and
+ * frees the handle. Both buffers stay untouched until then. NULL when out of memory. */
+typedef struct comm_p2p comm_p2p_t;
+comm_p2p_t *comm_p2p_start(comm_t *c, const void *send, int64_t sbytes, int dest, void *recv, int64_t rbytes, int src);
+int comm_p2p_wait(comm_p2p_t *p); /* NULL: nothing */
 
 /* Every rank calls it with its status (0 or an exit code) and, when failing, its message
  * in msg. Returns the highest code of all ranks; when that is not 0, msg holds the

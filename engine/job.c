@@ -343,14 +343,20 @@ static int save_due(job_t *j, const trainer_step_t *st, int last, int stopping, 
 }
 
 /* A memory snapshot (trainer.h): a failure is said there and ends the snapshots, not the run. */
-static void snapshot_due(job_t *j)
+static void snapshot_due(job_t *j, int64_t step)
 {
     snapshot_cost_t c;
     trainer_snapshot(j->t, &c);
     watchdog_beat();
-    j->snap_s += c.seconds;
-    j->snap_bytes += c.bytes_written + c.bytes_sent;
-    j->n_snaps++;
+    double s = c.seconds;
+    int64_t bytes = c.bytes_written + c.bytes_sent;
+    comm_allreduce_f64(j->world, &s, 1, COMM_MAX);
+    comm_allreduce_i64(j->world, &bytes, 1, COMM_SUM);
+    if (bytes > 0)
+        metrics_write_snapshot(&j->mw, step, s, bytes);
+    j->snap_s += s;
+    j->snap_bytes += bytes;
+    j->n_snaps += bytes > 0;
 }
 
 /* After a step's end: its metrics, its line, an evaluation where one is due. */
@@ -405,7 +411,7 @@ static int train(job_t *j)
         if ((code = save_due(j, &st, last, stopping, &last_save)))
             return code;
         if (!last && !stopping && trainer_snapshots(t) && st.step % j->o.snapshot_every == 0)
-            snapshot_due(j);
+            snapshot_due(j, st.step);
         if (stopping && !last) {
             ftk_info("%s at step %lld; continue with --resume auto", st.stop ? "stopped by a signal" : "stopped",
                      (long long)st.step);
@@ -441,6 +447,10 @@ static int start_and_train(job_t *j)
         return stopped_first(j, meta->step);
     watchdog_beat();
     code = train(j);
+    if (j->n_snaps > 0)
+        ftk_info("memory snapshots: %lld, %.2f s in all (the slowest rank's), %.1f MB each (every rank's written "
+                 "and sent)",
+                 (long long)j->n_snaps, j->snap_s, (double)j->snap_bytes / 1e6 / (double)j->n_snaps);
     /* a normal end, or a stop with a checkpoint of its last step: the disk has it all */
     if (code == 0 || (code == FTK_EXIT_PREEMPTED && !j->no_save))
         trainer_drop_snapshots(t);

@@ -56,7 +56,7 @@ typedef struct {
     double prof_t0;  /* when the timed part began */
     double elapsed0; /* the history's elapsed_s at the resumed step (rank 0) */
     int discard;     /* a new run that stops before its first step is removed, as a failed one is */
-    double snap_s;   /* this rank's memory snapshots: seconds, bytes written and sent, how many */
+    double snap_s;   /* memory snapshots: the slowest rank's seconds, every rank's bytes, how many */
     int64_t snap_bytes, n_snaps;
 } job_t;
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "../libcommon/atomic.h"
 #include "../libcommon/buf.h"
 #include "../libcommon/fault.h"
+#include "../libcommon/hash.h"
 #include "../libcommon/log.h"
 #include "../libcommon/path.h"
 #include "../libcommon/timer.h"
@@ -22,9 +24,28 @@
 #define PIECE (64LL << 20)   /* a partner copy moves in pieces of this many bytes */
 #define FIELDS 4             /* what a rank reports per snapshot it holds: step, shard, step, shard */
 
+/* The snapshot in flight: started at one step boundary, committed inside the next step
+ * (snapshot_poll) or at the next snapshot. */
+typedef struct {
+    int active, rc;     /* rc: this rank's start failed (the commit drops it everywhere) */
+    ckpt_meta_t meta;
+    atomic_dir_t ad;    /* its directory being written (tmp_path NULL: this rank holds nothing) */
+    comm_p2p_t *p2p;    /* the partner transfers */
+    void *map;          /* the partner copy's file, mapped (header, then the bytes) */
+    size_t map_len;
+    int map_fd;
+    void *drop;         /* where a partner's bytes go when they cannot be kept */
+} pend_t;
+
 struct snapshot {
     comm_t *world;
     shard_t *sh;
+    const model_config_t *cfg;
+    const ckpt_unit_t *units;
+    int n_units;
+    bgsave_t *bg;        /* this rank's host snapshot and its writer thread (writers) */
+    int64_t copy_bytes;  /* a shard's snapshot bytes (bgsave_bytes: the same for every shard) */
+    pend_t pend;
     int rank, nranks;
     int64_t S, idx;
     int writer;          /* this rank writes its shard into its node's memory */
@@ -110,8 +131,10 @@ static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
 }
 
 static void stale_sweep(const snapshot_t *s, const char *user_root, const char *own_id);
+static void pend_end(snapshot_t *s, int rc);
 
-snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *where)
+snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_config_t *cfg,
+                         const snapshot_where_t *where)
 {
     snapshot_t *s = calloc(1, sizeof *s);
     int n = comm_size(world), rank = comm_rank(world), rpn = 0, sim = 0, node = 0;
@@ -133,8 +156,10 @@ snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *whe
         ftk_err_set("out of memory");
         return NULL;
     }
-    s->world = world, s->sh = sh, s->rank = rank, s->nranks = n;
+    s->world = world, s->sh = sh, s->cfg = cfg, s->rank = rank, s->nranks = n;
     s->S = shard_count(sh), s->idx = shard_index(sh);
+    s->units = shard_units(sh, &s->n_units);
+    s->pend.map_fd = -1;
     node = (int)all[2 * rank + 1];
     s->node_lowest = lowest == rank;
     /* the writer of a shard on a node: its lowest rank holding it */
@@ -176,6 +201,14 @@ snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *whe
     snprintf(user_root, sizeof user_root, "%s/ftk-%u", s->node_dir, (unsigned)getuid());
     snprintf(s->run_root, sizeof s->run_root, "%s/%.16s", user_root, where->run_id);
     snprintf(s->rank_dir, sizeof s->rank_dir, "%s/rank-%05d", s->run_root, rank);
+    dtype_t dt = shard_dtypes(sh).state;
+    int residual = shard_compress_grads(sh) != 0;
+    s->copy_bytes = bgsave_bytes(s->units, s->n_units, s->S, dt, residual);
+    if (rc == 0 && (s->writer || s->recv_from >= 0) &&
+        !(s->bg = bgsave_new(be, s->units, s->n_units, s->S, dt, residual)))
+        rc = -1;
+    if (s->bg)
+        bgsave_hash_raw(s->bg, 1);
     if (rc == 0 && mkdir(where->mem_dir, 0700) < 0 && errno != EEXIST) {
         ftk_err_set("--memory-dir %s: %s", where->mem_dir, strerror(errno));
         rc = -1;
@@ -212,6 +245,9 @@ void snapshot_free(snapshot_t *s)
 {
     if (!s)
         return;
+    if (s->pend.active)
+        pend_end(s, -1);
+    bgsave_free(s->bg);
     free(s->idx_of);
     free(s->node_of);
     free(s);
@@ -219,11 +255,325 @@ void snapshot_free(snapshot_t *s)
 
 /* ---- taking one ------------------------------------------------------------------------ */
 
-/* Sends the file at path (sbytes; 0: none) to rank dest, fault point site before each
- * piece, and receives rbytes from rank src into out (NULL: received and dropped), in pieces; both sides make
- * every call whatever fails, so that no partner waits and no message is left unmatched. */
-static int exchange(comm_t *c, const char *site, int dest, const char *path, int64_t sbytes, int src, const char *out,
-                    int64_t rbytes)
+#define COPY_HEADER 4096 /* a partner copy's header; its bytes follow, page-aligned for mmap */
+
+/* "shard-00002-of-00004.raw": the partner copy of shard index 1 of 4. */
+static void copy_name(char out[32], int64_t index, int64_t count)
+{
+    ckpt_shard_name(out, index, count);
+    memcpy(out + strlen(out) - 3, ".raw", 5);
+}
+
+static void copy_header(char *h, int64_t step, int64_t index, int64_t count, int64_t bytes, uint64_t xxh3)
+{
+    memset(h, 0, COPY_HEADER);
+    snprintf(h, COPY_HEADER, "ftk memory snapshot copy 1\nstep %lld\nshard %lld\nof %lld\nbytes %lld\nxxh3 %016llx\n",
+             (long long)step, (long long)index, (long long)count, (long long)bytes, (unsigned long long)xxh3);
+}
+
+/* The partner's bytes land in a file of the node's memory, mapped: no copy after MPI's. */
+static int map_copy(pend_t *p, const char *path, int64_t bytes)
+{
+    p->map_len = COPY_HEADER + (size_t)bytes;
+    p->map_fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (p->map_fd < 0 || ftruncate(p->map_fd, (off_t)p->map_len) < 0 ||
+        (p->map = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->map_fd, 0)) == MAP_FAILED) {
+        ftk_err_set("%s: %s", path, strerror(errno));
+        p->map = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void unmap_copy(pend_t *p)
+{
+    free(p->drop);
+    p->drop = NULL;
+    if (p->map)
+        munmap(p->map, p->map_len);
+    if (p->map_fd >= 0)
+        close(p->map_fd);
+    p->map = NULL;
+    p->map_fd = -1;
+}
+
+/* Ends the snapshot in flight whatever became of it: transfers completed, the writer joined;
+ * rc < 0 removes it. */
+static void pend_end(snapshot_t *s, int rc)
+{
+    pend_t *p = &s->pend;
+    comm_p2p_wait(p->p2p);
+    p->p2p = NULL;
+    if (bgsave_running(s->bg)) {
+        ckpt_shard_sum_t sum;
+        double w;
+        bgsave_wait(s->bg, &sum, &w);
+    }
+    unmap_copy(p);
+    if (rc < 0 && p->ad.tmp_path)
+        atomic_dir_abort(&p->ad);
+    p->active = 0;
+}
+
+/* Commits the snapshot in flight (every rank, when one is: they all started it): waits for
+ * its transfers and its writer, exchanges every rank's sums, writes the manifest and renames
+ * the directory into place; older ones beyond KEEP are removed. */
+static int pend_commit(snapshot_t *s, double *wait_s)
+{
+    pend_t *p = &s->pend;
+    int n = s->nranks, rc = p->rc;
+    double t0 = time_now();
+    comm_p2p_wait(p->p2p);
+    p->p2p = NULL;
+    ckpt_shard_sum_t sum = {0, 0};
+    uint64_t raw = 0;
+    if (bgsave_running(s->bg)) {
+        double w;
+        if (bgsave_wait(s->bg, &sum, &w) < 0)
+            rc = -1;
+        raw = bgsave_raw_hash(s->bg);
+    }
+    *wait_s = time_now() - t0;
+    /* every rank's: its file's bytes and checksum, its snapshot's raw checksum, a failure, its shard */
+    int64_t *v = calloc((size_t)n * 5, sizeof *v), ok = v != NULL, fail_all = 0;
+    comm_allreduce_i64(s->world, &ok, 1, COMM_MIN);
+    if (ok) {
+        int64_t *m = v + 5 * s->rank;
+        m[0] = (int64_t)sum.bytes, m[1] = (int64_t)sum.xxh3, m[2] = (int64_t)raw, m[3] = rc < 0;
+        m[4] = s->writer ? s->idx + 1 : 0;
+        comm_allreduce_i64(s->world, v, 5 * n, COMM_SUM);
+    } else if (rc == 0) {
+        ftk_err_set("out of memory");
+        rc = -1;
+    }
+    ckpt_shard_sum_t *sums = ok ? calloc((size_t)s->S, sizeof *sums) : NULL;
+    for (int q = n - 1; sums && q >= 0; q--) { /* a shard's sums: its lowest writer's */
+        fail_all |= v[5 * q + 3];
+        if (v[5 * q + 4])
+            sums[v[5 * q + 4] - 1] = (ckpt_shard_sum_t){(uint64_t)v[5 * q], (uint64_t)v[5 * q + 1]};
+    }
+    if (!sums && rc == 0) {
+        ftk_err_set("out of memory");
+        rc = -1;
+    }
+    if (p->map && sums && !fail_all) /* the sender's raw checksum, known only now */
+        copy_header(p->map, p->meta.step, s->idx_of[s->recv_from], s->S, (int64_t)(p->map_len - COPY_HEADER),
+                    (uint64_t)v[5 * s->recv_from + 2]);
+    unmap_copy(p);
+    if (rc == 0 && !fail_all && p->ad.tmp_path) {
+        if (s->writer)
+            sums[s->idx] = sum;
+        if (fault_point("snapshot.done") < 0 ||
+            ckpt_write_control(p->ad.tmp_path, &p->meta, s->cfg, s->units, s->n_units, sums) < 0 ||
+            atomic_dir_commit(&p->ad, 1) < 0)
+            rc = -1;
+        else {
+            int64_t keep[KEEP];
+            int k = list_steps(s->rank_dir, keep, KEEP);
+            remove_steps(s->rank_dir, keep, k);
+        }
+    }
+    if ((rc < 0 || fail_all) && p->ad.tmp_path)
+        atomic_dir_abort(&p->ad);
+    free(v);
+    free(sums);
+    p->active = 0;
+    return rc;
+}
+
+int snapshot_poll(snapshot_t *s, snapshot_cost_t *cost)
+{
+    memset(cost, 0, sizeof *cost);
+    if (!s->pend.active)
+        return 0;
+    double t0 = time_now();
+    int rc = pend_commit(s, &cost->wait_s);
+    cost->seconds = time_now() - t0;
+    return rc;
+}
+
+/* Starts the snapshot of meta's step: this rank's state copied into its host snapshot (what
+ * the loop waits for), its shard file written by a thread, its bytes sent to the partner
+ * and the partner's received, both left to run. */
+static int pend_start(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, snapshot_cost_t *cost)
+{
+    pend_t *p = &s->pend;
+    memset(&p->ad, 0, sizeof p->ad);
+    p->meta = *meta;
+    p->rc = 0;
+    p->active = 1;
+    char final[4400];
+    snprintf(final, sizeof final, "%s/step-%08lld", s->rank_dir, (long long)meta->step);
+    int holds = s->writer || s->recv_from >= 0, rc = 0;
+    if (holds && (mkdir_private(s->rank_dir) < 0 || atomic_dir_begin(&p->ad, final) < 0))
+        rc = -1;
+    int64_t bytes = 0;
+    void *buf = s->bg ? bgsave_buffer(s->bg, &bytes) : NULL;
+    if (rc == 0 && s->writer &&
+        (fault_point("snapshot.copy") < 0 || bgsave_snapshot(s->bg, s->sh) < 0 ||
+         bgsave_start(s->bg, p->ad.tmp_path, meta, s->idx, s->idx == 0 ? tok_src : -1) < 0))
+        rc = -1;
+    cost->bytes_written = s->writer ? s->copy_bytes : 0;
+    /* a failed sender sends all the same (what its snapshot holds): the commit's exchange of
+     * failures drops the snapshot everywhere, and no message is left unmatched */
+    char copy[4500] = "", name[32];
+    if (s->recv_from >= 0 && p->ad.tmp_path) {
+        copy_name(name, s->idx_of[s->recv_from], s->S);
+        snprintf(copy, sizeof copy, "%s/%s", p->ad.tmp_path, name);
+        if (map_copy(p, copy, s->copy_bytes) < 0)
+            rc = -1;
+    }
+    if (s->send_to >= 0 && fault_point("snapshot.send") < 0)
+        rc = -1;
+    void *drop = NULL;
+    if (s->recv_from >= 0 && !p->map && !(drop = malloc((size_t)s->copy_bytes)))
+        rc = -1;
+    p->drop = drop;
+    p->p2p = comm_p2p_start(s->world, buf, s->send_to >= 0 ? bytes : 0, s->send_to,
+                            p->map ? (char *)p->map + COPY_HEADER : drop, s->recv_from >= 0 ? s->copy_bytes : 0,
+                            s->recv_from);
+    if (!p->p2p)
+        rc = -1;
+    cost->bytes_sent = s->send_to >= 0 ? bytes : 0;
+    p->rc = rc;
+    return rc;
+}
+
+int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, snapshot_cost_t *cost)
+{
+    double t0 = time_now();
+    memset(cost, 0, sizeof *cost);
+    int rc = 0;
+    if (s->pend.active)
+        rc = pend_commit(s, &cost->wait_s);
+    if (pend_start(s, meta, tok_src, cost) < 0)
+        rc = -1;
+    cost->seconds = time_now() - t0;
+    return rc;
+}
+
+/* ---- reading one back -------------------------------------------------------------------- */
+
+/* A partner copy's header, checked against the snapshot it is in: 0 with its checksum. */
+static int read_copy_header(const char *path, int64_t step, int64_t index, int64_t count, int64_t bytes,
+                            uint64_t *xxh3)
+{
+    char h[COPY_HEADER + 1];
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat sb;
+    ssize_t got = fd < 0 ? -1 : read(fd, h, COPY_HEADER);
+    int ok = fd >= 0 && fstat(fd, &sb) == 0 && got == COPY_HEADER && (int64_t)sb.st_size == COPY_HEADER + bytes;
+    if (fd >= 0)
+        close(fd);
+    h[COPY_HEADER] = 0;
+    long long st, ix, of, by;
+    unsigned long long x;
+    ok = ok && sscanf(h, "ftk memory snapshot copy 1\nstep %lld\nshard %lld\nof %lld\nbytes %lld\nxxh3 %16llx\n", &st,
+                      &ix, &of, &by, &x) == 5;
+    if (!ok || st != step || ix != index || of != count || by != bytes) {
+        ftk_err_set("%s: not the partner copy of shard %lld of step %lld (header or size)", path, (long long)index + 1,
+                    (long long)step);
+        return -1;
+    }
+    *xxh3 = x;
+    return 0;
+}
+
+/* What this rank's directory holds: up to FIELDS (step, shard) pairs, each + 1 (0: none; the
+ * shard negative for a partner copy not yet a shard file), from its KEEP newest complete
+ * snapshots of this world and shard count. */
+static void held(const snapshot_t *s, int64_t *out)
+{
+    int64_t steps[KEEP];
+    int k = list_steps(s->rank_dir, steps, KEEP), m = 0;
+    for (int i = 0; i < k && m < FIELDS; i++) {
+        char dir[4400];
+        snprintf(dir, sizeof dir, "%s/step-%08lld", s->rank_dir, (long long)steps[i]);
+        ckpt_manifest_t man;
+        if (ckpt_open_some(dir, &man) < 0)
+            continue; /* damaged: the restart does without it */
+        if (man.meta.step == steps[i] && man.meta.world_size == s->nranks && man.meta.shard_count == s->S)
+            for (int64_t j = 0; j < s->S && m < FIELDS; j++) {
+                char name[32], p[4500];
+                struct stat sb;
+                uint64_t x;
+                ckpt_shard_name(name, j, s->S);
+                snprintf(p, sizeof p, "%s/%s", dir, name);
+                int kind = stat(p, &sb) == 0 ? 1 : 0;
+                copy_name(name, j, s->S);
+                snprintf(p, sizeof p, "%s/%s", dir, name);
+                if (!kind && read_copy_header(p, steps[i], j, s->S, s->copy_bytes, &x) == 0)
+                    kind = -1;
+                if (kind) {
+                    out[2 * m] = steps[i] + 1;
+                    out[2 * m + 1] = kind * (j + 1);
+                    m++;
+                }
+            }
+        ckpt_manifest_free(&man);
+    }
+}
+
+/* A partner copy made the shard file it stands for, beside it in dir: its bytes checked
+ * against its header, written as the sender wrote it (same arrays, same writer: the same
+ * bytes), and that file checked against the manifest's checksum. */
+static int convert_copy(snapshot_t *s, const char *dir, int64_t j, hid_t tok_src)
+{
+    char name[32], p[4500];
+    copy_name(name, j, s->S);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ckpt_manifest_t man;
+    if (ckpt_open_some(dir, &man) < 0)
+        return -1;
+    uint64_t want;
+    int64_t bytes;
+    int rc = read_copy_header(p, man.meta.step, j, s->S, s->copy_bytes, &want);
+    void *buf = rc == 0 ? bgsave_buffer(s->bg, &bytes) : NULL;
+    FILE *f = buf ? fopen(p, "rb") : NULL;
+    if (rc == 0 && (!f || fseek(f, COPY_HEADER, SEEK_SET) < 0 || fread(buf, 1, (size_t)bytes, f) != (size_t)bytes)) {
+        ftk_err_set("%s: %s", p, f ? "short read" : strerror(errno));
+        rc = -1;
+    }
+    if (f)
+        fclose(f);
+    if (rc == 0 && hash_bytes(buf, (size_t)bytes) != want) {
+        ftk_err_set("%s: checksum differs from its header's", p);
+        rc = -1;
+    }
+    ckpt_shard_sum_t sum;
+    double w;
+    if (rc == 0 && (bgsave_start(s->bg, dir, &man.meta, j, j == 0 ? tok_src : -1) < 0 || bgsave_wait(s->bg, &sum, &w) < 0))
+        rc = -1;
+    if (rc == 0 && (sum.bytes != man.shards[j].bytes || sum.xxh3 != man.shards[j].xxh3)) {
+        ftk_err_set("%s: the shard file made from it differs from the manifest's checksum", p);
+        rc = -1;
+    }
+    ckpt_manifest_free(&man);
+    return rc;
+}
+
+/* The lowest rank holding shard j of step k (on node `node`, or anywhere: -1), or -1; *raw:
+ * it holds a partner copy, not the shard file (a rank with both is taken for the file). */
+static int holder(const snapshot_t *s, const int64_t *all, int64_t k, int64_t j, int node, int *raw)
+{
+    int found = -1;
+    for (int pass = 0; pass < 2 && found < 0; pass++)
+        for (int q = 0; q < s->nranks && found < 0; q++)
+            for (int f = 0; f < FIELDS; f++)
+                if (all[2 * FIELDS * q + 2 * f] == k + 1 && all[2 * FIELDS * q + 2 * f + 1] == (pass ? -1 : 1) * (j + 1) &&
+                    (node < 0 || s->node_of[q] == node)) {
+                    found = q;
+                    *raw = pass;
+                    break;
+                }
+    return found;
+}
+
+/* Sends the file at path (sbytes; 0: none) to rank dest, fault point "snapshot.fetch" before
+ * each piece, and receives rbytes from rank src into out (NULL: received and dropped), in
+ * pieces; both sides make every call whatever fails, so that no partner waits and no message
+ * is left unmatched. */
+static int exchange(comm_t *c, int dest, const char *path, int64_t sbytes, int src, const char *out, int64_t rbytes)
 {
     int rc = 0;
     FILE *in = sbytes > 0 ? fopen(path, "rb") : NULL, *o = rbytes > 0 && out ? fopen(out, "wb") : NULL;
@@ -239,14 +589,10 @@ static int exchange(comm_t *c, const char *site, int dest, const char *path, int
     for (int64_t off = 0; off < sbytes || off < rbytes; off += PIECE) {
         int64_t ns = off < sbytes ? (sbytes - off < PIECE ? sbytes - off : PIECE) : 0;
         int64_t nr = off < rbytes ? (rbytes - off < PIECE ? rbytes - off : PIECE) : 0;
-        if (ns && rc == 0 && fread(sb, 1, (size_t)ns, in) != (size_t)ns) {
+        if (ns && rc == 0 && (fault_point("snapshot.fetch") < 0 || fread(sb, 1, (size_t)ns, in) != (size_t)ns)) {
             ftk_err_set("%s: short read", path);
             rc = -1;
         }
-        if (ns && fault_point(site) < 0)
-            rc = -1;
-        /* a failed side still sends (what it has) and receives: the manifest's sums then
-         * differ, and the sums' exchange fails the snapshot everywhere */
         comm_sendrecv(c, sb, ns, ns ? dest : -1, rb, nr, nr ? src : -1);
         if (nr && o && rc == 0 && fwrite(rb, 1, (size_t)nr, o) != (size_t)nr) {
             ftk_err_set("%s: %s", out, strerror(errno));
@@ -262,134 +608,6 @@ static int exchange(comm_t *c, const char *site, int dest, const char *path, int
     free(sb);
     free(rb);
     return rc;
-}
-
-int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, const model_config_t *cfg, hid_t tok_src,
-                  bgsave_array_fn array, void *ctx, snapshot_cost_t *cost)
-{
-    double t0 = time_now();
-    int n_units;
-    const ckpt_unit_t *units = shard_units(s->sh, &n_units);
-    int n = s->nranks, rc = 0, holds = s->writer || s->recv_from >= 0;
-    memset(cost, 0, sizeof *cost);
-    atomic_dir_t ad;
-    memset(&ad, 0, sizeof ad);
-    char final[4400], own[4500] = "", copy[4500] = "";
-    snprintf(final, sizeof final, "%s/step-%08lld", s->rank_dir, (long long)meta->step);
-    if (holds && (mkdir_private(s->rank_dir) < 0 || atomic_dir_begin(&ad, final) < 0))
-        rc = -1;
-    ckpt_shard_sum_t sum = {0, 0};
-    if (rc == 0 && s->writer) {
-        char name[32];
-        ckpt_shard_name(name, s->idx, s->S);
-        snprintf(own, sizeof own, "%s/%s", ad.tmp_path, name);
-        if (fault_point("snapshot.copy") < 0 ||
-            bgsave_write_shard(ad.tmp_path, meta, units, n_units, s->idx, s->idx == 0 ? tok_src : -1, array, ctx,
-                               &sum) < 0)
-            rc = -1;
-        cost->bytes_written = (int64_t)sum.bytes;
-    }
-    /* the partner copies: sizes first (-1: the sender failed), then the bytes */
-    int64_t mine = s->send_to >= 0 ? (rc == 0 ? (int64_t)sum.bytes : -1) : 0, theirs = 0;
-    comm_sendrecv(s->world, &mine, sizeof mine, s->send_to, &theirs, sizeof theirs, s->recv_from);
-    if (s->recv_from >= 0 && theirs >= 0 && rc == 0) {
-        char name[32];
-        ckpt_shard_name(name, s->idx_of[s->recv_from], s->S);
-        snprintf(copy, sizeof copy, "%s/%s", ad.tmp_path, name);
-    }
-    if (exchange(s->world, "snapshot.send", s->send_to, own, mine > 0 ? mine : 0, s->recv_from, copy[0] ? copy : NULL,
-                 theirs > 0 ? theirs : 0) < 0)
-        rc = -1;
-    if (s->recv_from >= 0 && theirs < 0 && rc == 0) {
-        ftk_err_set("rank %d could not write its snapshot", s->recv_from);
-        rc = -2; /* a peer's failure: said by that peer */
-    }
-    cost->bytes_sent = mine > 0 ? mine : 0;
-    /* every rank's sums: a shard's from the lowest rank writing it; then this rank's own */
-    int64_t *v = calloc((size_t)n * 4, sizeof *v), fail_all = 0;
-    if (!v) {
-        ftk_err_set("out of memory");
-        rc = -1;
-    } else {
-        v[4 * s->rank] = s->writer ? (int64_t)sum.bytes : 0;
-        v[4 * s->rank + 1] = s->writer ? (int64_t)sum.xxh3 : 0;
-        v[4 * s->rank + 2] = rc == -1;
-        v[4 * s->rank + 3] = s->writer ? s->idx + 1 : 0;
-    }
-    int64_t okv = v ? 1 : 0;
-    comm_allreduce_i64(s->world, &okv, 1, COMM_MIN);
-    if (okv)
-        comm_allreduce_i64(s->world, v, 4 * n, COMM_SUM);
-    ckpt_shard_sum_t *sums = okv ? calloc((size_t)s->S, sizeof *sums) : NULL;
-    if (okv && !sums) {
-        ftk_err_set("out of memory");
-        rc = -1;
-    }
-    for (int q = n - 1; sums && q >= 0; q--) { /* the lowest writer's last */
-        fail_all |= v[4 * q + 2];
-        if (v[4 * q + 3])
-            sums[v[4 * q + 3] - 1] = (ckpt_shard_sum_t){(uint64_t)v[4 * q], (uint64_t)v[4 * q + 1]};
-    }
-    if (!okv)
-        fail_all = 1;
-    free(v);
-    if (rc == 0 && !fail_all && holds) {
-        if (s->writer)
-            sums[s->idx] = sum;
-        if (ckpt_write_control(ad.tmp_path, meta, cfg, units, n_units, sums) < 0 || atomic_dir_commit(&ad, 1) < 0)
-            rc = -1;
-        else {
-            int64_t keep[KEEP];
-            int k = list_steps(s->rank_dir, keep, KEEP);
-            remove_steps(s->rank_dir, keep, k);
-            fault_point("snapshot.done");
-        }
-    } else if (holds && ad.tmp_path)
-        atomic_dir_abort(&ad);
-    free(sums);
-    cost->seconds = time_now() - t0;
-    return rc == -1 ? -1 : 0;
-}
-
-/* ---- reading one back -------------------------------------------------------------------- */
-
-/* What this rank's directory holds: up to FIELDS (step, shard) pairs, each + 1 (0: none),
- * from its KEEP newest complete snapshots of this world and shard count. */
-static void held(const snapshot_t *s, int64_t *out)
-{
-    int64_t steps[KEEP];
-    int k = list_steps(s->rank_dir, steps, KEEP), m = 0;
-    for (int i = 0; i < k && m < FIELDS; i++) {
-        char dir[4400];
-        snprintf(dir, sizeof dir, "%s/step-%08lld", s->rank_dir, (long long)steps[i]);
-        ckpt_manifest_t man;
-        if (ckpt_open_some(dir, &man) < 0)
-            continue; /* damaged: the restart does without it */
-        if (man.meta.step == steps[i] && man.meta.world_size == s->nranks && man.meta.shard_count == s->S)
-            for (int64_t j = 0; j < s->S && m < FIELDS; j++) {
-                char name[32], p[4500];
-                struct stat sb;
-                ckpt_shard_name(name, j, s->S);
-                snprintf(p, sizeof p, "%s/%s", dir, name);
-                if (stat(p, &sb) == 0) {
-                    out[2 * m] = steps[i] + 1;
-                    out[2 * m + 1] = j + 1;
-                    m++;
-                }
-            }
-        ckpt_manifest_free(&man);
-    }
-}
-
-/* The lowest rank holding shard j of step k (on node `node`, or anywhere: -1), or -1. */
-static int holder(const snapshot_t *s, const int64_t *all, int64_t k, int64_t j, int node)
-{
-    for (int q = 0; q < s->nranks; q++)
-        for (int f = 0; f < FIELDS; f++)
-            if (all[2 * FIELDS * q + 2 * f] == k + 1 && all[2 * FIELDS * q + 2 * f + 1] == j + 1 &&
-                (node < 0 || s->node_of[q] == node))
-                return q;
-    return -1;
 }
 
 /* Rank q, whose node holds no copy of its shard, receives the snapshot's three files from
@@ -427,7 +645,7 @@ static int fetch(snapshot_t *s, int q, int h, int64_t k, int64_t *bytes)
         }
         if (s->rank == q && rc == 0)
             snprintf(out, sizeof out, "%s/%s", ad.tmp_path, nm);
-        if (exchange(s->world, "snapshot.fetch", s->rank == h ? q : -1, p, s->rank == h ? size : 0,
+        if (exchange(s->world, s->rank == h ? q : -1, p, s->rank == h ? size : 0,
                      s->rank == q ? h : -1, out[0] ? out : NULL, s->rank == q ? size : 0) < 0)
             rc = -1;
         if (s->rank == q)
@@ -442,7 +660,8 @@ static int fetch(snapshot_t *s, int q, int h, int64_t k, int64_t *bytes)
     return rc;
 }
 
-int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen, char dir[4096], int64_t *bytes)
+int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, char dir[4096],
+                  int64_t *bytes)
 {
     int n = s->nranks, rc = 0;
     *step = *seen = -1;
@@ -459,11 +678,12 @@ int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen,
     comm_allreduce_i64(s->world, all, 2 * FIELDS * n, COMM_SUM);
     /* the newest step whose every shard is held somewhere */
     int64_t best = -1;
+    int raw;
     for (int i = 0; i < 2 * FIELDS * n; i += 2) {
         int64_t k = all[i] - 1, whole = k > best;
         *seen = k > *seen ? k : *seen;
         for (int64_t j = 0; whole && j < s->S; j++)
-            whole = holder(s, all, k, j, -1) >= 0;
+            whole = holder(s, all, k, j, -1, &raw) >= 0;
         if (whole)
             best = k;
     }
@@ -471,15 +691,25 @@ int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen,
         free(all);
         return 0;
     }
-    /* every rank whose node holds no copy of its shard receives one, in rank order */
+    /* every rank reads its shard from its node, made from a partner copy where that is what
+     * the node holds, or else receives it, in rank order */
     for (int q = 0; q < n; q++) {
-        int here = holder(s, all, best, s->idx_of[q], s->node_of[q]);
+        int64_t j = s->idx_of[q];
+        int here = holder(s, all, best, j, s->node_of[q], &raw), h = here >= 0 ? here : holder(s, all, best, j, -1, &raw);
+        char hdir[4400];
+        snprintf(hdir, sizeof hdir, "%.4000s/rank-%05d/step-%08lld", s->run_root, h, (long long)best);
+        if (raw) {
+            if (s->rank == h && (!s->bg ? (ftk_err_set("internal: no snapshot buffer"), -1) : convert_copy(s, hdir, j, tok_src)) < 0)
+                rc = -1;
+            for (int f = 0; f < FIELDS; f++) /* a file now, on every rank's books */
+                if (all[2 * FIELDS * h + 2 * f] == best + 1 && all[2 * FIELDS * h + 2 * f + 1] == -(j + 1))
+                    all[2 * FIELDS * h + 2 * f + 1] = j + 1;
+        }
         if (here >= 0) {
             if (q == s->rank)
-                snprintf(dir, 4096, "%.4000s/rank-%05d/step-%08lld", s->run_root, here, (long long)best);
+                snprintf(dir, 4096, "%.4000s", hdir);
             continue;
         }
-        int h = holder(s, all, best, s->idx_of[q], -1);
         if (fetch(s, q, h, best, bytes) < 0)
             rc = -1;
         if (q == s->rank)
@@ -499,6 +729,8 @@ int snapshot_settle(snapshot_t *s, int64_t step)
 
 int snapshot_drop(snapshot_t *s)
 {
+    if (s->pend.active)
+        pend_end(s, -1);
     comm_barrier(s->world);
     if (s->node_lowest && rm_tree(s->run_root) < 0)
         return -1;

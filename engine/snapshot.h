@@ -15,19 +15,34 @@
  *     rank-RRRRR/                 written by world rank R alone (directories mode 0700)
  *       step-NNNNNNNN/            a complete snapshot of step N: a checkpoint directory
  *                                 (formats/checkpoint.h: manifest.json, config.json) that
- *                                 holds only some shard files: rank R's own and the copy
- *                                 it keeps for its partner (ckpt_open_some reads it)
+ *                                 holds only some shards: rank R's own shard file, and the
+ *                                 copy it keeps for its partner as it came, "shard-…-of-….raw"
  *       .step-NNNNNNNN.tmp.PID/   one being written, renamed into place when complete
+ *
+ * A partner copy (".raw") is a 4096-byte header — the text "ftk memory snapshot copy 1\n",
+ * "step N\n", "shard J\n" (0-based), "of S\n", "bytes B\n", "xxh3 HEX\n", zero-padded —
+ * then the B bytes of the sender's host snapshot (engine/bgsave.h: its arrays in file order),
+ * HEX their XXH3-64. A restart that needs it writes the shard file from it (the writer and the
+ * arrays of the sender: the same bytes), checked against the manifest's checksum.
  *
  * Each rank directory keeps its two newest complete snapshots (double buffering: a rank
  * killed while writing leaves the one before whole, and the restart takes the newest step
- * that every shard has somewhere). Files are the checkpoint's, byte for byte: every array
- * checksummed, the file's XXH3-64 in the manifest, the manifest sealed.
+ * that every shard has somewhere). Files are the checkpoint's: every array checksummed, each
+ * shard file's XXH3-64 in the manifest, the manifest sealed.
+ *
+ * **Overlapped** (snapshot_take, snapshot_poll). At the step boundary the loop waits only for
+ * the copy of this rank's state into its host snapshot (bgsave.h: page-locked on a GPU); a
+ * thread writes and checksums its shard file from it, and MPI sends its bytes to the partner
+ * and receives the partner's straight into the mapped copy file, both while the next step
+ * runs. Inside that step, after its passes (snapshot_poll), every rank waits for what is left
+ * of both, the ranks exchange their checksums and each renames its directory into place: a
+ * step's snapshot is complete before the next step ends, so a lost node costs at most the
+ * step it was in and the one before.
  *
  * **Who holds what.** Rank q's shard (shard_index; replicas of hybrid hold the same one)
  * is written into its node's memory by the lowest rank of the node holding that shard.
  * Its partner is rank q + n (n: ranks per node, the launcher's or FTK_SIM_NODE_RANKS's),
- * modulo the world: one node on, which keeps a copy of the file. Where a rank on another
+ * modulo the world: one node on, which keeps a copy of its bytes. Where a rank on another
  * node already holds the same shard (hybrid's replicas, none's), that is the copy and
  * nothing is sent. One node (or nodes of unequal sizes): no partner copies; a snapshot then
  * survives a process's death but not the node's.
@@ -44,9 +59,10 @@
  * snapshot. A dead run with snapshots newer than its disk checkpoint keeps them (its
  * restart needs them).
  *
- * Fault points (libcommon/fault.h): "snapshot.copy" (a rank starts writing its snapshot),
- * "snapshot.send" (before each piece of a partner copy is sent), "snapshot.done" (a rank's
- * snapshot is renamed into place), "snapshot.fetch" (a restarting rank receives a file).
+ * Fault points (libcommon/fault.h): "snapshot.copy" (a rank starts copying its state),
+ * "snapshot.send" (its bytes are about to be sent to the partner), "bgsave.write" (the
+ * thread writes one array), "snapshot.done" (a rank is about to rename its snapshot into
+ * place), "snapshot.fetch" (before each piece of a file sent to a restarting rank).
  *
  * Every function is collective over the world given to snapshot_new. They return 0, or -1
  * with ftk_err_msg() set on the rank that failed (others return 0: the caller agrees, as
@@ -59,6 +75,7 @@
 #include "../formats/checkpoint.h"
 #include "bgsave.h"
 #include "comm.h"
+#include "../kernels/backend.h"
 #include "shard.h"
 
 typedef struct snapshot snapshot_t;
@@ -71,32 +88,37 @@ typedef struct {
     const char *run_id;  /* 16 hex digits (RUN/.run-id) */
 } snapshot_where_t;
 
-/* The roles of every rank (collective), the run's folder made (rank directories on first
- * use), and stale snapshots removed (the lowest rank of each node). NULL on failure (this
- * rank's; collective calls are all made first). */
-snapshot_t *snapshot_new(comm_t *world, shard_t *sh, const snapshot_where_t *where);
+/* The roles of every rank (collective), the host snapshot of writers and receivers
+ * (bgsave_new on be: page-locked on a GPU), the run's folder made (rank directories on first
+ * use), and stale snapshots removed (the lowest rank of each node). cfg (the model, for the
+ * manifests) and sh must outlive it. NULL on failure (this rank's; the collective calls are
+ * all made first). */
+snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_config_t *cfg,
+                         const snapshot_where_t *where);
+/* Ends a snapshot in flight uncommitted (its transfers waited for: every rank frees together). */
 void snapshot_free(snapshot_t *s);
 
-/* What a snapshot cost this rank: seconds (the whole call) and bytes written and sent. */
+/* What a call cost this rank: seconds (the whole call: what the loop waited), of which
+ * wait_s waiting for the snapshot in flight; bytes written into the node's memory and sent. */
 typedef struct snapshot_cost {
-    double seconds;
+    double seconds, wait_s;
     int64_t bytes_written, bytes_sent;
 } snapshot_cost_t;
 
-/* The snapshot of meta's step: this rank's shard file written from array(ctx, kind, unit)
- * (bgsave_write_shard; shard 1 carries tok_src's tokenizer files), its partner copy sent
- * and received, then every rank's sums exchanged and each rank's manifest written and its
- * directory renamed into place; older ones beyond two removed. Where any rank failed, no
- * rank renames (each removes its part). */
-int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, const model_config_t *cfg, hid_t tok_src,
-                  bgsave_array_fn array, void *ctx, snapshot_cost_t *cost);
+/* Commits the snapshot in flight, if any, then starts the one of meta's step (above); shard
+ * 1 carries tok_src's tokenizer files. Where any rank failed, no rank commits. */
+int snapshot_take(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, snapshot_cost_t *cost);
+/* Commits the snapshot in flight, if any (inside the step after it was started). */
+int snapshot_poll(snapshot_t *s, snapshot_cost_t *cost);
 
 /* The newest step of which every shard is held by some rank, when it is at least min_step:
  * *step, and in dir the snapshot directory on this rank's node that holds this rank's shard
- * (received into its own rank directory where the node had none). *step = -1 (dir "") when
- * there is none, or it is older than min_step, or the world or shard count differ; *seen:
- * the newest step any rank holds a snapshot of (-1: none). *bytes: what this rank received. */
-int snapshot_find(snapshot_t *s, int64_t min_step, int64_t *step, int64_t *seen, char dir[4096], int64_t *bytes);
+ * file (made from a partner copy, or received into its own rank directory, where the node had
+ * none). *step = -1 (dir "") when there is none, or it is older than min_step, or the world
+ * or shard count differ; *seen: the newest step any rank holds a snapshot of (-1: none).
+ * *bytes: what this rank received. tok_src: as for snapshot_take. */
+int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, char dir[4096],
+                  int64_t *bytes);
 
 /* After a restart from step (or -1: from disk), every rank's snapshots of other steps are
  * removed (a dead run's later steps are not this run's). */

@@ -182,7 +182,7 @@ static void open_snapshots(trainer_t *t)
     }
     comm_bcast(t->world, t->run_id, sizeof t->run_id, 0);
     snapshot_where_t where = {t->o.memory_dir, t->o.out_dir, t->run_id};
-    t->snap = snapshot_new(t->world, t->sh, &where);
+    t->snap = snapshot_new(t->world, t->be, t->sh, &t->cfg, &where);
     if (agree(t, t->snap ? 0 : fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()))) {
         if (t->rank == 0)
             ftk_warn("memory snapshots off: %s", ftk_err_msg());
@@ -694,6 +694,7 @@ int trainer_step(trainer_t *t, const volatile sig_atomic_t *stop, int clock_due,
     double v[6] = {0, stop && *stop ? 1 : 0, t->rank == 0 && clock_due, 0, 0, 0};
     double lost = step_passes(t, &r, scale, &v[3], err, sizeof err);
     step_phase(stats, &ph_t, &ph_w, &ph[1]);
+    trainer_snapshot_poll(t); /* the memory snapshot of the step before, which ran beside the passes */
     int64_t step = meta->step + 1;
     double lr = schedule_lr(tc, step);
     /* The optimizer queued behind the passes (with the device's clipping: all of it), then

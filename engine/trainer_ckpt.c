@@ -377,24 +377,41 @@ static void end_snapshots(trainer_t *t)
     t->snap = NULL;
 }
 
+/* Every rank with its snapshot call's result: a failure said, and the snapshots ended. */
+static void snapshot_agree(trainer_t *t, int rc, int64_t step)
+{
+    if (!agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0))
+        return;
+    if (t->rank == 0)
+        ftk_warn("memory snapshot of step %lld failed (%s); going on without memory snapshots (the checkpoints on "
+                 "disk are kept as before)",
+                 (long long)step, ftk_err_msg());
+    end_snapshots(t);
+}
+
 int trainer_snapshot(trainer_t *t, snapshot_cost_t *cost)
 {
     memset(cost, 0, sizeof *cost);
     if (!t->snap)
         return 0;
-    void *buf = slice_buffer(t);
-    slice_src_t src = {t->sh, buf};
-    int rc = !buf ? (ftk_err_set("out of memory"), -1)
-                  : snapshot_take(t->snap, &t->meta, &t->cfg, t->wf, slice_array, &src, cost);
-    free(buf);
-    if (agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0)) {
-        if (t->rank == 0)
-            ftk_warn("memory snapshot of step %lld failed (%s); going on without memory snapshots (the checkpoints "
-                 "on disk are kept as before)",
-                 (long long)t->meta.step, ftk_err_msg());
-        end_snapshots(t);
-    }
+    int rc = snapshot_take(t->snap, &t->meta, t->wf, cost);
+    /* the commit inside the step counts as this snapshot's too */
+    cost->seconds += t->snap_poll.seconds;
+    cost->wait_s += t->snap_poll.wait_s;
+    memset(&t->snap_poll, 0, sizeof t->snap_poll);
+    snapshot_agree(t, rc, t->meta.step);
     return 0;
+}
+
+void trainer_snapshot_poll(trainer_t *t)
+{
+    if (!t->snap)
+        return;
+    snapshot_cost_t c;
+    int rc = snapshot_poll(t->snap, &c);
+    t->snap_poll.seconds += c.seconds;
+    t->snap_poll.wait_s += c.wait_s;
+    snapshot_agree(t, rc, t->meta.step);
 }
 
 void trainer_drop_snapshots(trainer_t *t)
@@ -546,7 +563,7 @@ static void resume_memory(trainer_t *t, int64_t disk_step, int *found)
     int64_t k = -1, seen = -1, bytes = 0;
     char dir[4096];
     double t0 = time_now();
-    int rc = snapshot_find(t->snap, disk_step, &k, &seen, dir, &bytes);
+    int rc = snapshot_find(t->snap, disk_step, t->wf, &k, &seen, dir, &bytes);
     int code = agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0);
     if (!code && k >= 0 && !(code = load_checkpoint(t, dir, 1))) {
         *found = 1;

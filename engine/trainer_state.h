@@ -85,6 +85,7 @@ struct trainer {
     int n_reports;
     char extended[512]; /* what an --extend resume changed (trainer_extended) */
     snapshot_t *snap;   /* memory snapshots (NULL: none) */
+    snapshot_cost_t snap_poll; /* what the last commit inside a step cost (trainer_snapshot adds it) */
     char run_id[17];    /* RUN/.run-id (rank 0 reads it, every rank gets it) */
 };
 
@@ -128,5 +129,8 @@ shard_report_t trainer_join_write(trainer_t *t);
  * write is still under way, failed whether one failed (or a commit did); commits the
  * checkpoint every rank has written, or fails agreed. */
 int trainer_save_poll(trainer_t *t, int running, int failed);
+/* Inside the step, after its passes: commits the memory snapshot started at the step boundary
+ * before (snapshot_poll); a failure is said and ends the snapshots (agreed). */
+void trainer_snapshot_poll(trainer_t *t);
 
 #endif

@@ -308,6 +308,16 @@ void metrics_write_checkpoint(metrics_writer_t *w, const metrics_ckpt_rec_t *r)
     fflush(w->f);
 }
 
+void metrics_write_snapshot(metrics_writer_t *w, int64_t step, double seconds, int64_t bytes)
+{
+    if (!w->f)
+        return;
+    char now[32];
+    fprintf(w->f, "{\"kind\": \"memory_snapshot\", \"step\": %lld, \"seconds\": %.4f, \"bytes\": %lld, \"time\": \"%s\"}\n",
+            (long long)step, seconds, (long long)bytes, iso_now(now));
+    fflush(w->f);
+}
+
 void metrics_write_extend(metrics_writer_t *w, int64_t step, const char *changed)
 {
     if (!w->f)

@@ -433,10 +433,12 @@ static int describe_ckpt(const char *path)
         for (int64_t i = 0; i < m->shard_count; i++) {
             char name[32];
             ckpt_shard_name(name, i, m->shard_count);
-            char p[4200];
+            char p[4200], q[4200];
             snprintf(p, sizeof p, "%.4000s/%s", dir, name);
+            snprintf(q, sizeof q, "%.*s.raw", (int)strlen(p) - 3, p);
             printf("  %s  %llu bytes  xxh3 %016llx%s\n", name, (unsigned long long)man.shards[i].bytes,
-                   (unsigned long long)man.shards[i].xxh3, snap && access(p, F_OK) ? "  (not here)" : "");
+                   (unsigned long long)man.shards[i].xxh3,
+                   !snap || !access(p, F_OK) ? "" : !access(q, F_OK) ? "  (here as a partner copy, .raw)" : "  (not here)");
         }
     }
     ckpt_manifest_free(&man);
