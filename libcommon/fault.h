@@ -47,7 +47,13 @@
  *   ckpt.before-rename   rank 0 wrote the manifest; the hidden directory not yet renamed
  *   ckpt.before-latest   the checkpoint is renamed into place; `latest` not yet replaced
  *   ckpt.committed       `latest` names the new checkpoint
- *   bgsave.write         the background writer is about to write one array
+ *   bgsave.write         the background writer is about to write one array (of a
+ *                        checkpoint, or of a memory snapshot)
+ *   snapshot.copy        a rank starts copying its state for a memory snapshot
+ *   snapshot.send        a rank is about to send its snapshot's bytes to its partner
+ *   snapshot.done        a rank is about to rename its memory snapshot into place
+ *   snapshot.fetch       a rank is about to send a piece of a snapshot file to a
+ *                        restarting rank (engine/snapshot.h)
  *   atomic.begin         a temporary output file was created (ftk-pack shards, weights)
  *   mpi.init             MPI is initialised (every rank), before anything collective
  *
