@@ -17,6 +17,9 @@ build/tests/h5_wait build/bench
 # --async-save against synchronous saves: the 1.1 B shape in bf16-true (minutes; needs ~17 GB of
 # memory and ~18 GB of disk, else it says skipped)
 /usr/bin/python3 tests/bench/async_save_bench.py "$(pwd)/bin" "${FTK_DATA:-$(pwd)/../shared/data}" build/bench/async-save
+# memory snapshots against the disk checkpoint of the same state: relaunch after kill -9,
+# steps lost, the per-step cost of a snapshot every step (4 ranks in 2 simulated nodes)
+sh tests/bench/memsnap.sh
 # One GPU: each CUDA op against a device-to-device copy (tests/gpu/gpu_opbench.c), then
 # ftk-train --device cuda against PyTorch + transformers on the same GPU
 # (tests/bench/gpu_bench.py; the device machine's python3 has torch and transformers).
