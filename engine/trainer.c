@@ -165,8 +165,6 @@ static int make_micro_batch(batch_t *b, const tokens_split_t *s, int64_t r0, int
     return 0;
 }
 
-/* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
- * of checkpoints whose writers died. */
 /* Memory snapshots where asked for: the run's identity (rank 0 reads RUN/.run-id, or draws
  * it), the roles and folders (snapshot_new). A node whose memory cannot take them is said,
  * and the run goes on without (every rank: agreed). */
@@ -191,6 +189,8 @@ static void open_snapshots(trainer_t *t)
     }
 }
 
+/* Rank 0: the run directory exists, holds no run unless resuming, and has no leftovers
+ * of checkpoints whose writers died. */
 static int prepare_out_dir(trainer_t *t)
 {
     const char *out = t->o.out_dir;

@@ -164,8 +164,9 @@ if [ "$KILLS" -gt 0 ]; then
     # Each trial kills at a named point (FTK_FAULT, logged before the kill) of a random step:
     # one rank or every rank, between steps, while the shard files are written, after the
     # manifest, between the checkpoint's rename and `latest`, after the commit. Each asserts
-    # that the kill landed there and what the run directory must show, then resumes.
-    C="$T -q --steps 30 --save-every 1 --keep 3"
+    # that the kill landed there and what the run directory must show, then resumes. These
+    # are the disk checkpoint's trials: no memory snapshots (tests/cli/memsnap.sh has theirs).
+    C="$T -q --steps 30 --save-every 1 --keep 3 --memory-snapshot-every 0"
     expect "crash reference: 30 steps, a checkpoint every step" 0 $TO $MPI -np 2 $C -o "$WORK/cref"
     losses "$WORK/cref" >"$WORK/lcref"
     set -- "train.step-end" "ckpt.shard-put@1" "ckpt.before-rename@0" "ckpt.before-latest@0" "ckpt.shard-done" \
