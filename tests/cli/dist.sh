@@ -164,8 +164,10 @@ if [ "$KILLS" -gt 0 ]; then
     # Each trial kills at a named point (FTK_FAULT, logged before the kill) of a random step:
     # one rank or every rank, between steps, while the shard files are written, after the
     # manifest, between the checkpoint's rename and `latest`, after the commit. Each asserts
-    # that the kill landed there and what the run directory must show, then resumes. These
-    # are the disk checkpoint's trials: no memory snapshots (tests/cli/memsnap.sh has theirs).
+    # that the kill landed there and what the run directory must show, then resumes.
+    # The checkpoints on disk alone: a memory snapshot writes its shards through the same
+    # fault points (ckpt.shard-put) and a restart takes it over a disk checkpoint as new
+    # (tests/cli/memsnap.sh kills those).
     C="$T -q --steps 30 --save-every 1 --keep 3 --memory-snapshot-every 0"
     expect "crash reference: 30 steps, a checkpoint every step" 0 $TO $MPI -np 2 $C -o "$WORK/cref"
     losses "$WORK/cref" >"$WORK/lcref"
@@ -198,7 +200,8 @@ if [ "$KILLS" -gt 0 ]; then
             check "kill -9 #$i: ... between checkpoints: nothing hidden, \`latest\` the newest" \
                 test "$hidden" = 0 -a "$named" = "$(basename "$newest")" ;;
         esac
-        resume_after_kill $i "$run" 30 $TO $MPI -np 2 $T --steps 30 --save-every 1 --keep 3 -o "$run" --resume auto
+        resume_after_kill $i "$run" 30 $TO $MPI -np 2 $T --steps 30 --save-every 1 --keep 3 \
+            --memory-snapshot-every 0 -o "$run" --resume auto
         same_shards "kill -9 #$i: final checkpoint byte-identical to the uninterrupted run" "$run" "$WORK/cref" 30
         losses "$run" >"$WORK/lc"
         same "kill -9 #$i: metrics continue identically" "$WORK/lc" "$WORK/lcref"
