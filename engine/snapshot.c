@@ -482,16 +482,18 @@ static int read_copy_header(const char *path, int64_t step, int64_t index, int64
 /* What this rank's directory holds: up to FIELDS (step, shard) pairs, each + 1 (0: none; the
  * shard negative for a partner copy not yet a shard file), from its KEEP newest complete
  * snapshots of this world and shard count. */
-static void held(const snapshot_t *s, int64_t *out)
+static int held(const snapshot_t *s, int64_t *out)
 {
     int64_t steps[KEEP];
-    int k = list_steps(s->rank_dir, steps, KEEP), m = 0;
+    int k = list_steps(s->rank_dir, steps, KEEP), m = 0, damaged = 0;
     for (int i = 0; i < k && m < FIELDS; i++) {
         char dir[4400];
         snprintf(dir, sizeof dir, "%s/step-%08lld", s->rank_dir, (long long)steps[i]);
         ckpt_manifest_t man;
-        if (ckpt_open_some(dir, &man) < 0)
-            continue; /* damaged: the restart does without it */
+        if (ckpt_open_some(dir, &man) < 0) { /* damaged: the restart does without it */
+            damaged++;
+            continue;
+        }
         if (man.meta.step == steps[i] && man.meta.world_size == s->nranks && man.meta.shard_count == s->S)
             for (int64_t j = 0; j < s->S && m < FIELDS; j++) {
                 char name[32], p[4500];
@@ -502,8 +504,12 @@ static void held(const snapshot_t *s, int64_t *out)
                 int kind = stat(p, &sb) == 0 ? 1 : 0;
                 copy_name(name, j, s->S);
                 snprintf(p, sizeof p, "%s/%s", dir, name);
-                if (!kind && read_copy_header(p, steps[i], j, s->S, s->copy_bytes, &x) == 0)
-                    kind = -1;
+                if (!kind && lstat(p, &sb) == 0) {
+                    if (read_copy_header(p, steps[i], j, s->S, s->copy_bytes, &x) == 0)
+                        kind = -1;
+                    else
+                        damaged++;
+                }
                 if (kind) {
                     out[2 * m] = steps[i] + 1;
                     out[2 * m + 1] = kind * (j + 1);
@@ -512,6 +518,7 @@ static void held(const snapshot_t *s, int64_t *out)
             }
         ckpt_manifest_free(&man);
     }
+    return damaged;
 }
 
 /* A partner copy made the shard file it stands for, beside it in dir: its bytes checked
@@ -660,12 +667,12 @@ static int fetch(snapshot_t *s, int q, int h, int64_t k, int64_t *bytes)
     return rc;
 }
 
-int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, char dir[4096],
-                  int64_t *bytes)
+int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, int64_t *damaged,
+                  char dir[4096], int64_t *bytes)
 {
     int n = s->nranks, rc = 0;
     *step = *seen = -1;
-    *bytes = 0;
+    *bytes = *damaged = 0;
     dir[0] = 0;
     int64_t *all = calloc((size_t)n * 2 * FIELDS, sizeof *all), ok = all != NULL;
     comm_allreduce_i64(s->world, &ok, 1, COMM_MIN);
@@ -674,8 +681,10 @@ int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step,
         ftk_err_set("out of memory");
         return -1;
     }
-    held(s, all + 2 * FIELDS * s->rank);
+    int64_t bad = held(s, all + 2 * FIELDS * s->rank);
     comm_allreduce_i64(s->world, all, 2 * FIELDS * n, COMM_SUM);
+    comm_allreduce_i64(s->world, &bad, 1, COMM_SUM);
+    *damaged = bad;
     /* the newest step whose every shard is held somewhere */
     int64_t best = -1;
     int raw;

@@ -115,10 +115,12 @@ int snapshot_poll(snapshot_t *s, snapshot_cost_t *cost);
  * *step, and in dir the snapshot directory on this rank's node that holds this rank's shard
  * file (made from a partner copy, or received into its own rank directory, where the node had
  * none). *step = -1 (dir "") when there is none, or it is older than min_step, or the world
- * or shard count differ; *seen: the newest step any rank holds a snapshot of (-1: none).
- * *bytes: what this rank received. tok_src: as for snapshot_take. */
-int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, char dir[4096],
-                  int64_t *bytes);
+ * or shard count differ; *seen: the newest step any rank holds a snapshot of (-1: none);
+ * *damaged: the snapshots or partner copies the ranks passed over as unreadable (a manifest
+ * refused, a copy's header or size wrong). *bytes: what this rank received. tok_src: as for
+ * snapshot_take. */
+int snapshot_find(snapshot_t *s, int64_t min_step, hid_t tok_src, int64_t *step, int64_t *seen, int64_t *damaged,
+                  char dir[4096], int64_t *bytes);
 
 /* After a restart from step (or -1: from disk), every rank's snapshots of other steps are
  * removed (a dead run's later steps are not this run's). */

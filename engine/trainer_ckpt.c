@@ -560,11 +560,16 @@ static int64_t path_step(const char *path)
  * verify, the disk is used and that is said. Snapshots of other steps are removed. */
 static void resume_memory(trainer_t *t, int64_t disk_step, int *found)
 {
-    int64_t k = -1, seen = -1, bytes = 0;
+    int64_t k = -1, seen = -1, damaged = 0, bytes = 0;
     char dir[4096];
     double t0 = time_now();
-    int rc = snapshot_find(t->snap, disk_step, t->wf, &k, &seen, dir, &bytes);
+    int rc = snapshot_find(t->snap, disk_step, t->wf, &k, &seen, &damaged, dir, &bytes);
     int code = agree(t, rc < 0 ? fail(t, FTK_EXIT_FAIL, "%s", ftk_err_msg()) : 0);
+    const char *from = disk_step >= 0 ? "resuming from disk" : "starting from the initial weights (no checkpoint on disk)";
+    if (damaged && t->rank == 0)
+        ftk_warn("%lld memory snapshot%s or partner cop%s unreadable (a manifest refused, or a copy's header or size "
+                 "wrong): passed over",
+                 (long long)damaged, plural_s(damaged), damaged == 1 ? "y" : "ies");
     if (!code && k >= 0 && !(code = load_checkpoint(t, dir, 1))) {
         *found = 1;
         int64_t all = bytes;
@@ -572,12 +577,12 @@ static void resume_memory(trainer_t *t, int64_t disk_step, int *found)
         ftk_info("resuming from the memory snapshot of step %lld of %lld (%.2f s; %.1f MB received from partner "
                  "nodes)",
                  (long long)k, (long long)t->meta.train.total_steps, time_now() - t0, (double)all / 1e6);
-    } else if (code && t->rank == 0)
-        ftk_warn("the memory snapshot of step %lld cannot be used (%s); resuming from disk", (long long)k,
-                 ftk_err_msg());
-    else if (seen >= 0)
-        ftk_info("no complete memory snapshot %s (the newest held: step %lld); resuming from disk",
-                 seen < disk_step ? "as new as the newest checkpoint" : "on the nodes", (long long)seen);
+    } else if (code) {
+        if (t->rank == 0)
+            ftk_warn("the memory snapshot of step %lld cannot be used (%s); %s", (long long)k, ftk_err_msg(), from);
+    } else if (seen >= 0)
+        ftk_info("no complete memory snapshot %s (the newest held: step %lld); %s",
+                 seen < disk_step ? "as new as the newest checkpoint" : "on the nodes", (long long)seen, from);
     snapshot_settle(t->snap, *found ? k : -1);
 }
 

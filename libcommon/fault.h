@@ -42,7 +42,8 @@
  *                        rank; tests/bench/weights_load.sh ends the run there)
  *   ckpt.begin           rank 0 made the hidden checkpoint directory
  *   ckpt.shard-put       one array of a shard file written: by a training rank, its
- *                        background writer, or ftk-reshard (fails: enospc, eio)
+ *                        background writer (of a checkpoint or a memory snapshot), or
+ *                        ftk-reshard (fails: enospc, eio)
  *   ckpt.shard-done      a rank's shard file is complete and synced
  *   ckpt.before-rename   rank 0 wrote the manifest; the hidden directory not yet renamed
  *   ckpt.before-latest   the checkpoint is renamed into place; `latest` not yet replaced
