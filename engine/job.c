@@ -348,13 +348,17 @@ static void snapshot_due(job_t *j, int64_t step)
     snapshot_cost_t c;
     trainer_snapshot(j->t, &c);
     watchdog_beat();
-    double s = c.seconds;
+    /* the slowest rank's seconds, and its wait for the write and the transfer */
+    double s[2] = {c.seconds, c.wait_s};
     int64_t bytes = c.bytes_written + c.bytes_sent;
-    comm_allreduce_f64(j->world, &s, 1, COMM_MAX);
+    comm_allreduce_f64(j->world, s, 1, COMM_MAX);
+    if (s[0] > c.seconds)
+        s[1] = 0;
+    comm_allreduce_f64(j->world, s + 1, 1, COMM_MAX);
     comm_allreduce_i64(j->world, &bytes, 1, COMM_SUM);
     if (bytes > 0)
-        metrics_write_snapshot(&j->mw, step, s, bytes);
-    j->snap_s += s;
+        metrics_write_snapshot(&j->mw, step, s[0], s[1], bytes);
+    j->snap_s += s[0];
     j->snap_bytes += bytes;
     j->n_snaps += bytes > 0;
 }

@@ -130,8 +130,33 @@ static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
     closedir(d);
 }
 
-static void stale_sweep(const snapshot_t *s, const char *user_root, const char *own_id);
+static void stale_sweep(const char *user_root, const char *own_id);
 static void pend_end(snapshot_t *s, int rc);
+
+/* Who writes and who sends where (snapshot.h "Who holds what"), from every rank's shard and
+ * node (all: 2 a rank); rpn: ranks per node where the nodes are equal blocks, else 0. */
+static void roles(snapshot_t *s, const int64_t *all, int rpn)
+{
+    int n = s->nranks, rank = s->rank;
+    s->writer = 1; /* the lowest rank of its node holding its shard */
+    for (int q = 0; q < rank; q++)
+        if (all[2 * q] == all[2 * rank] && all[2 * q + 1] == all[2 * rank + 1])
+            s->writer = 0;
+    s->send_to = s->recv_from = -1;
+    for (int dir = 0; rpn > 0 && rpn < n && dir < 2; dir++) {
+        int q = dir == 0 ? rank : (rank - rpn + n) % n; /* the sender: me, or the one I keep a copy for */
+        int w = 1, elsewhere = 0;
+        for (int r = 0; r < n; r++) {
+            int same = all[2 * r] == all[2 * q];
+            w &= !(r < q && same && all[2 * r + 1] == all[2 * q + 1]);
+            elsewhere |= same && all[2 * r + 1] != all[2 * q + 1];
+        }
+        if (w && !elsewhere && dir == 0)
+            s->send_to = (rank + rpn) % n;
+        else if (w && !elsewhere)
+            s->recv_from = q;
+    }
+}
 
 snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_config_t *cfg,
                          const snapshot_where_t *where)
@@ -162,31 +187,7 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
     s->pend.map_fd = -1;
     node = (int)all[2 * rank + 1];
     s->node_lowest = lowest == rank;
-    /* the writer of a shard on a node: its lowest rank holding it */
-    s->writer = 1;
-    for (int q = 0; q < rank; q++)
-        if (all[2 * q] == s->idx && all[2 * q + 1] == node)
-            s->writer = 0;
-    /* a partner copy where no rank on another node holds the same shard */
-    s->send_to = s->recv_from = -1;
-    if (blocks == 0 && rpn < n) {
-        for (int dir = 0; dir < 2; dir++) {
-            int q = dir == 0 ? rank : (rank - rpn + n) % n; /* the sender: me, or the one I keep a copy for */
-            int w = 1, elsewhere = 0;
-            for (int r = 0; r < q; r++)
-                if (all[2 * r] == all[2 * q] && all[2 * r + 1] == all[2 * q + 1])
-                    w = 0;
-            for (int r = 0; r < n; r++)
-                if (all[2 * r] == all[2 * q] && all[2 * r + 1] != all[2 * q + 1])
-                    elsewhere = 1;
-            if (w && !elsewhere) {
-                if (dir == 0)
-                    s->send_to = (rank + rpn) % n;
-                else
-                    s->recv_from = q;
-            }
-        }
-    }
+    roles(s, all, blocks == 0 ? rpn : 0);
     s->idx_of = malloc((size_t)n * sizeof *s->idx_of);
     s->node_of = malloc((size_t)n * sizeof *s->node_of);
     for (int q = 0; q < n && s->idx_of && s->node_of; q++)
@@ -231,7 +232,7 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
         buf_free(&b);
         free(abs);
         if (rc == 0)
-            stale_sweep(s, user_root, where->run_id);
+            stale_sweep(user_root, where->run_id);
     }
     if (rc < 0) {
         ftk_err_prefix("memory snapshots: ");
@@ -799,9 +800,8 @@ static int is_stale(const char *run_root, const char *id)
     return disk >= 0 && disk >= newest_snapshot(run_root);
 }
 
-static void stale_sweep(const snapshot_t *s, const char *user_root, const char *own_id)
+static void stale_sweep(const char *user_root, const char *own_id)
 {
-    (void)s;
     DIR *d = opendir(user_root);
     if (!d)
         return;

@@ -308,13 +308,15 @@ void metrics_write_checkpoint(metrics_writer_t *w, const metrics_ckpt_rec_t *r)
     fflush(w->f);
 }
 
-void metrics_write_snapshot(metrics_writer_t *w, int64_t step, double seconds, int64_t bytes)
+void metrics_write_snapshot(metrics_writer_t *w, int64_t step, double seconds, double wait_s, int64_t bytes)
 {
     if (!w->f)
         return;
     char now[32];
-    fprintf(w->f, "{\"kind\": \"memory_snapshot\", \"step\": %lld, \"seconds\": %.4f, \"bytes\": %lld, \"time\": \"%s\"}\n",
-            (long long)step, seconds, (long long)bytes, iso_now(now));
+    fprintf(w->f,
+            "{\"kind\": \"memory_snapshot\", \"step\": %lld, \"seconds\": %.4f, \"wait_s\": %.4f, \"bytes\": %lld, "
+            "\"time\": \"%s\"}\n",
+            (long long)step, seconds, wait_s, (long long)bytes, iso_now(now));
     fflush(w->f);
 }
 

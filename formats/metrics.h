@@ -10,9 +10,11 @@
  *    "micro_batches": M, "comm": {...}, "mem_peak_bytes": B, "time": "ISO-8601 UTC"}
  *   {"kind": "eval", "step": S, "val_loss": L, "val_tokens": N, "time": ...}
  *   {"kind": "checkpoint", "step": S, "checkpoint": "step-…", "async": B, "stall_s": …, ...}
- *   {"kind": "memory_snapshot", "step": S, "seconds": T, "bytes": B, "time": ...}
- *                  (engine/snapshot.h: T the slowest rank's seconds, all exposed: the loop
- *                  waits for it; B every rank's bytes written and sent together)
+ *   {"kind": "memory_snapshot", "step": S, "seconds": T, "wait_s": W, "bytes": B, "time": ...}
+ *                  (engine/snapshot.h: T the seconds the loop waited for it, the slowest
+ *                  rank's; W of them, that rank's wait for the write and the transfer still
+ *                  running when the next step's passes ended; B every rank's bytes written
+ *                  and sent together)
  *   {"kind": "warning", "step": S, "message": "…", "time": ...}   (stderr failed by step S)
  *
  * Lines written before records had a "kind" are told apart by their keys ("loss",
@@ -129,7 +131,7 @@ void metrics_write_step(metrics_writer_t *w, const metrics_step_rec_t *r, const 
 void metrics_write_eval(metrics_writer_t *w, int64_t step, double val_loss, int64_t val_tokens);
 /* Flushed without keeping its error (the next record's flush finds it). */
 void metrics_write_checkpoint(metrics_writer_t *w, const metrics_ckpt_rec_t *r);
-void metrics_write_snapshot(metrics_writer_t *w, int64_t step, double seconds, int64_t bytes);
+void metrics_write_snapshot(metrics_writer_t *w, int64_t step, double seconds, double wait_s, int64_t bytes);
 /* A run continued with other settings: changed says which, bit_exact false. */
 void metrics_write_extend(metrics_writer_t *w, int64_t step, const char *changed);
 /* Once, when stderr stopped taking messages (log.h ftk_stderr_errno(); its pipe's reader

@@ -14,8 +14,10 @@
 #  b) kill -9 at the end of step 9: memory resumes from 8, disk from 5.
 #  c) the same 14-step run with --memory-snapshot-every 1 and 0, alternated, REPEATS each:
 #     the median of the step-to-step differences of metrics.jsonl's elapsed_s (steps 3-13:
-#     each holds one step and the synchronous snapshot after the one before; the per-step
-#     "split" step_s leaves the snapshot out).
+#     each holds one step with the snapshot work around it: the copy at the boundary, the
+#     commit inside the next step, and the writer thread's cycles, which on this machine's
+#     busy cores come out of training's), and the median of the memory_snapshot records'
+#     seconds (what the loop waited for: the copy and the commit, the slowest rank's).
 # Usage: tests/bench/memsnap.sh [REPEATS] (default 3); needs mpirun, ../shared/data (FTK_DATA).
 set -eu
 cd "$(dirname "$0")/../.."
@@ -110,12 +112,16 @@ step_median() { # RUN: median of elapsed_s differences, steps 3..13
         awk '$1 >= 2 && $1 <= 13 { if (n++) print $2 - prev; prev = $2 }' | sort -g |
         awk '{ v[NR] = $1 } END { printf "%.3f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
-on="" off=""
+on="" off="" waited=""
 for i in $(seq "$REPEATS"); do
     for k in 1 0; do
         rm -rf "$W/c" "$MEM"
         $MPI -np 4 $T -q -o "$W/c" --memory-snapshot-every $k --memory-dir "$MEM" >/dev/null 2>&1
-        if [ $k = 1 ]; then on="$on $(step_median "$W/c")"; else off="$off $(step_median "$W/c")"; fi
+        if [ $k = 1 ]; then
+            on="$on $(step_median "$W/c")"
+            waited="$waited $(sed -n 's/.*"memory_snapshot", "step": [0-9]*, "seconds": \([0-9.]*\).*/\1/p' "$W/c/metrics.jsonl" |
+                sort -g | awk '{ v[NR] = $1 } END { printf "%.4f", v[int((NR + 1) / 2)] }')"
+        else off="$off $(step_median "$W/c")"; fi
     done
 done
 med() { echo "$@" | tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
@@ -123,4 +129,6 @@ echo "memsnap bench: c) median step time (elapsed_s differences, steps 3-13), $R
 echo "  --memory-snapshot-every 1: $on s -> median $(med $on) s"
 echo "  --memory-snapshot-every 0: $off s -> median $(med $off) s"
 echo "  ratio $(awk -v a="$(med $on)" -v b="$(med $off)" 'BEGIN { printf "%.2f", a / b }')x"
+echo "  the loop's wait a snapshot (memory_snapshot records' seconds, median of a run): $waited s -> $(med $waited) s," \
+    "$(awk -v a="$(med $waited)" -v b="$(med $off)" 'BEGIN { printf "%.1f", 100 * a / b }')% of a step without"
 rm -rf "$W"
