@@ -23,8 +23,12 @@ export HDF5_PLUGIN_PATH="$ROOT/build/plugin"
 # The tests run on the CPU wherever they do not say --device cuda, also on a GPU machine
 # (where ftk-train's default would be cuda)
 export FTK_DEVICE=cpu
-# memory snapshots (engine/snapshot.h) of the multi-rank tests: in the work folder, not /dev/shm
-export FTK_MEMORY_DIR="$WORK/memory"
+# memory snapshots (engine/snapshot.h) of the multi-rank tests: in a tmpfs folder of this run,
+# as on a node (removed at the end); in the work folder where /dev/shm is not writable
+FTK_MEMORY_DIR="$WORK/memory"
+[ -d /dev/shm ] && [ -w /dev/shm ] && FTK_MEMORY_DIR=/dev/shm/ftk-tests-$(id -u)-$$
+export FTK_MEMORY_DIR
+trap 'rm -rf "$FTK_MEMORY_DIR"' EXIT
 # no bytecode caches written beside the Python tests and benchmarks in the tree
 export PYTHONDONTWRITEBYTECODE=1
 pass=0 fail=0 skip=0

@@ -136,13 +136,15 @@ if [ "$MODE" != slow ]; then
     # the sealed manifest, the manifest against this run); one that fails is said and the
     # run resumes from disk (step 4)
     # (copies of case 1's killed run and memory). Node 1 lost, and the partner copy node 0
-    # holds of rank 2's shard cut short: its size is not the manifest's, so node 0's
-    # snapshot of step 5 is passed over (step 5 then lacks two shards): the one of step 4
+    # holds of rank 2's shard (.raw) cut short: its size is not its header's, so it is passed
+    # over, said, and step 5 lacks that shard: the snapshot of step 4
     M="$WORK/mem-cut"
     rm -rf "$M/node-1"
-    f=$(ls "$M"/node-0/$UROOT/*/rank-00000/step-00000005/shard-00003-of-00004.h5)
+    f=$(ls "$M"/node-0/$UROOT/*/rank-00000/step-00000005/shard-00003-of-00004.raw)
     truncate -s 100000 "$f"
     resumed "truncated partner copy" 4 2 "$M" "$WORK/cut" "$R" "resuming from the memory snapshot of step 4 " $I
+    check "truncated partner copy: ... the copy passed over, said" grep -q '1 memory snapshot or partner copy unreadable' \
+        "$WORK/err"
     # one byte flipped in rank 0's own shard file: found when it is read, the disk's step 4
     M="$WORK/mem-flip"
     f=$(ls "$M"/node-0/$UROOT/*/rank-00000/step-00000005/shard-00001-of-00004.h5)
