@@ -122,8 +122,8 @@ static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
         int kept = 0;
         for (int i = 0; i < n_keep; i++)
             kept |= keep[i] == k;
-        char p[4200];
-        snprintf(p, sizeof p, "%s/%s", dir, nm);
+        char p[4600];
+        snprintf(p, sizeof p, "%.4300s/%.255s", dir, nm);
         if (!kept)
             rm_tree(p);
     }
@@ -762,7 +762,7 @@ static int64_t newest_snapshot(const char *run_root)
             continue;
         char p[4600];
         int64_t k[1];
-        snprintf(p, sizeof p, "%s/%s", run_root, e->d_name);
+        snprintf(p, sizeof p, "%.4300s/%.255s", run_root, e->d_name);
         if (list_steps(p, k, 1) && k[0] > best)
             best = k[0];
     }
@@ -810,7 +810,7 @@ static void stale_sweep(const char *user_root, const char *own_id)
         if (strlen(e->d_name) != 16 || strspn(e->d_name, "0123456789abcdef") != 16 || !strcmp(e->d_name, own_id))
             continue;
         char p[4300];
-        snprintf(p, sizeof p, "%s/%s", user_root, e->d_name);
+        snprintf(p, sizeof p, "%.4200s/%.16s", user_root, e->d_name);
         if (is_stale(p, e->d_name)) {
             ftk_info("memory snapshots of a finished run removed: %s", p);
             rm_tree(p);
