@@ -71,16 +71,6 @@ static int mkdir_private(const char *path)
     return -1;
 }
 
-/* The step of a complete snapshot's directory name, or -1. */
-static int64_t step_of(const char *name)
-{
-    char *end;
-    if (strncmp(name, "step-", 5) || strlen(name) != 13)
-        return -1;
-    long long v = strtoll(name + 5, &end, 10);
-    return *end || v < 0 ? -1 : v;
-}
-
 /* The steps of the complete snapshots in dir, newest first (at most max); how many. */
 static int list_steps(const char *dir, int64_t *steps, int max)
 {
@@ -90,7 +80,7 @@ static int list_steps(const char *dir, int64_t *steps, int max)
         return 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        int64_t k = step_of(e->d_name);
+        int64_t k = ckpt_step_name(e->d_name);
         if (k < 0)
             continue;
         int i = n < max ? n++ : max; /* insertion, newest first */
@@ -116,7 +106,7 @@ static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
     while ((e = readdir(d))) {
         const char *nm = e->d_name;
         int tmp = nm[0] == '.' && !strncmp(nm + 1, "step-", 5);
-        int64_t k = tmp ? -2 : step_of(nm);
+        int64_t k = tmp ? -2 : ckpt_step_name(nm);
         if (k == -1)
             continue;
         int kept = 0;
@@ -789,11 +779,7 @@ static int is_stale(const char *run_root, const char *id)
         return 0; /* live (or cannot be told) */
     size_t nc = 0;
     char **ck = ckpt_list(run, &nc);
-    int64_t disk = -1;
-    if (nc > 0) {
-        const char *base = strrchr(ck[0], '/');
-        disk = step_of(base ? base + 1 : ck[0]);
-    }
+    int64_t disk = nc > 0 ? ckpt_step_name(ck[0]) : -1;
     for (size_t i = 0; i < nc; i++)
         free(ck[i]);
     free(ck);

@@ -545,16 +545,6 @@ static int load_checkpoint(trainer_t *t, const char *ck, int some)
     return 0;
 }
 
-/* The step of a checkpoint directory's path (".../step-00000200"), or -1. */
-static int64_t path_step(const char *path)
-{
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
-    char *end;
-    long long v = strncmp(b, "step-", 5) ? -1 : strtoll(b + 5, &end, 10);
-    return v < 0 || *end ? -1 : v;
-}
-
 /* --resume auto with memory snapshots: the newest complete one at least as new as the newest
  * checkpoint on disk (disk_step), read as a checkpoint; where there is none, or it does not
  * verify, the disk is used and that is said. Snapshots of other steps are removed. */
@@ -609,7 +599,7 @@ static int resume_from(trainer_t *t, int *found)
     }
     if ((code = agree(t, code)))
         return code;
-    int64_t n[2] = {(int64_t)n_cand, n_cand ? path_step(cand[0]) : -1};
+    int64_t n[2] = {(int64_t)n_cand, n_cand ? ckpt_step_name(cand[0]) : -1};
     comm_allreduce_i64(t->world, n, 2, COMM_MAX);
     if (t->snap && is_auto)
         resume_memory(t, n[1], found);

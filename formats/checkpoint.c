@@ -231,6 +231,14 @@ static int is_file(const char *dir, const char *name)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+int64_t ckpt_step_name(const char *path)
+{
+    const char *b = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (strncmp(b, "step-", 5) || strlen(b) != 13 || strspn(b + 5, "0123456789") != 8)
+        return -1;
+    return strtoll(b + 5, NULL, 10);
+}
+
 /* step-* directories of run_dir, sorted (the 8-digit names sort by step). */
 char **ckpt_list_steps(const char *run_dir, size_t *n)
 {
@@ -242,7 +250,7 @@ char **ckpt_list_steps(const char *run_dir, size_t *n)
     size_t cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "step-", 5) || strlen(e->d_name) != 13 || strspn(e->d_name + 5, "0123456789") != 8)
+        if (ckpt_step_name(e->d_name) < 0)
             continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;

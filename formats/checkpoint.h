@@ -265,6 +265,10 @@ int ckpt_shard_finish_many(ckpt_shard_writer_t **w, int64_t n, hid_t tok_src, ck
  * Returns a malloc'd path or NULL (no checkpoint there: ftk_err_msg() says why). */
 char *ckpt_resolve(const char *path);
 
+/* The step a checkpoint directory's name says: "step-" and 8 digits, the last component of
+ * path; -1 for any other name. */
+int64_t ckpt_step_name(const char *path);
+
 /* Committed checkpoints of a run directory, newest first (malloc'd paths; free each and
  * the array). *n = 0 when there are none. */
 char **ckpt_list(const char *run_dir, size_t *n);
