@@ -84,7 +84,7 @@ static const config_alias_t litgpt_keys[] = {
  * runs, and the requests of this invocation. */
 static const char *const not_kept[] = {"out",  "resume", "config", "extend", "plan",    "ranks",  "preset",
                                        "max-len", "stop-after", "device", "threads", "report", "device-memory",
-                                       "memory-dir", NULL};
+                                       "memory-dir", "memory-snapshot-every", NULL};
 
 /* The words train_args_expand() made: allocated for the process's life (the options point
  * into them), reachable from here (volatile: stores the compiler would drop, as nothing

@@ -29,7 +29,8 @@ QUICK=0
 demo_pack "$WORK/d.h5" 128 || exit 1
 demo_init "$WORK/w.h5" tiny 1 || exit 1
 STEPS=12
-T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 -j1 --steps $STEPS --save-every 2 --keep 3"
+# the disk's background writes alone: a memory snapshot's writer reaches bgsave.write too
+T="$BIN/ftk-train -q -m $WORK/w.h5 -d $WORK/d.h5 --global-batch 7 --micro-batch 2 --lr 2e-3 --warmup 2 --eval-every 0 -j1 --steps $STEPS --save-every 2 --keep 3 --memory-snapshot-every 0"
 losses() { grep '"loss"' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
 # same_ckpts NAME RUN_A RUN_B STEP...: those checkpoints byte-identical (shards and manifest)
 same_ckpts() {
