@@ -56,8 +56,6 @@ struct snapshot {
     char node_dir[4096], run_root[4200], rank_dir[4300];
 };
 
-const char *snapshot_node_dir(const snapshot_t *s) { return s->node_dir; }
-
 static int mkdir_private(const char *path)
 {
     if (mkdir(path, 0700) == 0 || errno == EEXIST) {

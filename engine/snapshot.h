@@ -129,7 +129,4 @@ int snapshot_settle(snapshot_t *s, int64_t step);
 /* Removes the run's snapshots on every node (a normal end; a disk checkpoint as new). */
 int snapshot_drop(snapshot_t *s);
 
-/* This rank's node's memory folder (M, or M/node-I). */
-const char *snapshot_node_dir(const snapshot_t *s);
-
 #endif
