@@ -348,14 +348,10 @@ static void snapshot_due(job_t *j, int64_t step)
     snapshot_cost_t c;
     trainer_snapshot(j->t, &c);
     watchdog_beat();
-    /* the slowest rank's seconds, and its wait for the write and the transfer */
+    /* the slowest rank's seconds, and the longest wait for the write and the transfer */
     double s[2] = {c.seconds, c.wait_s};
-    int64_t bytes = c.bytes_written + c.bytes_sent;
-    comm_allreduce_f64(j->world, s, 1, COMM_MAX);
-    if (s[0] > c.seconds)
-        s[1] = 0;
-    comm_allreduce_f64(j->world, s + 1, 1, COMM_MAX);
-    comm_allreduce_i64(j->world, &bytes, 1, COMM_SUM);
+    int64_t bytes = c.bytes_all;
+    comm_allreduce_f64(j->world, s, 2, COMM_MAX);
     if (bytes > 0)
         metrics_write_snapshot(&j->mw, step, s[0], s[1], bytes);
     j->snap_s += s[0];

@@ -51,6 +51,9 @@ struct snapshot {
     int writer;          /* this rank writes its shard into its node's memory */
     int send_to, recv_from; /* partner copies: -1 none */
     int node_lowest;     /* the lowest rank of its node */
+    int64_t all_copies;  /* files every rank writes and sends a snapshot, together */
+    int64_t *sums_v;     /* the commit's exchange: 5 a rank */
+    ckpt_shard_sum_t *sums; /* a shard's sums, for the manifest */
     int64_t *idx_of;     /* every rank's shard */
     int *node_of;        /* every rank's node */
     char node_dir[4096], run_root[4200], rank_dir[4300];
@@ -121,16 +124,16 @@ static void remove_steps(const char *dir, const int64_t *keep, int n_keep)
 static void stale_sweep(const char *user_root, const char *own_id);
 static void pend_end(snapshot_t *s, int rc);
 
-/* Who writes and who sends where (snapshot.h "Who holds what"), from every rank's shard and
- * node (all: 2 a rank); rpn: ranks per node where the nodes are equal blocks, else 0. */
-static void roles(snapshot_t *s, const int64_t *all, int rpn)
+/* Who writes and who sends where (snapshot.h "Who holds what") for rank `rank` of n, from
+ * every rank's shard and node (all: 2 a rank); rpn: ranks per node where the nodes are equal
+ * blocks, else 0. *send_to, *recv_from: -1 for none. */
+static int roles(int rank, int n, const int64_t *all, int rpn, int *send_to, int *recv_from)
 {
-    int n = s->nranks, rank = s->rank;
-    s->writer = 1; /* the lowest rank of its node holding its shard */
+    int writer = 1; /* the lowest rank of its node holding its shard */
     for (int q = 0; q < rank; q++)
         if (all[2 * q] == all[2 * rank] && all[2 * q + 1] == all[2 * rank + 1])
-            s->writer = 0;
-    s->send_to = s->recv_from = -1;
+            writer = 0;
+    *send_to = *recv_from = -1;
     for (int dir = 0; rpn > 0 && rpn < n && dir < 2; dir++) {
         int q = dir == 0 ? rank : (rank - rpn + n) % n; /* the sender: me, or the one I keep a copy for */
         int w = 1, elsewhere = 0;
@@ -140,10 +143,11 @@ static void roles(snapshot_t *s, const int64_t *all, int rpn)
             elsewhere |= same && all[2 * r + 1] != all[2 * q + 1];
         }
         if (w && !elsewhere && dir == 0)
-            s->send_to = (rank + rpn) % n;
+            *send_to = (rank + rpn) % n;
         else if (w && !elsewhere)
-            s->recv_from = q;
+            *recv_from = q;
     }
+    return writer;
 }
 
 snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_config_t *cfg,
@@ -175,13 +179,20 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
     s->pend.map_fd = -1;
     node = (int)all[2 * rank + 1];
     s->node_lowest = lowest == rank;
-    roles(s, all, blocks == 0 ? rpn : 0);
+    s->writer = roles(rank, n, all, blocks == 0 ? rpn : 0, &s->send_to, &s->recv_from);
+    /* what every rank writes and sends a snapshot (the same bytes for every shard) */
+    for (int q = 0; q < n; q++) {
+        int to, from, w = roles(q, n, all, blocks == 0 ? rpn : 0, &to, &from);
+        s->all_copies += w + (to >= 0);
+    }
+    s->sums_v = calloc((size_t)n * 5, sizeof *s->sums_v);
+    s->sums = calloc((size_t)s->S, sizeof *s->sums);
     s->idx_of = malloc((size_t)n * sizeof *s->idx_of);
     s->node_of = malloc((size_t)n * sizeof *s->node_of);
     for (int q = 0; q < n && s->idx_of && s->node_of; q++)
         s->idx_of[q] = all[2 * q], s->node_of[q] = (int)all[2 * q + 1];
     free(all);
-    int rc = s->idx_of && s->node_of ? 0 : (ftk_err_set("out of memory"), -1);
+    int rc = s->idx_of && s->node_of && s->sums_v && s->sums ? 0 : (ftk_err_set("out of memory"), -1);
     if (comm_sim_node_ranks(&sim) == 0 && sim > 0)
         snprintf(s->node_dir, sizeof s->node_dir, "%.*s/node-%d", path_dir_len(where->mem_dir), where->mem_dir, node);
     else
@@ -237,6 +248,8 @@ void snapshot_free(snapshot_t *s)
     if (s->pend.active)
         pend_end(s, -1);
     bgsave_free(s->bg);
+    free(s->sums_v);
+    free(s->sums);
     free(s->idx_of);
     free(s->node_of);
     free(s);
@@ -324,28 +337,19 @@ static int pend_commit(snapshot_t *s, double *wait_s)
     }
     *wait_s = time_now() - t0;
     /* every rank's: its file's bytes and checksum, its snapshot's raw checksum, a failure, its shard */
-    int64_t *v = calloc((size_t)n * 5, sizeof *v), ok = v != NULL, fail_all = 0;
-    comm_allreduce_i64(s->world, &ok, 1, COMM_MIN);
-    if (ok) {
-        int64_t *m = v + 5 * s->rank;
-        m[0] = (int64_t)sum.bytes, m[1] = (int64_t)sum.xxh3, m[2] = (int64_t)raw, m[3] = rc < 0;
-        m[4] = s->writer ? s->idx + 1 : 0;
-        comm_allreduce_i64(s->world, v, 5 * n, COMM_SUM);
-    } else if (rc == 0) {
-        ftk_err_set("out of memory");
-        rc = -1;
-    }
-    ckpt_shard_sum_t *sums = ok ? calloc((size_t)s->S, sizeof *sums) : NULL;
-    for (int q = n - 1; sums && q >= 0; q--) { /* a shard's sums: its lowest writer's */
+    int64_t *v = s->sums_v, fail_all = 0, *m = v + 5 * s->rank;
+    ckpt_shard_sum_t *sums = s->sums;
+    memset(v, 0, (size_t)n * 5 * sizeof *v);
+    memset(sums, 0, (size_t)s->S * sizeof *sums);
+    m[0] = (int64_t)sum.bytes, m[1] = (int64_t)sum.xxh3, m[2] = (int64_t)raw, m[3] = rc < 0;
+    m[4] = s->writer ? s->idx + 1 : 0;
+    comm_allreduce_i64(s->world, v, 5 * n, COMM_SUM);
+    for (int q = n - 1; q >= 0; q--) { /* a shard's sums: its lowest writer's */
         fail_all |= v[5 * q + 3];
         if (v[5 * q + 4])
             sums[v[5 * q + 4] - 1] = (ckpt_shard_sum_t){(uint64_t)v[5 * q], (uint64_t)v[5 * q + 1]};
     }
-    if (!sums && rc == 0) {
-        ftk_err_set("out of memory");
-        rc = -1;
-    }
-    if (p->map && sums && !fail_all) /* the sender's raw checksum, known only now */
+    if (p->map && !fail_all) /* the sender's raw checksum, known only now */
         copy_header(p->map, p->meta.step, s->idx_of[s->recv_from], s->S, (int64_t)(p->map_len - COPY_HEADER),
                     (uint64_t)v[5 * s->recv_from + 2]);
     unmap_copy(p);
@@ -364,8 +368,6 @@ static int pend_commit(snapshot_t *s, double *wait_s)
     }
     if ((rc < 0 || fail_all) && p->ad.tmp_path)
         atomic_dir_abort(&p->ad);
-    free(v);
-    free(sums);
     p->active = 0;
     return rc;
 }
@@ -424,6 +426,7 @@ static int pend_start(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, sna
     if (!p->p2p)
         rc = -1;
     cost->bytes_sent = s->send_to >= 0 ? bytes : 0;
+    cost->bytes_all = s->all_copies * s->copy_bytes;
     p->rc = rc;
     return rc;
 }

@@ -12,7 +12,7 @@
  *   {"kind": "checkpoint", "step": S, "checkpoint": "step-…", "async": B, "stall_s": …, ...}
  *   {"kind": "memory_snapshot", "step": S, "seconds": T, "wait_s": W, "bytes": B, "time": ...}
  *                  (engine/snapshot.h: T the seconds the loop waited for it, the slowest
- *                  rank's; W of them, that rank's wait for the write and the transfer still
+ *                  rank's; W the longest wait of a rank for the write and the transfer still
  *                  running when the next step's passes ended; B every rank's bytes written
  *                  and sent together)
  *   {"kind": "warning", "step": S, "message": "…", "time": ...}   (stderr failed by step S)
