@@ -56,7 +56,7 @@ struct snapshot {
     ckpt_shard_sum_t *sums; /* a shard's sums, for the manifest */
     int64_t *idx_of;     /* every rank's shard */
     int *node_of;        /* every rank's node */
-    char node_dir[4096], run_root[4200], rank_dir[4300];
+    char run_root[4200], rank_dir[4300];
 };
 
 static int mkdir_private(const char *path)
@@ -75,26 +75,16 @@ static int mkdir_private(const char *path)
 /* The steps of the complete snapshots in dir, newest first (at most max); how many. */
 static int list_steps(const char *dir, int64_t *steps, int max)
 {
-    DIR *d = opendir(dir);
-    int n = 0;
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int64_t k = ckpt_step_name(e->d_name);
-        if (k < 0)
-            continue;
-        int i = n < max ? n++ : max; /* insertion, newest first */
-        while (i > 0 && steps[i - 1] < k) {
-            if (i < max)
-                steps[i] = steps[i - 1];
-            i--;
-        }
-        if (i < max)
-            steps[i] = k;
+    size_t n;
+    char **v = ckpt_list_steps(dir, &n);
+    int k = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (k < max)
+            steps[k++] = ckpt_step_name(v[i]);
+        free(v[i]);
     }
-    closedir(d);
-    return n;
+    free(v);
+    return k;
 }
 
 /* Removes every entry of dir named for a step (complete or being written) but keep. */
@@ -193,12 +183,13 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
         s->idx_of[q] = all[2 * q], s->node_of[q] = (int)all[2 * q + 1];
     free(all);
     int rc = s->idx_of && s->node_of && s->sums_v && s->sums ? 0 : (ftk_err_set("out of memory"), -1);
+    char node_dir[4096];
     if (comm_sim_node_ranks(&sim) == 0 && sim > 0)
-        snprintf(s->node_dir, sizeof s->node_dir, "%.*s/node-%d", path_dir_len(where->mem_dir), where->mem_dir, node);
+        snprintf(node_dir, sizeof node_dir, "%.*s/node-%d", path_dir_len(where->mem_dir), where->mem_dir, node);
     else
-        snprintf(s->node_dir, sizeof s->node_dir, "%.*s", path_dir_len(where->mem_dir), where->mem_dir);
+        snprintf(node_dir, sizeof node_dir, "%.*s", path_dir_len(where->mem_dir), where->mem_dir);
     char user_root[4120];
-    snprintf(user_root, sizeof user_root, "%s/ftk-%u", s->node_dir, (unsigned)getuid());
+    snprintf(user_root, sizeof user_root, "%s/ftk-%u", node_dir, (unsigned)getuid());
     snprintf(s->run_root, sizeof s->run_root, "%s/%.16s", user_root, where->run_id);
     snprintf(s->rank_dir, sizeof s->rank_dir, "%s/rank-%05d", s->run_root, rank);
     dtype_t dt = shard_dtypes(sh).state;
@@ -213,8 +204,8 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
         ftk_err_set("--memory-dir %s: %s", where->mem_dir, strerror(errno));
         rc = -1;
     }
-    if (rc == 0 && sim > 0 && mkdir(s->node_dir, 0700) < 0 && errno != EEXIST) {
-        ftk_err_set("--memory-dir %s: %s", s->node_dir, strerror(errno));
+    if (rc == 0 && sim > 0 && mkdir(node_dir, 0700) < 0 && errno != EEXIST) {
+        ftk_err_set("--memory-dir %s: %s", node_dir, strerror(errno));
         rc = -1;
     }
     if (rc == 0 && (mkdir_private(user_root) < 0 || mkdir_private(s->run_root) < 0))
@@ -404,7 +395,6 @@ static int pend_start(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, sna
         (fault_point("snapshot.copy") < 0 || bgsave_snapshot(s->bg, s->sh) < 0 ||
          bgsave_start(s->bg, p->ad.tmp_path, meta, s->idx, s->idx == 0 ? tok_src : -1) < 0))
         rc = -1;
-    cost->bytes_written = s->writer ? s->copy_bytes : 0;
     /* a failed sender sends all the same (what its snapshot holds): the commit's exchange of
      * failures drops the snapshot everywhere, and no message is left unmatched */
     char copy[4500] = "", name[32];
@@ -425,7 +415,6 @@ static int pend_start(snapshot_t *s, const ckpt_meta_t *meta, hid_t tok_src, sna
                             s->recv_from);
     if (!p->p2p)
         rc = -1;
-    cost->bytes_sent = s->send_to >= 0 ? bytes : 0;
     cost->bytes_all = s->all_copies * s->copy_bytes;
     p->rc = rc;
     return rc;

@@ -99,11 +99,11 @@ snapshot_t *snapshot_new(comm_t *world, backend_t *be, shard_t *sh, const model_
 void snapshot_free(snapshot_t *s);
 
 /* What a call cost this rank: seconds (the whole call: what the loop waited), of which
- * wait_s waiting for the snapshot in flight; bytes written into the node's memory and sent;
- * bytes_all: every rank's together (the same on every rank, known without asking). */
+ * wait_s waiting for the snapshot in flight; bytes_all: what every rank writes into its
+ * node's memory and sends, together (the same on every rank, known without asking). */
 typedef struct snapshot_cost {
     double seconds, wait_s;
-    int64_t bytes_written, bytes_sent, bytes_all;
+    int64_t bytes_all;
 } snapshot_cost_t;
 
 /* Commits the snapshot in flight, if any, then starts the one of meta's step (above); shard

@@ -269,6 +269,11 @@ char *ckpt_resolve(const char *path);
  * path; -1 for any other name. */
 int64_t ckpt_step_name(const char *path);
 
+/* step-* directories of run_dir (names, complete or not: step-NNNNNNNN), sorted (the 8-digit
+ * names sort by step); *n of them. The caller frees each name and the array. An unreadable
+ * directory gives NULL and *n = 0; out of memory, the names read so far. */
+char **ckpt_list_steps(const char *run_dir, size_t *n);
+
 /* Committed checkpoints of a run directory, newest first (malloc'd paths; free each and
  * the array). *n = 0 when there are none. */
 char **ckpt_list(const char *run_dir, size_t *n);

@@ -19,11 +19,6 @@ char *ckpt_join(const char *a, const char *b);
  * Appends to b; nonzero when out of memory. */
 int ckpt_units_json(buf_t *b, const ckpt_unit_t *units, int n_units);
 
-/* step-* directories of run_dir, sorted (the 8-digit names sort by step); *n of them. The
- * caller frees each name and the array. An unreadable directory gives NULL and *n = 0; out
- * of memory, the names read so far. */
-char **ckpt_list_steps(const char *run_dir, size_t *n);
-
 /* The range checks of a parsed manifest's metadata: 0, or -1 with the error set. The writer
  * runs them too, so it never commits a manifest that readers refuse. */
 int ckpt_check_meta(const ckpt_meta_t *m);
